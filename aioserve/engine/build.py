@@ -1,0 +1,299 @@
+"""Assemble an engine from its configuration: settings resolved, model loaded, KV pool sized.
+
+The configuration leaves some values to the engine (None in config.py); they are decided
+here, once, with the model's config at hand:
+
+- dtype "auto": float32 on the CPU (this is where CPU matmuls are fastest; half precision
+  runs several times slower there), else the checkpoint's dtype, float32 checkpoints
+  running in float16 as in vLLM;
+- max_model_len: the model's max_position_embeddings (capped by a sliding window, which
+  the attention kernels do not implement yet);
+- block size 16, max_num_seqs 256, chunked prefill and prefix caching on (vLLM V1's
+  defaults), max_num_batched_tokens 8192 on a GPU and 4096 on the CPU;
+- KV blocks: --num-gpu-blocks-override, else VLLM_CPU_KVCACHE_SPACE on the CPU, else
+  what --gpu-memory-utilization leaves after the weights and a profiled peak step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from aioserve.config import EngineConfig
+from aioserve.engine.sampling_params import SamplingParams
+from aioserve.models.checkpoint import Checkpoint, open_checkpoint
+from aioserve.models.loader import load_model
+from aioserve.platform import current_platform, device
+from aioserve.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
+
+logger = logging.getLogger("aioserve")
+
+_DTYPES = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+_DEFAULT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass
+class EngineSettings:
+    """Every value the engine runs with, after resolution."""
+
+    model_name: str
+    served_model_names: list[str]
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    scheduling_policy: str
+    max_logprobs: int
+    seed: int
+    eos_token_ids: frozenset[int]
+    default_sampling: dict
+    """Defaults from the generation config (auto / folder) plus --override-generation-config."""
+    max_new_tokens_cap: int | None
+
+
+@dataclass
+class EngineParts:
+    settings: EngineSettings
+    tokenizer: PreTrainedTokenizerBase | None
+    runner: ModelRunner
+    hf_config: object
+
+
+def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
+    if requested != "auto":
+        return _DTYPES[requested]
+    if current_platform() == "cpu":
+        return torch.float32
+    config = checkpoint.hf_config
+    stored = getattr(config, "dtype", None)
+    if stored is None and "torch_dtype" in config.to_dict():
+        stored = config.to_dict()["torch_dtype"]
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    if stored in (torch.bfloat16, torch.float16):
+        return stored
+    return torch.float16
+
+
+def resolve_max_model_len(requested: int | None, hf_config) -> int:
+    derived = int(hf_config.max_position_embeddings)
+    window = getattr(hf_config, "sliding_window", None)
+    uses_window = window and getattr(hf_config, "use_sliding_window", True)
+    if uses_window and window < derived:
+        logger.warning(
+            "the model uses a sliding window of %d tokens, which aioserve does not implement "
+            "yet: the context is capped at the window",
+            window,
+        )
+        derived = int(window)
+    if requested is None:
+        return derived
+    if requested > derived:
+        raise ValueError(
+            f"--max-model-len {requested} is larger than the model's maximum context length {derived}"
+        )
+    return requested
+
+
+def _generation_defaults(config: EngineConfig, checkpoint: Checkpoint) -> dict:
+    source = config.model.generation_config
+    if source == "vllm":
+        values: dict = {}
+    elif source == "auto":
+        values = dict(checkpoint.generation_config)
+    else:
+        path = Path(source) / "generation_config.json"
+        if not path.is_file():
+            raise ValueError(
+                f"--generation-config {source}: no generation_config.json in that folder"
+            )
+        values = json.loads(path.read_text())
+    values.update(config.model.override_generation_config or {})
+    return values
+
+
+def _eos_token_ids(
+    tokenizer: PreTrainedTokenizerBase | None, generation: dict, hf_config
+) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (generation.get("eos_token_id"), getattr(hf_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list):
+            ids.update(int(i) for i in source)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def _num_kv_blocks(
+    config: EngineConfig, hf_config, block_size: int, dtype: torch.dtype, runner_probe
+) -> int:
+    if config.cache.num_gpu_blocks_override is not None:
+        return config.cache.num_gpu_blocks_override
+    per_block = kv_cache_bytes_per_block(hf_config, block_size, dtype)
+    if current_platform() == "cpu":
+        return max(1, config.cache.cpu_kvcache_space_bytes // per_block)
+    free, total = torch.cuda.mem_get_info()
+    peak_step_bytes = runner_probe()
+    in_use = total - free
+    budget = int(total * config.cache.gpu_memory_utilization) - in_use - peak_step_bytes
+    if budget < per_block:
+        raise ValueError(
+            f"no memory left for the KV cache: --gpu-memory-utilization "
+            f"{config.cache.gpu_memory_utilization} of {total / 2**30:.1f} GiB is taken by the weights "
+            f"({in_use / 2**30:.1f} GiB in use) and a step's activations"
+        )
+    return budget // per_block
+
+
+def _profile_peak_step(
+    model: nn.Module, max_num_batched_tokens: int, max_num_seqs: int, dtype
+) -> int:
+    """Bytes a step of max_num_batched_tokens tokens needs beyond the weights (GPU only)."""
+    from aioserve.models.attention_metadata import AttentionMetadata
+    from aioserve.runner.model_runner import kv_cache_shape
+
+    dev = device()
+    shape = kv_cache_shape(model.config, 1, 1)
+    kv = [
+        (torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
+        for _ in range(model.config.num_hidden_layers)
+    ]
+    tokens = max_num_batched_tokens
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=dev),
+        query_start_loc=torch.arange(tokens + 1, dtype=torch.int32, device=dev),
+        seq_lens=torch.ones(tokens, dtype=torch.int32, device=dev),
+        block_tables=torch.zeros((tokens, 1), dtype=torch.int32, device=dev),
+        max_query_len=1,
+        max_seq_len=1,
+    )
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.inference_mode():
+        ids = torch.zeros(tokens, dtype=torch.int64, device=dev)
+        hidden = model(ids, torch.zeros_like(ids), kv, meta)
+        model.compute_logits(hidden[: min(max_num_seqs, tokens)])
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del kv, hidden
+    torch.cuda.empty_cache()
+    return peak
+
+
+def build_engine(config: EngineConfig) -> EngineParts:
+    model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
+    checkpoint = open_checkpoint(
+        model_cfg.model,
+        load_format=config.load.load_format,
+        hf_overrides=model_cfg.hf_overrides,
+        download_dir=config.load.download_dir,
+        trust_remote_code=model_cfg.trust_remote_code,
+        quantization=model_cfg.quantization,
+    )
+    hf_config = checkpoint.hf_config
+    tokenizer = None
+    if not model_cfg.skip_tokenizer_init:
+        tokenizer = checkpoint.load_tokenizer(model_cfg.tokenizer, model_cfg.tokenizer_mode)
+
+    dtype = resolve_dtype(model_cfg.dtype, checkpoint)
+    dev = device()
+    max_model_len = resolve_max_model_len(model_cfg.max_model_len, hf_config)
+    block_size = cache_cfg.block_size or 16
+    chunked = True if sched_cfg.enable_chunked_prefill is None else sched_cfg.enable_chunked_prefill
+    max_tokens = sched_cfg.max_num_batched_tokens
+    if max_tokens is None:
+        max_tokens = 8192 if current_platform() != "cpu" else 4096
+        if not chunked:
+            max_tokens = max(max_tokens, max_model_len)
+    elif not chunked and max_tokens < max_model_len:
+        raise ValueError(
+            f"--max-num-batched-tokens ({max_tokens}) is smaller than --max-model-len ({max_model_len}): "
+            "without chunked prefill a whole prompt must fit in one step; enable chunked prefill "
+            "or raise --max-num-batched-tokens"
+        )
+    max_num_seqs = sched_cfg.max_num_seqs or 256
+
+    model = load_model(
+        checkpoint,
+        dtype=dtype,
+        device=dev,
+        dummy=config.load.load_format == "dummy",
+        seed=model_cfg.seed,
+    )
+    num_blocks = _num_kv_blocks(
+        config,
+        hf_config,
+        block_size,
+        dtype,
+        lambda: _profile_peak_step(model, max_tokens, max_num_seqs, dtype),
+    )
+    if num_blocks * block_size < max_model_len:
+        raise ValueError(
+            f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} tokens), "
+            f"fewer than one sequence of --max-model-len {max_model_len}; give the cache more memory "
+            "(VLLM_CPU_KVCACHE_SPACE, --gpu-memory-utilization or --num-gpu-blocks-override) "
+            "or lower --max-model-len"
+        )
+    runner = ModelRunner(
+        model, num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=dev
+    )
+
+    generation = _generation_defaults(config, checkpoint)
+    default_sampling = {k: generation[k] for k in _DEFAULT_SAMPLING_KEYS if k in generation}
+    served = model_cfg.served_model_name or [model_cfg.model]
+    settings = EngineSettings(
+        model_name=model_cfg.model,
+        served_model_names=list(served),
+        dtype=dtype,
+        device=dev,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_tokens,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=True
+        if cache_cfg.enable_prefix_caching is None
+        else cache_cfg.enable_prefix_caching,
+        scheduling_policy=sched_cfg.scheduling_policy,
+        max_logprobs=model_cfg.max_logprobs,
+        seed=model_cfg.seed if model_cfg.seed is not None else 0,
+        eos_token_ids=_eos_token_ids(tokenizer, generation, hf_config),
+        default_sampling=default_sampling,
+        max_new_tokens_cap=generation.get("max_new_tokens"),
+    )
+    logger.info(
+        "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d",
+        model_cfg.model,
+        str(dtype).removeprefix("torch."),
+        dev,
+        num_blocks,
+        block_size,
+        max_model_len,
+    )
+    return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)
+
+
+def default_sampling_params(settings: EngineSettings) -> SamplingParams:
+    """vLLM's `get_default_sampling_params`: the generation config's defaults, if any."""
+    return SamplingParams(**settings.default_sampling)

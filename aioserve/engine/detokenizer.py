@@ -1,0 +1,152 @@
+"""Incremental detokenization: one request's output token ids in, text pieces out.
+
+The output processor calls `IncrementalDetokenizer.add_tokens` for each request after each
+engine step, on the event loop, so a step must cost O(window), never a re-decode of the
+whole output. The method is the sliding window vLLM uses (`detokenize_incrementally`, and
+tokenizers' `DecodeStream` behind its v1 fast path):
+
+- The window holds the token ids from the start of the previous piece's tokens onwards.
+  `prefix_text` is the decode of the window up to `read` (the tokens already turned into
+  text); decoding the whole window and dropping the first `len(prefix_text)` characters
+  gives the new text. Decoding from a few tokens back, rather than the new tokens alone,
+  keeps the characters that depend on their left neighbour right: sentencepiece decoders
+  (Llama, Mistral) drop a leading "▁" space at the start of a decode, so the first new
+  token alone would lose its space.
+- While the decoded window ends with U+FFFD, the last tokens hold only part of a UTF-8
+  character (byte-level BPE and byte-fallback tokens split emoji and CJK characters), so
+  nothing is emitted until a later token completes it.
+- The window starts in the prompt's last tokens, so the first output token decodes as it
+  does in the decode of prompt + output.
+
+The decode of a window is the tokenizer's own: for fast tokenizers the Rust `decode` that
+`tokenizer.decode` calls (where `spaces_between_special_tokens` has no effect); for slow
+(Python) tokenizers vLLM's path: added tokens verbatim, the runs between them through
+`convert_tokens_to_string`, the parts joined with a space when
+`spaces_between_special_tokens`. Neither applies `clean_up_tokenization_spaces` (as vLLM).
+
+The pieces joined equal the decode of prompt + output minus the decode of the prompt; for
+byte-level tokenizers that is the plain decode of the output tokens. Tokens still pending
+when a request ends (an unfinished character) are not emitted, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+# Prompt tokens decoded ahead of the first output token (vLLM uses the same count).
+PROMPT_CONTEXT_TOKENS = 5
+# How far back to look for a prompt suffix that decodes without U+FFFD (vLLM: 23).
+MAX_PROMPT_CONTEXT_TOKENS = 24
+# A UTF-8 character is at most 4 bytes and every byte-carrying token holds at least one,
+# so a window this far behind has invalid bytes, not an unfinished character: emit it
+# (with its U+FFFD, as the full decode shows it) rather than let the window grow forever.
+MAX_PENDING_TOKENS = 10**6
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output token ids into text, a piece per call."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: Sequence[int],
+        *,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
+        if tokenizer.is_fast:
+            self._decode = _fast_decoder(tokenizer, skip_special_tokens)
+        else:
+            self._decode = _slow_decoder(
+                tokenizer, skip_special_tokens, spaces_between_special_tokens
+            )
+        self._window = self._prompt_context(prompt_token_ids)
+        self._read = len(self._window)
+        self._prefix_text = self._decode(self._window)
+        self._pieces: list[str] = []
+
+    def add_tokens(self, token_ids: Sequence[int]) -> str:
+        """The new text these tokens complete ("" while a UTF-8 character is incomplete)."""
+        new_text = "".join([self._add_token(token_id) for token_id in token_ids])
+        if new_text:
+            self._pieces.append(new_text)
+        return new_text
+
+    @property
+    def output_text(self) -> str:
+        """All text emitted so far: the pieces joined."""
+        return "".join(self._pieces)
+
+    def _prompt_context(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """The shortest prompt suffix (of at least PROMPT_CONTEXT_TOKENS) that decodes cleanly.
+
+        A suffix that starts or ends inside a character decodes with U+FFFD, and with
+        byte-fallback decoders a broken run of byte tokens turns wholly into U+FFFD, which
+        would garble the first output characters. Where no short suffix is clean (a prompt
+        given as token ids that ends inside a character), the output decodes on its own.
+        """
+        n = len(prompt_token_ids)
+        for length in range(min(n, PROMPT_CONTEXT_TOKENS), min(n, MAX_PROMPT_CONTEXT_TOKENS) + 1):
+            context = list(prompt_token_ids[n - length :])
+            if _REPLACEMENT_CHAR not in self._decode(context):
+                return context
+        return []
+
+    def _add_token(self, token_id: int) -> str:
+        self._window.append(token_id)
+        text = self._decode(self._window)
+        pending = len(self._window) - self._read
+        if pending < MAX_PENDING_TOKENS and (
+            len(text) <= len(self._prefix_text) or text.endswith(_REPLACEMENT_CHAR)
+        ):
+            return ""
+        piece = text[len(self._prefix_text) :]
+        # Slide: the tokens just read become the left context of the next step.
+        del self._window[: self._read]
+        self._read = len(self._window)
+        self._prefix_text = self._decode(self._window)
+        return piece
+
+
+def _fast_decoder(
+    tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool
+) -> Callable[[list[int]], str]:
+    # The Rust decode behind `tokenizer.decode`; ids outside the vocabulary (a model's
+    # padded embedding rows) decode to nothing.
+    return functools.partial(
+        tokenizer.backend_tokenizer.decode, skip_special_tokens=skip_special_tokens
+    )
+
+
+def _slow_decoder(
+    tokenizer: PreTrainedTokenizerBase,
+    skip_special_tokens: bool,
+    spaces_between_special_tokens: bool,
+) -> Callable[[list[int]], str]:
+    vocab_size = len(tokenizer)
+    added_tokens = set(tokenizer.get_added_vocab())
+    separator = " " if spaces_between_special_tokens else ""
+
+    def decode(token_ids: list[int]) -> str:
+        known_ids = [i for i in token_ids if 0 <= i < vocab_size]
+        tokens = tokenizer.convert_ids_to_tokens(known_ids, skip_special_tokens=skip_special_tokens)
+        parts: list[str] = []
+        run: list[str] = []
+        for token in tokens:
+            if token in added_tokens:
+                if run:
+                    parts.append(tokenizer.convert_tokens_to_string(run))
+                    run = []
+                parts.append(token)
+            else:
+                run.append(token)
+        if run:
+            parts.append(tokenizer.convert_tokens_to_string(run))
+        return separator.join(parts)
+
+    return decode

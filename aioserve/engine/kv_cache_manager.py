@@ -1,0 +1,196 @@
+"""The paged KV cache's bookkeeping: which physical blocks each sequence holds.
+
+The device memory itself lives in the model runner; this module only hands out block ids.
+
+- Blocks are reference counted. A block is owned by every running sequence whose block
+  table lists it; more than one owner is possible only for a full block shared through the
+  prefix cache.
+- Prefix caching: a full block is named by a hash chained over the token ids of that block
+  and of every block before it, so equal hashes mean equal prefixes. When a sequence is
+  admitted, its leading full blocks are looked up by hash and shared instead of recomputed.
+- A block whose last owner finishes goes to the free queue but keeps its hash, so a later
+  request can still hit it; when blocks are needed, the least recently freed one is taken
+  and its hash forgotten (LRU eviction).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aioserve.engine.request import Request
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    """The prefix-cache key of a full block: its tokens, chained to the block before."""
+    return hash((parent_hash, tuple(token_ids)))
+
+
+@dataclass
+class PrefixCacheStats:
+    """Counted in tokens, like vLLM's prefix_cache_queries / prefix_cache_hits."""
+
+    queries: int = 0
+    hits: int = 0
+
+
+@dataclass(eq=False)
+class _Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+@dataclass
+class KVCacheManager:
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+    stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {self.num_blocks}")
+        self._blocks = [_Block(i) for i in range(self.num_blocks)]
+        # Free blocks in eviction order: the front is taken first.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(self.num_blocks))
+        self._cached: dict[int, _Block] = {}
+        self._block_tables: dict[str, list[int]] = {}
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use by sequences (cached-but-free blocks count as free)."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self._block_tables.get(request_id, [])
+
+    def owners(self) -> dict[int, int]:
+        """Block id -> reference count, for every block in use (tests and invariants)."""
+        return {b.block_id: b.ref_count for b in self._blocks if b.ref_count > 0}
+
+    # -- admission --------------------------------------------------------------------------
+
+    def update_block_hashes(self, request: Request) -> None:
+        """Extend the request's chained hashes over every full block of its known tokens."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = request.block_hashes
+        n_full = request.num_tokens // self.block_size
+        while len(hashes) < n_full:
+            i = len(hashes)
+            tokens = request.token_ids_range(i * self.block_size, (i + 1) * self.block_size)
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens))
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids of the longest cached prefix of the request's tokens.
+
+        At least one token is always left to compute, because the last prompt token must
+        run through the model to give the logits of the first output token.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        self.update_block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hit: list[int] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self._cached.get(block_hash)
+            if block is None:
+                break
+            hit.append(block.block_id)
+        return hit
+
+    def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's prefix-cache lookup in the hit-rate statistics."""
+        if self.enable_prefix_caching:
+            self.stats.queries += num_query_tokens
+            self.stats.hits += num_hit_tokens
+
+    def allocate(
+        self, request: Request, num_new_tokens: int, cached_prefix: Sequence[int] = ()
+    ) -> bool:
+        """Give the request room for `num_new_tokens` more tokens; False if blocks run out.
+
+        `cached_prefix` (from `find_cached_prefix`, only when the request holds no blocks
+        yet) is shared rather than allocated. On False nothing has changed.
+        """
+        table = self._block_tables.get(request.request_id, [])
+        if cached_prefix and table:
+            raise ValueError("a cached prefix can only be taken by a request holding no blocks")
+        num_computed = (
+            len(cached_prefix) * self.block_size if cached_prefix else request.num_computed_tokens
+        )
+        needed_blocks = -(-(num_computed + num_new_tokens) // self.block_size)
+        num_new_blocks = needed_blocks - len(table) - len(cached_prefix)
+        # Cached prefix blocks that sit in the free queue stop being free once taken.
+        num_prefix_from_free = sum(1 for b in cached_prefix if self._blocks[b].ref_count == 0)
+        if num_new_blocks + num_prefix_from_free > len(self._free):
+            return False
+        for block_id in cached_prefix:
+            block = self._blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+        table = table + list(cached_prefix)
+        for _ in range(max(num_new_blocks, 0)):
+            table.append(self._take_free_block())
+        self._block_tables[request.request_id] = table
+        return True
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's computed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        self.update_block_hashes(request)
+        table = self._block_tables.get(request.request_id, [])
+        n_computed_full = min(request.num_computed_tokens // self.block_size, len(table))
+        for i in range(n_computed_full):
+            block = self._blocks[table[i]]
+            if block.block_hash is not None:
+                continue
+            block_hash = request.block_hashes[i]
+            if block_hash in self._cached:
+                continue  # an equal block is cached already; this copy stays private
+            block.block_hash = block_hash
+            self._cached[block_hash] = block
+
+    # -- release ----------------------------------------------------------------------------
+
+    def free(self, request: Request) -> None:
+        """Return every block the request holds. Idempotent."""
+        table = self._block_tables.pop(request.request_id, None)
+        if not table:
+            return
+        # Tail blocks first: they are the least likely to be shared, so they are evicted first.
+        for block_id in reversed(table):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise AssertionError(f"block {block_id} freed more often than taken")
+            if block.ref_count == 0:
+                self._free[block_id] = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible while no block is in use."""
+        if len(self._free) != self.num_blocks:
+            return False
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()
+        return True
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        block = self._blocks[block_id]
+        if block.block_hash is not None:
+            del self._cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block_id

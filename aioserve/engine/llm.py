@@ -1,0 +1,168 @@
+"""LLM: vLLM's offline API (`generate`, `chat`) on top of the AsyncEngine.
+
+The LLM owns a private event loop (uvloop where available) and runs the engine's
+scheduler coroutine on it for the duration of each call, so offline and served
+generation go through exactly the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from aioserve.config import engine_config_from_kwargs
+from aioserve.engine.async_engine import AsyncEngine, PromptType
+from aioserve.engine.outputs import RequestOutput
+from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+
+ChatMessages = list[dict[str, Any]]
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+class LLM:
+    """Load a model once, then generate for batches of prompts.
+
+    `LLM(model=..., dtype=..., seed=..., **engine_args)` takes the engine arguments of
+    `aioserve serve` in snake_case (`max_num_seqs=...`, `enable_prefix_caching=...`).
+    """
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        if model is not None:
+            engine_args["model"] = model
+        self.config = engine_config_from_kwargs(**engine_args)
+        self._loop = _new_event_loop()
+        self.engine = AsyncEngine.from_config(self.config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.engine.default_sampling_params()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """One finished RequestOutput per prompt, in the order of the prompts."""
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = self._params_per_prompt(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        return self._loop.run_until_complete(self._run(prompts, params, priorities, use_tqdm))
+
+    def chat(
+        self,
+        messages: ChatMessages | Sequence[ChatMessages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the chat template, then generate."""
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("chat needs the tokenizer, which is not loaded (skip_tokenizer_init)")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts: list[PromptType] = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(
+                conversation,
+                chat_template=chat_template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **(chat_template_kwargs or {}),
+            )
+            # The template writes the special tokens itself (BOS included).
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _params_per_prompt(
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * count
+        else:
+            params = list(sampling_params)
+            if len(params) != count:
+                raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+        # Offline callers want only the final output of each request.
+        return [p.clone(output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
+
+    async def _run(
+        self,
+        prompts: list[PromptType],
+        params: list[SamplingParams],
+        priorities: list[int],
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
+        engine = self.engine
+        ids = [f"offline-{next(self._ids)}" for _ in prompts]
+        queues = []
+        try:
+            for request_id, prompt, p, prio in zip(ids, prompts, params, priorities, strict=True):
+                queues.append(engine.add_request(request_id, prompt, p, priority=prio))
+        except BaseException:
+            for request_id in ids[: len(queues)]:
+                engine.abort(request_id)
+            raise
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        with tqdm(total=len(prompts), desc="Processed prompts", disable=not use_tqdm) as bar:
+
+            async def collect(index: int, queue: asyncio.Queue) -> None:
+                while True:
+                    item = await queue.get()
+                    if isinstance(item, BaseException):
+                        raise item
+                    if item.finished:
+                        results[index] = item
+                        bar.update(1)
+                        return
+
+            try:
+                await asyncio.gather(*(collect(i, q) for i, q in enumerate(queues)))
+            except BaseException:
+                for request_id in ids:
+                    engine.abort(request_id)
+                raise
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the engine's loop and executor thread."""
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self.engine.shutdown())
+            self._loop.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

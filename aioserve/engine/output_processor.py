@@ -1,0 +1,181 @@
+"""From sampled token ids to what callers receive: text, stop strings, logprobs, outputs.
+
+Runs on the event loop after each step. Each user request (with its n samples) has a
+`RequestState`; every sample has its own incremental detokenizer and stop-string matcher.
+A stop string found here ends the sample; the engine then tells the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from aioserve.engine.detokenizer import IncrementalDetokenizer
+from aioserve.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from aioserve.engine.request import Request
+from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.engine.stop_strings import StopStringMatcher
+from aioserve.runner.model_runner import TokenLogprobs
+
+
+@dataclass(eq=False)
+class SampleState:
+    """One of the n samples of a request, as the caller sees it."""
+
+    index: int
+    request: Request
+    detokenizer: IncrementalDetokenizer | None
+    stop_matcher: StopStringMatcher | None
+    text: str = ""
+    num_sent_tokens: int = 0
+    num_sent_chars: int = 0
+    num_sent_logprobs: int = 0
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def to_output(self, delta: bool) -> CompletionOutput:
+        token_ids = self.request.output_token_ids
+        text, logprobs = self.text, self.logprobs
+        if delta:
+            token_ids = token_ids[self.num_sent_tokens :]
+            text = text[self.num_sent_chars :]
+            logprobs = logprobs[self.num_sent_logprobs :] if logprobs is not None else None
+        self.num_sent_tokens = len(self.request.output_token_ids)
+        self.num_sent_chars = len(self.text)
+        self.num_sent_logprobs = len(self.logprobs) if self.logprobs is not None else 0
+        return CompletionOutput(
+            index=self.index,
+            text=text,
+            token_ids=list(token_ids),
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    samples: list[SampleState]
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    changed: set[int] = field(default_factory=set)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None) -> None:
+        self.tokenizer = tokenizer
+
+    def new_sample(self, index: int, request: Request) -> SampleState:
+        params = request.sampling_params
+        detokenizer = matcher = None
+        if self.tokenizer is not None and params.detokenize:
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+            )
+            if params.stop:
+                matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+        logprobs = [] if params.logprobs is not None else None
+        return SampleState(
+            index,
+            request,
+            detokenizer,
+            matcher,
+            logprobs=logprobs,
+            cumulative_logprob=0.0 if logprobs is not None else None,
+        )
+
+    def process_tokens(
+        self,
+        sample: SampleState,
+        new_token_ids: list[int],
+        new_logprobs: list[TokenLogprobs] | None,
+    ) -> bool:
+        """Take a sample's new tokens; True if a stop string ended the sample."""
+        request = sample.request
+        if new_logprobs is not None and sample.logprobs is not None:
+            for token_id, lp in zip(new_token_ids, new_logprobs, strict=True):
+                sample.logprobs.append(self._logprob_dict(token_id, lp))
+                sample.cumulative_logprob += lp.sampled_logprob
+        if sample.detokenizer is None:
+            return False
+        tokens = new_token_ids
+        if (
+            request.is_finished
+            and request.status.finish_reason == "stop"
+            and not request.sampling_params.include_stop_str_in_output
+            and tokens
+            and tokens[-1] == request.output_token_ids[-1]
+        ):
+            # Ended by EOS or a stop token id: its text is not part of the output (vLLM).
+            tokens = tokens[:-1]
+        piece = sample.detokenizer.add_tokens(tokens) if tokens else ""
+        if sample.stop_matcher is None:
+            sample.text += piece
+            return False
+        safe, matched = sample.stop_matcher.process(piece)
+        sample.text += safe
+        if matched is not None:
+            sample.finish_reason = "stop"
+            sample.stop_reason = matched
+            return True
+        if request.is_finished:
+            sample.text += sample.stop_matcher.flush()
+        return False
+
+    def finish_sample(self, sample: SampleState) -> None:
+        """Record the scheduler's verdict on a finished sample (unless a stop string ended it)."""
+        if sample.finish_reason is None:
+            sample.finish_reason = sample.request.status.finish_reason
+            sample.stop_reason = sample.request.stop_reason
+
+    def make_output(self, state: RequestState) -> RequestOutput | None:
+        """The output to deliver after a step, or None when nothing is due."""
+        kind = state.params.output_kind
+        finished = state.finished
+        if kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        delta = kind is RequestOutputKind.DELTA
+        samples = state.samples
+        if delta:
+            samples = [s for s in samples if s.index in state.changed]
+        state.changed.clear()
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            outputs=[s.to_output(delta) for s in samples],
+            finished=finished,
+            num_cached_tokens=state.num_cached_tokens,
+            metrics=state.metrics,
+        )
+
+    def _logprob_dict(self, token_id: int, lp: TokenLogprobs) -> dict[int, Logprob]:
+        entries = {
+            token_id: Logprob(lp.sampled_logprob, lp.sampled_rank, self._decode_one(token_id))
+        }
+        for rank, (top_id, top_lp) in enumerate(
+            zip(lp.top_token_ids, lp.top_logprobs, strict=True), start=1
+        ):
+            if top_id not in entries:
+                entries[top_id] = Logprob(top_lp, rank, self._decode_one(top_id))
+        return entries
+
+    def _decode_one(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode([token_id])

@@ -1,0 +1,54 @@
+"""What the engine returns, in vLLM's shapes: RequestOutput, CompletionOutput, Logprob."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+SampleLogprobs = list[dict[int, Logprob]]
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's `n` samples."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: SampleLogprobs | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (time.monotonic) of a request's life, for latency metrics."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    prompt_logprobs: None = None
+    num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = field(default=None, repr=False)

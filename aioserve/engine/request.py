@@ -1,0 +1,85 @@
+"""The engine's view of one sequence being generated: its tokens, progress and status.
+
+A user request with `n > 1` becomes n of these (one per sample), sharing the prompt; the
+output processor gathers them back into one `RequestOutput`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from aioserve.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+    @property
+    def finish_reason(self) -> str | None:
+        """vLLM's finish_reason string ("stop", "length", "abort"), None while unfinished."""
+        return self.value if self.is_finished else None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int
+    """The seed of this sequence's random stream: the request's own, or one the engine drew."""
+    eos_token_ids: frozenset[int]
+    max_tokens: int
+    """Output tokens allowed: the request's max_tokens capped by the context left."""
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    arrival_index: int = 0
+    """Position in arrival order: breaks ties between equal priorities."""
+
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    """Tokens whose KV is in the cache (prompt and output alike)."""
+    num_cached_prompt_tokens: int = 0
+    """Prompt tokens served from the prefix cache at the last admission."""
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended the request, as vLLM reports it."""
+    num_preemptions: int = 0
+    block_hashes: list[int] = field(default_factory=list)
+    """Chained hashes of this sequence's full blocks, extended as tokens are appended."""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def token_ids_range(self, start: int, end: int) -> list[int]:
+        """Tokens start..end of prompt + output, without building the whole list."""
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished

@@ -1,0 +1,240 @@
+"""Continuous batching: which sequences run in the next model step, and how many tokens each.
+
+Every step has a token budget (`max_num_batched_tokens`) and a cap on running sequences
+(`max_num_seqs`). Running sequences are served first (a decode is one token; an unfinished
+prompt continues with its next chunk), then waiting ones are admitted in policy order
+while budget, sequence slots and KV blocks last. A prompt longer than the budget is split
+into chunks over several steps when chunked prefill is on.
+
+When a running sequence cannot get a block, the running sequence that the policy ranks
+last is preempted by recompute: its blocks are freed and it goes back to the front of
+the waiting queue, to be prefilled again (its prefix may still hit the cache). Nothing
+is ever dropped.
+
+Policies: "fcfs" ranks by arrival; "priority" by (priority, arrival), lower first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledChunk:
+    """One sequence's share of a step: tokens num_computed..num_computed+num_tokens."""
+
+    request: Request
+    num_computed_tokens: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the known tokens, so a token is sampled."""
+        return self.num_computed_tokens + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class SchedulerStats:
+    num_preemptions: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool,
+        policy: str = "fcfs",
+    ) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
+        self.kv_cache = kv_cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = policy
+        self.stats = SchedulerStats()
+        self.running: list[Request] = []
+        self._waiting: list[tuple[tuple, Request]] = []  # a heap keyed by rank
+        self._requests: dict[str, Request] = {}
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _rank(self, request: Request) -> tuple:
+        if self.policy == "priority":
+            return (request.priority, request.arrival_index)
+        return (request.arrival_index,)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self._waiting)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        if request.num_prompt_tokens == 0:
+            raise ValueError("the prompt must contain at least one token")
+        self._requests[request.request_id] = request
+        request.status = RequestStatus.WAITING
+        heapq.heappush(self._waiting, (self._rank(request), request))
+
+    def get(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests (aborted, stopped by text, errored); their blocks return to the pool."""
+        ended = []
+        ids = set(request_ids)
+        for request_id in ids:
+            request = self._requests.pop(request_id, None)
+            if request is None:
+                continue
+            request.status = status
+            self.kv_cache.free(request)
+            ended.append(request)
+        if ended:
+            self.running = [r for r in self.running if r.request_id not in ids]
+            self._waiting = [(k, r) for k, r in self._waiting if r.request_id not in ids]
+            heapq.heapify(self._waiting)
+        return ended
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Request] = []
+
+        # Running sequences, in rank order, so that the last ranked is preempted first.
+        self.running.sort(key=self._rank)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = self._tokens_to_compute(request, budget)
+            if num_new == 0:
+                i += 1
+                continue
+            while not self.kv_cache.allocate(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request preempted itself: everything ranked after it is gone too
+
+        # Waiting sequences, unless something had to be preempted this step.
+        while (
+            self._waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs
+        ):
+            _, request = self._waiting[0]
+            cached = self.kv_cache.find_cached_prefix(request)
+            request.num_computed_tokens = len(cached) * self.kv_cache.block_size
+            num_new = self._tokens_to_compute(request, budget)
+            if num_new == 0 or not self.kv_cache.allocate(request, num_new, cached):
+                request.num_computed_tokens = 0
+                break
+            heapq.heappop(self._waiting)
+            self.kv_cache.record_lookup(request.num_tokens, request.num_computed_tokens)
+            if request.num_output_tokens == 0:
+                request.num_cached_prompt_tokens = request.num_computed_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+            budget -= num_new
+        return SchedulerOutput(chunks, preempted)
+
+    def _tokens_to_compute(self, request: Request, budget: int) -> int:
+        remaining = request.num_tokens - request.num_computed_tokens
+        if remaining > budget and not self.enable_chunked_prefill:
+            return 0
+        return min(remaining, budget)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        heapq.heappush(self._waiting, (self._rank(request), request))
+
+    def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+        """Record a finished step: computed tokens advance, sampled tokens are appended.
+
+        `sampled` maps request id to the tokens sampled for it this step. Stop conditions
+        on tokens (EOS, stop_token_ids, max_tokens, context length) end requests here;
+        text stop strings are checked by the output processor, which then calls
+        `finish_requests`. Returns the requests that finished in this update.
+        """
+        finished: list[Request] = []
+        for chunk in output.chunks:
+            request = chunk.request
+            if request.is_finished or request.status is not RequestStatus.RUNNING:
+                continue  # aborted or preempted while the step ran
+            request.num_computed_tokens = chunk.num_computed_tokens + chunk.num_tokens
+            for token_id in sampled.get(request.request_id, ()):
+                request.output_token_ids.append(token_id)
+                status = self._check_stop(request, token_id)
+                if status is not None:
+                    request.status = status
+                    break
+            self.kv_cache.cache_full_blocks(request)
+            if request.is_finished:
+                finished.append(request)
+        if finished:
+            done = {r.request_id for r in finished}
+            self.running = [r for r in self.running if r.request_id not in done]
+            for request in finished:
+                del self._requests[request.request_id]
+                self.kv_cache.free(request)
+        return finished
+
+    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in request.eos_token_ids:
+                request.stop_reason = None
+                return RequestStatus.FINISHED_STOPPED
+            if token_id in params.stop_token_ids:
+                request.stop_reason = token_id
+                return RequestStatus.FINISHED_STOPPED
+        if (
+            request.num_output_tokens >= request.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
+            return RequestStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,75 @@
+"""SiLU-and-multiply, the gated activation of Llama-style MLPs (SwiGLU).
+
+The fused gate/up projection produces x [..., 2*I]; the activation returns
+silu(x[..., :I]) * x[..., I:], computed in float32 and stored in x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aioserve.kernels import dispatch
+from aioserve.kernels.triton_compat import tl, triton
+from aioserve.platform import current_platform
+
+# Per platform: output columns one program computes, and its warps.
+_CONFIG: dict[str, dict[str, int]] = {
+    "cuda": {"block": 1024, "num_warps": 4},
+    "rocm": {"block": 1024, "num_warps": 4},
+    "cpu": {"block": 1024, "num_warps": 1},
+}
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_out, intermediate_size, BLOCK: tl.constexpr
+):
+    # One program per (row, BLOCK output columns).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < intermediate_size
+    x_row = x_ptr + row * stride_x
+    gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_row + intermediate_size + cols, mask=mask, other=0.0).to(tl.float32)
+    out = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_triton(x: Tensor) -> Tensor:
+    """The Triton path of `silu_and_mul`."""
+    intermediate_size = x.shape[-1] // 2
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], intermediate_size), dtype=x.dtype, device=x.device)
+    if rows.shape[0] > 0 and intermediate_size > 0:
+        config = _CONFIG[current_platform()]
+        block = min(triton.next_power_of_2(intermediate_size), config["block"])
+        grid = (rows.shape[0], triton.cdiv(intermediate_size, block))
+        _silu_and_mul_kernel[grid](
+            rows,
+            out,
+            rows.stride(0),
+            out.stride(0),
+            intermediate_size,
+            BLOCK=block,
+            num_warps=config["num_warps"],
+        )
+    return out.reshape(*x.shape[:-1], intermediate_size)
+
+
+def silu_and_mul_reference(x: Tensor) -> Tensor:
+    """The torch path of `silu_and_mul`."""
+    gate, up = x.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(x.dtype)
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """x [..., 2*I] -> silu(x[..., :I]) * x[..., I:], shape [..., I]."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul needs an even last dimension, got {x.shape[-1]}")
+    if dispatch.use_triton():
+        return silu_and_mul_triton(x)
+    return silu_and_mul_reference(x)

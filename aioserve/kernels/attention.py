@@ -1,0 +1,574 @@
+"""Paged attention over the KV cache for one model step: prefill chunks and decodes mixed.
+
+The step's queries are one flat batch: sequence b owns query rows
+`query_start_loc[b]:query_start_loc[b+1]` of `query` [T, num_q_heads, head_size], and its
+keys and values, new tokens included, are already in the paged cache
+[num_blocks, block_size, num_kv_heads, head_size], reached through row b of
+`block_tables`. `seq_lens[b]` counts all of them, so query row i (of q_len) sits at
+position seq_len - q_len + i and attends causally to keys 0..that position. Query head h
+reads kv head h // (num_q_heads // num_kv_heads) (grouped-query attention, GQA).
+
+Triton path: two kernels, and every sequence goes to exactly one of them by its own
+q_len, so the split never depends on the rest of the batch:
+
+- the decode kernel takes the sequences with q_len == 1: one program per
+  (sequence, kv head) holds the whole GQA group of query heads as the rows of one tile
+  and walks the sequence's keys from first to last;
+- the prefill kernel takes the sequences with q_len > 1: one program per
+  (tile of query tokens, kv head), its rows being BLOCK_Q consecutive tokens times the GQA
+  group, again walking the keys from first to last, up to the tile's causal limit.
+
+Both use the same inner loop: keys in tiles of BLOCK_N positions read through the block
+table (so any block size works), online softmax in float32, tl.dot for QK^T and PV. The
+launch grid of the prefill kernel counts tiles over the whole flat batch; each program finds
+its sequence by binary search over `query_start_loc`. Tiles start at fixed offsets within
+their sequence, block sizes depend only on the device and the head size, and keys are
+always reduced in the same order, so a sequence's output is bitwise the same whatever
+shares its batch (DESIGN: batch invariance). No split-K.
+
+Reference path (also the CPU production path), both halves through torch's
+scaled_dot_product_attention in float32: decode rows batched, their sequences' keys and
+values gathered into [B, longest context, kv_heads, head_size] with a length mask; each
+prefill sequence on its own, with a causal mask offset by its cached prefix. Unlike the
+Triton path it is not bitwise batch invariant: the padded width of the decode batch can
+change the last bits of a row's result.
+
+Rows of `out` past `query_start_loc[-1]` (padding) are not written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aioserve.kernels import dispatch
+from aioserve.kernels.triton_compat import tl, triton
+from aioserve.platform import current_platform
+
+# Per platform, for head sizes up to 128: rows (query tokens x GQA group) of a prefill
+# tile, keys per step of the prefill and decode loops, warps and pipeline stages. Larger
+# heads halve the key steps and double the warps (see `_launch_config`). These must not
+# depend on the batch, or batch invariance is lost.
+_CONFIG: dict[str, dict[str, int]] = {
+    "cuda": {"block_m": 64, "block_n": 64, "decode_block_n": 64, "num_warps": 4, "num_stages": 2},
+    "rocm": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 4, "num_stages": 1},
+    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 1, "num_stages": 1},
+}
+# tl.dot needs at least 16 rows, columns and reduction depth on every GPU target.
+_MIN_DOT = 16
+
+
+def _launch_config(head_block: int) -> dict[str, int]:
+    config = dict(_CONFIG[current_platform()])
+    if head_block > 128:
+        config["block_n"] = max(_MIN_DOT, config["block_n"] // 2)
+        config["decode_block_n"] = max(_MIN_DOT, config["decode_block_n"] // 2)
+        config["num_warps"] *= 2
+    return config
+
+
+@triton.jit
+def _attend_rows(
+    q,
+    row_positions,
+    num_keys,
+    block_table_ptr,
+    key_head_ptr,
+    value_head_ptr,
+    stride_key_block,
+    stride_key_slot,
+    stride_value_block,
+    stride_value_slot,
+    block_size,
+    head_size,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Attention of the query rows `q` [BLOCK_M, BLOCK_D] over keys 0..num_keys-1.
+
+    Row r attends to keys 0..row_positions[r]. The keys come in tiles of BLOCK_N positions,
+    each position's physical block looked up in the sequence's block table. `qk_scale` is
+    the softmax scale times log2(e): the softmax runs in base 2. Returns the normalized
+    output rows in float32.
+    """
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < head_size
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(0, num_keys, BLOCK_N):
+        keys = start + tl.arange(0, BLOCK_N)
+        key_mask = keys < num_keys
+        # Masked loads: table entries and cache slots past the sequence are never read.
+        blocks = tl.load(block_table_ptr + keys // block_size, mask=key_mask, other=0)
+        blocks = blocks.to(tl.int64)
+        in_block = keys % block_size
+        kv_mask = key_mask[:, None] & dim_mask[None, :]
+        key_rows = blocks * stride_key_block + in_block * stride_key_slot
+        k = tl.load(key_head_ptr + key_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        value_rows = blocks * stride_value_block + in_block * stride_value_slot
+        v = tl.load(value_head_ptr + value_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        # Causality also hides the keys past num_keys from every row that gets stored.
+        scores = tl.where(keys[None, :] <= row_positions[:, None], scores, float("-inf"))
+        # Key 0 is visible to every row, so row_max is finite from the first tile on and a
+        # tile a row cannot see changes its state by exactly nothing.
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        correction = tl.exp2(row_max - new_max)
+        p = tl.exp2(scores - new_max[:, None])
+        row_sum = row_sum * correction + tl.sum(p, axis=1)
+        acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        row_max = new_max
+    return acc / row_sum[:, None]
+
+
+@triton.jit
+def _decode_kernel(
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    out_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    qk_scale,
+    stride_query_token,
+    stride_query_head,
+    stride_out_token,
+    stride_out_head,
+    stride_key_block,
+    stride_key_slot,
+    stride_key_head,
+    stride_value_block,
+    stride_value_slot,
+    stride_value_head,
+    stride_block_table,
+    block_size,
+    head_size,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # One program per (sequence, kv head); rows are the GQA group's query heads.
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    query_start = tl.load(query_start_loc_ptr + seq)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
+    if query_len != 1:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    rows = tl.arange(0, BLOCK_G)
+    heads = kv_head * GROUP + rows
+    dims = tl.arange(0, BLOCK_D)
+    mask = (rows < GROUP)[:, None] & (dims < head_size)[None, :]
+    token = query_start.to(tl.int64)
+    q = tl.load(
+        query_ptr + token * stride_query_token + heads[:, None] * stride_query_head + dims[None, :],
+        mask=mask,
+        other=0.0,
+    )
+    row_positions = tl.zeros([BLOCK_G], dtype=tl.int32) + (seq_len - 1)
+    out = _attend_rows(
+        q,
+        row_positions,
+        seq_len,
+        block_tables_ptr + seq.to(tl.int64) * stride_block_table,
+        key_cache_ptr + kv_head * stride_key_head,
+        value_cache_ptr + kv_head * stride_value_head,
+        stride_key_block,
+        stride_key_slot,
+        stride_value_block,
+        stride_value_slot,
+        block_size,
+        head_size,
+        qk_scale,
+        BLOCK_G,
+        BLOCK_N,
+        BLOCK_D,
+    )
+    tl.store(
+        out_ptr + token * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+@triton.jit
+def _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
+    """The sequence that prefill tile `tile` belongs to.
+
+    Sequence b's tiles are numbered from query_start_loc[b] // BLOCK_Q + b on, which leaves
+    room for its ceil(q_len / BLOCK_Q) tiles; the answer is the last b whose first tile
+    number is <= tile (binary search).
+    """
+    low: tl.int32 = 0
+    high: tl.int32 = num_seqs
+    while low < high:
+        mid = (low + high) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile:
+            low = mid + 1
+        else:
+            high = mid
+    return low - 1
+
+
+@triton.jit
+def _prefill_kernel(
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    out_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    qk_scale,
+    num_seqs,
+    stride_query_token,
+    stride_query_head,
+    stride_out_token,
+    stride_out_head,
+    stride_key_block,
+    stride_key_slot,
+    stride_key_head,
+    stride_value_block,
+    stride_value_slot,
+    stride_value_head,
+    stride_block_table,
+    block_size,
+    head_size,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # One program per (tile of BLOCK_Q query tokens, kv head); row r of the tile is token
+    # r // GROUP of the tile and query head r % GROUP of the kv head's group.
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+    query_start = tl.load(query_start_loc_ptr + seq)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
+    first_token = (tile - (query_start // BLOCK_Q + seq)) * BLOCK_Q
+    # Sequences with one query token are the decode kernel's.
+    if (query_len <= 1) | (first_token >= query_len):
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len
+
+    rows = tl.arange(0, BLOCK_M)
+    tokens = first_token + rows // GROUP
+    heads = kv_head * GROUP + rows % GROUP
+    row_mask = (rows < BLOCK_Q * GROUP) & (tokens < query_len)
+    dims = tl.arange(0, BLOCK_D)
+    mask = row_mask[:, None] & (dims < head_size)[None, :]
+    token_offsets = (query_start + tokens).to(tl.int64)
+    q = tl.load(
+        query_ptr
+        + token_offsets[:, None] * stride_query_token
+        + heads[:, None] * stride_query_head
+        + dims[None, :],
+        mask=mask,
+        other=0.0,
+    )
+    last_token = tl.minimum(first_token + BLOCK_Q, query_len) - 1
+    out = _attend_rows(
+        q,
+        context_len + tokens,
+        context_len + last_token + 1,
+        block_tables_ptr + seq.to(tl.int64) * stride_block_table,
+        key_cache_ptr + kv_head * stride_key_head,
+        value_cache_ptr + kv_head * stride_value_head,
+        stride_key_block,
+        stride_key_slot,
+        stride_value_block,
+        stride_value_slot,
+        block_size,
+        head_size,
+        qk_scale,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_D,
+    )
+    tl.store(
+        out_ptr
+        + token_offsets[:, None] * stride_out_token
+        + heads[:, None] * stride_out_head
+        + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+def _check_shapes(
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, max_seq_len: int
+) -> None:
+    num_q_heads, head_size = query.shape[1:]
+    _, block_size, num_kv_heads, cache_head_size = key_cache.shape
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"value_cache {value_cache.shape} != key_cache {key_cache.shape}")
+    if cache_head_size != head_size:
+        raise ValueError(f"cache head size {cache_head_size} != query head size {head_size}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} kv heads")
+    if block_tables.shape[1] * block_size < max_seq_len:
+        raise ValueError(
+            f"block_tables holds {block_tables.shape[1]} blocks of {block_size} slots, "
+            f"fewer than max_seq_len={max_seq_len}"
+        )
+
+
+def paged_attention_triton(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: Tensor | None = None,
+) -> Tensor:
+    """The Triton path of `paged_attention`: the decode kernel, then the prefill kernel."""
+    _check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
+    if query.dtype != key_cache.dtype or value_cache.dtype != key_cache.dtype:
+        raise ValueError("the Triton path needs query and KV cache of one dtype")
+    if query.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("query and KV cache need unit stride along head_size")
+    num_tokens, num_q_heads, head_size = query.shape
+    block_size, num_kv_heads = key_cache.shape[1:3]
+    group = num_q_heads // num_kv_heads
+    num_seqs = seq_lens.shape[0]
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if num_seqs == 0 or num_tokens == 0:
+        return out
+
+    block_d = max(_MIN_DOT, triton.next_power_of_2(head_size))
+    config = _launch_config(block_d)
+    qk_scale = scale * math.log2(math.e)
+    common = (
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_tables.stride(0),
+        block_size,
+        head_size,
+    )
+    tensors = (query, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables)
+
+    _decode_kernel[(num_seqs, num_kv_heads)](
+        *tensors,
+        qk_scale,
+        *common,
+        GROUP=group,
+        BLOCK_G=max(_MIN_DOT, triton.next_power_of_2(group)),
+        BLOCK_N=config["decode_block_n"],
+        BLOCK_D=block_d,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )
+    if max_query_len > 1:
+        block_m = max(config["block_m"], triton.next_power_of_2(group))
+        block_q = block_m // group
+        # Sequence b's tiles start at query_start_loc[b] // block_q + b (see
+        # _find_sequence), so this many tile numbers cover every sequence.
+        num_tiles = num_tokens // block_q + num_seqs
+        _prefill_kernel[(num_tiles, num_kv_heads)](
+            *tensors,
+            qk_scale,
+            num_seqs,
+            *common,
+            GROUP=group,
+            BLOCK_Q=block_q,
+            BLOCK_M=block_m,
+            BLOCK_N=config["block_n"],
+            BLOCK_D=block_d,
+            num_warps=config["num_warps"],
+            num_stages=config["num_stages"],
+        )
+    return out
+
+
+def _gather_slots(cache: Tensor, slots: Tensor) -> Tensor:
+    """cache [num_blocks, block_size, Hkv, D] at `slots` [...], as float32 [..., Hkv, D].
+
+    index_select is several times faster on the CPU than advanced indexing.
+    """
+    num_blocks, block_size, num_kv_heads, head_size = cache.shape
+    # Rows of one slot each: 2-D index_select copies whole rows, twice as fast as 4-D.
+    rows = cache.reshape(num_blocks * block_size, num_kv_heads * head_size)
+    gathered = rows.index_select(0, slots.flatten())
+    return gathered.view(*slots.shape, num_kv_heads, head_size).float()
+
+
+def _decode_reference(
+    key_cache: Tensor,
+    value_cache: Tensor,
+    rows: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+) -> Tensor:
+    """Attention of single query rows [B, Hq, D] over their sequences' whole context.
+
+    The keys of all B sequences are gathered slot by slot into [B, width, Hkv, D], width
+    being the longest context; a length mask hides each sequence's tail.
+    """
+    block_size = key_cache.shape[1]
+    width = int(seq_lens.max())
+    positions = torch.arange(width, device=rows.device)
+    valid = positions < seq_lens[:, None]  # [B, width]
+    # Masked positions re-read position 0, which always holds real data: the slots and
+    # table entries past a sequence may hold anything, NaN included, and a NaN would
+    # survive the mask (0 * NaN).
+    positions = torch.where(valid, positions, 0)
+    slots = block_tables.gather(1, positions // block_size).long() * block_size
+    slots += positions % block_size
+    keys = _gather_slots(key_cache, slots)  # [B, width, Hkv, D]
+    values = _gather_slots(value_cache, slots)
+    out = F.scaled_dot_product_attention(
+        rows.float().unsqueeze(2),  # [B, Hq, 1, D]
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+        enable_gqa=rows.shape[1] != key_cache.shape[2],
+    )
+    return out.squeeze(2)
+
+
+def _prefill_reference(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    seq_len: int,
+    block_table: Tensor,
+    scale: float,
+) -> Tensor:
+    """Causal attention of one sequence's query rows [q_len, Hq, D] over its context."""
+    query_len, num_q_heads = query.shape[:2]
+    block_size, num_kv_heads = key_cache.shape[1:3]
+    positions = torch.arange(seq_len, device=query.device)
+    slots = block_table.long()[positions // block_size] * block_size + positions % block_size
+    keys = _gather_slots(key_cache, slots)  # [seq_len, Hkv, D]
+    values = _gather_slots(value_cache, slots)
+
+    context_len = seq_len - query_len
+    visible = None
+    if context_len > 0:
+        # Query row i sits at position context_len + i: the causal mask is offset.
+        query_positions = context_len + torch.arange(query_len, device=query.device)
+        visible = positions[None, :] <= query_positions[:, None]  # [q_len, seq_len]
+    out = F.scaled_dot_product_attention(
+        query.float().transpose(0, 1).unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        attn_mask=visible,
+        is_causal=visible is None,
+        scale=scale,
+        enable_gqa=num_q_heads != num_kv_heads,
+    )
+    return out.squeeze(0).transpose(0, 1)
+
+
+def paged_attention_reference(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: Tensor | None = None,
+) -> Tensor:
+    """The torch path of `paged_attention`: decodes batched, prefills one by one."""
+    _check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    starts = query_start_loc.tolist()
+    query_lens = query_start_loc.diff().tolist()
+
+    decodes = [b for b, n in enumerate(query_lens) if n == 1]
+    if decodes:
+        seqs = torch.tensor(decodes, device=query.device)
+        rows = query_start_loc[seqs].long()
+        decoded = _decode_reference(
+            key_cache, value_cache, query[rows], seq_lens[seqs], block_tables[seqs], scale
+        )
+        out.index_copy_(0, rows, decoded.to(out.dtype))
+
+    if max_query_len > 1:
+        lens = seq_lens.tolist()
+        for b, query_len in enumerate(query_lens):
+            if query_len > 1:
+                start, end = starts[b], starts[b] + query_len
+                out[start:end] = _prefill_reference(
+                    query[start:end], key_cache, value_cache, lens[b], block_tables[b], scale
+                ).to(out.dtype)
+    return out
+
+
+def paged_attention(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Causal attention of the step's query rows over their sequences' paged KV cache.
+
+    query [T, Hq, D]; key_cache/value_cache [num_blocks, block_size, Hkv, D];
+    query_start_loc int32 [B+1]; seq_lens int32 [B] (context including the new tokens);
+    block_tables int32 [B, max_blocks_per_seq]. Returns [T, Hq, D] in query's dtype,
+    written into `out` when given.
+    """
+    if dispatch.use_triton():
+        return paged_attention_triton(
+            query,
+            key_cache,
+            value_cache,
+            query_start_loc,
+            seq_lens,
+            block_tables,
+            scale,
+            max_query_len,
+            max_seq_len,
+            out,
+        )
+    return paged_attention_reference(
+        query,
+        key_cache,
+        value_cache,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        scale,
+        max_query_len,
+        max_seq_len,
+        out,
+    )

@@ -1,0 +1,148 @@
+"""Writing the new tokens' keys and values into the paged KV cache.
+
+The cache is a pool of fixed-size blocks: key_cache/value_cache
+[num_blocks, block_size, num_kv_heads, head_size]. The runner gives each new token a slot,
+`block_id * block_size + offset`, in `slot_mapping`; slot -1 marks a padding token whose
+key and value are not written. The write happens in place, cast to the cache's dtype.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from aioserve.kernels import dispatch
+from aioserve.kernels.triton_compat import tl, triton
+from aioserve.platform import current_platform
+
+# Per platform: heads of one token a program copies, and its warps.
+_CONFIG: dict[str, dict[str, int]] = {
+    "cuda": {"heads_per_program": 8, "num_warps": 4},
+    "rocm": {"heads_per_program": 8, "num_warps": 4},
+    "cpu": {"heads_per_program": 16, "num_warps": 1},
+}
+
+
+@triton.jit
+def _write_kv_cache_kernel(
+    key_ptr,
+    value_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,
+    stride_key_token,
+    stride_key_head,
+    stride_value_token,
+    stride_value_head,
+    stride_key_cache_block,
+    stride_key_cache_slot,
+    stride_key_cache_head,
+    stride_value_cache_block,
+    stride_value_cache_slot,
+    stride_value_cache_head,
+    num_heads,
+    head_size,
+    block_size,
+    BLOCK_HEADS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # One program per (token, group of BLOCK_HEADS heads).
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // block_size
+    offset = slot % block_size
+
+    heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
+    dims = tl.arange(0, BLOCK_D)
+    mask = (heads < num_heads)[:, None] & (dims < head_size)[None, :]
+
+    key = tl.load(
+        key_ptr + token * stride_key_token + heads[:, None] * stride_key_head + dims[None, :],
+        mask=mask,
+    )
+    value = tl.load(
+        value_ptr + token * stride_value_token + heads[:, None] * stride_value_head + dims[None, :],
+        mask=mask,
+    )
+    key_dst = (
+        key_cache_ptr
+        + block * stride_key_cache_block
+        + offset * stride_key_cache_slot
+        + heads[:, None] * stride_key_cache_head
+        + dims[None, :]
+    )
+    value_dst = (
+        value_cache_ptr
+        + block * stride_value_cache_block
+        + offset * stride_value_cache_slot
+        + heads[:, None] * stride_value_cache_head
+        + dims[None, :]
+    )
+    tl.store(key_dst, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(value_dst, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_cache_triton(
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """The Triton path of `write_kv_cache`."""
+    if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("the KV cache must have unit stride along head_size")
+    key = key if key.stride(-1) == 1 else key.contiguous()
+    value = value if value.stride(-1) == 1 else value.contiguous()
+    num_tokens, num_heads, head_size = key.shape
+    if num_tokens == 0:
+        return
+    config = _CONFIG[current_platform()]
+    block_heads = min(triton.next_power_of_2(num_heads), config["heads_per_program"])
+    grid = (num_tokens, triton.cdiv(num_heads, block_heads))
+    _write_kv_cache_kernel[grid](
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        num_heads,
+        head_size,
+        key_cache.shape[1],
+        BLOCK_HEADS=block_heads,
+        BLOCK_D=triton.next_power_of_2(head_size),
+        num_warps=config["num_warps"],
+    )
+
+
+def write_kv_cache_reference(
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """The torch path of `write_kv_cache`."""
+    block_size = key_cache.shape[1]
+    tokens = (slot_mapping >= 0).nonzero().squeeze(1)
+    slots = slot_mapping[tokens]
+    blocks, offsets = slots // block_size, slots % block_size
+    key_cache[blocks, offsets] = key[tokens].to(key_cache.dtype)
+    value_cache[blocks, offsets] = value[tokens].to(value_cache.dtype)
+
+
+def write_kv_cache(
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """Write key/value [T, Hkv, D] into the cache slots of `slot_mapping` [T] (in place).
+
+    Slot s is (block s // block_size, offset s % block_size); tokens with slot -1 are
+    skipped.
+    """
+    if dispatch.use_triton():
+        write_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping)
+    else:
+        write_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping)

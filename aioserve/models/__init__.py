@@ -1,0 +1,1 @@
+"""Model definitions, the architecture registry, and checkpoint loading."""

@@ -1,0 +1,25 @@
+"""What attention needs to know about one model step's flat batch of tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """The layout of a step's tokens over sequences and KV-cache blocks.
+
+    The step's T tokens are laid out sequence after sequence: sequence b owns rows
+    `query_start_loc[b]:query_start_loc[b + 1]`. Each row's K/V is written to
+    `slot_mapping[row]` (block id * block size + offset) before attention reads it back
+    through `block_tables`.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32, context length including this step's tokens
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    max_query_len: int
+    max_seq_len: int

@@ -1,0 +1,223 @@
+"""Opening a model checkpoint: its config, generation config, chat template, tokenizer, weights.
+
+`open_checkpoint` resolves the model name (see `resolve.py`), checks that the requested
+`--load-format` and `--quantization` match what is on disk, and reads the metadata; the
+weights are read only when `Checkpoint.weights()` is iterated, one tensor at a time.
+
+aioserve never executes code shipped with a model: a config that names its own classes
+(`auto_map`) is refused whatever `--trust-remote-code` says. Local folders and GGUF files are
+read with `local_files_only`, so opening them never reaches for the Hugging Face hub.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from aioserve.models.loaders import hf_folder
+from aioserve.models.loaders.gguf import GGUFFile
+from aioserve.models.resolve import ResolvedModel, resolve_model
+
+LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
+QUANTIZATION_METHODS = (None, "gguf")
+TOKENIZER_MODES = ("auto", "slow")
+
+
+@dataclass
+class Checkpoint:
+    """An opened model: metadata read, weights and tokenizer read on demand."""
+
+    hf_config: PretrainedConfig  # with --hf-overrides applied
+    generation_config: dict[str, Any]  # generation_config.json, or bos/eos ids of a GGUF
+    chat_template: str | None
+    source: ResolvedModel
+    load_format: str  # what weights() reads: "safetensors", "pt", "gguf" or "dummy"
+    download_dir: str | None = None  # where load_tokenizer fetches a named tokenizer
+    _weight_files: list[Path] = field(default_factory=list, repr=False)
+    _gguf: GGUFFile | None = field(default=None, repr=False)
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF parameter name, CPU tensor) one at a time: GGUF tensors dequantized to float32,
+        folder tensors in their stored dtype. Nothing for the dummy format."""
+        if self.load_format == "gguf":
+            assert self._gguf is not None
+            for tensor in self._gguf.tensors():
+                yield tensor.name, tensor.dequantize()
+        elif self.load_format != "dummy":
+            yield from hf_folder.iter_weights(self._weight_files)
+
+    def num_weight_tensors(self) -> int:
+        """How many tensors `weights()` yields (for a progress bar)."""
+        if self.load_format == "gguf":
+            assert self._gguf is not None
+            return self._gguf.num_tensors
+        if self.load_format == "dummy":
+            return 0
+        return hf_folder.count_weights(self._weight_files)
+
+    def load_tokenizer(
+        self, tokenizer: str | None = None, tokenizer_mode: str = "auto"
+    ) -> PreTrainedTokenizerBase:
+        """The checkpoint's tokenizer, or the one at `tokenizer` (a path or model name).
+
+        When the tokenizer has no chat template of its own it gets the checkpoint's.
+        """
+        if tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(
+                f"tokenizer mode {tokenizer_mode!r} is not supported yet; "
+                f"choose one of {', '.join(TOKENIZER_MODES)}"
+            )
+        source = (
+            self.source if tokenizer is None else _tokenizer_source(tokenizer, self.download_dir)
+        )
+        options: dict[str, Any] = {
+            "use_fast": tokenizer_mode != "slow",
+            "trust_remote_code": False,
+            "local_files_only": True,
+        }
+        if source.kind == "gguf":
+            options["gguf_file"] = source.path.name
+            folder = source.path.parent
+        else:
+            folder = source.path
+        loaded = AutoTokenizer.from_pretrained(str(folder), **options)
+        if loaded.chat_template is None and self.chat_template is not None:
+            loaded.chat_template = self.chat_template
+        return loaded
+
+
+def open_checkpoint(
+    model: str,
+    *,
+    load_format: str = "auto",
+    hf_overrides: dict[str, Any] | None = None,
+    download_dir: str | None = None,
+    trust_remote_code: bool = False,
+    quantization: str | None = None,
+) -> Checkpoint:
+    """Find `model` and read its metadata; weights are read later, by `Checkpoint.weights()`."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"load format {load_format!r} is not supported; choose one of {', '.join(LOAD_FORMATS)}"
+        )
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization method {quantization!r} is not supported yet")
+    source = resolve_model(model, download_dir)
+    if source.kind == "gguf":
+        checkpoint = _open_gguf(source, load_format)
+    else:
+        checkpoint = _open_folder(source, load_format, quantization, trust_remote_code)
+    checkpoint.download_dir = download_dir
+    apply_hf_overrides(checkpoint.hf_config, hf_overrides or {})
+    return checkpoint
+
+
+def _open_gguf(source: ResolvedModel, load_format: str) -> Checkpoint:
+    if load_format in ("safetensors", "pt"):
+        raise ValueError(f"load format {load_format!r} does not match {source.path}: a GGUF file")
+    gguf_file = GGUFFile(source.path)
+    return Checkpoint(
+        hf_config=gguf_file.hf_config(),
+        generation_config=gguf_file.generation_config(),
+        chat_template=gguf_file.chat_template(),
+        source=source,
+        load_format="dummy" if load_format == "dummy" else "gguf",
+        _gguf=gguf_file,
+    )
+
+
+def _open_folder(
+    source: ResolvedModel, load_format: str, quantization: str | None, trust_remote_code: bool
+) -> Checkpoint:
+    folder = source.path
+    if load_format == "gguf" or quantization == "gguf":
+        raise ValueError(
+            f"{'load format' if load_format == 'gguf' else 'quantization'} 'gguf' does not match "
+            f"{folder}: a Hugging Face folder, not a GGUF file"
+        )
+    config = _folder_config(folder, trust_remote_code)
+    if load_format == "dummy":
+        weight_format, files = "dummy", []
+    else:
+        weight_format = hf_folder.detect_format(folder) if load_format == "auto" else load_format
+        if weight_format is None:
+            raise ValueError(
+                f"load format 'auto' found no safetensors or PyTorch weights in {folder}"
+            )
+        files = hf_folder.find_weight_files(folder, weight_format)
+    return Checkpoint(
+        hf_config=config,
+        generation_config=_read_json(folder / "generation_config.json") or {},
+        chat_template=_folder_chat_template(folder),
+        source=source,
+        load_format=weight_format,
+        _weight_files=files,
+    )
+
+
+def _folder_config(folder: Path, trust_remote_code: bool) -> PretrainedConfig:
+    raw = _read_json(folder / "config.json") or {}
+    if "auto_map" in raw:
+        flag = " (--trust-remote-code does not change that)" if trust_remote_code else ""
+        raise ValueError(
+            f"the model in {folder} needs code from its repository (its config.json has an "
+            f"auto_map), which aioserve never runs{flag}"
+        )
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+    quantization_config = getattr(config, "quantization_config", None)
+    if quantization_config is not None:
+        method = quantization_config.get("quant_method", "unknown")
+        raise ValueError(f"quantization method {method!r} is not supported yet")
+    return config
+
+
+def _folder_chat_template(folder: Path) -> str | None:
+    """chat_template.jinja, else tokenizer_config.json's chat_template (its default if named)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    template = (_read_json(folder / "tokenizer_config.json") or {}).get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {entry["name"]: entry["template"] for entry in template}
+        template = named.get("default", next(iter(named.values()), None))
+    return template
+
+
+def _tokenizer_source(tokenizer: str, download_dir: str | None) -> ResolvedModel:
+    """A tokenizer-only folder is fine here, unlike for a model; anything else resolves."""
+    path = Path(tokenizer).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
+        return ResolvedModel("hf_folder", path.resolve(), tokenizer)
+    return resolve_model(tokenizer, download_dir)
+
+
+def apply_hf_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> None:
+    """Merge `overrides` into `config`: nested dicts merge key by key, other values replace."""
+    for key, value in overrides.items():
+        current = getattr(config, key, None)
+        if isinstance(value, dict) and isinstance(current, PretrainedConfig):
+            apply_hf_overrides(current, value)
+        elif isinstance(value, dict) and isinstance(current, dict):
+            setattr(config, key, _merged(current, value))
+        else:
+            setattr(config, key, value)
+
+
+def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    result = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = _merged(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,0 +1,260 @@
+"""The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
+
+They share one decoder: RMSNorm, rotary embeddings (with llama3 scaling), grouped-query
+attention over the paged KV cache, and a SiLU-gated MLP. The differences are switches read
+from the HF config: Qwen2 has biases on q/k/v, Qwen3 normalizes each head of q and k, and
+any of them may tie the output head to the input embeddings.
+
+Parameter names follow the HF checkpoints, except that q/k/v are stacked into one `qkv_proj`
+and gate/up into one `gate_up_proj` (one matmul each); `load_weights` does the stacking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from aioserve.kernels.activation import silu_and_mul
+from aioserve.kernels.attention import paged_attention
+from aioserve.kernels.kv_cache import write_kv_cache
+from aioserve.kernels.rms_norm import rms_norm
+from aioserve.kernels.rotary import apply_rotary, build_cos_sin_cache
+from aioserve.models.attention_metadata import AttentionMetadata
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+def _head_dim(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _rope_scaling(config: PretrainedConfig) -> dict | None:
+    scaling = getattr(config, "rope_scaling", None)
+    if not scaling:
+        # transformers 5 keeps rope settings in `rope_parameters` (theta included).
+        params = getattr(config, "rope_parameters", None)
+        if params and params.get("rope_type", "default") != "default":
+            scaling = params
+    return scaling
+
+
+def _rope_theta(config: PretrainedConfig) -> float:
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return float(theta)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: PretrainedConfig, cos_sin_cache: torch.Tensor) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = _head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        # Qwen2 always has q/k/v biases; Llama-style configs may ask for them (and for an
+        # o_proj bias) with attention_bias.
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias = attention_bias or config.model_type == "qwen2"
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=attention_bias)
+        self.qk_norm = config.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.cos_sin_cache = cos_sin_cache
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
+        q, k = apply_rotary(positions, q, k, self.cos_sin_cache, is_neox_style=True)
+        key_cache, value_cache = kv_cache
+        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = paged_attention(
+            q,
+            key_cache,
+            value_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            self.scale,
+            meta.max_query_len,
+            meta.max_seq_len,
+        )
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"unsupported activation {config.hidden_act!r}: only silu is implemented"
+            )
+        if getattr(config, "mlp_bias", False):
+            raise ValueError("MLP biases (mlp_bias=True) are not supported yet")
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, cos_sin_cache: torch.Tensor) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, cos_sin_cache)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    # HF checkpoint name fragment -> (our stacked parameter, index of the shard in it)
+    stacked_params = {
+        ".q_proj.": (".qkv_proj.", 0),
+        ".k_proj.": (".qkv_proj.", 1),
+        ".v_proj.": (".qkv_proj.", 2),
+        ".gate_proj.": (".gate_up_proj.", 0),
+        ".up_proj.": (".gate_up_proj.", 1),
+    }
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.config = config
+        head_dim = _head_dim(config)
+        rotary_dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
+        # float32 whatever the model's dtype, on the device the model is built on (the
+        # loader builds it under a torch.device context); not a buffer, so .to(dtype)
+        # cannot round it.
+        cos_sin_cache = build_cos_sin_cache(
+            rotary_dim,
+            config.max_position_embeddings,
+            _rope_theta(config),
+            _rope_scaling(config),
+            dtype=torch.float32,
+        )
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, cos_sin_cache) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's flat batch of tokens."""
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy HF-named tensors into the parameters; returns the parameter names filled."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            for fragment, (stacked, shard) in self.stacked_params.items():
+                if fragment in name:
+                    name = name.replace(fragment, stacked)
+                    self._copy_shard(params[name], tensor, name, shard)
+                    break
+            else:
+                if name not in params:
+                    raise ValueError(
+                        f"checkpoint tensor {hf_name!r} has no parameter in {type(self).__name__}"
+                    )
+                _copy_checked(params[name], tensor, name)
+            loaded.add(name)
+        return loaded
+
+    def _copy_shard(self, param: torch.Tensor, tensor: torch.Tensor, name: str, shard: int) -> None:
+        if ".qkv_proj." in name:
+            attn = self.layers[0].self_attn
+            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+        else:
+            sizes = [param.shape[0] // 2] * 2
+        start = sum(sizes[:shard])
+        _copy_checked(param.data[start : start + sizes[shard]], tensor, f"{name}[shard {shard}]")
+
+
+def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise ValueError(
+            f"shape mismatch for {name}: model has {tuple(param.shape)}, checkpoint {tuple(tensor.shape)}"
+        )
+    with torch.no_grad():
+        param.data.copy_(tensor)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    pass

@@ -1,0 +1,70 @@
+"""Build a model from an opened checkpoint and fill its weights."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from aioserve.models.checkpoint import Checkpoint
+from aioserve.models.registry import model_class_for
+
+logger = logging.getLogger("aioserve")
+
+
+def load_model(
+    checkpoint: Checkpoint,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    dummy: bool = False,
+    seed: int = 0,
+    use_tqdm: bool = True,
+) -> nn.Module:
+    """The checkpoint's model on `device` in `dtype`, in eval mode.
+
+    With `dummy`, parameters get small random values instead of the checkpoint's
+    (vLLM's `--load-format dummy`: for measuring shapes whose weights are not at hand).
+    """
+    model_class = model_class_for(checkpoint.hf_config)
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_class(checkpoint.hf_config)
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    if dummy:
+        _fill_dummy(model, seed)
+    else:
+        _load_checkpoint_weights(model, checkpoint, use_tqdm)
+    return model.eval().requires_grad_(False)
+
+
+def _load_checkpoint_weights(model: nn.Module, checkpoint: Checkpoint, use_tqdm: bool) -> None:
+    weights = checkpoint.weights()
+    if use_tqdm:
+        weights = tqdm(
+            weights,
+            total=checkpoint.num_weight_tensors(),
+            desc="Loading weights",
+            unit="tensor",
+            leave=False,
+        )
+    loaded = model.load_weights(weights)
+    missing = sorted(set(dict(model.named_parameters())) - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise ValueError(f"the checkpoint lacks {len(missing)} of the model's tensors: {shown}")
+
+
+def _fill_dummy(model: nn.Module, seed: int) -> None:
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            values = torch.empty(param.shape, dtype=torch.float32).uniform_(
+                -1e-3, 1e-3, generator=generator
+            )
+            param.copy_(values)

@@ -1,0 +1,87 @@
+"""Weights of a Hugging Face model folder: safetensors files first, PyTorch bins otherwise.
+
+`find_weight_files` picks the files of one format the way transformers saves them (one file,
+or shards listed by an index), `iter_weights` yields their tensors one at a time under the
+names they were saved with, in their stored dtype, on the CPU. Safetensors are read lazily
+tensor by tensor; PyTorch bins are memory-mapped, so neither holds the model in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import safe_open
+
+WeightFormat = Literal["safetensors", "pt"]
+
+_SINGLE_FILE = {"safetensors": "model.safetensors", "pt": "pytorch_model.bin"}
+_INDEX_FILE = {"safetensors": "model.safetensors.index.json", "pt": "pytorch_model.bin.index.json"}
+_PATTERNS = {"safetensors": ("*.safetensors",), "pt": ("*.bin", "*.pt")}
+# training leftovers some repositories ship beside the weights
+_NOT_WEIGHTS = {
+    "training_args.bin",
+    "optimizer.bin",
+    "optimizer.pt",
+    "scheduler.pt",
+    "scaler.pt",
+    "trainer_state.pt",
+}
+
+
+def detect_format(folder: Path) -> WeightFormat | None:
+    """safetensors when the folder has any, else pt when it has PyTorch weights, else None."""
+    for fmt in ("safetensors", "pt"):
+        if _candidates(folder, fmt):
+            return fmt
+    return None
+
+
+def _candidates(folder: Path, fmt: WeightFormat) -> list[Path]:
+    files = {p for pattern in _PATTERNS[fmt] for p in folder.glob(pattern)}
+    return sorted(
+        p for p in files if p.name not in _NOT_WEIGHTS and not p.name.startswith("rng_state")
+    )
+
+
+def find_weight_files(folder: Path, fmt: WeightFormat) -> list[Path]:
+    """The files holding the weights in format `fmt`: the index's shards, the single file,
+    or every file of that format. Raises ValueError when there are none."""
+    index = folder / _INDEX_FILE[fmt]
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    single = folder / _SINGLE_FILE[fmt]
+    if single.is_file():
+        return [single]
+    files = _candidates(folder, fmt)
+    if not files:
+        raise ValueError(f"load format {fmt!r} found no {fmt} weight files in {folder}")
+    return files
+
+
+def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of every file, one tensor read at a time."""
+    for path in files:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            yield from state.items()
+
+
+def count_weights(files: list[Path]) -> int:
+    """How many tensors `iter_weights(files)` yields, read from headers, not data."""
+    total = 0
+    for path in files:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                total += len(f.keys())
+        else:
+            total += len(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    return total

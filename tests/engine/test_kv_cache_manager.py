@@ -1,0 +1,171 @@
+"""The KV block pool under random admit / step / finish / abort / preempt sequences.
+
+A hypothesis state machine drives the real Scheduler and KVCacheManager (no model: sampled
+tokens are drawn at random) with a pool small enough that preemption happens, and checks
+after every step that block ownership is consistent, and at the end that the pool is whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from aioserve.engine.kv_cache_manager import KVCacheManager, hash_block_tokens
+from aioserve.engine.request import Request, RequestStatus
+from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.scheduler import Scheduler
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 24
+MAX_MODEL_LEN = 64
+EOS = 0
+SHARED_PREFIXES = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24]]
+
+
+class BlockPoolMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
+        self.scheduler = Scheduler(
+            self.kv,
+            max_num_seqs=6,
+            max_num_batched_tokens=16,
+            max_model_len=MAX_MODEL_LEN,
+            enable_chunked_prefill=True,
+            policy="fcfs",
+        )
+        self.ids = itertools.count()
+        self.live: dict[str, Request] = {}
+
+    @rule(
+        prefix=st.sampled_from([[], *SHARED_PREFIXES]),
+        suffix=st.lists(st.integers(1, 30), min_size=1, max_size=20),
+        max_tokens=st.integers(1, 12),
+    )
+    def add(self, prefix, suffix, max_tokens):
+        n = next(self.ids)
+        prompt = prefix + suffix
+        request = Request(
+            request_id=f"r{n}",
+            prompt_token_ids=prompt,
+            sampling_params=SamplingParams(max_tokens=max_tokens),
+            seed=n,
+            eos_token_ids=frozenset({EOS}),
+            max_tokens=min(max_tokens, MAX_MODEL_LEN - len(prompt)),
+            arrival_index=n,
+        )
+        self.scheduler.add_request(request)
+        self.live[request.request_id] = request
+
+    @precondition(lambda self: self.scheduler.has_unfinished())
+    @rule(seed=st.integers(0, 2**16))
+    def step(self, seed):
+        output = self.scheduler.schedule()
+        assert not output.is_empty, "work is waiting but nothing was scheduled"
+        rng = random.Random(seed)  # token 0 is EOS, so some sequences stop early
+        sampled = {c.request.request_id: [rng.randrange(31)] for c in output.chunks if c.samples}
+        for request in self.scheduler.update(output, sampled):
+            self.live.pop(request.request_id)
+
+    @precondition(lambda self: self.live)
+    @rule(
+        data=st.data(),
+        status=st.sampled_from([RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_STOPPED]),
+    )
+    def end_one(self, data, status):
+        request_id = data.draw(st.sampled_from(sorted(self.live)))
+        self.scheduler.finish_requests([request_id], status)
+        self.live.pop(request_id)
+
+    @invariant()
+    def ownership_is_consistent(self):
+        tables = {r.request_id: self.kv.block_table(r.request_id) for r in self.live.values()}
+        for request in self.live.values():
+            if request.status is not RequestStatus.RUNNING:
+                assert not tables[request.request_id], "only running sequences hold blocks"
+        counts: dict[int, int] = {}
+        for request_id, table in tables.items():
+            assert len(set(table)) == len(table), f"{request_id} lists a block twice"
+            for block_id in table:
+                counts[block_id] = counts.get(block_id, 0) + 1
+        assert counts == self.kv.owners(), "reference counts differ from the block tables"
+        assert self.kv.num_free_blocks + len(counts) == NUM_BLOCKS
+        # A block in several tables is a shared prefix: same position, same chained hash.
+        where: dict[int, list[tuple[str, int]]] = {}
+        for request_id, table in tables.items():
+            for index, block_id in enumerate(table):
+                where.setdefault(block_id, []).append((request_id, index))
+        for block_id, places in where.items():
+            if len(places) < 2:
+                continue
+            hashes = set()
+            for request_id, index in places:
+                request = self.live[request_id]
+                tokens = request.token_ids_range(0, (index + 1) * BLOCK_SIZE)
+                parent = None
+                for b in range(index + 1):
+                    parent = hash_block_tokens(
+                        parent, tokens[b * BLOCK_SIZE : (b + 1) * BLOCK_SIZE]
+                    )
+                hashes.add(parent)
+            assert len(hashes) == 1, (
+                f"block {block_id} is shared by sequences with different prefixes"
+            )
+
+    def teardown(self):
+        self.scheduler.finish_requests(list(self.live), RequestStatus.FINISHED_ABORTED)
+        assert self.kv.num_free_blocks == NUM_BLOCKS, "blocks leaked"
+        assert self.kv.owners() == {}
+
+
+BlockPoolMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestBlockPool = BlockPoolMachine.TestCase
+
+
+def _request(request_id: str, prompt: list[int]) -> Request:
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(max_tokens=4),
+        seed=0,
+        eos_token_ids=frozenset({EOS}),
+        max_tokens=4,
+    )
+
+
+def test_prefix_cache_hits_full_blocks_and_leaves_one_token_to_compute():
+    kv = KVCacheManager(16, BLOCK_SIZE, enable_prefix_caching=True)
+    first = _request("a", list(range(1, 13)))  # exactly three full blocks
+    assert kv.allocate(first, first.num_tokens)
+    first.num_computed_tokens = first.num_tokens
+    kv.cache_full_blocks(first)
+    first_table = kv.block_table("a")
+    kv.free(first)
+
+    again = _request("b", list(range(1, 13)))
+    # Two blocks, not three: the last prompt token must still run to give logits.
+    assert kv.find_cached_prefix(again) == first_table[:2]
+    other = _request("c", [99] + list(range(2, 13)))
+    assert kv.find_cached_prefix(other) == [], "a different first block must break the chain"
+
+
+def test_lru_eviction_takes_the_oldest_free_block_and_forgets_its_hash():
+    kv = KVCacheManager(2, BLOCK_SIZE, enable_prefix_caching=True)
+    a = _request("a", [1, 2, 3, 4, 5])
+    assert kv.allocate(a, 5)
+    a.num_computed_tokens = 5
+    kv.cache_full_blocks(a)
+    kv.free(a)
+    b = _request("b", [9, 9, 9, 9, 9, 9, 9, 9])
+    assert kv.allocate(b, 8), "both blocks, one of them cached, must be reusable"
+    assert kv.find_cached_prefix(_request("c", [1, 2, 3, 4, 5])) == []
+    assert not kv.allocate(_request("d", [1]), 1), "the pool is exhausted"

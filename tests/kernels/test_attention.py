@@ -1,0 +1,279 @@
+"""paged_attention: the torch reference against a naive softmax(QK^T)V over un-paged K/V,
+the Triton kernels against the reference, and batch invariance.
+
+Every batch is built so that paging matters: physical blocks are shuffled, cache slots
+that belong to no sequence (block 0 among them) hold NaN, and block-table entries past a
+sequence's blocks hold an out-of-range block id, so reading anything the kernels must not
+read shows up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from aioserve.kernels.attention import paged_attention, paged_attention_reference
+
+_TOLERANCE = {
+    torch.float32: dict(atol=2e-5, rtol=1e-5),
+    torch.float16: dict(atol=3e-3, rtol=3e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+_INVALID_BLOCK = 2**30
+
+
+@dataclass
+class Batch:
+    """One model step's attention inputs, plus the un-paged keys/values behind them."""
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    scale: float
+    max_query_len: int
+    max_seq_len: int
+    keys: list[torch.Tensor]  # per sequence [seq_len, Hkv, D]
+    values: list[torch.Tensor]
+
+    def args(self) -> tuple:
+        return (
+            self.query,
+            self.key_cache,
+            self.value_cache,
+            self.query_start_loc,
+            self.seq_lens,
+            self.block_tables,
+            self.scale,
+            self.max_query_len,
+            self.max_seq_len,
+        )
+
+
+def make_batch(
+    seqs: list[tuple[int, int]],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    extra_table_columns: int = 1,
+) -> Batch:
+    """A batch of sequences given as (query_len, seq_len) pairs."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(seq_len / block_size) for _, seq_len in seqs]
+    num_blocks = sum(blocks_per_seq) + 3
+    # Block 0 belongs to no sequence: a load that falls back to block 0 reads NaN.
+    physical = 1 + torch.randperm(num_blocks - 1, generator=gen)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    value_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    block_tables = torch.full(
+        (len(seqs), max(blocks_per_seq) + extra_table_columns), _INVALID_BLOCK, dtype=torch.int32
+    )
+    keys, values, queries = [], [], []
+    used = 0
+    for b, (query_len, seq_len) in enumerate(seqs):
+        blocks = physical[used : used + blocks_per_seq[b]]
+        used += blocks_per_seq[b]
+        block_tables[b, : len(blocks)] = blocks.int()
+        k = torch.randn(seq_len, num_kv_heads, head_size, generator=gen).to(dtype)
+        v = torch.randn(seq_len, num_kv_heads, head_size, generator=gen).to(dtype)
+        positions = torch.arange(seq_len)
+        key_cache[blocks[positions // block_size], positions % block_size] = k
+        value_cache[blocks[positions // block_size], positions % block_size] = v
+        keys.append(k.to(device))
+        values.append(v.to(device))
+        queries.append(torch.randn(query_len, num_q_heads, head_size, generator=gen).to(dtype))
+    query_lens = torch.tensor([q for q, _ in seqs])
+    query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    query_start_loc[1:] = query_lens.cumsum(0)
+    return Batch(
+        query=torch.cat(queries).to(device),
+        key_cache=key_cache.to(device),
+        value_cache=value_cache.to(device),
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=torch.tensor([s for _, s in seqs], dtype=torch.int32, device=device),
+        block_tables=block_tables.to(device),
+        scale=head_size**-0.5,
+        max_query_len=max(q for q, _ in seqs),
+        max_seq_len=max(s for _, s in seqs),
+        keys=keys,
+        values=values,
+    )
+
+
+def naive_attention(batch: Batch) -> torch.Tensor:
+    """Row by row softmax(q K^T * scale) V in float64, from the un-paged keys/values."""
+    num_q_heads = batch.query.shape[1]
+    out = torch.zeros(batch.query.shape, dtype=torch.float64, device=batch.query.device)
+    starts = batch.query_start_loc.tolist()
+    for b, seq_len in enumerate(batch.seq_lens.tolist()):
+        group = num_q_heads // batch.keys[b].shape[1]
+        keys = batch.keys[b].double().repeat_interleave(group, dim=1)  # [seq_len, Hq, D]
+        values = batch.values[b].double().repeat_interleave(group, dim=1)
+        query_len = starts[b + 1] - starts[b]
+        for i in range(query_len):
+            position = seq_len - query_len + i
+            q = batch.query[starts[b] + i].double()  # [Hq, D]
+            scores = torch.einsum("hd,khd->hk", q, keys[: position + 1]) * batch.scale
+            out[starts[b] + i] = torch.einsum(
+                "hk,khd->hd", scores.softmax(-1), values[: position + 1]
+            )
+    return out
+
+
+# (query_len, seq_len): decodes, full prefills and prefill chunks over a cached prefix,
+# with lengths that cross block boundaries at every block size used below.
+MIXED = [(1, 17), (5, 5), (1, 1), (7, 40), (1, 33), (3, 20), (1, 16)]
+
+
+@pytest.mark.parametrize(
+    "num_q_heads, num_kv_heads, head_size, block_size",
+    [(2, 2, 64, 16), (8, 2, 64, 8), (8, 1, 128, 32), (6, 2, 80, 1)],
+)
+def test_reference_matches_naive(device, num_q_heads, num_kv_heads, head_size, block_size):
+    batch = make_batch(
+        MIXED, num_q_heads, num_kv_heads, head_size, block_size, torch.float32, device
+    )
+    out = paged_attention_reference(*batch.args())
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_half_precision_matches_naive(device):
+    batch = make_batch(MIXED, 4, 1, 64, 16, torch.float16, device)
+    out = paged_attention_reference(*batch.args())
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-3, rtol=2e-3)
+
+
+def test_reference_writes_into_out_and_leaves_padding_rows(device):
+    batch = make_batch(MIXED, 4, 2, 64, 16, torch.float32, device)
+    num_tokens = batch.query.shape[0]
+    padded_query = torch.cat([batch.query, torch.randn_like(batch.query[:3])])
+    out = torch.full(padded_query.shape, 7.0, device=device)
+    batch.query = padded_query
+    result = paged_attention_reference(*batch.args(), out=out)
+    assert result is out
+    assert (out[num_tokens:] == 7.0).all()
+    batch.query = padded_query[:num_tokens]
+    torch.testing.assert_close(out[:num_tokens], paged_attention_reference(*batch.args()))
+
+
+def test_block_table_narrower_than_max_seq_len_raises(device):
+    batch = make_batch([(1, 33)], 2, 2, 64, 16, torch.float32, device, extra_table_columns=0)
+    batch.max_seq_len = 49
+    with pytest.raises(ValueError, match="max_seq_len"):
+        paged_attention(*batch.args())
+
+
+# Interpreter cases: GQA ratios 1, 4 and 8; head sizes 64, 128 and the padded 80; block
+# sizes 1, 8, 16 and 32; float32 and float16 (bfloat16 tl.dot is broken in the interpreter).
+TRITON_CASES = [
+    (torch.float32, 2, 2, 64, 16),
+    (torch.float16, 2, 2, 64, 16),
+    (torch.float32, 4, 1, 128, 8),
+    (torch.float16, 8, 2, 64, 32),
+    (torch.float16, 8, 1, 128, 16),
+    (torch.float32, 3, 1, 80, 1),
+]
+
+
+@pytest.mark.parametrize("dtype, num_q_heads, num_kv_heads, head_size, block_size", TRITON_CASES)
+def test_triton_matches_reference(
+    triton_backend, device, dtype, num_q_heads, num_kv_heads, head_size, block_size
+):
+    batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_size, block_size, dtype, device)
+    out = paged_attention(*batch.args())
+    assert out.dtype == dtype
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, paged_attention_reference(*batch.args()), **_TOLERANCE[dtype])
+
+
+def test_triton_decode_only_batch(triton_backend, device):
+    batch = make_batch([(1, 9), (1, 40), (1, 1), (1, 16)], 4, 1, 64, 16, torch.float16, device)
+    out = paged_attention(*batch.args())
+    torch.testing.assert_close(
+        out, paged_attention_reference(*batch.args()), **_TOLERANCE[torch.float16]
+    )
+
+
+def test_triton_writes_into_strided_out_and_leaves_padding_rows(triton_backend, device):
+    batch = make_batch(MIXED, 4, 2, 64, 16, torch.float32, device)
+    num_tokens, num_heads, head_size = batch.query.shape
+    # A query that is a view into a wider (q|k|v-like) tensor, plus 3 padding rows.
+    fused = torch.randn(num_tokens + 3, num_heads, 3 * head_size, device=device)
+    fused[:num_tokens, :, :head_size] = batch.query
+    expected = paged_attention_reference(*batch.args())
+    batch.query = fused[:, :, :head_size]
+    out_storage = torch.full((num_tokens + 3, num_heads, 2 * head_size), 7.0, device=device)
+    out = out_storage[:, :, :head_size]
+    result = paged_attention(*batch.args(), out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert (out_storage[num_tokens:] == 7.0).all()
+    assert (out_storage[:, :, head_size:] == 7.0).all()
+    torch.testing.assert_close(out[:num_tokens], expected, **_TOLERANCE[torch.float32])
+
+
+def _alone_and_in_batch(dtype, device, block_size=16):
+    """Outputs of a prefill chunk and a decode, each alone and then inside a larger batch."""
+    args = (4, 1, 64, block_size, dtype, device)
+    singles = [make_batch([(6, 23)], *args, seed=10), make_batch([(1, 29)], *args, seed=11)]
+    alone = [paged_attention(*single.args()) for single in singles]
+
+    # The same two sequences at batch positions 2 and 4 among others: other query offsets,
+    # other physical blocks, another max_query_len and max_seq_len.
+    mixed = make_batch([(1, 12), (9, 9), (6, 23), (1, 40), (1, 29), (3, 35)], *args)
+    starts = mixed.query_start_loc.tolist()
+    for index, single in zip((2, 4), singles, strict=True):
+        mixed.query[starts[index] : starts[index + 1]] = single.query
+        for i in range(math.ceil(int(single.seq_lens[0]) / block_size)):
+            dst, src = int(mixed.block_tables[index, i]), int(single.block_tables[0, i])
+            mixed.key_cache[dst] = single.key_cache[src]
+            mixed.value_cache[dst] = single.value_cache[src]
+    together = paged_attention(*mixed.args())
+    return alone, [together[starts[2] : starts[3]], together[starts[4] : starts[5]]]
+
+
+def test_triton_batch_invariance(triton_backend, device):
+    alone, together = _alone_and_in_batch(torch.float16, device)
+    for a, t in zip(alone, together, strict=True):
+        assert torch.equal(a, t)
+
+
+def test_reference_batch_invariance_to_rounding(device):
+    alone, together = _alone_and_in_batch(torch.float32, device)
+    for a, t in zip(alone, together, strict=True):
+        torch.testing.assert_close(a, t, atol=1e-6, rtol=1e-6)
+
+
+# Compiled on a GPU: bfloat16 too, longer contexts, several block sizes.
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "num_q_heads, num_kv_heads, head_size, block_size",
+    [(8, 8, 64, 16), (32, 8, 128, 16), (16, 2, 128, 32), (12, 4, 96, 8), (8, 1, 256, 16)],
+)
+def test_gpu_triton_matches_reference(
+    triton_backend, device, dtype, num_q_heads, num_kv_heads, head_size, block_size
+):
+    seqs = [(1, 1), (1, 300), (1, 1027), (130, 130), (77, 600), (1, 64), (200, 1100), (2, 2)]
+    batch = make_batch(seqs, num_q_heads, num_kv_heads, head_size, block_size, dtype, device)
+    out = paged_attention(*batch.args())
+    torch.testing.assert_close(out, paged_attention_reference(*batch.args()), **_TOLERANCE[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_triton_batch_invariance(triton_backend, device, dtype):
+    alone, together = _alone_and_in_batch(dtype, device)
+    for a, t in zip(alone, together, strict=True):
+        assert torch.equal(a, t)

@@ -1,0 +1,84 @@
+"""write_kv_cache: the torch reference against a per-token loop, the Triton kernel against
+the reference (a pure copy, so exactly)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aioserve.kernels.kv_cache import write_kv_cache, write_kv_cache_reference
+
+
+def _inputs(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks):
+    gen = torch.Generator().manual_seed(num_tokens * block_size + head_size)
+    # key and value are views into one fused qkv tensor, as the model produces them.
+    kv_size = num_kv_heads * head_size
+    qkv = torch.randn(num_tokens, 3 * kv_size, generator=gen).to(dtype).to(device)
+    key = qkv[:, kv_size : 2 * kv_size].view(num_tokens, num_kv_heads, head_size)
+    value = qkv[:, 2 * kv_size :].view(num_tokens, num_kv_heads, head_size)
+    # Distinct slots anywhere in the pool, and every third token padding (-1).
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
+    slots[::3] = -1
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache = torch.randn(cache_shape, generator=gen).to(dtype).to(device)
+    value_cache = torch.randn(cache_shape, generator=gen).to(dtype).to(device)
+    return key, value, key_cache, value_cache, slots.to(device)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_reference_matches_loop(device, block_size):
+    key, value, key_cache, value_cache, slots = _inputs(
+        device, torch.float32, 10, 2, 8, block_size, 12
+    )
+    expected_keys, expected_values = key_cache.clone(), value_cache.clone()
+    for token, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            expected_keys[slot // block_size, slot % block_size] = key[token]
+            expected_values[slot // block_size, slot % block_size] = value[token]
+    write_kv_cache_reference(key, value, key_cache, value_cache, slots)
+    assert torch.equal(key_cache, expected_keys)
+    assert torch.equal(value_cache, expected_values)
+
+
+def test_reference_casts_to_cache_dtype(device):
+    key, value, key_cache, value_cache, slots = _inputs(device, torch.float32, 4, 1, 16, 8, 2)
+    key_cache, value_cache = key_cache.half(), value_cache.half()
+    write_kv_cache_reference(key, value, key_cache, value_cache, slots)
+    written = slots[slots >= 0]
+    torch.testing.assert_close(
+        key_cache.flatten(0, 1)[written], key[slots >= 0].half(), atol=0, rtol=0
+    )
+
+
+def _check_triton(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks):
+    key, value, key_cache, value_cache, slots = _inputs(
+        device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks
+    )
+    expected_keys, expected_values = key_cache.clone(), value_cache.clone()
+    write_kv_cache_reference(key, value, expected_keys, expected_values, slots)
+    write_kv_cache(key, value, key_cache, value_cache, slots)
+    assert torch.equal(key_cache, expected_keys)
+    assert torch.equal(value_cache, expected_values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "num_tokens, num_kv_heads, head_size, block_size, num_blocks",
+    [(7, 2, 64, 16, 3), (9, 1, 128, 8, 4), (5, 3, 80, 1, 9), (12, 8, 64, 32, 2)],
+)
+def test_triton_matches_reference(
+    triton_backend, device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks
+):
+    _check_triton(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "num_tokens, num_kv_heads, head_size, block_size, num_blocks",
+    [(1000, 8, 128, 16, 100), (3, 3, 64, 16, 1000), (257, 2, 256, 32, 20)],
+)
+def test_gpu_triton_matches_reference(
+    triton_backend, device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks
+):
+    _check_triton(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks)

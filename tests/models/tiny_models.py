@@ -1,0 +1,136 @@
+"""Tiny random-weight configs of each supported architecture, and a harness that runs our
+model over the paged KV cache step by step, for parity tests against transformers."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.models.registry import model_class_for
+from aioserve.runner.model_runner import kv_cache_shape
+
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=192,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+
+
+def tiny_configs() -> dict[str, object]:
+    return {
+        "llama-gqa4-llama3-rope": LlamaConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            architectures=["LlamaForCausalLM"],
+        ),
+        "mistral": MistralConfig(
+            **COMMON,
+            num_key_value_heads=4,
+            head_dim=16,
+            sliding_window=None,
+            architectures=["MistralForCausalLM"],
+        ),
+        "qwen2-tied": Qwen2Config(
+            **COMMON,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            architectures=["Qwen2ForCausalLM"],
+        ),
+        "qwen3": Qwen3Config(
+            **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
+        ),
+    }
+
+
+def hf_and_ours(config, dtype: torch.dtype = torch.float32, seed: int = 0, device: str = "cpu"):
+    """A transformers model with random weights (float32) and ours with the same weights."""
+    torch.manual_seed(seed)
+    config._attn_implementation = "eager"
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    # Random norms too, so that a norm-weight mix-up cannot hide behind all-ones weights.
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            elif "bias" in name:
+                param.normal_(0, 0.1)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            ours = model_class_for(config)(config)
+    finally:
+        torch.set_default_dtype(previous)
+    ours.load_weights(hf.state_dict().items())
+    return hf, ours.eval()
+
+
+@dataclass
+class PagedRunner:
+    """Drives our model over shuffled physical blocks, one flat mixed batch per step."""
+
+    model: torch.nn.Module
+    block_size: int = 4
+    num_blocks: int = 64
+    dtype: torch.dtype = torch.float32
+    tables: dict[int, list[int]] = field(default_factory=dict)
+    lengths: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        shape = kv_cache_shape(self.model.config, self.num_blocks, self.block_size)
+        self.kv = [
+            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+            for _ in range(self.model.config.num_hidden_layers)
+        ]
+        self.free = list(range(self.num_blocks))
+        random.Random(0).shuffle(self.free)
+
+    @torch.inference_mode()
+    def step(self, chunks: list[tuple[int, list[int]]]) -> torch.Tensor:
+        """Run one step: (sequence id, new tokens) per sequence; logits of every row."""
+        ids, positions, slots, starts, seq_lens, tables = [], [], [], [0], [], []
+        for seq, tokens in chunks:
+            start = self.lengths.get(seq, 0)
+            end = start + len(tokens)
+            table = self.tables.setdefault(seq, [])
+            while len(table) * self.block_size < end:
+                table.append(self.free.pop())
+            for pos in range(start, end):
+                positions.append(pos)
+                slots.append(
+                    table[pos // self.block_size] * self.block_size + pos % self.block_size
+                )
+            ids += tokens
+            starts.append(starts[-1] + len(tokens))
+            seq_lens.append(end)
+            self.lengths[seq] = end
+            tables.append(table)
+        width = max(len(t) for t in tables)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_tables=torch.tensor(
+                [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32
+            ),
+            max_query_len=max(len(t) for _, t in chunks),
+            max_seq_len=max(seq_lens),
+        )
+        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv, meta)
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,423 @@
+"""aioserve.config: each supported argument parses, converts and validates; every other vLLM
+argument is recognised and refused by name; LLM(**kwargs) takes the same path."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+import pytest
+
+from aioserve.config import (
+    ARGUMENTS,
+    UNSUPPORTED_GROUP_TITLE,
+    ConfigError,
+    add_engine_arguments,
+    engine_config_from_args,
+    engine_config_from_kwargs,
+)
+
+GiB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def _default_kvcache_env(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+
+
+def _parser(**options) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="test", allow_abbrev=False)
+    add_engine_arguments(parser, **options)
+    return parser
+
+
+def _config(*argv: str):
+    return engine_config_from_args(_parser().parse_args(list(argv)))
+
+
+def _field(config, path: str):
+    section, name = path.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def test_defaults():
+    config = engine_config_from_kwargs()
+    assert config.model.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert config.model.tokenizer == config.model.model
+    assert (config.model.tokenizer_mode, config.model.dtype) == ("auto", "auto")
+    assert (config.model.seed, config.model.max_logprobs) == (0, 20)
+    assert config.model.trust_remote_code is False
+    assert config.model.enforce_eager is False
+    assert config.model.skip_tokenizer_init is False
+    assert config.model.max_model_len is None
+    assert config.model.quantization is None
+    assert config.model.generation_config == "auto"
+    assert config.model.override_generation_config == {}
+    assert config.model.hf_overrides == {}
+    assert config.model.served_model_name is None
+    assert config.load.load_format == "auto"
+    assert config.load.download_dir is None
+    assert config.cache.block_size is None
+    assert config.cache.gpu_memory_utilization == 0.9
+    assert config.cache.num_gpu_blocks_override is None
+    assert config.cache.enable_prefix_caching is None
+    assert config.cache.cpu_kvcache_space_bytes == 4 * GiB
+    assert config.scheduler.max_num_seqs is None
+    assert config.scheduler.max_num_batched_tokens is None
+    assert config.scheduler.enable_chunked_prefill is None
+    assert config.scheduler.scheduling_policy == "fcfs"
+    assert _config() == config
+
+
+SUPPORTED_FLAGS = [
+    (["--model", "org/m"], "model.model", "org/m"),
+    (["--tokenizer", "org/tok"], "model.tokenizer", "org/tok"),
+    (["--tokenizer-mode", "slow"], "model.tokenizer_mode", "slow"),
+    (["--trust-remote-code"], "model.trust_remote_code", True),
+    (["--no-trust-remote-code"], "model.trust_remote_code", False),
+    (["--dtype", "bfloat16"], "model.dtype", "bfloat16"),
+    (["--dtype", "half"], "model.dtype", "half"),
+    (["--seed", "1234"], "model.seed", 1234),
+    (["--max-model-len", "2048"], "model.max_model_len", 2048),
+    (["--quantization", "gguf"], "model.quantization", "gguf"),
+    (["-q", "gguf"], "model.quantization", "gguf"),
+    (["--enforce-eager"], "model.enforce_eager", True),
+    (["--max-logprobs", "5"], "model.max_logprobs", 5),
+    (["--max-logprobs", "-1"], "model.max_logprobs", -1),
+    (["--generation-config", "vllm"], "model.generation_config", "vllm"),
+    (["--override-generation-config", '{"temperature": 0.5}'], "model.override_generation_config",
+     {"temperature": 0.5}),
+    (["--hf-overrides", '{"rope_theta": 1e6, "a": {"b": [1]}}'], "model.hf_overrides",
+     {"rope_theta": 1e6, "a": {"b": [1]}}),
+    (["--served-model-name", "one"], "model.served_model_name", ["one"]),
+    (["--served-model-name", "one", "two"], "model.served_model_name", ["one", "two"]),
+    (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
+    (["--load-format", "dummy"], "load.load_format", "dummy"),
+    (["--load-format", "gguf"], "load.load_format", "gguf"),
+    (["--download-dir", "/data/weights"], "load.download_dir", "/data/weights"),
+    (["--block-size", "32"], "cache.block_size", 32),
+    (["--gpu-memory-utilization", "0.5"], "cache.gpu_memory_utilization", 0.5),
+    (["--gpu-memory-utilization", "1"], "cache.gpu_memory_utilization", 1.0),
+    (["--num-gpu-blocks-override", "64"], "cache.num_gpu_blocks_override", 64),
+    (["--enable-prefix-caching"], "cache.enable_prefix_caching", True),
+    (["--no-enable-prefix-caching"], "cache.enable_prefix_caching", False),
+    (["--max-num-seqs", "3"], "scheduler.max_num_seqs", 3),
+    (["--max-num-batched-tokens", "512"], "scheduler.max_num_batched_tokens", 512),
+    (["--enable-chunked-prefill"], "scheduler.enable_chunked_prefill", True),
+    (["--no-enable-chunked-prefill"], "scheduler.enable_chunked_prefill", False),
+    (["--scheduling-policy", "priority"], "scheduler.scheduling_policy", "priority"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "path", "expected"), SUPPORTED_FLAGS)
+def test_supported_flag_sets_its_field(argv, path, expected):
+    value = _field(_config(*argv), path)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_every_supported_argument_is_tested_and_fills_a_field():
+    tested = {argv[0] for argv, _, _ in SUPPORTED_FLAGS}
+    for argument in ARGUMENTS:
+        if argument.supported:
+            assert argument.flag in tested
+    config = engine_config_from_kwargs()
+    sections = (config.model, config.load, config.cache, config.scheduler)
+    fields = {field.name for section in sections for field in dataclasses.fields(section)}
+    assert fields == {a.dest for a in ARGUMENTS if a.supported} | {"cpu_kvcache_space_bytes"}
+
+
+def test_tokenizer_follows_model_unless_given():
+    assert _config("--model", "org/m").model.tokenizer == "org/m"
+    assert _config("--model", "org/m", "--tokenizer", "org/t").model.tokenizer == "org/t"
+
+
+def test_generation_config_folder(tmp_path):
+    assert _config("--generation-config", str(tmp_path)).model.generation_config == str(tmp_path)
+    missing = str(tmp_path / "missing")
+    with pytest.raises(
+        ConfigError, match="--generation-config must be 'auto', 'vllm' or an existing folder"
+    ):
+        _config("--generation-config", missing)
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("1k", 1000),
+        ("1K", 1024),
+        ("25.6k", 25600),
+        ("2m", 2_000_000),
+        ("2M", 2 * 2**20),
+        ("1g", 10**9),
+        ("1G", 2**30),
+        ("32K", 32768),
+        ("4096", 4096),
+        ("0.5k", 500),
+    ],
+)
+def test_max_model_len_suffixes(text, tokens):
+    assert _config("--max-model-len", text).model.max_model_len == tokens
+    assert engine_config_from_kwargs(max_model_len=text).model.max_model_len == tokens
+
+
+@pytest.mark.parametrize("text", ["1.5K", "abc", "1x", "k", "1kk", "0", "-5", "1.0001k", "", "1e3"])
+def test_max_model_len_bad_forms_name_flag_and_value(text):
+    with pytest.raises(ConfigError) as error:
+        _config("--max-model-len", text)
+    message = str(error.value)
+    assert message.startswith("--max-model-len ")
+    assert repr(text) in message or text.lstrip("-") in message
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1, got 0"),
+        (["--max-num-batched-tokens", "-3"], "--max-num-batched-tokens must be at least 1, got -3"),
+        (["--num-gpu-blocks-override", "0"], "--num-gpu-blocks-override must be at least 1, got 0"),
+        (["--max-logprobs", "-2"], "--max-logprobs must be at least -1, got -2"),
+        (["--max-num-seqs", "two"], "--max-num-seqs must be an integer, got 'two'"),
+        (["--seed", "1.5"], "--seed must be an integer, got '1.5'"),
+        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be a number greater than 0"),
+        (["--gpu-memory-utilization", "1.01"], "--gpu-memory-utilization must be a number greater than 0"),
+        (["--gpu-memory-utilization", "nan"], "--gpu-memory-utilization must be a number greater than 0"),
+        (["--gpu-memory-utilization", "most"], "--gpu-memory-utilization must be a number greater than 0"),
+        (["--dtype", "int8"], "--dtype must be one of auto, half, float16, bfloat16, float, float32; got 'int8'"),
+        (["--block-size", "7"], "--block-size must be one of 1, 8, 16, 32, 64, 128; got 7"),
+        (["--scheduling-policy", "lifo"], "--scheduling-policy must be one of fcfs, priority; got 'lifo'"),
+        (["--quantization", "awq"], "quantization method 'awq' is not supported by aioserve yet"),
+        (["-q", "gptq_marlin"], "quantization method 'gptq_marlin' is not supported by aioserve yet"),
+        (["--quantization", "nonsense"], "--quantization must be one of gguf; got 'nonsense'"),
+        (["--load-format", "tensorizer"], "load format 'tensorizer' is not supported by aioserve yet"),
+        (["--load-format", "zip"], "--load-format must be one of auto, safetensors, pt, gguf, dummy; got 'zip'"),
+        (["--tokenizer-mode", "mistral"], "tokenizer mode 'mistral' is not supported by aioserve yet"),
+        (["--hf-overrides", "[1, 2]"], "--hf-overrides must be a JSON object, got [1, 2]"),
+        (["--override-generation-config", '"hot"'], "--override-generation-config must be a JSON object"),
+        (["--model", ""], "--model must be a non-empty string"),
+    ],
+)  # fmt: skip
+def test_invalid_values_are_refused_naming_the_flag(argv, message):
+    with pytest.raises(ConfigError) as error:
+        _config(*argv)
+    assert message in str(error.value)
+    assert isinstance(error.value, ValueError)
+
+
+def test_refused_choice_says_what_is_accepted():
+    with pytest.raises(ConfigError, match=r"\(--quantization accepts gguf\)"):
+        _config("--quantization", "awq")
+
+
+def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _parser().parse_args(["--hf-overrides", "{not json"])
+    assert exit_info.value.code == 2
+    assert "argument --hf-overrides: not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "spelling"),
+    [
+        (["-tp", "2"], "--tensor-parallel-size (-tp)"),
+        (["--tensor-parallel-size", "1"], "--tensor-parallel-size (-tp)"),  # vLLM's default too
+        (["--port", "8000"], "--port"),
+        (["--host", "0.0.0.0"], "--host"),
+        (["--api-key", "k"], "--api-key"),
+        (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
+        (["--enable-lora"], "--enable-lora"),
+        (["--no-enable-lora"], "--enable-lora"),
+        (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
+        (["-O3"], "--compilation-config (-O)"),
+        (["--device", "cpu"], "--device"),
+        (["--use-v2-block-manager"], "--use-v2-block-manager"),
+        (["--hf-token"], "--hf-token"),
+        (["--lora-modules", "a=/x", "b=/y"], "--lora-modules"),
+        (["--middleware", "m.one", "--middleware", "m.two"], "--middleware"),
+        (["--max-num-partial-prefills", "2"], "--max-num-partial-prefills"),
+    ],
+)
+def test_unsupported_vllm_arguments_are_refused_by_name(argv, spelling):
+    with pytest.raises(ConfigError) as error:
+        _config("--max-num-seqs", "4", *argv)
+    assert str(error.value) == f"{spelling} is a vLLM argument that aioserve does not support yet"
+
+
+def test_several_unsupported_arguments_are_all_named():
+    with pytest.raises(ConfigError) as error:
+        _config("-pp", "2", "--swap-space", "8")
+    message = str(error.value)
+    assert "--pipeline-parallel-size (-pp)" in message and "--swap-space" in message
+    assert message.endswith("are vLLM arguments that aioserve does not support yet")
+
+
+def _minimal_argv(argument) -> list[str]:
+    if argument.kind in ("flag", "bool", "optional"):
+        return [argument.flag]
+    value = {"json": "{}"}.get(argument.kind, str(argument.choices[0]) if argument.choices else "1")
+    return [argument.flag, value]
+
+
+@pytest.mark.parametrize(
+    "argument", [a for a in ARGUMENTS if not a.supported], ids=lambda a: a.name
+)
+def test_every_unsupported_argument_parses_and_is_refused(argument):
+    namespace = _parser().parse_args(_minimal_argv(argument))
+    with pytest.raises(ConfigError, match="^" + re.escape(argument.spelling) + " is a vLLM"):
+        engine_config_from_args(namespace)
+
+
+def test_unknown_flag_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _parser().parse_args(["--max-num-sequences", "4"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --max-num-sequences" in capsys.readouterr().err
+
+
+def test_parser_holds_only_what_was_given():
+    namespace = _parser().parse_args(["--dtype", "half"])
+    assert vars(namespace) == {"dtype": "half"}
+
+
+def test_help_lists_supported_groups_then_the_unsupported_ones():
+    text = _parser().format_help()
+    positions = [
+        text.index(f"\n{title}:")
+        for title in (
+            "ModelConfig",
+            "LoadConfig",
+            "CacheConfig",
+            "SchedulerConfig",
+            UNSUPPORTED_GROUP_TITLE,
+        )
+    ]
+    assert positions == sorted(positions)
+    unsupported_part = text[positions[-1] :]
+    for flag in ("--tensor-parallel-size", "--port", "--kv-cache-dtype", "--device", "--task"):
+        assert flag in unsupported_part
+    assert "--max-num-seqs" not in unsupported_part
+    assert "(default: 0.9)" in " ".join(text.split())
+
+
+def test_frontend_arguments_can_be_left_out():
+    parser = _parser(frontend=False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--port", "8000"])
+    assert (
+        engine_config_from_args(parser.parse_args(["--max-num-seqs", "2"])).scheduler.max_num_seqs
+        == 2
+    )
+    with pytest.raises(ConfigError, match="--swap-space"):
+        engine_config_from_args(parser.parse_args(["--swap-space", "2"]))
+
+
+def test_config_objects_are_frozen():
+    config = engine_config_from_kwargs()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.cache.block_size = 8  # type: ignore[misc]
+
+
+# --- LLM(**kwargs) -----------------------------------------------------------------------
+
+
+def test_kwargs_take_python_values(tmp_path):
+    config = engine_config_from_kwargs(
+        model=tmp_path,
+        dtype="float32",
+        max_model_len=2048,
+        max_num_seqs=4,
+        gpu_memory_utilization=1,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        served_model_name="solo",
+        block_size=None,
+        hf_overrides={"a": {"b": 1}},
+    )
+    assert config.model.model == str(tmp_path)
+    assert config.model.dtype == "float32"
+    assert config.model.max_model_len == 2048
+    assert config.scheduler.max_num_seqs == 4
+    assert config.cache.gpu_memory_utilization == 1.0
+    assert config.model.enforce_eager is True
+    assert config.cache.enable_prefix_caching is False
+    assert config.model.served_model_name == ["solo"]
+    assert config.cache.block_size is None
+    assert config.model.hf_overrides == {"a": {"b": 1}}
+
+
+def test_kwargs_json_values_are_copied():
+    overrides = {"a": {"b": 1}}
+    config = engine_config_from_kwargs(hf_overrides=overrides)
+    overrides["a"]["b"] = 2
+    assert config.model.hf_overrides == {"a": {"b": 1}}
+    assert engine_config_from_kwargs(hf_overrides='{"x": 1}').model.hf_overrides == {"x": 1}
+
+
+def test_unknown_kwargs_raise_type_error_naming_them():
+    with pytest.raises(TypeError, match="unexpected engine argument.*: max_seqs, colour"):
+        engine_config_from_kwargs(max_seqs=3, colour="red", dtype="half")
+
+
+def test_frontend_names_are_not_engine_kwargs():
+    with pytest.raises(TypeError, match="port"):
+        engine_config_from_kwargs(port=8000)
+
+
+@pytest.mark.parametrize(
+    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "disable_log_stats"]
+)
+def test_unsupported_kwargs_raise_value_error_naming_them(name):
+    with pytest.raises(
+        ValueError, match=f"^{name} is a vLLM argument that aioserve does not support yet$"
+    ):
+        engine_config_from_kwargs(**{name: 1})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs must be at least 1, got 0"),
+        ({"max_num_seqs": True}, "max_num_seqs must be an integer, got True"),
+        ({"max_num_seqs": 2.0}, "max_num_seqs must be an integer, got 2.0"),
+        ({"enforce_eager": "yes"}, "enforce_eager must be true or false, got 'yes'"),
+        ({"max_model_len": "1.5K"}, "max_model_len takes whole numbers"),
+        ({"quantization": "awq"}, "quantization method 'awq' is not supported by aioserve yet"),
+        ({"gpu_memory_utilization": 2}, "gpu_memory_utilization must be a number greater than 0"),
+        ({"served_model_name": []}, "served_model_name must be one or more names"),
+        ({"served_model_name": ["a", ""]}, "served_model_name must be non-empty strings"),
+        ({"hf_overrides": "nope"}, "hf_overrides must be a JSON object"),
+        ({"block_size": 12}, "block_size must be one of 1, 8, 16, 32, 64, 128; got 12"),
+    ],
+)
+def test_kwargs_are_validated_like_the_command_line(kwargs, message):
+    with pytest.raises(ConfigError) as error:
+        engine_config_from_kwargs(**kwargs)
+    assert message in str(error.value)
+
+
+# --- VLLM_CPU_KVCACHE_SPACE --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("2", 2 * GiB), ("0.5", GiB // 2), ("16", 16 * GiB)]
+)
+def test_cpu_kvcache_space_is_read_from_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+    assert engine_config_from_kwargs().cache.cpu_kvcache_space_bytes == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "", "inf", "nan"])
+def test_bad_cpu_kvcache_space_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+    with pytest.raises(ConfigError) as error:
+        _config()
+    assert (
+        str(error.value)
+        == f"VLLM_CPU_KVCACHE_SPACE must be a positive number of GiB, got {value!r}"
+    )
+
+
+def test_default_model_matches_the_resolver():
+    resolve = pytest.importorskip("aioserve.models.resolve")
+    assert engine_config_from_kwargs().model.model == resolve.DEFAULT_MODEL
