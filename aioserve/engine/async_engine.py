@@ -259,9 +259,7 @@ class AsyncEngine:
                     continue
                 finished = self.scheduler.update(output, result.sampled)
                 self._process_step(output, result, finished)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as error:
+        except Exception as error:
             logger.exception("engine loop died")
             self._dead = error
             for request_id in list(self._queues):

@@ -24,9 +24,10 @@ The decode of a window is the tokenizer's own: for fast tokenizers the Rust `dec
 `convert_tokens_to_string`, the parts joined with a space when
 `spaces_between_special_tokens`. Neither applies `clean_up_tokenization_spaces` (as vLLM).
 
-The pieces joined equal the decode of prompt + output minus the decode of the prompt; for
-byte-level tokenizers that is the plain decode of the output tokens. Tokens still pending
-when a request ends (an unfinished character) are not emitted, as in vLLM.
+The pieces joined equal what the output adds to the decode of the prompt (for byte-level
+tokenizers, the plain decode of the output tokens), except that tokens still pending when
+the request ends (an unfinished character) are never emitted, as in vLLM. Where the prompt
+(given as token ids) ends inside a character, the output is decoded on its own.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ MAX_PROMPT_CONTEXT_TOKENS = 24
 # A UTF-8 character is at most 4 bytes and every byte-carrying token holds at least one,
 # so a window this far behind has invalid bytes, not an unfinished character: emit it
 # (with its U+FFFD, as the full decode shows it) rather than let the window grow forever.
-MAX_PENDING_TOKENS = 10**6
+MAX_PENDING_TOKENS = 32
 
 _REPLACEMENT_CHAR = "\ufffd"
 

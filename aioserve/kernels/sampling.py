@@ -27,8 +27,12 @@ follow vLLM v1's order:
 
 The uniforms `U_i` come from a counter-based hash of (seed, step, token id) in 32-bit
 integer arithmetic (held in int64 with multipliers below 2**31, so nothing overflows) that
-the Triton kernels and the torch reference compute identically. A seeded sequence
-therefore draws the same tokens whatever else shares its batch, and on either path.
+the Triton kernels and the torch reference compute identically. Every reduction is per
+row in a fixed order, so a seeded sequence draws the same tokens whatever else shares
+its batch. The two paths agree token for token where their exp and log agree, as in
+Triton's CPU interpreter; a GPU's fast exp differs from torch's in the last bits, which
+can flip a near-tie between the GPU kernels and the CPU reference (rarely), never the
+result of one device from run to run.
 
 Each step has a Triton kernel (one program per row, walking the vocabulary in blocks:
 top-k and top-p thresholds are found without sorting, by bisection over the

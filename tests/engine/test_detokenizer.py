@@ -13,7 +13,7 @@ import functools
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, ByT5Tokenizer, PreTrainedTokenizerFast
@@ -23,6 +23,7 @@ from aioserve.engine.detokenizer import (
     MAX_PROMPT_CONTEXT_TOKENS,
     IncrementalDetokenizer,
 )
+from aioserve.engine.stop_strings import StopStringMatcher
 
 PROMPT = "Answer in one line:"
 TEXTS = {
@@ -243,12 +244,14 @@ def test_invalid_bytes_are_released_after_a_bounded_wait(smollm2):
     assert smollm2.decode([continuation]) == "\ufffd"
     prompt = encode(smollm2, PROMPT)
     detokenizer = IncrementalDetokenizer(smollm2, prompt)
-    for _ in range(2 * MAX_PENDING_TOKENS):
-        detokenizer.add_tokens([continuation])
+    invalid = [continuation] * 100
+    assert MAX_PENDING_TOKENS < len(invalid)
+    for token in invalid:
+        detokenizer.add_tokens([token])
     assert detokenizer.output_text.startswith("\ufffd" * MAX_PENDING_TOKENS)
     tail = encode(smollm2, " fine")
     detokenizer.add_tokens(tail)
-    assert detokenizer.output_text == smollm2.decode([continuation] * 2 * MAX_PENDING_TOKENS + tail)
+    assert detokenizer.output_text == smollm2.decode(invalid + tail)
 
 
 class _RecordingBackend:
@@ -293,9 +296,7 @@ def smollm2_token_pool(smollm2) -> list[int]:
     return partial[::7] + plain + smollm2.all_special_ids
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_random_byte_level_outputs_match_the_full_decode(smollm2, smollm2_token_pool, data):
     # Fewer tokens than MAX_PENDING_TOKENS: under that bound nothing is emitted early.
@@ -315,3 +316,21 @@ def test_random_byte_level_outputs_match_the_full_decode(smollm2, smollm2_token_
     expected = smollm2.decode(output[: len(output) - pending], skip_special_tokens=skip)
     assert "".join(pieces) == expected
     assert full.startswith(expected)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_spanning_tokens_ends_the_text(smollm2, include):
+    stop = "\nUser:"
+    assert len(encode(smollm2, stop)) > 1
+    prompt = encode(smollm2, PROMPT)
+    output = encode(smollm2, " The answer is 42 😀.\nUser: and after that?")
+    detokenizer = IncrementalDetokenizer(smollm2, prompt)
+    matcher = StopStringMatcher([stop], include)
+    text, matched = "", None
+    for token in output:
+        safe, matched = matcher.process(detokenizer.add_tokens([token]))
+        text += safe
+        if matched is not None:
+            break
+    assert matched == stop
+    assert text == " The answer is 42 😀." + (stop if include else "")
