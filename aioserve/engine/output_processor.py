@@ -124,7 +124,10 @@ class OutputProcessor:
             # Ended by EOS or a stop token id: its text is not part of the output (vLLM).
             tokens = tokens[:-1]
         piece = sample.detokenizer.add_tokens(tokens) if tokens else ""
-        if sample.stop_matcher is None or request.num_output_tokens <= request.sampling_params.min_tokens:
+        if (
+            sample.stop_matcher is None
+            or request.num_output_tokens <= request.sampling_params.min_tokens
+        ):
             # Like vLLM, stop strings are only looked for once min_tokens are out.
             sample.text += piece
             return False

@@ -67,6 +67,10 @@ _RACE_CUTOFF = 20.0
 # the CPU's cache.
 _DENSE_CHUNK_ELEMENTS = 2**18
 
+# When every random row has a top-k of at most this, the reference works on the top-k
+# tokens alone.
+_SMALL_TOP_K = 1024
+
 # The reference's top-p sorts only the tokens with e >= this floor, lowering it (2**-20,
 # 2**-30, ..., then 0) until they hold the top_p mass; most rows need only the first.
 _TOP_P_FIRST_FLOOR = 2.0**-10
@@ -229,11 +233,9 @@ def _uniform_reference(keys: Tensor, cols: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------------------------------
 # Triton kernels: one program per row, walking the vocabulary in BLOCK-wide slices.
+# Divisions use tl.math.div_rn, rounded as torch's are: a plain `/` in Triton compiles to
+# an approximate division on NVIDIA GPUs.
 # ---------------------------------------------------------------------------------------
-
-
-# Divisions use tl.math.div_rn, IEEE round-to-nearest like torch's: a plain `/` in Triton
-# may compile to an approximate division on GPUs.
 
 
 @triton.jit
@@ -416,6 +418,7 @@ def _mask_kernel(
         # Top-p over the tokens min-p and top-k keep: the smallest bit pattern b of a
         # probability such that the mass strictly above b is below top_p * total. The
         # kept tokens are those whose e has bits >= b. Bisection over [0, bits(1.0)].
+        # Masses are int64 multiples of 2**-40 (1099511627776.0 = _MASS_SCALE).
         top_p_bits = tl.full([], 0, tl.int64)
         if top_p < 1.0:
             total = tl.zeros([BLOCK], dtype=tl.int64)
@@ -768,25 +771,30 @@ def apply_bias_and_penalties_reference(logits: Tensor, batch: SamplingBatch) -> 
     """The torch path of `apply_bias_and_penalties`."""
     x = logits.float()
     vocab_size = x.shape[1]
+    counts, prompt_mask = batch.output_token_counts, batch.prompt_token_mask
+    if batch.bias_token_ids is None and counts is None and prompt_mask is None:
+        return x
+    x = x.clone()
     if batch.bias_token_ids is not None:
         ids, values = batch.bias_token_ids, batch.bias_values
         rows, entries = ((ids >= 0) & (ids < vocab_size)).nonzero(as_tuple=True)
-        x = x.clone()
         x.index_put_((rows, ids[rows, entries]), values[rows, entries], accumulate=True)
-    counts, prompt_mask = batch.output_token_counts, batch.prompt_token_mask
     if counts is None and prompt_mask is None:
         return x
-    repetition = batch.repetition_penalty[:, None]
-    if bool((repetition != 1.0).any()):
-        seen = counts > 0 if counts is not None else prompt_mask
-        if counts is not None and prompt_mask is not None:
-            seen = seen | prompt_mask
-        x = torch.where(seen, torch.where(x > 0, x / repetition, x * repetition), x)
+    # Penalties change only the tokens seen in the prompt or the output, so only those are
+    # computed (the kernel's arithmetic leaves the others as they are).
+    seen = counts > 0 if counts is not None else prompt_mask
+    if counts is not None and prompt_mask is not None:
+        seen = seen | prompt_mask
+    rows, cols = seen.nonzero(as_tuple=True)
+    v = x[rows, cols]
+    repetition = batch.repetition_penalty[rows]
+    v = torch.where(v > 0, v / repetition, v * repetition)
     if counts is not None:
-        if bool((batch.frequency_penalty != 0.0).any()):
-            x = x - batch.frequency_penalty[:, None] * counts.float()
-        if bool((batch.presence_penalty != 0.0).any()):
-            x = x - batch.presence_penalty[:, None] * (counts > 0).float()
+        count = counts[rows, cols]
+        v = v - batch.frequency_penalty[rows] * count.float()
+        v = v - batch.presence_penalty[rows] * (count > 0).float()
+    x[rows, cols] = v
     return x
 
 
@@ -854,35 +862,66 @@ def _keep_mask_reference(
     return keep
 
 
-def _race_reference(
-    s: Tensor, row_max: Tensor, keep: Tensor | None, seeds: Tensor, steps: Tensor
-) -> Tensor:
+def _race_reference(s: Tensor, row_max: Tensor, keep: Tensor | None, keys: Tensor) -> Tensor:
     """The exponential race over the kept tokens of each row of `s`; the winners' ids.
 
-    Only tokens that can win are hashed (see _RACE_CUTOFF). When they are few (top-k,
-    top-p, peaked distributions) they are gathered; otherwise the rows are walked densely
+    Only tokens that can win are hashed (see _RACE_CUTOFF). When they are few (top-p,
+    min-p, peaked distributions) they are gathered; otherwise the rows are walked densely
     in cache-sized chunks. Both give the Triton kernel's answer.
     """
-    keys = _row_key_reference(seeds, steps)
     candidates = s > row_max - _RACE_CUTOFF
     if keep is not None:
         candidates &= keep
-    if int(candidates.sum()) * 4 < candidates.numel():
+    if int(candidates.count_nonzero()) * 4 < candidates.numel():
         return _race_sparse_reference(s, row_max, candidates, keys)
     return _race_dense_reference(s, row_max, candidates, keys)
 
 
 def _race_sparse_reference(s: Tensor, row_max: Tensor, candidates: Tensor, keys: Tensor) -> Tensor:
-    num_rows = s.shape[0]
     rows, cols = candidates.nonzero(as_tuple=True)
+    return _race_among(rows, cols, s[rows, cols], row_max, keys)
+
+
+def _race_among(
+    rows: Tensor, cols: Tensor, s_values: Tensor, row_max: Tensor, keys: Tensor
+) -> Tensor:
+    """The race over the listed (row, token id, scaled logit) triples; a winner per row."""
     u = _uniform_reference(keys[rows], cols)
-    score = torch.exp(s[rows, cols] - row_max[rows, 0]) / u.log_().neg_()
-    best = torch.zeros(num_rows, dtype=torch.float32, device=s.device)
+    score = torch.exp(s_values - row_max[rows, 0]) / u.log_().neg_()
+    num_rows = row_max.shape[0]
+    best = torch.zeros(num_rows, dtype=torch.float32, device=score.device)
     best = best.scatter_reduce(0, rows, score, "amax", include_self=False)
-    winners = torch.where(score == best[rows], cols, s.shape[1])
+    winners = torch.where(score == best[rows], cols, torch.iinfo(torch.int64).max)
     # A row without candidates (all -inf) gets token 0, as in the kernel.
-    token_ids = torch.zeros(num_rows, dtype=torch.int64, device=s.device)
+    token_ids = torch.zeros(num_rows, dtype=torch.int64, device=score.device)
     return token_ids.scatter_reduce(0, rows, winners, "amin", include_self=False)
+
+
+def _sample_within_top_k_reference(
+    s: Tensor, row_max: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, keys: Tensor
+) -> Tensor | None:
+    """The draw when every row has a top-k of at most _SMALL_TOP_K; None otherwise.
+
+    Min-p, top-p and the race then only concern the top-k tokens, so they run on those
+    alone instead of the whole vocabulary. Also None when a tie at a row's k-th value
+    reaches past the k tokens torch.topk picked (they would all be kept).
+    """
+    vocab_size = s.shape[1]
+    if not bool(((top_k > 0) & (top_k <= _SMALL_TOP_K) & (top_k < vocab_size)).all()):
+        return None
+    # One more than the largest k, to see whether a row's (k+1)-th value ties its k-th.
+    k = top_k.long()[:, None]
+    values, ids = torch.topk(s, int(k.max()) + 1, dim=-1)
+    if not bool((values.gather(1, k) < values.gather(1, k - 1)).all()):
+        return None
+    e = torch.exp(values - row_max)
+    keep = (torch.arange(values.shape[1], device=s.device) < k) & (e >= min_p[:, None])
+    uses_top_p = top_p < 1.0
+    if bool(uses_top_p.any()):
+        rows = _rows_where(uses_top_p)
+        keep[rows] &= _top_p_keep_reference(e[rows], keep[rows], top_p[rows])
+    rows, slots = (keep & (values > row_max - _RACE_CUTOFF)).nonzero(as_tuple=True)
+    return _race_among(rows, ids[rows, slots], values[rows, slots], row_max, keys)
 
 
 def _race_dense_reference(s: Tensor, row_max: Tensor, candidates: Tensor, keys: Tensor) -> Tensor:
@@ -961,10 +1000,13 @@ def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         rows = _rows_where(batch.temperature >= SAMPLING_EPS)
         s = x[rows] / batch.temperature[rows, None]
         row_max = s.amax(-1, keepdim=True)
-        keep = _keep_mask_reference(
-            s, row_max, batch.top_k[rows], batch.top_p[rows], batch.min_p[rows]
-        )
-        token_ids[rows] = _race_reference(s, row_max, keep, batch.seeds[rows], batch.steps[rows])
+        top_k, top_p, min_p = batch.top_k[rows], batch.top_p[rows], batch.min_p[rows]
+        keys = _row_key_reference(batch.seeds[rows], batch.steps[rows])
+        drawn = _sample_within_top_k_reference(s, row_max, top_k, top_p, min_p, keys)
+        if drawn is None:
+            keep = _keep_mask_reference(s, row_max, top_k, top_p, min_p)
+            drawn = _race_reference(s, row_max, keep, keys)
+        token_ids[rows] = drawn
     logprobs = None
     if batch.num_logprobs >= 0:
         logprobs = compute_logprobs_reference(logits, token_ids, batch.num_logprobs)

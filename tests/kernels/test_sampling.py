@@ -329,6 +329,58 @@ def test_a_row_draws_the_same_alone_and_in_a_batch(path, device, request):
     assert torch.equal(shuffled, together[order])
 
 
+def test_paths_agree_when_every_row_has_a_small_top_k(device, triton_backend):
+    # The reference then samples within the top-k tokens only.
+    logits = _logits(5, 600, device, seed=59)
+    batch = make_sampling_batch(
+        5,
+        device=device,
+        temperature=[1.0, 0.7, 1.5, 1.0, 0.9],
+        top_k=[50, 1, 20, 599, 7],
+        top_p=[1.0, 1.0, 0.6, 0.9, 0.95],
+        min_p=[0.0, 0.0, 0.0, 0.01, 0.2],
+        seeds=[8, 9, 10, 11, 12],
+        steps=4,
+    )
+    reference = sample_reference(logits, batch).token_ids
+    assert torch.equal(sample_triton(logits, batch).token_ids, reference)
+
+
+def _general_and_top_k_draws(s, top_k, top_p, min_p, device):
+    num_rows = s.shape[0]
+    row_max = s.amax(-1, keepdim=True)
+    top_k = torch.tensor(top_k, dtype=torch.int32, device=device)
+    top_p = torch.tensor(top_p, device=device)
+    min_p = torch.tensor(min_p, device=device)
+    keys = sampling._row_key_reference(
+        torch.arange(num_rows, device=device), torch.full((num_rows,), 2, device=device)
+    )
+    keep = sampling._keep_mask_reference(s, row_max, top_k, top_p, min_p)
+    general = sampling._race_reference(s, row_max, keep, keys)
+    within = sampling._sample_within_top_k_reference(s, row_max, top_k, top_p, min_p, keys)
+    return general, within
+
+
+def test_the_top_k_shortcut_matches_the_general_path(device):
+    generator = torch.Generator().manual_seed(61)
+    num_rows = 256
+    s = _logits(num_rows, 2000, device, seed=61, scale=1.0)
+    top_k = torch.randint(1, 30, (num_rows,), generator=generator).tolist()
+    top_p = [1.0 if i % 3 == 0 else 0.5 + 0.5 * i / num_rows for i in range(num_rows)]
+    min_p = [0.0 if i % 2 else 0.05 for i in range(num_rows)]
+    general, within = _general_and_top_k_draws(s, top_k, top_p, min_p, device)
+    assert torch.equal(within, general)
+
+
+def test_the_top_k_shortcut_steps_aside_for_ties_past_k(device):
+    s = torch.tensor([[4.0, 3.0, 2.0, 2.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
+    # k = 3 in row 0 ends inside a three-way tie: all of it is kept, not just 3 tokens.
+    _, within = _general_and_top_k_draws(s.to(device), [3, 3], [1.0, 1.0], [0.0, 0.0], device)
+    assert within is None
+    _, within = _general_and_top_k_draws(s[1:].to(device), [3], [1.0], [0.0], device)
+    assert within is not None
+
+
 def test_dense_and_sparse_races_agree(device):
     logits = _logits(8, 3000, device, seed=23)
     s = logits / 0.9
@@ -408,15 +460,19 @@ def _assert_frequencies(tokens, config, draws):
     assert statistic < 45.0, (statistic, degrees, counts.tolist())
 
 
-def test_uniforms_are_uniform_and_distinct():
-    keys = sampling._row_key_reference(torch.arange(64), torch.arange(64) * 3)
-    u = sampling._uniform_reference(keys[:, None], torch.arange(4096)).flatten()
+def test_uniforms_are_uniform_and_independent():
+    # 64 consecutive steps of one seed, 4096 consecutive token ids.
+    keys = sampling._row_key_reference(torch.full((64,), 77), torch.arange(64))
+    u = sampling._uniform_reference(keys[:, None], torch.arange(4096)).double()
     assert u.min() > 0 and u.max() < 1
     assert abs(u.mean().item() - 0.5) < 2e-3
-    histogram = torch.histc(u, bins=16, min=0, max=1)
+    histogram = torch.histc(u.flatten(), bins=16, min=0, max=1)
     expected = u.numel() / 16
     assert float(((histogram - expected) ** 2 / expected).sum()) < 60.0
-    assert u.unique().numel() > 0.98 * u.numel()
+    # Neighbouring token ids, and neighbouring steps, are uncorrelated (|r| ~ 1/sqrt(n)).
+    for a, b in ((u[:, :-1], u[:, 1:]), (u[:-1], u[1:])):
+        r = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
+        assert abs(r.item()) < 0.01
 
 
 # ---------------------------------------------------------------------------------------
