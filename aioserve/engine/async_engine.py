@@ -10,6 +10,11 @@ The model step is the only thing that leaves the event loop, so HTTP handlers ke
 running while the device computes. A request whose consumer goes away (the iterator is
 closed or cancelled) is aborted and its KV blocks return to the pool before the next
 step is scheduled.
+
+Not yet done (DESIGN.md's overlap): preparing step N+1 while step N runs, with decode
+inputs taken from the device's sampled tokens. Today the loop prepares a step only after
+the previous one returned. On the CPU this costs little, since the model step keeps both
+cores busy and host work would only compete with it; on a GPU it is the next step.
 """
 
 from __future__ import annotations
@@ -178,8 +183,15 @@ class AsyncEngine:
             )
             state.samples.append(self.output_processor.new_sample(index, request))
             self._sample_of[sequence_id] = (state, index)
-        for sample in state.samples:
-            self.scheduler.add_request(sample.request)
+        try:
+            for sample in state.samples:
+                self.scheduler.add_request(sample.request)
+        except BaseException:
+            # All or nothing: no sibling may stay behind holding a place or blocks.
+            sequence_ids = [s.request.request_id for s in state.samples]
+            self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
+            self._forget(state)
+            raise
         queue: asyncio.Queue = asyncio.Queue()
         self._states[request_id] = state
         self._queues[request_id] = queue

@@ -17,6 +17,7 @@ Policies: "fcfs" ranks by arrival; "priority" by (priority, arrival), lower firs
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -78,7 +79,9 @@ class Scheduler:
         self.policy = policy
         self.stats = SchedulerStats()
         self.running: list[Request] = []
-        self._waiting: list[tuple[tuple, Request]] = []  # a heap keyed by rank
+        # A heap of (rank, tiebreak, request): siblings of an n > 1 request share a rank.
+        self._waiting: list[tuple[tuple, int, Request]] = []
+        self._tiebreak = itertools.count()
         self._requests: dict[str, Request] = {}
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -106,7 +109,7 @@ class Scheduler:
             raise ValueError("the prompt must contain at least one token")
         self._requests[request.request_id] = request
         request.status = RequestStatus.WAITING
-        heapq.heappush(self._waiting, (self._rank(request), request))
+        heapq.heappush(self._waiting, (self._rank(request), next(self._tiebreak), request))
 
     def get(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
@@ -124,7 +127,7 @@ class Scheduler:
             ended.append(request)
         if ended:
             self.running = [r for r in self.running if r.request_id not in ids]
-            self._waiting = [(k, r) for k, r in self._waiting if r.request_id not in ids]
+            self._waiting = [entry for entry in self._waiting if entry[2].request_id not in ids]
             heapq.heapify(self._waiting)
         return ended
 
@@ -161,7 +164,7 @@ class Scheduler:
         while (
             self._waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs
         ):
-            _, request = self._waiting[0]
+            request = self._waiting[0][2]
             cached = self.kv_cache.find_cached_prefix(request)
             request.num_computed_tokens = len(cached) * self.kv_cache.block_size
             num_new = self._tokens_to_compute(request, budget)
@@ -190,7 +193,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
-        heapq.heappush(self._waiting, (self._rank(request), request))
+        heapq.heappush(self._waiting, (self._rank(request), next(self._tiebreak), request))
 
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         """Record a finished step: computed tokens advance, sampled tokens are appended.

@@ -88,8 +88,10 @@ def test_streamed_pieces_add_up_to_the_final_text(engine):
         outs = run(collect(engine, chat(engine, text), params, f"stream{i}"))
         pieces = "".join(o.outputs[0].text for o in outs if o.outputs)
         token_ids = [t for o in outs if o.outputs for t in o.outputs[0].token_ids]
-        final = tokenizer.decode(token_ids, skip_special_tokens=True)
-        assert pieces == final
+        # The full decode may end in U+FFFD where max_tokens cut a character in two: that
+        # unfinished character is never emitted; everything before it is.
+        full = tokenizer.decode(token_ids, skip_special_tokens=True)
+        assert pieces == full.rstrip("\ufffd")
         assert "\ufffd" not in pieces
         # Cumulative mode reports the same text in its last output.
         cumulative = run(
@@ -100,7 +102,7 @@ def test_streamed_pieces_add_up_to_the_final_text(engine):
                 f"cum{i}",
             )
         )
-        assert cumulative[-1].outputs[0].text == final
+        assert cumulative[-1].outputs[0].text == pieces
 
 
 def test_stop_string_ends_generation_and_is_excluded(engine):

@@ -169,3 +169,19 @@ def test_lru_eviction_takes_the_oldest_free_block_and_forgets_its_hash():
     assert kv.allocate(b, 8), "both blocks, one of them cached, must be reusable"
     assert kv.find_cached_prefix(_request("c", [1, 2, 3, 4, 5])) == []
     assert not kv.allocate(_request("d", [1]), 1), "the pool is exhausted"
+
+
+def test_siblings_with_equal_rank_queue_and_preempt_without_comparing_requests():
+    kv = KVCacheManager(8, BLOCK_SIZE, enable_prefix_caching=False)
+    scheduler = Scheduler(
+        kv, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, enable_chunked_prefill=True
+    )
+    for index in range(3):  # three samples of one request: same arrival, same rank
+        request = _request(f"req#{index}", list(range(1, 10)))
+        scheduler.add_request(request)
+    output = scheduler.schedule()
+    assert len(output.chunks) == 2, "8 blocks hold two 9-token prompts of 3 blocks, not three"
+    scheduler.finish_requests(
+        [c.request.request_id for c in output.chunks], RequestStatus.FINISHED_ABORTED
+    )
+    assert [c.request.request_id for c in scheduler.schedule().chunks] == ["req#2"]
