@@ -185,3 +185,26 @@ def test_siblings_with_equal_rank_queue_and_preempt_without_comparing_requests()
         [c.request.request_id for c in output.chunks], RequestStatus.FINISHED_ABORTED
     )
     assert [c.request.request_id for c in scheduler.schedule().chunks] == ["req#2"]
+
+
+def test_priority_policy_admits_and_preempts_by_priority_then_arrival():
+    kv = KVCacheManager(6, BLOCK_SIZE, enable_prefix_caching=False)
+    scheduler = Scheduler(
+        kv,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=32,
+        enable_chunked_prefill=True,
+        policy="priority",
+    )
+    for arrival, (name, priority) in enumerate([("late-low", 5), ("urgent", -1), ("normal", 0)]):
+        request = _request(name, list(range(1, 9)))  # 8 tokens: 2 blocks, + 1 when decoding
+        request.priority, request.arrival_index = priority, arrival
+        scheduler.add_request(request)
+    first = scheduler.schedule()
+    assert [c.request.request_id for c in first.chunks] == ["urgent", "normal", "late-low"]
+    scheduler.update(first, {c.request.request_id: [7] for c in first.chunks})
+    # Each now needs a third block and only 0 are free: the lowest priority gives way.
+    second = scheduler.schedule()
+    assert [r.request_id for r in second.preempted] == ["late-low"]
+    assert [c.request.request_id for c in second.chunks] == ["urgent", "normal"]
