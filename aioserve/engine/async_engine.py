@@ -363,14 +363,19 @@ class AsyncEngine:
     def num_unfinished_requests(self) -> int:
         return len(self._states)
 
+    async def stop_loop(self) -> None:
+        """Stop the scheduler coroutine; the next request starts it again."""
+        task, self._loop_task = self._loop_task, None
+        if task is None or task.done():
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
     async def shutdown(self) -> None:
         for request_id in list(self._states):
             self.abort(request_id)
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._loop_task = None
+        await self.stop_loop()
         self._executor.shutdown(wait=True)

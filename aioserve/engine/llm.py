@@ -153,6 +153,9 @@ class LLM:
                 for request_id in ids:
                     engine.abort(request_id)
                 raise
+            finally:
+                # Nothing is left running between calls, so the loop can be dropped at any time.
+                await engine.stop_loop()
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
