@@ -123,6 +123,10 @@ class AsyncEngine:
             raise ValueError(
                 f"Requested sample logprobs of {params.logprobs}, which is greater than max allowed: {s.max_logprobs}"
             )
+        if params.stop and self.tokenizer is None:
+            raise ValueError(
+                "stop strings need the tokenizer, which is not loaded (--skip-tokenizer-init)"
+            )
         if params.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs is not supported by aioserve yet")
         for token_id in list(params.logit_bias or {}) + list(params.allowed_token_ids or []):

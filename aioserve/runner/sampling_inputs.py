@@ -20,8 +20,9 @@ def _banned_tokens(request: Request, vocab_size: int) -> dict[int, float]:
     params = request.sampling_params
     bias: dict[int, float] = {}
     if params.allowed_token_ids:
-        allowed = set(params.allowed_token_ids)
-        bias.update((t, float("-inf")) for t in range(vocab_size) if t not in allowed)
+        banned = torch.ones(vocab_size, dtype=torch.bool)
+        banned[torch.tensor(params.allowed_token_ids, dtype=torch.int64)] = False
+        bias.update(dict.fromkeys(banned.nonzero().flatten().tolist(), float("-inf")))
     if request.num_output_tokens < params.min_tokens:
         # vLLM's min_tokens: no stop token (nor EOS, unless ignored) before the minimum.
         stop_ids = set(params.stop_token_ids)

@@ -255,4 +255,34 @@ def test_bad_requests_are_refused_with_clear_errors(engine):
         run(try_one({"prompt_token_ids": [10**7]}, SamplingParams(), "vocab"))
     with pytest.raises(ValueError, match="empty"):
         run(try_one({"prompt_token_ids": []}, SamplingParams(), "empty"))
+    with pytest.raises(ValueError, match="detokenize"):
+        run(try_one("hi", SamplingParams(stop=["x"], detokenize=False), "nodetok"))
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_allowed_token_ids_restrict_every_sampled_token(engine):
+    allowed = [engine.tokenizer(" yes").input_ids[-1], engine.tokenizer(" no").input_ids[-1]]
+    params = SamplingParams(
+        temperature=1.0, seed=3, max_tokens=6, allowed_token_ids=allowed, ignore_eos=True
+    )
+    out = run(collect(engine, "Answer yes or no:", params, "allowed"))[-1].outputs[0]
+    assert len(out.token_ids) == 6 and set(out.token_ids) <= set(allowed)
+
+
+def test_skip_tokenizer_init_takes_and_returns_token_ids_only(smollm2_gguf):
+    bare = AsyncEngine.from_config(
+        engine_config_from_kwargs(
+            model=str(smollm2_gguf), dtype="float32", skip_tokenizer_init=True, max_model_len=512
+        )
+    )
+    try:
+        assert bare.tokenizer is None
+        params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+        out = run(collect(bare, {"prompt_token_ids": [1, 504, 3458, 314]}, params, "ids"))[-1]
+        assert len(out.outputs[0].token_ids) == 5 and out.outputs[0].text == ""
+        with pytest.raises(ValueError, match="tokenizer"):
+            run(collect(bare, "a text prompt", params, "text"))
+        with pytest.raises(ValueError, match="tokenizer"):
+            run(collect(bare, {"prompt_token_ids": [1, 2]}, SamplingParams(stop=["x"]), "stop"))
+    finally:
+        run(bare.shutdown())
