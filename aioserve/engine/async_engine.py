@@ -264,9 +264,7 @@ class AsyncEngine:
                         "the scheduler found nothing to run although requests are waiting"
                     )
                 self._mark_scheduled(output)
-                step = self.runner.prepare(
-                    output, self.kv_cache.block_table, self._requests_in(output)
-                )
+                step = self.runner.prepare(output, self.kv_cache.block_table)
                 try:
                     result = await loop.run_in_executor(self._executor, self.runner.execute, step)
                 except Exception as error:  # a failed step fails its requests, not the engine
@@ -281,9 +279,6 @@ class AsyncEngine:
             for request_id in list(self._queues):
                 self._queues[request_id].put_nowait(EngineDeadError("the engine loop died"))
             raise
-
-    def _requests_in(self, output: SchedulerOutput) -> dict[str, Request]:
-        return {c.request.request_id: c.request for c in output.chunks}
 
     def _mark_scheduled(self, output: SchedulerOutput) -> None:
         now = time.monotonic()

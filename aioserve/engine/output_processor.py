@@ -119,7 +119,6 @@ class OutputProcessor:
             and request.status.finish_reason == "stop"
             and not request.sampling_params.include_stop_str_in_output
             and tokens
-            and tokens[-1] == request.output_token_ids[-1]
         ):
             # Ended by EOS or a stop token id: its text is not part of the output (vLLM).
             tokens = tokens[:-1]

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from aioserve.engine.request import Request
 from aioserve.engine.scheduler import SchedulerOutput
 from aioserve.kernels.sampling import SamplingBatch, sample
 from aioserve.runner.sampling_inputs import build_sampling_batch
@@ -77,11 +76,10 @@ class ModelRunner:
             for _ in range(model.config.num_hidden_layers)
         ]
 
-    def prepare(
-        self, output: SchedulerOutput, block_table_of, requests: dict[str, Request]
-    ) -> PreparedStep:
+    def prepare(self, output: SchedulerOutput, block_table_of) -> PreparedStep:
         inputs = build_step_inputs(output, block_table_of, self.block_size, self.device)
-        sampled_requests = [requests[i] for i in inputs.sampling_request_ids]
+        # Same order as the logits rows: the chunks that sample, in batch order.
+        sampled_requests = [c.request for c in output.chunks if c.samples]
         sampling = (
             build_sampling_batch(sampled_requests, self.vocab_size, self.device)
             if sampled_requests
