@@ -12,20 +12,24 @@ import dataclasses
 import pytest
 import torch
 
-from aioserve.kernels import sampling
 from aioserve.kernels.sampling import (
     SAMPLING_EPS,
-    apply_bias_and_penalties_reference,
-    apply_bias_and_penalties_triton,
+    make_sampling_batch,
+    masks,
+    sample,
+    sampler,
+    uniform,
+)
+from aioserve.kernels.sampling.logprobs import compute_logprobs_reference, compute_logprobs_triton
+from aioserve.kernels.sampling.masks import (
     apply_sampling_masks_reference,
     apply_sampling_masks_triton,
-    compute_logprobs_reference,
-    compute_logprobs_triton,
-    make_sampling_batch,
-    sample,
-    sample_reference,
-    sample_triton,
 )
+from aioserve.kernels.sampling.penalties import (
+    apply_bias_and_penalties_reference,
+    apply_bias_and_penalties_triton,
+)
+from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
 
 INF = float("inf")
 
@@ -352,12 +356,12 @@ def _general_and_top_k_draws(s, top_k, top_p, min_p, device):
     top_k = torch.tensor(top_k, dtype=torch.int32, device=device)
     top_p = torch.tensor(top_p, device=device)
     min_p = torch.tensor(min_p, device=device)
-    keys = sampling._row_key_reference(
+    keys = uniform._row_key_reference(
         torch.arange(num_rows, device=device), torch.full((num_rows,), 2, device=device)
     )
-    keep = sampling._keep_mask_reference(s, row_max, top_k, top_p, min_p)
-    general = sampling._race_reference(s, row_max, keep, keys)
-    within = sampling._sample_within_top_k_reference(s, row_max, top_k, top_p, min_p, keys)
+    keep = masks._keep_mask_reference(s, row_max, top_k, top_p, min_p)
+    general = sampler._race_reference(s, row_max, keep, keys)
+    within = sampler._sample_within_top_k_reference(s, row_max, top_k, top_p, min_p, keys)
     return general, within
 
 
@@ -385,15 +389,15 @@ def test_dense_and_sparse_races_agree(device):
     logits = _logits(8, 3000, device, seed=23)
     s = logits / 0.9
     row_max = s.amax(-1, keepdim=True)
-    keys = sampling._row_key_reference(
+    keys = uniform._row_key_reference(
         torch.arange(8, device=device), torch.full((8,), 3, device=device)
     )
-    candidates = s > row_max - sampling._RACE_CUTOFF
+    candidates = s > row_max - sampler._RACE_CUTOFF
     candidates[0, :] = False
     candidates[0, logits[0].argmax()] = True  # a row with one candidate
     candidates[1] &= torch.rand(3000, generator=torch.Generator().manual_seed(0)) < 0.5
-    dense = sampling._race_dense_reference(s, row_max, candidates, keys)
-    sparse = sampling._race_sparse_reference(s, row_max, candidates, keys)
+    dense = sampler._race_dense_reference(s, row_max, candidates, keys)
+    sparse = sampler._race_sparse_reference(s, row_max, candidates, keys)
     assert torch.equal(dense, sparse)
     assert dense[0] == logits[0].argmax()
 
@@ -404,13 +408,13 @@ def test_the_race_cutoff_skips_only_tokens_that_cannot_win(device):
     s = logits / 0.5
     row_max = s.amax(-1, keepdim=True)
     rows = torch.arange(16, device=device)
-    keys = sampling._row_key_reference(rows, torch.zeros_like(rows))
-    candidates = s > row_max - sampling._RACE_CUTOFF
+    keys = uniform._row_key_reference(rows, torch.zeros_like(rows))
+    candidates = s > row_max - sampler._RACE_CUTOFF
     assert not candidates.all()  # the cutoff does drop tokens here
     everything = torch.ones_like(candidates)
     assert torch.equal(
-        sampling._race_dense_reference(s, row_max, everything, keys),
-        sampling._race_dense_reference(s, row_max, candidates, keys),
+        sampler._race_dense_reference(s, row_max, everything, keys),
+        sampler._race_dense_reference(s, row_max, candidates, keys),
     )
 
 
@@ -462,8 +466,8 @@ def _assert_frequencies(tokens, config, draws):
 
 def test_uniforms_are_uniform_and_independent():
     # 64 consecutive steps of one seed, 4096 consecutive token ids.
-    keys = sampling._row_key_reference(torch.full((64,), 77), torch.arange(64))
-    u = sampling._uniform_reference(keys[:, None], torch.arange(4096)).double()
+    keys = uniform._row_key_reference(torch.full((64,), 77), torch.arange(64))
+    u = uniform._uniform_reference(keys[:, None], torch.arange(4096)).double()
     assert u.min() > 0 and u.max() < 1
     assert abs(u.mean().item() - 0.5) < 2e-3
     histogram = torch.histc(u.flatten(), bins=16, min=0, max=1)

@@ -1,0 +1,69 @@
+"""The sampler: from one step's logits to one token per sequence, plus its logprobs.
+
+The runner calls `sample(logits, batch)` once per step with the logits of the rows that
+sample (one row per sequence) and their settings gathered in a `SamplingBatch`. The steps
+follow vLLM v1's order:
+
+1. Raw logprobs, if any row asked for logprobs: log_softmax of the float32 logits before
+   any processing (vLLM's default "raw_logprobs").
+2. Logit bias: per-row (token id, value) pairs, added; -inf values ban tokens (the engine
+   uses them for min_tokens and allowed_token_ids). A token listed twice gets both values.
+3. Penalties over the float32 logits, vLLM's definitions: repetition penalty on tokens
+   seen in the prompt or the output (`l > 0 ? l / rp : l * rp`), then
+   `l -= frequency_penalty * count_in_output`, then `l -= presence_penalty * (count > 0)`.
+4. Greedy rows (temperature below 1e-5): argmax, the first index among equal maxima.
+5. Random rows: `s = l / temperature`, `m = max(s)`, `e = exp(s - m)` (the probabilities
+   up to a per-row factor; the most likely token has e = 1). Then
+   min-p keeps `e >= min_p`; top-k keeps `s >= k-th largest s` (ties at the boundary
+   kept); top-p keeps token i iff the probability of the tokens still in play that are
+   strictly more probable than i is below `top_p` (the smallest set reaching `top_p`,
+   ties at the boundary kept). Probability mass is summed in 2**-40 fixed point, so the
+   sums, hence the masks, do not depend on summation order. Finally the token is drawn
+   by the exponential race: `argmax_i e_i / E_i` with `E_i = -log(U_i)`, which picks i
+   with probability proportional to e_i over the kept tokens.
+6. Logprobs from the raw logprobs of step 1: the sampled token's, its rank (1 + the
+   number of tokens with a strictly higher raw logit) and the top `num_logprobs`
+   (descending, ties by lower token id).
+
+The uniforms `U_i` come from a counter-based hash of (seed, step, token id) in 32-bit
+integer arithmetic (held in int64 with multipliers below 2**31, so nothing overflows) that
+the Triton kernels and the torch reference compute identically. Every reduction is per
+row in a fixed order, so a seeded sequence draws the same tokens whatever else shares
+its batch. The two paths agree token for token where their exp and log agree, as in
+Triton's CPU interpreter; a GPU's fast exp differs from torch's in the last bits, which
+can flip a near-tie between the GPU kernels and the CPU reference (rarely), never the
+result of one device from run to run.
+
+Each step has a Triton kernel (one program per row, walking the vocabulary in blocks:
+top-k and top-p thresholds are found without sorting, by bisection over the
+order-preserving integer image of float32 values) and a plain-torch reference, which is
+the execution path on the CPU. `sample` picks one with `dispatch.use_triton()`.
+
+Modules, one stage each: `penalties` (steps 2-3), `masks` (step 5 without the draw),
+`uniform` (the hash), `sampler` (the draw and the whole pipeline), `logprobs` (step 6),
+`common` (the batch and result types).
+"""
+
+from aioserve.kernels.sampling.common import (
+    SAMPLING_EPS,
+    LogprobsTensors,
+    SamplerOutput,
+    SamplingBatch,
+    make_sampling_batch,
+)
+from aioserve.kernels.sampling.logprobs import compute_logprobs
+from aioserve.kernels.sampling.masks import apply_sampling_masks
+from aioserve.kernels.sampling.penalties import apply_bias_and_penalties
+from aioserve.kernels.sampling.sampler import sample
+
+__all__ = [
+    "SAMPLING_EPS",
+    "LogprobsTensors",
+    "SamplerOutput",
+    "SamplingBatch",
+    "apply_bias_and_penalties",
+    "apply_sampling_masks",
+    "compute_logprobs",
+    "make_sampling_batch",
+    "sample",
+]

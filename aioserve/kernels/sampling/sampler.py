@@ -1,0 +1,258 @@
+"""The sampler: steps 1-6 put together, and the draw itself (greedy argmax or the
+exponential race over the kept tokens)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from aioserve.kernels import dispatch
+from aioserve.kernels.sampling.common import (
+    SAMPLING_EPS,
+    SamplerOutput,
+    SamplingBatch,
+    _launch_config,
+    _rows,
+    _rows_where,
+)
+from aioserve.kernels.sampling.logprobs import (
+    _empty_logprobs,
+    compute_logprobs_reference,
+    compute_logprobs_triton,
+)
+from aioserve.kernels.sampling.masks import (
+    _keep_mask_reference,
+    _launch_masks,
+    _top_p_keep_reference,
+)
+from aioserve.kernels.sampling.penalties import (
+    _needs_processing,
+    apply_bias_and_penalties_reference,
+    apply_bias_and_penalties_triton,
+)
+from aioserve.kernels.sampling.uniform import (
+    _row_key,
+    _row_key_reference,
+    _uniform,
+    _uniform_reference,
+)
+from aioserve.kernels.triton_compat import tl, triton
+
+# The reference only hashes tokens within this much of the row's largest scaled logit. A token further below has e < exp(-20) ~ 2.1e-9, and E >= -log(1 - 2**-24)
+# ~ 6e-8, so its race score e/E < 0.035; the best token (e = 1) scores at least
+# 1 / -log(2**-24) ~ 0.06. Such a token can never win, so skipping it changes nothing.
+_RACE_CUTOFF = 20.0
+
+# The dense race walks this many (row, token) pairs at a time, so its temporaries stay in
+# the CPU's cache.
+_DENSE_CHUNK_ELEMENTS = 2**18
+
+# When every random row has a top-k of at most this, the reference works on the top-k
+# tokens alone.
+_SMALL_TOP_K = 1024
+
+
+@triton.jit
+def _sample_kernel(
+    processed_ptr,
+    masked_ptr,
+    row_max_ptr,
+    temperature_ptr,
+    seeds_ptr,
+    steps_ptr,
+    out_ptr,
+    vocab_size,
+    stride_processed,
+    stride_masked,
+    greedy_below,
+    BLOCK: tl.constexpr,
+):
+    # Greedy rows: first argmax of the processed logits. Random rows: the exponential
+    # race over the masked, scaled logits. Ties go to the lower token id in both.
+    row = tl.program_id(0).to(tl.int64)
+    temperature = tl.load(temperature_ptr + row)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_id = tl.full([], 0, tl.int32)
+    if temperature < greedy_below:
+        for start in range(0, vocab_size, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < vocab_size
+            x = tl.load(processed_ptr + row * stride_processed + cols, mask=mask, other=0.0)
+            x = tl.where(mask, x.to(tl.float32), float("-inf"))
+            block_best = tl.max(x, axis=0)
+            block_id = tl.min(tl.where(mask & (x == block_best), cols, vocab_size), axis=0)
+            better = block_best > best
+            best = tl.where(better, block_best, best)
+            best_id = tl.where(better, block_id, best_id)
+    else:
+        row_max = tl.load(row_max_ptr + row)
+        key = _row_key(tl.load(seeds_ptr + row), tl.load(steps_ptr + row))
+        for start in range(0, vocab_size, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < vocab_size
+            s = tl.load(masked_ptr + row * stride_masked + cols, mask=mask, other=float("-inf"))
+            score = tl.math.div_rn(tl.exp(s - row_max), -tl.log(_uniform(key, cols)))
+            score = tl.where(mask, score, -1.0)
+            block_best = tl.max(score, axis=0)
+            block_id = tl.min(tl.where(mask & (score == block_best), cols, vocab_size), axis=0)
+            better = block_best > best
+            best = tl.where(better, block_best, best)
+            best_id = tl.where(better, block_id, best_id)
+    tl.store(out_ptr + row, best_id.to(tl.int64))
+
+
+def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """The Triton path of `sample`."""
+    logits = _rows(logits)
+    num_rows, vocab_size = logits.shape
+    device = logits.device
+    token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
+    if num_rows == 0:
+        return SamplerOutput(token_ids, _empty_logprobs(batch, device))
+
+    processed = (
+        apply_bias_and_penalties_triton(logits, batch) if _needs_processing(batch) else logits
+    )
+    masked = processed  # what the sample kernel reads for random rows (none if all greedy)
+    row_max = torch.empty(num_rows, dtype=torch.float32, device=device)
+    if not batch.all_greedy:
+        if processed is logits:  # never write into the caller's logits
+            masked = torch.empty_like(logits, dtype=torch.float32)
+        # Otherwise in place: the kernel leaves greedy rows as they are.
+        _launch_masks(
+            processed, masked, row_max, batch.temperature, batch.top_k, batch.top_p, batch.min_p
+        )
+    block, num_warps = _launch_config(vocab_size)
+    _sample_kernel[(num_rows,)](
+        processed,
+        masked,
+        row_max,
+        batch.temperature,
+        batch.seeds,
+        batch.steps,
+        token_ids,
+        vocab_size,
+        processed.stride(0),
+        masked.stride(0),
+        SAMPLING_EPS,
+        BLOCK=block,
+        num_warps=num_warps,
+    )
+    logprobs = None
+    if batch.num_logprobs >= 0:
+        logprobs = compute_logprobs_triton(logits, token_ids, batch.num_logprobs)
+    return SamplerOutput(token_ids, logprobs)
+
+
+def _race_reference(s: Tensor, row_max: Tensor, keep: Tensor | None, keys: Tensor) -> Tensor:
+    """The exponential race over the kept tokens of each row of `s`; the winners' ids.
+
+    Only tokens that can win are hashed (see _RACE_CUTOFF). When they are few (top-p,
+    min-p, peaked distributions) they are gathered; otherwise the rows are walked densely
+    in cache-sized chunks. Both give the Triton kernel's answer.
+    """
+    candidates = s > row_max - _RACE_CUTOFF
+    if keep is not None:
+        candidates &= keep
+    if int(candidates.count_nonzero()) * 4 < candidates.numel():
+        return _race_sparse_reference(s, row_max, candidates, keys)
+    return _race_dense_reference(s, row_max, candidates, keys)
+
+
+def _race_sparse_reference(s: Tensor, row_max: Tensor, candidates: Tensor, keys: Tensor) -> Tensor:
+    rows, cols = candidates.nonzero(as_tuple=True)
+    return _race_among(rows, cols, s[rows, cols], row_max, keys)
+
+
+def _race_among(
+    rows: Tensor, cols: Tensor, s_values: Tensor, row_max: Tensor, keys: Tensor
+) -> Tensor:
+    """The race over the listed (row, token id, scaled logit) triples; a winner per row."""
+    u = _uniform_reference(keys[rows], cols)
+    score = torch.exp(s_values - row_max[rows, 0]) / u.log_().neg_()
+    num_rows = row_max.shape[0]
+    best = torch.zeros(num_rows, dtype=torch.float32, device=score.device)
+    best = best.scatter_reduce(0, rows, score, "amax", include_self=False)
+    winners = torch.where(score == best[rows], cols, torch.iinfo(torch.int64).max)
+    # A row without candidates (all -inf) gets token 0, as in the kernel.
+    token_ids = torch.zeros(num_rows, dtype=torch.int64, device=score.device)
+    return token_ids.scatter_reduce(0, rows, winners, "amin", include_self=False)
+
+
+def _sample_within_top_k_reference(
+    s: Tensor, row_max: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, keys: Tensor
+) -> Tensor | None:
+    """The draw when every row has a top-k of at most _SMALL_TOP_K; None otherwise.
+
+    Min-p, top-p and the race then only concern the top-k tokens, so they run on those
+    alone instead of the whole vocabulary. Also None when a tie at a row's k-th value
+    reaches past the k tokens torch.topk picked (they would all be kept).
+    """
+    vocab_size = s.shape[1]
+    if not bool(((top_k > 0) & (top_k <= _SMALL_TOP_K) & (top_k < vocab_size)).all()):
+        return None
+    # One more than the largest k, to see whether a row's (k+1)-th value ties its k-th.
+    k = top_k.long()[:, None]
+    values, ids = torch.topk(s, int(k.max()) + 1, dim=-1)
+    if not bool((values.gather(1, k) < values.gather(1, k - 1)).all()):
+        return None
+    e = torch.exp(values - row_max)
+    keep = (torch.arange(values.shape[1], device=s.device) < k) & (e >= min_p[:, None])
+    uses_top_p = top_p < 1.0
+    if bool(uses_top_p.any()):
+        rows = _rows_where(uses_top_p)
+        keep[rows] &= _top_p_keep_reference(e[rows], keep[rows], top_p[rows])
+    rows, slots = (keep & (values > row_max - _RACE_CUTOFF)).nonzero(as_tuple=True)
+    return _race_among(rows, ids[rows, slots], values[rows, slots], row_max, keys)
+
+
+def _race_dense_reference(s: Tensor, row_max: Tensor, candidates: Tensor, keys: Tensor) -> Tensor:
+    num_rows, vocab_size = s.shape
+    cols = torch.arange(vocab_size, dtype=torch.int64, device=s.device)
+    token_ids = torch.empty(num_rows, dtype=torch.int64, device=s.device)
+    chunk = max(1, _DENSE_CHUNK_ELEMENTS // vocab_size)
+    for start in range(0, num_rows, chunk):
+        rows = slice(start, start + chunk)
+        u = _uniform_reference(keys[rows, None], cols)
+        e = torch.exp(s[rows] - row_max[rows]).masked_fill_(~candidates[rows], 0.0)
+        token_ids[rows] = e.div_(u.log_().neg_()).argmax(dim=-1)
+    return token_ids
+
+
+def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """The torch path of `sample`."""
+    num_rows = logits.shape[0]
+    if num_rows == 0:
+        token_ids = torch.empty(0, dtype=torch.int64, device=logits.device)
+        return SamplerOutput(token_ids, _empty_logprobs(batch, logits.device))
+    x = apply_bias_and_penalties_reference(logits, batch)
+    if batch.all_random:
+        token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    else:
+        token_ids = x.argmax(dim=-1)
+    if not batch.all_greedy:
+        rows = _rows_where(batch.temperature >= SAMPLING_EPS)
+        s = x[rows] / batch.temperature[rows, None]
+        row_max = s.amax(-1, keepdim=True)
+        top_k, top_p, min_p = batch.top_k[rows], batch.top_p[rows], batch.min_p[rows]
+        keys = _row_key_reference(batch.seeds[rows], batch.steps[rows])
+        drawn = _sample_within_top_k_reference(s, row_max, top_k, top_p, min_p, keys)
+        if drawn is None:
+            keep = _keep_mask_reference(s, row_max, top_k, top_p, min_p)
+            drawn = _race_reference(s, row_max, keep, keys)
+        token_ids[rows] = drawn
+    logprobs = None
+    if batch.num_logprobs >= 0:
+        logprobs = compute_logprobs_reference(logits, token_ids, batch.num_logprobs)
+    return SamplerOutput(token_ids, logprobs)
+
+
+def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """Pick one token per row of `logits` [B, V] (any float dtype) as `batch` says.
+
+    Returns the token ids and, when `batch.num_logprobs >= 0`, their raw logprobs, rank
+    and the top `num_logprobs` alternatives. `logits` is left untouched.
+    """
+    if dispatch.use_triton():
+        return sample_triton(logits, batch)
+    return sample_reference(logits, batch)
