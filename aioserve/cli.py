@@ -34,13 +34,11 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
+from aioserve.arguments import CPU_KVCACHE_SPACE_ENV, GROUP_DESCRIPTIONS, argument
 from aioserve.config import (
-    CPU_KVCACHE_SPACE_ENV,
-    GROUP_DESCRIPTIONS,
     ConfigError,
     JsonArgumentAction,
     add_engine_arguments,
-    argument,
     cpu_kvcache_space_bytes,
 )
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from aioserve import cli
+from aioserve.arguments import ARGUMENTS
 from aioserve.config import (
-    ARGUMENTS,
     UNSUPPORTED_GROUP_TITLE,
     ConfigError,
     engine_config_from_args,

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from aioserve.arguments import ARGUMENTS
 from aioserve.config import (
-    ARGUMENTS,
     UNSUPPORTED_GROUP_TITLE,
     ConfigError,
     add_engine_arguments,

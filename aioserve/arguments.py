@@ -1,0 +1,598 @@
+"""Every `vllm serve` argument, declared once: name, group, default, help, spelling, checks.
+
+Each argument of vLLM's serving surface is one `Argument` below, in vLLM's config groups.
+The arguments aioserve implements carry the function that checks and converts their value;
+the others are declared so that the parser knows them and aioserve can refuse them by name.
+`aioserve.config` turns these declarations into argparse options, `--help` and the
+configuration objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+# The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
+# (a test checks); it is repeated here so that `--help` does not import the model code.
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+DEFAULT_CPU_KVCACHE_SPACE_GIB = 4.0
+
+
+class ConfigError(ValueError):
+    """A configuration value that aioserve cannot accept; the message names the argument."""
+
+
+# ---------------------------------------------------------------------------------------
+# Value converters. Each takes a raw value (a string from the command line, or a Python
+# value from a keyword argument) and returns the typed value, or raises ValueError with a
+# message that reads well after the argument's name: "must be at least 1, got 0".
+# ---------------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise ValueError(f"must be an integer, got {value!r}")
+
+
+def _integer_at_least(minimum: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        number = _integer(value)
+        if number < minimum:
+            raise ValueError(f"must be at least {minimum}, got {number}")
+        return number
+
+    return convert
+
+
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def _token_count(value: Any) -> int:
+    """A positive token count, also in vLLM's human-readable forms.
+
+    Lower-case suffixes are powers of ten and take decimals ("25.6k" = 25600); upper-case
+    ones are powers of two and take whole numbers only ("1K" = 1024).
+    """
+    if isinstance(value, str):
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgKMG])", value.strip())
+        if match:
+            number, suffix = match.groups()
+            if suffix in _BINARY_SUFFIXES and "." in number:
+                raise ValueError(
+                    f"takes whole numbers with the binary suffix {suffix!r}, got {value!r} "
+                    f"(did you mean {number}{suffix.lower()}?)"
+                )
+            tokens = Decimal(number) * (_DECIMAL_SUFFIXES | _BINARY_SUFFIXES)[suffix]
+            if tokens != tokens.to_integral_value():
+                raise ValueError(f"must be a whole number of tokens, got {value!r}")
+            value = int(tokens)
+        elif not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            raise ValueError(
+                f"must be an integer, optionally with a k/m/g (powers of 10) or K/M/G "
+                f"(powers of 2) suffix such as 4k or 32K, got {value!r}"
+            )
+    return _integer_at_least(1)(value)
+
+
+def _fraction(value: Any) -> float:
+    """A number in (0, 1]."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if number is None or not 0.0 < number <= 1.0:
+        raise ValueError(f"must be a number greater than 0 and at most 1, got {value!r}")
+    return number
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """A JSON object, given as a dict or as JSON text; the result is a private copy."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"must be a JSON object, got {value!r} ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {value!r}")
+    return copy.deepcopy(value)
+
+
+def _names(value: Any) -> list[str]:
+    """One name or several (the command line gives a list, a keyword may give a string)."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names:
+        raise ValueError(f"must be one or more names, got {value!r}")
+    if not all(isinstance(name, str) and name for name in names):
+        raise ValueError(f"must be non-empty strings, got {value!r}")
+    return list(names)
+
+
+def _generation_config(value: Any) -> str:
+    text = _text(value)
+    if text not in ("auto", "vllm") and not os.path.isdir(text):
+        raise ValueError(f"must be 'auto', 'vllm' or an existing folder, got {text!r}")
+    return text
+
+
+# ---------------------------------------------------------------------------------------
+# The declarations.
+# ---------------------------------------------------------------------------------------
+
+FRONTEND = "Frontend"
+MODEL = "ModelConfig"
+LOAD = "LoadConfig"
+DECODING = "DecodingConfig"
+PARALLEL = "ParallelConfig"
+CACHE = "CacheConfig"
+MULTIMODAL = "MultiModalConfig"
+LORA = "LoRAConfig"
+PROMPT_ADAPTER = "PromptAdapterConfig"
+SPECULATIVE = "SpeculativeConfig"
+OBSERVABILITY = "ObservabilityConfig"
+SCHEDULER = "SchedulerConfig"
+VLLM = "VllmConfig"
+TOKENIZER_POOL = "TokenizerPoolConfig"
+DEVICE = "DeviceConfig"
+
+GROUP_DESCRIPTIONS: dict[str, str] = {
+    FRONTEND: "The HTTP server: address, TLS, CORS, authentication, logging, tools.",
+    MODEL: "Which model to serve and how to run it.",
+    LOAD: "Where and how the model weights are loaded.",
+    DECODING: "Structured outputs and reasoning parsers.",
+    PARALLEL: "Tensor, pipeline, data and expert parallelism.",
+    CACHE: "The paged KV cache and prefix caching.",
+    MULTIMODAL: "Image, video and audio inputs.",
+    LORA: "LoRA adapters.",
+    PROMPT_ADAPTER: "Prompt adapters (soft prompts).",
+    SPECULATIVE: "Speculative decoding.",
+    OBSERVABILITY: "Tracing and hidden metrics.",
+    SCHEDULER: "Continuous batching: how many sequences and tokens run per step.",
+    VLLM: "Compilation and cross-instance settings.",
+    TOKENIZER_POOL: "The asynchronous tokenizer pool (deprecated in vLLM).",
+    DEVICE: "The execution device (deprecated in vLLM; detected from the platform).",
+}
+
+# How an argument is spelled on the command line:
+#   value     one value:                      --port 8000
+#   flag      present or absent:              --allow-credentials
+#   bool      a switch with a negation:       --enforce-eager / --no-enforce-eager
+#   json      JSON, or its keys one by one:   --hf-overrides '{"a": 1}' / --hf-overrides.a 1
+#   list      one or more values:             --served-model-name a b
+#   append    repeated, one value each time:  --middleware m1 --middleware m2
+#   optional  a value, or the bare flag:      --hf-token / --hf-token TOKEN
+Kind = Literal["value", "flag", "bool", "json", "list", "append", "optional"]
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One vLLM argument.
+
+    An argument aioserve implements has a `convert` function (raw value -> typed value,
+    raising ValueError). The others are declared so that they are recognised, shown in
+    `--help`, and refused by name when set.
+    """
+
+    name: str  # the long option without its leading dashes: "max-model-len"
+    group: str  # vLLM's config group: "ModelConfig"
+    default: Any  # the value when the argument is not set (vLLM's default if unsupported)
+    help: str
+    kind: Kind = "value"
+    convert: Callable[[Any], Any] | None = None
+    choices: tuple[Any, ...] = ()  # the accepted values, when they form a closed list
+    vllm_choices: tuple[Any, ...] = ()  # vLLM values aioserve refuses by name
+    choice_noun: str = ""  # what one value is called: "quantization method"
+    aliases: tuple[str, ...] = ()  # other spellings: ("-tp",)
+    keyword: bool | None = None  # accepted by LLM(**kwargs); default: not a Frontend one
+
+    @property
+    def supported(self) -> bool:
+        return self.convert is not None
+
+    @property
+    def dest(self) -> str:
+        """The snake_case name: the namespace attribute, the keyword and the field name."""
+        return self.name.replace("-", "_")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name
+
+    @property
+    def spelling(self) -> str:
+        """The flag and its aliases, as error messages show them: "--tensor-parallel-size (-tp)"."""
+        return f"{self.flag} ({', '.join(self.aliases)})" if self.aliases else self.flag
+
+    @property
+    def is_keyword(self) -> bool:
+        return self.keyword if self.keyword is not None else self.group != FRONTEND
+
+
+def _vllm(
+    name: str, group: str, default: Any, help: str, kind: Kind = "value", **more: Any
+) -> Argument:
+    """A vLLM argument that aioserve recognises but does not implement yet."""
+    return Argument(name, group, default, help, kind, **more)
+
+
+_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# fmt: off
+_VLLM_QUANTIZATIONS = (
+    "aqlm", "auto-round", "awq", "awq_marlin", "bitblas", "bitsandbytes", "compressed-tensors",
+    "deepspeedfp", "experts_int8", "fbgemm_fp8", "fp8", "gptq", "gptq_bitblas", "gptq_marlin",
+    "gptq_marlin_24", "hqq", "ipex", "marlin", "modelopt", "modelopt_fp4", "moe_wna16",
+    "neuron_quant", "nvfp4", "ptpc_fp8", "qqq", "quark", "torchao", "tpu_int8",
+)
+_VLLM_LOAD_FORMATS = (
+    "npcache", "tensorizer", "sharded_state", "bitsandbytes", "mistral", "runai_streamer",
+    "runai_streamer_sharded", "fastsafetensors",
+)
+# fmt: on
+
+# fmt: off
+ARGUMENTS: tuple[Argument, ...] = (
+    # --- Frontend (the HTTP server; the server step implements these) --------------------
+    _vllm("host", FRONTEND, None, "Address the HTTP server binds to (default: all interfaces)."),
+    _vllm("port", FRONTEND, 8000, "TCP port of the HTTP server."),
+    _vllm("uvicorn-log-level", FRONTEND, "info", "Log level of the HTTP layer.",
+          choices=("debug", "info", "warning", "error", "critical", "trace")),
+    _vllm("disable-uvicorn-access-log", FRONTEND, False, "Do not log one line per HTTP request.", "flag"),
+    _vllm("allow-credentials", FRONTEND, False, "CORS: allow cookies and authorization headers.", "flag"),
+    _vllm("allowed-origins", FRONTEND, ["*"], "CORS: allowed origins (a JSON list)."),
+    _vllm("allowed-methods", FRONTEND, ["*"], "CORS: allowed HTTP methods (a JSON list)."),
+    _vllm("allowed-headers", FRONTEND, ["*"], "CORS: allowed request headers (a JSON list)."),
+    _vllm("api-key", FRONTEND, None,
+          "Require this key in the Authorization header of API requests (env VLLM_API_KEY does the same)."),
+    _vllm("lora-modules", FRONTEND, None,
+          "LoRA adapters loaded at start, as name=path or JSON, each served under its own model name.", "list"),
+    _vllm("prompt-adapters", FRONTEND, None, "Prompt adapters loaded at start, as name=path.", "list"),
+    _vllm("chat-template", FRONTEND, None, "Chat template file, or the template itself on one line."),
+    _vllm("chat-template-content-format", FRONTEND, "auto",
+          "Give message content to the template as a string or as a list of OpenAI parts.",
+          choices=("auto", "string", "openai")),
+    _vllm("response-role", FRONTEND, "assistant",
+          "Role of the reply when the request sets add_generation_prompt."),
+    _vllm("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM)."),
+    _vllm("ssl-certfile", FRONTEND, None, "TLS certificate file."),
+    _vllm("ssl-ca-certs", FRONTEND, None, "CA certificates for checking client certificates."),
+    _vllm("ssl-cert-reqs", FRONTEND, 0, "Whether clients must present a certificate (Python ssl constants)."),
+    _vllm("enable-ssl-refresh", FRONTEND, False, "Reload TLS files when they change.", "flag"),
+    _vllm("root-path", FRONTEND, None, "URL prefix when served behind a path-routing proxy."),
+    _vllm("middleware", FRONTEND, [], "Extra HTTP middleware, as an import path; repeatable.", "append"),
+    _vllm("return-tokens-as-token-ids", FRONTEND, False,
+          "Write logprob tokens as 'token_id:{id}' so that any token can be identified.", "flag"),
+    _vllm("disable-frontend-multiprocessing", FRONTEND, False,
+          "Run the API server in the engine's process.", "flag"),
+    _vllm("enable-request-id-headers", FRONTEND, False, "Add an X-Request-Id header to every response.", "flag"),
+    _vllm("enable-auto-tool-choice", FRONTEND, False,
+          "Allow tool_choice='auto' (needs --tool-call-parser).", "flag"),
+    _vllm("tool-call-parser", FRONTEND, None,
+          "Parser that turns model output into OpenAI tool calls, e.g. hermes, llama3_json, mistral."),
+    _vllm("tool-parser-plugin", FRONTEND, "", "Python file that registers more tool-call parsers."),
+    _vllm("enable-prompt-tokens-details", FRONTEND, False,
+          "Report prompt_tokens_details in the usage block.", "flag"),
+    _vllm("enable-server-load-tracking", FRONTEND, False, "Count the requests in flight.", "flag"),
+    _vllm("disable-fastapi-docs", FRONTEND, False, "Hide the OpenAPI schema and documentation pages.", "flag"),
+    _vllm("max-log-len", FRONTEND, None, "Cut logged prompts to this many characters or token ids."),
+    _vllm("disable-log-stats", FRONTEND, False, "Do not log engine statistics periodically.", "flag",
+          keyword=True),
+    _vllm("disable-log-requests", FRONTEND, False,
+          "Deprecated in vLLM: do not log each request (logging is now opt-in).", "bool"),
+    _vllm("enable-log-requests", FRONTEND, False, "Log each request.", "bool"),
+    _vllm("headless", FRONTEND, False,
+          "Run the engine without an API server (secondary data-parallel node).", "flag"),
+    _vllm("use-v2-block-manager", FRONTEND, True, "Deprecated in vLLM; has no effect.", "flag"),
+    # --- ModelConfig -----------------------------------------------------------------------
+    Argument("model", MODEL, DEFAULT_MODEL,
+             "Hugging Face model id, local folder or .gguf file to serve; also the name in "
+             "metrics when --served-model-name is not given.", convert=_text),
+    _vllm("runner", MODEL, "auto", "Model runner: text generation, pooling or draft.",
+          choices=("auto", "draft", "generate", "pooling")),
+    _vllm("convert", MODEL, "auto", "Adapt a generative model to a pooling task.",
+          choices=("auto", "classify", "embed", "none", "reward")),
+    _vllm("task", MODEL, "auto", "Deprecated in vLLM (use --runner / --convert): the model's task.",
+          choices=("auto", "generate", "embedding", "embed", "classify", "score", "reward",
+                   "transcription", "draft")),
+    Argument("tokenizer", MODEL, None, "Tokenizer id or folder, when it differs from the model.",
+             convert=_text),
+    Argument("tokenizer-mode", MODEL, "auto",
+             "auto uses the fast tokenizer when there is one; slow always uses the slow one.",
+             convert=_text, choices=("auto", "slow"), vllm_choices=("mistral", "custom"),
+             choice_noun="tokenizer mode"),
+    Argument("trust-remote-code", MODEL, False,
+             "Accepted for compatibility. aioserve never runs code shipped with a model: it "
+             "implements each architecture itself.", "bool", convert=_boolean),
+    Argument("dtype", MODEL, "auto",
+             "Precision of weights and activations. auto: float16 for float32 and float16 "
+             "models, bfloat16 for bfloat16 models; half = float16, float = float32.",
+             convert=_text, choices=_DTYPES),
+    Argument("seed", MODEL, 0, "Random seed for sampling.", convert=_integer),
+    _vllm("hf-config-path", MODEL, None, "Take the HF config from this id or folder."),
+    _vllm("allowed-local-media-path", MODEL, "",
+          "Folder from which requests may read local images and videos."),
+    _vllm("revision", MODEL, None, "Model revision (branch, tag or commit) to download."),
+    _vllm("code-revision", MODEL, None, "Revision of the model's remote code."),
+    _vllm("tokenizer-revision", MODEL, None, "Tokenizer revision (branch, tag or commit)."),
+    _vllm("rope-scaling", MODEL, {}, "Override the RoPE scaling, e.g. {\"rope_type\":\"dynamic\",\"factor\":2.0}.",
+          "json"),
+    _vllm("rope-theta", MODEL, None, "Override the RoPE base frequency."),
+    Argument("max-model-len", MODEL, None,
+             "Longest context (prompt plus output), in tokens; k/m/g multiply by powers of 10 "
+             "and K/M/G by powers of 2 (1k = 1000, 1K = 1024, 25.6k = 25600). Default: the "
+             "model's own limit.", convert=_token_count),
+    Argument("quantization", MODEL, None,
+             "Weight quantization method. Default: read from the model (a .gguf file means "
+             "gguf). vLLM's other methods are refused by name.",
+             convert=_text, choices=("gguf",), vllm_choices=_VLLM_QUANTIZATIONS,
+             choice_noun="quantization method", aliases=("-q",)),
+    Argument("enforce-eager", MODEL, False,
+             "Run every step eagerly, without CUDA/HIP graphs (less memory, slower).", "bool",
+             convert=_boolean),
+    _vllm("max-seq-len-to-capture", MODEL, 8192, "Longest sequence covered by CUDA graphs."),
+    Argument("max-logprobs", MODEL, 20,
+             "Most log probabilities a request may ask for; -1 means no limit.",
+             convert=_integer_at_least(-1)),
+    _vllm("logprobs-mode", MODEL, "raw_logprobs", "Return logprobs before or after logits processing.",
+          choices=("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")),
+    _vllm("disable-sliding-window", MODEL, False, "Turn sliding-window attention off.", "bool"),
+    _vllm("disable-cascade-attn", MODEL, False, "Turn cascade attention off.", "bool"),
+    Argument("skip-tokenizer-init", MODEL, False,
+             "Load no tokenizer: requests must send token ids and get token ids back.", "bool",
+             convert=_boolean),
+    _vllm("enable-prompt-embeds", MODEL, False, "Accept prompt embeddings as input.", "bool"),
+    Argument("served-model-name", MODEL, None,
+             "Name(s) the API answers to; the first one appears in responses and metrics. "
+             "Default: the --model value.", "list", convert=_names),
+    _vllm("disable-async-output-proc", MODEL, False,
+          "Do not overlap output processing with the model step.", "flag"),
+    _vllm("config-format", MODEL, "auto", "Format of the model config.", choices=("auto", "hf", "mistral")),
+    _vllm("hf-token", MODEL, None,
+          "Hugging Face token; the bare flag uses the token stored by huggingface-cli login.", "optional"),
+    Argument("hf-overrides", MODEL, {}, "Keys forced into the model's HF config (JSON object).",
+             "json", convert=_json_object),
+    _vllm("override-neuron-config", MODEL, {}, "Overrides for AWS Neuron devices.", "json"),
+    _vllm("override-pooler-config", MODEL, None, "Override pooling and normalisation of pooling models.",
+          "json"),
+    _vllm("logits-processor-pattern", MODEL, None,
+          "Regex of the logits-processor names that requests may use."),
+    _vllm("logits-processors", MODEL, None, "Logits processors loaded at start-up.", "list"),
+    Argument("generation-config", MODEL, "auto",
+             "Default sampling settings: auto reads the model's generation_config.json, vllm "
+             "uses built-in defaults, a folder path reads that folder's file. A max_new_tokens "
+             "there caps every request.", convert=_generation_config),
+    Argument("override-generation-config", MODEL, {},
+             "Sampling defaults to add or override (JSON object), e.g. {\"temperature\": 0.5}.",
+             "json", convert=_json_object),
+    _vllm("enable-sleep-mode", MODEL, False, "Let the engine release and regain device memory.", "bool"),
+    _vllm("model-impl", MODEL, "auto", "Use vLLM's model code or the Transformers one.",
+          choices=("auto", "vllm", "transformers")),
+    _vllm("override-attention-dtype", MODEL, None, "Run attention in another dtype."),
+    _vllm("quantization-param-path", MODEL, None, "JSON file of FP8 KV-cache scales."),
+    # --- LoadConfig ------------------------------------------------------------------------
+    Argument("load-format", LOAD, "auto",
+             "Weight format: auto tries safetensors, then PyTorch .bin files (and a .gguf path "
+             "means gguf); dummy uses random weights, for benchmarks.",
+             convert=_text, choices=("auto", "safetensors", "pt", "gguf", "dummy"),
+             vllm_choices=_VLLM_LOAD_FORMATS, choice_noun="load format"),
+    Argument("download-dir", LOAD, None,
+             "Folder to download weights to and load them from. Default: the HF cache.",
+             convert=_text),
+    _vllm("model-loader-extra-config", LOAD, {}, "Options for the weight loader.", "json"),
+    _vllm("ignore-patterns", LOAD, None, "Weight files to skip (globs).", "list"),
+    _vllm("use-tqdm-on-load", LOAD, True, "Show a progress bar while loading weights.", "bool"),
+    _vllm("pt-load-map-location", LOAD, "cpu", "map_location for loading .pt checkpoints."),
+    _vllm("qlora-adapter-name-or-path", LOAD, None, "Deprecated in vLLM; has no effect."),
+    # --- DecodingConfig --------------------------------------------------------------------
+    _vllm("guided-decoding-backend", DECODING, "auto", "Default structured-output backend.",
+          choices=("auto", "guidance", "lm-format-enforcer", "outlines", "xgrammar")),
+    _vllm("guided-decoding-disable-fallback", DECODING, False,
+          "Fail rather than switch structured-output backends.", "bool"),
+    _vllm("guided-decoding-disable-any-whitespace", DECODING, False,
+          "Forbid free whitespace in guided JSON.", "bool"),
+    _vllm("guided-decoding-disable-additional-properties", DECODING, False,
+          "guidance backend: forbid additionalProperties in JSON schemas.", "bool"),
+    _vllm("enable-reasoning", DECODING, None,
+          "Deprecated in vLLM (--reasoning-parser alone enables reasoning).", "bool"),
+    _vllm("reasoning-parser", DECODING, "",
+          "Parser that splits the model's reasoning into reasoning_content, e.g. deepseek_r1, qwen3."),
+    # --- ParallelConfig --------------------------------------------------------------------
+    _vllm("distributed-executor-backend", PARALLEL, None, "How worker processes are launched.",
+          choices=("ray", "mp", "uni", "external_launcher")),
+    _vllm("pipeline-parallel-size", PARALLEL, 1, "Pipeline stages.", aliases=("-pp",)),
+    _vllm("tensor-parallel-size", PARALLEL, 1, "Devices each layer is sharded across.", aliases=("-tp",)),
+    _vllm("data-parallel-size", PARALLEL, 1, "Data-parallel engine replicas.", aliases=("-dp",)),
+    _vllm("data-parallel-rank", PARALLEL, None, "Data-parallel rank of this instance.", aliases=("-dpn",)),
+    _vllm("data-parallel-start-rank", PARALLEL, None, "First data-parallel rank on a secondary node.",
+          aliases=("-dpr",)),
+    _vllm("data-parallel-size-local", PARALLEL, None, "Data-parallel replicas on this node.",
+          aliases=("-dpl",)),
+    _vllm("data-parallel-address", PARALLEL, None, "Address of the data-parallel head node.",
+          aliases=("-dpa",)),
+    _vllm("data-parallel-rpc-port", PARALLEL, None, "RPC port for data-parallel coordination.",
+          aliases=("-dpp",)),
+    _vllm("data-parallel-backend", PARALLEL, "mp", "How data-parallel replicas are launched.",
+          choices=("mp", "ray"), aliases=("-dpb",)),
+    _vllm("data-parallel-hybrid-lb", PARALLEL, False,
+          "Balance load inside each node, with an external balancer across nodes.", "bool"),
+    _vllm("enable-expert-parallel", PARALLEL, False, "Shard MoE experts with expert parallelism.", "bool"),
+    _vllm("enable-eplb", PARALLEL, False, "Balance MoE experts across ranks at run time.", "bool"),
+    _vllm("eplb-config", PARALLEL,
+          {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 0,
+           "log_balancedness": False},
+          "Expert load-balancing settings.", "json"),
+    _vllm("num-redundant-experts", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
+    _vllm("eplb-window-size", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
+    _vllm("eplb-step-interval", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
+    _vllm("eplb-log-balancedness", PARALLEL, None, "Deprecated in vLLM (use --eplb-config).", "bool"),
+    _vllm("max-parallel-loading-workers", PARALLEL, None,
+          "Load weights in this many sequential batches to save host memory."),
+    _vllm("ray-workers-use-nsight", PARALLEL, False, "Profile Ray workers with Nsight.", "bool"),
+    _vllm("disable-custom-all-reduce", PARALLEL, False, "Use the library all-reduce only.", "bool"),
+    _vllm("worker-cls", PARALLEL, "auto", "Worker class."),
+    _vllm("worker-extension-cls", PARALLEL, "", "Mixin class added to the worker."),
+    _vllm("enable-multimodal-encoder-data-parallel", PARALLEL, False,
+          "Run the vision encoder data-parallel across tensor-parallel ranks.", "flag"),
+    _vllm("worker-use-ray", PARALLEL, False,
+          "Deprecated in vLLM (use --distributed-executor-backend=ray).", "flag"),
+    # --- CacheConfig -----------------------------------------------------------------------
+    Argument("block-size", CACHE, None,
+             "Tokens per KV-cache block. Default: 16, picked by the engine.",
+             convert=_integer, choices=(1, 8, 16, 32, 64, 128)),
+    Argument("gpu-memory-utilization", CACHE, 0.9,
+             "Share of device memory (greater than 0, at most 1) this instance may use for "
+             "weights, activations and KV cache. On the CPU the KV cache size comes from "
+             f"{CPU_KVCACHE_SPACE_ENV} (GiB, default {DEFAULT_CPU_KVCACHE_SPACE_GIB:g}).",
+             convert=_fraction),
+    _vllm("swap-space", CACHE, 4, "CPU swap space per GPU, in GiB."),
+    _vllm("kv-cache-dtype", CACHE, "auto", "Storage type of the KV cache.",
+          choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")),
+    Argument("num-gpu-blocks-override", CACHE, None,
+             "Use this many KV-cache blocks instead of the number that fits in memory (for tests).",
+             convert=_integer_at_least(1)),
+    Argument("enable-prefix-caching", CACHE, None,
+             "Reuse the KV cache of shared prompt prefixes. Default: on.", "bool", convert=_boolean),
+    _vllm("prefix-caching-hash-algo", CACHE, "builtin", "Hash of prefix-cache blocks.",
+          choices=("builtin", "sha256", "sha256_cbor_64bit")),
+    _vllm("cpu-offload-gb", CACHE, 0, "GiB of weights per GPU kept in CPU memory."),
+    _vllm("calculate-kv-scales", CACHE, False, "Compute FP8 KV-cache scales at run time.", "bool"),
+    _vllm("kv-sharing-fast-prefill", CACHE, False, "Fast prefill for KV-sharing models.", "bool"),
+    _vllm("mamba-cache-dtype", CACHE, "auto", "dtype of the Mamba state cache.", choices=("auto", "float32")),
+    _vllm("mamba-ssm-cache-dtype", CACHE, "auto", "dtype of the Mamba SSM state.",
+          choices=("auto", "float32")),
+    # --- MultiModalConfig ------------------------------------------------------------------
+    _vllm("limit-mm-per-prompt", MULTIMODAL, {}, "Most images, videos or audio clips per prompt.", "json"),
+    _vllm("media-io-kwargs", MULTIMODAL, {}, "Options for loading media, per modality.", "json"),
+    _vllm("mm-processor-kwargs", MULTIMODAL, None, "Overrides for the HF multimodal processor.", "json"),
+    _vllm("mm-processor-cache-gb", MULTIMODAL, 4, "Size of the multimodal processor cache, in GiB."),
+    _vllm("disable-mm-preprocessor-cache", MULTIMODAL, False,
+          "Do not cache processed multimodal inputs.", "bool"),
+    _vllm("mm-cache-preprocessor", MULTIMODAL, False, "Cache processed multimodal inputs.", "flag"),
+    _vllm("mm-encoder-tp-mode", MULTIMODAL, "weights",
+          "With tensor parallelism, shard the vision encoder's weights or its batch.",
+          choices=("weights", "data")),
+    _vllm("interleave-mm-strings", MULTIMODAL, False, "Allow interleaved text and media.", "bool"),
+    _vllm("skip-mm-profiling", MULTIMODAL, False, "Skip multimodal memory profiling.", "bool"),
+    # --- LoRAConfig ------------------------------------------------------------------------
+    _vllm("enable-lora", LORA, None, "Serve LoRA adapters.", "bool"),
+    _vllm("enable-lora-bias", LORA, False, "Support bias terms in LoRA adapters.", "bool"),
+    _vllm("max-loras", LORA, 1, "Most distinct LoRAs in one batch."),
+    _vllm("max-lora-rank", LORA, 16, "Largest LoRA rank."),
+    _vllm("lora-extra-vocab-size", LORA, 256, "Most extra vocabulary tokens a LoRA may add."),
+    _vllm("lora-dtype", LORA, "auto", "dtype of LoRA weights.", choices=("auto", "float16", "bfloat16")),
+    _vllm("long-lora-scaling-factors", LORA, None, "Extra RoPE scaling factors for Long-LoRA.", "list"),
+    _vllm("max-cpu-loras", LORA, None, "LoRAs cached in CPU memory."),
+    _vllm("fully-sharded-loras", LORA, False, "Shard all of the LoRA computation.", "bool"),
+    _vllm("default-mm-loras", LORA, None, "LoRA applied when a given modality is present.", "json"),
+    # --- PromptAdapterConfig ---------------------------------------------------------------
+    _vllm("enable-prompt-adapter", PROMPT_ADAPTER, None, "Serve prompt adapters.", "bool"),
+    _vllm("max-prompt-adapters", PROMPT_ADAPTER, 1, "Most prompt adapters in a batch."),
+    _vllm("max-prompt-adapter-token", PROMPT_ADAPTER, 0, "Most virtual tokens in a prompt adapter."),
+    # --- SpeculativeConfig -----------------------------------------------------------------
+    _vllm("speculative-config", SPECULATIVE, None, "All speculative-decoding settings.", "json"),
+    _vllm("speculative-model", SPECULATIVE, None, "Draft model."),
+    _vllm("speculative-model-quantization", SPECULATIVE, None, "Quantization of the draft model."),
+    _vllm("num-speculative-tokens", SPECULATIVE, None, "Tokens the draft proposes per step."),
+    _vllm("speculative-disable-mqa-scorer", SPECULATIVE, False,
+          "Score drafts by batch expansion instead of MQA.", "flag"),
+    _vllm("speculative-draft-tensor-parallel-size", SPECULATIVE, None,
+          "Tensor-parallel size of the draft model.", aliases=("-spec-draft-tp",)),
+    _vllm("speculative-max-model-len", SPECULATIVE, None, "Longest sequence the draft handles."),
+    _vllm("speculative-disable-by-batch-size", SPECULATIVE, None,
+          "Stop speculating when more requests than this are queued."),
+    _vllm("ngram-prompt-lookup-max", SPECULATIVE, None, "Largest n-gram for prompt lookup."),
+    _vllm("ngram-prompt-lookup-min", SPECULATIVE, None, "Smallest n-gram for prompt lookup."),
+    _vllm("spec-decoding-acceptance-method", SPECULATIVE, "rejection_sampler",
+          "How draft tokens are accepted.", choices=("rejection_sampler", "typical_acceptance_sampler")),
+    _vllm("typical-acceptance-sampler-posterior-threshold", SPECULATIVE, 0.09,
+          "Lowest posterior probability typical acceptance accepts."),
+    _vllm("typical-acceptance-sampler-posterior-alpha", SPECULATIVE, 0.3,
+          "Entropy scaling of typical acceptance."),
+    _vllm("disable-logprobs-during-spec-decoding", SPECULATIVE, True,
+          "Skip logprobs while speculating.", "optional"),
+    # --- ObservabilityConfig ---------------------------------------------------------------
+    _vllm("show-hidden-metrics-for-version", OBSERVABILITY, None,
+          "Show metrics hidden since this version."),
+    _vllm("otlp-traces-endpoint", OBSERVABILITY, None, "OpenTelemetry endpoint for request traces."),
+    _vllm("collect-detailed-traces", OBSERVABILITY, None,
+          "Add per-module timings to traces (model, worker, all)."),
+    # --- SchedulerConfig -------------------------------------------------------------------
+    Argument("max-num-batched-tokens", SCHEDULER, None,
+             "Token budget of one scheduler step. Default: picked by the engine.",
+             convert=_integer_at_least(1)),
+    Argument("max-num-seqs", SCHEDULER, None,
+             "Most sequences in one step. Default: 256, picked by the engine.",
+             convert=_integer_at_least(1)),
+    _vllm("max-num-partial-prefills", SCHEDULER, 1, "Most prompts prefilled in chunks at once."),
+    _vllm("max-long-partial-prefills", SCHEDULER, 1, "Most long prompts prefilled in chunks at once."),
+    _vllm("long-prefill-token-threshold", SCHEDULER, 0, "Prompt length from which a prefill is long."),
+    _vllm("cuda-graph-sizes", SCHEDULER, [], "Batch sizes captured as CUDA graphs.", "list"),
+    _vllm("num-lookahead-slots", SCHEDULER, 0, "Extra KV slots per sequence for speculation."),
+    _vllm("scheduler-delay-factor", SCHEDULER, 0.0,
+          "Delay the next prompt by this factor times the last prompt's latency."),
+    _vllm("preemption-mode", SCHEDULER, None, "How preempted sequences are evicted.",
+          choices=("recompute", "swap")),
+    _vllm("num-scheduler-steps", SCHEDULER, 1, "Forward steps per scheduler call."),
+    _vllm("multi-step-stream-outputs", SCHEDULER, True, "With multi-step, stream after every step.", "bool"),
+    Argument("scheduling-policy", SCHEDULER, "fcfs",
+             "fcfs serves requests in arrival order; priority serves lower priority values "
+             "first, ties in arrival order.", convert=_text, choices=("fcfs", "priority")),
+    Argument("enable-chunked-prefill", SCHEDULER, None,
+             "Split long prompts into chunks batched with decodes. Default: on.", "bool",
+             convert=_boolean),
+    _vllm("disable-chunked-mm-input", SCHEDULER, False, "Never split one multimodal item.", "bool"),
+    _vllm("scheduler-cls", SCHEDULER, "vllm.core.scheduler.Scheduler", "Scheduler class."),
+    _vllm("disable-hybrid-kv-cache-manager", SCHEDULER, False,
+          "Same KV allocation for every layer type.", "bool"),
+    _vllm("async-scheduling", SCHEDULER, False, "Schedule asynchronously.", "bool"),
+    # --- VllmConfig ------------------------------------------------------------------------
+    _vllm("compilation-config", VLLM, {},
+          "torch.compile and CUDA-graph settings: a level 0-3 (-O3) or JSON.", "json", aliases=("-O",)),
+    _vllm("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
+    _vllm("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
+    _vllm("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),
+    # --- TokenizerPoolConfig ---------------------------------------------------------------
+    _vllm("tokenizer-pool-size", TOKENIZER_POOL, 0, "Deprecated in vLLM: size of the tokenizer pool."),
+    _vllm("tokenizer-pool-type", TOKENIZER_POOL, "ray", "Deprecated in vLLM: type of the tokenizer pool."),
+    _vllm("tokenizer-pool-extra-config", TOKENIZER_POOL, {},
+          "Deprecated in vLLM: tokenizer-pool settings.", "json"),
+    # --- DeviceConfig ----------------------------------------------------------------------
+    _vllm("device", DEVICE, "auto", "Deprecated in vLLM: the execution device.",
+          choices=("auto", "cuda", "neuron", "cpu", "openvino", "tpu", "xpu", "hpu")),
+)
+# fmt: on
+
+_BY_DEST: dict[str, Argument] = {argument.dest: argument for argument in ARGUMENTS}
+
+
+def argument(dest: str) -> Argument | None:
+    """The declaration whose snake_case name is `dest`, if any."""
+    return _BY_DEST.get(dest)
