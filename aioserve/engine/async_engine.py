@@ -36,6 +36,7 @@ from aioserve.engine.outputs import RequestMetrics, RequestOutput
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
+from aioserve.engine.stats import FinishedRequestStats, StatLogger, StepStats, finished_request_stats
 
 logger = logging.getLogger("aioserve")
 
@@ -72,6 +73,9 @@ class AsyncEngine:
         self._loop_task: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._dead: BaseException | None = None
+        self.stat_loggers: list[StatLogger] = []
+        self._finished_stats: list[FinishedRequestStats] = []
+        self._counted = (0, 0, 0)  # preemptions, prefix-cache queries and hits already reported
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -236,6 +240,7 @@ class AsyncEngine:
             self.output_processor.finish_sample(sample)
             state.changed.add(sample.index)
         self._deliver(state)
+        self._record_stats()
 
     # -- the engine loop --------------------------------------------------------------------
 
@@ -292,8 +297,13 @@ class AsyncEngine:
         touched: dict[str, RequestState] = {}
         stopped_by_text: list[str] = []
         now = time.monotonic()
+        num_prompt_tokens = num_generated = 0
+        first_token_latencies: list[float] = []
+        inter_token_latencies: list[float] = []
         for chunk in output.chunks:
             request = chunk.request
+            prompt_end = min(chunk.num_computed_tokens + chunk.num_tokens, request.num_prompt_tokens)
+            num_prompt_tokens += max(0, prompt_end - chunk.num_computed_tokens)
             new_tokens = result.sampled.get(request.request_id)
             entry = self._sample_of.get(request.request_id)
             if not new_tokens or entry is None:
@@ -309,8 +319,12 @@ class AsyncEngine:
             ):
                 request.stop_reason = sample.stop_reason
                 stopped_by_text.append(request.request_id)
+            num_generated += len(appended)
             if state.metrics.first_token_time is None:
                 state.metrics.first_token_time = now
+                first_token_latencies.append(now - state.metrics.arrival_time)
+            elif state.request_id not in touched:
+                inter_token_latencies.append(now - state.metrics.last_token_time)
             state.metrics.last_token_time = now
             state.changed.add(index)
             touched[state.request_id] = state
@@ -320,6 +334,9 @@ class AsyncEngine:
             self.output_processor.finish_sample(state.samples[index])
         for state in touched.values():
             self._deliver(state)
+        self._record_stats(
+            num_prompt_tokens, num_generated, first_token_latencies, inter_token_latencies
+        )
 
     def _deliver(self, state: RequestState) -> None:
         queue = self._queues.get(state.request_id)
@@ -331,7 +348,46 @@ class AsyncEngine:
         if item is not None:
             queue.put_nowait(item)
         if state.finished:
+            if self.stat_loggers:
+                self._finished_stats.append(
+                    finished_request_stats(state, state.metrics.finished_time)
+                )
             self._forget(state)
+
+    def _record_stats(
+        self,
+        num_prompt_tokens: int = 0,
+        num_generation_tokens: int = 0,
+        time_to_first_tokens: list[float] | None = None,
+        inter_token_latencies: list[float] | None = None,
+    ) -> None:
+        """Tell every stat logger what the last step (or abort) did."""
+        if not self.stat_loggers:
+            return
+        counters = (
+            self.scheduler.stats.num_preemptions,
+            self.kv_cache.stats.queries,
+            self.kv_cache.stats.hits,
+        )
+        preemptions, queries, hits = (a - b for a, b in zip(counters, self._counted))
+        self._counted = counters
+        stats = StepStats(
+            timestamp=time.monotonic(),
+            num_prompt_tokens=num_prompt_tokens,
+            num_generation_tokens=num_generation_tokens,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv_cache.usage,
+            num_preemptions=preemptions,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            time_to_first_tokens=time_to_first_tokens or [],
+            inter_token_latencies=inter_token_latencies or [],
+            finished=self._finished_stats,
+        )
+        self._finished_stats = []
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(stats)
 
     def _fail_requests(self, output: SchedulerOutput, error: Exception) -> None:
         """End every request that had a sequence in the failed step, with the error."""

@@ -286,3 +286,45 @@ def test_skip_tokenizer_init_takes_and_returns_token_ids_only(smollm2_gguf):
             run(collect(bare, {"prompt_token_ids": [1, 2]}, SamplingParams(stop=["x"]), "stop"))
     finally:
         run(bare.shutdown())
+
+
+class RecordingStatLogger:
+    def __init__(self) -> None:
+        self.steps = []
+
+    def record(self, stats) -> None:
+        self.steps.append(stats)
+
+
+def test_step_stats_add_up_to_what_was_generated(engine):
+    recorder = RecordingStatLogger()
+    engine.stat_loggers.append(recorder)
+    prompts = {"s1": "The capital of Italy is", "s2": "Water boils at"}
+    params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
+
+    async def both():
+        outs = await asyncio.gather(*(collect(engine, p, params, rid) for rid, p in prompts.items()))
+        agen = engine.generate("Count: one, two,", SamplingParams(max_tokens=50), "s3")
+        await agen.__anext__()
+        await agen.aclose()  # aborts s3 between steps
+        return outs
+
+    try:
+        outs = run(both())
+    finally:
+        engine.stat_loggers.remove(recorder)
+    steps = recorder.steps
+    prompt_lens = [len(o[-1].prompt_token_ids) for o in outs]
+    assert sum(s.num_generation_tokens for s in steps) == 2 * 7 + 1
+    assert sum(s.num_prompt_tokens for s in steps) >= sum(prompt_lens)
+    assert sum(len(s.time_to_first_tokens) for s in steps) == 3
+    assert sum(len(s.inter_token_latencies) for s in steps) == 2 * 6
+    finished = {f.finish_reason: f for s in steps for f in s.finished}
+    assert sorted(f.finish_reason for s in steps for f in s.finished) == ["abort", "length", "length"]
+    length = finished["length"]
+    assert length.num_generation_tokens == 7 and length.max_tokens_param == 7 and length.n == 1
+    assert length.e2e_latency >= length.inference_time >= length.decode_time > 0
+    assert length.mean_time_per_output_token == pytest.approx(length.decode_time / 6)
+    assert finished["abort"].num_generation_tokens == 1
+    last = steps[-1]
+    assert (last.num_running, last.num_waiting, last.kv_cache_usage) == (0, 0, 0.0)

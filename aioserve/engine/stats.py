@@ -1,0 +1,111 @@
+"""What the engine tells its observers after each step: token counts, queue state, latencies.
+
+The engine builds one `StepStats` after every model step (and after an abort, which can
+end requests between steps) and hands it to each registered `StatLogger`. The server's
+Prometheus metrics and its periodic log line are such observers; the engine itself knows
+nothing about either. Times are seconds from `time.monotonic`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from aioserve.engine.output_processor import RequestState
+
+
+@dataclass(frozen=True)
+class FinishedRequestStats:
+    """One user request that ended (all its n samples), with the phases of its life."""
+
+    finish_reason: str
+    """"stop", "length" or "abort"; for n > 1, "abort" if any sample was aborted, else the first's."""
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    """Output tokens of all samples together."""
+    max_tokens_param: int | None
+    """The request's `max_tokens` as sent (None when it left it out)."""
+    max_num_generation_tokens: int
+    """The largest number of output tokens any one sample was allowed."""
+    n: int
+    num_cached_tokens: int
+    """Prompt tokens served from the prefix cache."""
+    num_preemptions: int
+    e2e_latency: float
+    """Arrival to end."""
+    queued_time: float
+    """Arrival to first scheduled."""
+    prefill_time: float
+    """First scheduled to first token."""
+    decode_time: float
+    """First token to last token."""
+    inference_time: float
+    """First scheduled to last token."""
+    mean_time_per_output_token: float | None
+    """decode_time over the tokens after the first; None with fewer than two tokens."""
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step (or an abort between steps) and the engine's state after it."""
+
+    timestamp: float
+    num_prompt_tokens: int
+    """Prompt tokens computed in this step (a preempted prompt counts again when recomputed)."""
+    num_generation_tokens: int
+    """Tokens sampled in this step and kept as output."""
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    """Share of KV blocks in use, 0..1."""
+    num_preemptions: int
+    """Sequences preempted in this step."""
+    prefix_cache_queries: int
+    """Prompt tokens looked up in the prefix cache in this step."""
+    prefix_cache_hits: int
+    """Of those, the tokens found."""
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    """Arrival to first token, for each request that got its first token in this step."""
+    inter_token_latencies: list[float] = field(default_factory=list)
+    """Time since the previous token, for each request that got another token."""
+    finished: list[FinishedRequestStats] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the step ran through the model: vLLM's iteration tokens."""
+        return self.num_prompt_tokens + self.num_generation_tokens
+
+
+class StatLogger(Protocol):
+    """An observer of engine steps. `record` runs on the event loop: it must be quick."""
+
+    def record(self, stats: StepStats) -> None: ...
+
+
+def finished_request_stats(state: RequestState, now: float) -> FinishedRequestStats:
+    """The statistics of a request whose samples have all finished at `now`."""
+    m = state.metrics
+    reasons = [s.finish_reason or "abort" for s in state.samples]
+    scheduled = m.first_scheduled_time if m.first_scheduled_time is not None else now
+    first_token = m.first_token_time if m.first_token_time is not None else now
+    last_token = m.last_token_time if m.last_token_time is not None else first_token
+    num_generated = sum(s.request.num_output_tokens for s in state.samples)
+    decode_time = last_token - first_token
+    per_sample = max(s.request.num_output_tokens for s in state.samples)
+    return FinishedRequestStats(
+        finish_reason="abort" if "abort" in reasons else reasons[0],
+        num_prompt_tokens=len(state.prompt_token_ids),
+        num_generation_tokens=num_generated,
+        max_tokens_param=state.params.max_tokens,
+        max_num_generation_tokens=max(s.request.max_tokens for s in state.samples),
+        n=len(state.samples),
+        num_cached_tokens=state.num_cached_tokens,
+        num_preemptions=sum(s.request.num_preemptions for s in state.samples),
+        e2e_latency=now - m.arrival_time,
+        queued_time=scheduled - m.arrival_time,
+        prefill_time=first_token - scheduled,
+        decode_time=decode_time,
+        inference_time=last_token - scheduled,
+        mean_time_per_output_token=decode_time / (per_sample - 1) if per_sample > 1 else None,
+    )
