@@ -1,0 +1,65 @@
+"""OpenAI-shaped errors: one exception type for every refusal, one JSON body for all of them.
+
+Handlers raise `APIError`; the error middleware turns it (and anything unexpected) into
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": <status>}}
+
+with the matching HTTP status. Parameter errors say which field and which value, the way
+vLLM words them: "... (parameter=max_tokens, value=-1)".
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+_ERROR_TYPES = {
+    HTTPStatus.BAD_REQUEST: "BadRequestError",
+    HTTPStatus.UNAUTHORIZED: "AuthenticationError",
+    HTTPStatus.NOT_FOUND: "NotFoundError",
+    HTTPStatus.METHOD_NOT_ALLOWED: "MethodNotAllowed",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "RequestTooLarge",
+    HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
+    HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
+}
+
+
+class APIError(Exception):
+    """A request the server refuses, with the HTTP status and the OpenAI error fields."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = HTTPStatus.BAD_REQUEST,
+        *,
+        param: str | None = None,
+        error_type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = int(status)
+        self.param = param
+        self.error_type = error_type or _ERROR_TYPES.get(HTTPStatus(self.status), "APIError")
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+    def response(self) -> web.Response:
+        return web.Response(
+            body=orjson.dumps(self.body()), status=self.status, content_type="application/json"
+        )
+
+
+def bad_parameter(param: str, value: Any, reason: str) -> APIError:
+    """A 400 naming the field and its value: "<reason> (parameter=<param>, value=<value>)"."""
+    return APIError(f"{reason} (parameter={param}, value={value})", param=param)
