@@ -10,11 +10,14 @@ vLLM words them: "... (parameter=max_tokens, value=-1)".
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+logger = logging.getLogger("aioserve.server")
 
 _ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
@@ -63,3 +66,19 @@ class APIError(Exception):
 def bad_parameter(param: str, value: Any, reason: str) -> APIError:
     """A 400 naming the field and its value: "<reason> (parameter=<param>, value=<value>)"."""
     return APIError(f"{reason} (parameter={param}, value={value})", param=param)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Answer an APIError with its JSON body; anything unexpected becomes a logged 500."""
+    try:
+        return await handler(request)
+    except APIError as error:
+        return error.response()
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return APIError(error.reason, error.status).response()
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return APIError("internal server error", HTTPStatus.INTERNAL_SERVER_ERROR).response()
