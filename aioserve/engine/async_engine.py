@@ -36,7 +36,12 @@ from aioserve.engine.outputs import RequestMetrics, RequestOutput
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
-from aioserve.engine.stats import FinishedRequestStats, StatLogger, StepStats, finished_request_stats
+from aioserve.engine.stats import (
+    FinishedRequestStats,
+    StatLogger,
+    StepStats,
+    finished_request_stats,
+)
 
 logger = logging.getLogger("aioserve")
 
@@ -302,7 +307,9 @@ class AsyncEngine:
         inter_token_latencies: list[float] = []
         for chunk in output.chunks:
             request = chunk.request
-            prompt_end = min(chunk.num_computed_tokens + chunk.num_tokens, request.num_prompt_tokens)
+            prompt_end = min(
+                chunk.num_computed_tokens + chunk.num_tokens, request.num_prompt_tokens
+            )
             num_prompt_tokens += max(0, prompt_end - chunk.num_computed_tokens)
             new_tokens = result.sampled.get(request.request_id)
             entry = self._sample_of.get(request.request_id)
@@ -417,6 +424,11 @@ class AsyncEngine:
     @property
     def num_unfinished_requests(self) -> int:
         return len(self._states)
+
+    @property
+    def is_dead(self) -> bool:
+        """True once the engine loop stopped after an unexpected error: no request can run."""
+        return self._dead is not None
 
     async def stop_loop(self) -> None:
         """Stop the scheduler coroutine; the next request starts it again."""

@@ -27,7 +27,7 @@ class FinishedRequestStats:
     max_tokens_param: int | None
     """The request's `max_tokens` as sent (None when it left it out)."""
     max_num_generation_tokens: int
-    """The largest number of output tokens any one sample was allowed."""
+    """The most output tokens one sample generated (vLLM's request_max_num_generation_tokens)."""
     n: int
     num_cached_tokens: int
     """Prompt tokens served from the prefix cache."""
@@ -98,7 +98,7 @@ def finished_request_stats(state: RequestState, now: float) -> FinishedRequestSt
         num_prompt_tokens=len(state.prompt_token_ids),
         num_generation_tokens=num_generated,
         max_tokens_param=state.params.max_tokens,
-        max_num_generation_tokens=max(s.request.max_tokens for s in state.samples),
+        max_num_generation_tokens=per_sample,
         n=len(state.samples),
         num_cached_tokens=state.num_cached_tokens,
         num_preemptions=sum(s.request.num_preemptions for s in state.samples),

@@ -303,7 +303,9 @@ def test_step_stats_add_up_to_what_was_generated(engine):
     params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
 
     async def both():
-        outs = await asyncio.gather(*(collect(engine, p, params, rid) for rid, p in prompts.items()))
+        outs = await asyncio.gather(
+            *(collect(engine, p, params, rid) for rid, p in prompts.items())
+        )
         agen = engine.generate("Count: one, two,", SamplingParams(max_tokens=50), "s3")
         await agen.__anext__()
         await agen.aclose()  # aborts s3 between steps
@@ -320,7 +322,11 @@ def test_step_stats_add_up_to_what_was_generated(engine):
     assert sum(len(s.time_to_first_tokens) for s in steps) == 3
     assert sum(len(s.inter_token_latencies) for s in steps) == 2 * 6
     finished = {f.finish_reason: f for s in steps for f in s.finished}
-    assert sorted(f.finish_reason for s in steps for f in s.finished) == ["abort", "length", "length"]
+    assert sorted(f.finish_reason for s in steps for f in s.finished) == [
+        "abort",
+        "length",
+        "length",
+    ]
     length = finished["length"]
     assert length.num_generation_tokens == 7 and length.max_tokens_param == 7 and length.n == 1
     assert length.e2e_latency >= length.inference_time >= length.decode_time > 0

@@ -1,0 +1,88 @@
+"""The periodic engine stats line, worded as vLLM words it, every 10 seconds.
+
+    Engine 000: Avg prompt throughput: 52.3 tokens/s, Avg generation throughput: 104.1
+    tokens/s, Running: 4 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%, Prefix cache hit
+    rate: 12.5%
+
+`StatsLine` is a `StatLogger`: the engine feeds it every step; `StatsLine.run` logs the line
+every `STATS_LOG_INTERVAL_S` (vLLM's VLLM_LOG_STATS_INTERVAL default). As in vLLM, an idle
+server stays quiet: the line goes out at INFO while there is activity and once more after
+it stops (with zero throughput), then at DEBUG. The server turns it off with
+`--disable-log-stats`. The wording is vLLM's, "GPU" included, so that log parsers written
+for vLLM read it.
+
+Throughputs are averages since the previous line. Running, waiting and KV usage are as of
+the latest step. The prefix-cache hit rate is over the lookups of the last
+`PREFIX_HIT_RATE_WINDOW` steps that made any (vLLM also reports a recent, not a lifetime,
+rate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+
+from aioserve.engine.stats import StepStats
+
+logger = logging.getLogger("aioserve.stats")
+
+STATS_LOG_INTERVAL_S = 10.0
+PREFIX_HIT_RATE_WINDOW = 1000
+
+
+class StatsLine:
+    """Accumulates engine steps and logs vLLM's periodic stats line."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self._last_log_time = time.monotonic() if now is None else now
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._latest: StepStats | None = None
+        self._lookups: deque[tuple[int, int]] = deque(maxlen=PREFIX_HIT_RATE_WINDOW)
+        self._last_throughputs = (0.0, 0.0)
+
+    def record(self, stats: StepStats) -> None:
+        """Count one engine step (or abort) towards the next line."""
+        self._prompt_tokens += stats.num_prompt_tokens
+        self._generation_tokens += stats.num_generation_tokens
+        self._latest = stats
+        if stats.prefix_cache_queries:
+            self._lookups.append((stats.prefix_cache_queries, stats.prefix_cache_hits))
+
+    def log(self, now: float | None = None) -> None:
+        """Log the line for the time since the previous one and start a new interval."""
+        now = time.monotonic() if now is None else now
+        elapsed = max(now - self._last_log_time, 1e-9)
+        prompt_throughput = self._prompt_tokens / elapsed
+        generation_throughput = self._generation_tokens / elapsed
+        latest = self._latest
+        running = latest.num_running if latest else 0
+        waiting = latest.num_waiting if latest else 0
+        kv_usage = latest.kv_cache_usage if latest else 0.0
+        queries = sum(q for q, _ in self._lookups)
+        hit_rate = sum(h for _, h in self._lookups) / queries if queries else 0.0
+        active = running or waiting or prompt_throughput or generation_throughput
+        level = logging.INFO if active or any(self._last_throughputs) else logging.DEBUG
+        logger.log(
+            level,
+            "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: "
+            "%.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
+            "Prefix cache hit rate: %.1f%%",
+            prompt_throughput,
+            generation_throughput,
+            running,
+            waiting,
+            kv_usage * 100,
+            hit_rate * 100,
+        )
+        self._last_log_time = now
+        self._prompt_tokens = self._generation_tokens = 0
+        self._last_throughputs = (prompt_throughput, generation_throughput)
+
+    async def run(self, interval: float = STATS_LOG_INTERVAL_S) -> None:
+        """Log the line every `interval` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            self.log()
