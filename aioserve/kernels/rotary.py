@@ -203,18 +203,22 @@ def _rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) 
     """Rotate x [T, heads, head_size] by cos/sin [T, 1, rotary_dim/2]."""
     rotary_dim = 2 * cos.shape[-1]
     x_f32 = x.float()
-    rotated = x_f32[..., :rotary_dim]
+    out = torch.empty_like(x_f32)
+    if rotary_dim < x.shape[-1]:
+        out[..., rotary_dim:] = x_f32[..., rotary_dim:]
+    rotated, target = x_f32[..., :rotary_dim], out[..., :rotary_dim]
     if is_neox_style:
         x1, x2 = rotated.chunk(2, dim=-1)
+        out1, out2 = target.chunk(2, dim=-1)
     else:
         x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
-    out1 = x1 * cos - x2 * sin
-    out2 = x2 * cos + x1 * sin
-    if is_neox_style:
-        rotated = torch.cat((out1, out2), dim=-1)
-    else:
-        rotated = torch.stack((out1, out2), dim=-1).flatten(-2)
-    return torch.cat((rotated, x_f32[..., rotary_dim:]), dim=-1).to(x.dtype)
+        out1, out2 = target[..., 0::2], target[..., 1::2]
+    # Written in place, a pass per product: these run on every token of every layer.
+    torch.mul(x1, cos, out=out1)
+    out1.sub_(x2 * sin)
+    torch.mul(x2, cos, out=out2)
+    out2.add_(x1 * sin)
+    return out.to(x.dtype)
 
 
 def apply_rotary_reference(
