@@ -2,8 +2,9 @@
 
 Unit tests feed hand-made StepStats to the loggers and read the exposition back with
 prometheus-client's parser; the reference for names, types, help texts and buckets is the
-/metrics page of a real vLLM 0.32 (shared/reference/vllm_samples/24_metrics.txt). One
-end-to-end test serves /metrics over HTTP in front of a real engine on the default model.
+/metrics page of a real vLLM 0.32 (vllm_samples/24_metrics.txt, copied from
+shared/reference/). One end-to-end test serves /metrics over HTTP in front of a real
+engine on the default model.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from aioserve.server.metrics import (
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.stats_log import StatsLine
 
-VLLM_METRICS = Path("/work/shared/reference/vllm_samples/24_metrics.txt")
+VLLM_METRICS = Path(__file__).parent / "vllm_samples" / "24_metrics.txt"
 MODEL = "m"
 
 
