@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -144,6 +145,71 @@ def _generation_config(value: Any) -> str:
     return text
 
 
+def _port(value: Any) -> int:
+    number = _integer(value)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"must be a TCP port from 0 to 65535, got {number}")
+    return number
+
+
+def _seconds(value: Any) -> float:
+    """A non-negative number of seconds."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"must be a number of seconds, 0 or more, got {value!r}")
+    return number
+
+
+def _json_names(value: Any) -> list[str]:
+    """A list of strings, given as a list or as JSON text: '["GET", "POST"]'."""
+    names = value
+    if isinstance(value, str):
+        try:
+            names = json.loads(value)
+        except json.JSONDecodeError:
+            names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f'must be a JSON list of strings such as ["a", "b"], got {value!r}')
+    return list(names)
+
+
+_CERT_REQS = {"CERT_NONE": 0, "CERT_OPTIONAL": 1, "CERT_REQUIRED": 2}
+
+
+def _cert_reqs(value: Any) -> int:
+    """Python's ssl.CERT_NONE/OPTIONAL/REQUIRED, as 0/1/2 or by name."""
+    if isinstance(value, str) and value.strip().upper() in _CERT_REQS:
+        return _CERT_REQS[value.strip().upper()]
+    try:
+        number = _integer(value)
+    except ValueError:
+        number = -1
+    if number not in _CERT_REQS.values():
+        raise ValueError(
+            f"must be 0, 1 or 2 (CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED), got {value!r}"
+        )
+    return number
+
+
+def _root_path(value: Any) -> str:
+    text = _text(value)
+    if not text.startswith("/"):
+        raise ValueError(f"must start with '/', got {text!r}")
+    return text.rstrip("/")
+
+
+def _import_paths(value: Any) -> list[str]:
+    """Dotted import paths such as "package.module.name" (checked when the server imports them)."""
+    paths = _names(value)
+    for path in paths:
+        if "." not in path.strip("."):
+            raise ValueError(f"must be import paths such as package.module.name, got {path!r}")
+    return paths
+
+
 # ---------------------------------------------------------------------------------------
 # The declarations.
 # ---------------------------------------------------------------------------------------
@@ -260,54 +326,90 @@ _VLLM_LOAD_FORMATS = (
 
 # fmt: off
 ARGUMENTS: tuple[Argument, ...] = (
-    # --- Frontend (the HTTP server; the server step implements these) --------------------
-    _vllm("host", FRONTEND, None, "Address the HTTP server binds to (default: all interfaces)."),
-    _vllm("port", FRONTEND, 8000, "TCP port of the HTTP server."),
-    _vllm("uvicorn-log-level", FRONTEND, "info", "Log level of the HTTP layer.",
-          choices=("debug", "info", "warning", "error", "critical", "trace")),
-    _vllm("disable-uvicorn-access-log", FRONTEND, False, "Do not log one line per HTTP request.", "flag"),
-    _vllm("allow-credentials", FRONTEND, False, "CORS: allow cookies and authorization headers.", "flag"),
-    _vllm("allowed-origins", FRONTEND, ["*"], "CORS: allowed origins (a JSON list)."),
-    _vllm("allowed-methods", FRONTEND, ["*"], "CORS: allowed HTTP methods (a JSON list)."),
-    _vllm("allowed-headers", FRONTEND, ["*"], "CORS: allowed request headers (a JSON list)."),
-    _vllm("api-key", FRONTEND, None,
-          "Require this key in the Authorization header of API requests (env VLLM_API_KEY does the same)."),
+    # --- Frontend (the HTTP server, aioserve.server) -----------------------------------------
+    Argument("host", FRONTEND, None, "Address the HTTP server binds to. Default: all interfaces.",
+             convert=_text),
+    Argument("port", FRONTEND, 8000, "TCP port of the HTTP server (0: any free port).",
+             convert=_port),
+    Argument("uvicorn-log-level", FRONTEND, "info",
+             "Log level of the HTTP layer (aiohttp and the access log); trace means debug.",
+             convert=_text, choices=("debug", "info", "warning", "error", "critical", "trace")),
+    Argument("disable-uvicorn-access-log", FRONTEND, False,
+             "Do not log one line per HTTP request.", "flag", convert=_boolean),
+    Argument("allow-credentials", FRONTEND, False,
+             "CORS: allow cookies and authorization headers.", "flag", convert=_boolean),
+    Argument("allowed-origins", FRONTEND, ["*"], "CORS: allowed origins (a JSON list).",
+             convert=_json_names),
+    Argument("allowed-methods", FRONTEND, ["*"], "CORS: allowed HTTP methods (a JSON list).",
+             convert=_json_names),
+    Argument("allowed-headers", FRONTEND, ["*"], "CORS: allowed request headers (a JSON list).",
+             convert=_json_names),
+    Argument("api-key", FRONTEND, None,
+             "Require 'Authorization: Bearer <key>' on the /v1 routes (the environment "
+             "variable VLLM_API_KEY does the same when this is not given).", convert=_text),
     _vllm("lora-modules", FRONTEND, None,
           "LoRA adapters loaded at start, as name=path or JSON, each served under its own model name.", "list"),
     _vllm("prompt-adapters", FRONTEND, None, "Prompt adapters loaded at start, as name=path.", "list"),
-    _vllm("chat-template", FRONTEND, None, "Chat template file, or the template itself on one line."),
-    _vllm("chat-template-content-format", FRONTEND, "auto",
-          "Give message content to the template as a string or as a list of OpenAI parts.",
-          choices=("auto", "string", "openai")),
-    _vllm("response-role", FRONTEND, "assistant",
-          "Role of the reply when the request sets add_generation_prompt."),
-    _vllm("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM)."),
-    _vllm("ssl-certfile", FRONTEND, None, "TLS certificate file."),
-    _vllm("ssl-ca-certs", FRONTEND, None, "CA certificates for checking client certificates."),
-    _vllm("ssl-cert-reqs", FRONTEND, 0, "Whether clients must present a certificate (Python ssl constants)."),
+    Argument("chat-template", FRONTEND, None,
+             "Chat template file, or the template itself on one line. Default: the tokenizer's.",
+             convert=_text),
+    Argument("chat-template-content-format", FRONTEND, "auto",
+             "Give message content to the template as a string or as a list of OpenAI parts.",
+             convert=_text, choices=("auto", "string", "openai")),
+    Argument("response-role", FRONTEND, "assistant",
+             "Role of the reply when the request sets add_generation_prompt.", convert=_text),
+    Argument("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM).", convert=_text),
+    Argument("ssl-certfile", FRONTEND, None,
+             "TLS certificate file (PEM); serves HTTPS when given.", convert=_text),
+    Argument("ssl-ca-certs", FRONTEND, None,
+             "CA certificates for checking client certificates.", convert=_text),
+    Argument("ssl-cert-reqs", FRONTEND, 0,
+             "Whether clients must present a certificate: 0 (CERT_NONE), 1 (CERT_OPTIONAL) or "
+             "2 (CERT_REQUIRED), as Python's ssl constants.", convert=_cert_reqs),
     _vllm("enable-ssl-refresh", FRONTEND, False, "Reload TLS files when they change.", "flag"),
-    _vllm("root-path", FRONTEND, None, "URL prefix when served behind a path-routing proxy."),
-    _vllm("middleware", FRONTEND, [], "Extra HTTP middleware, as an import path; repeatable.", "append"),
-    _vllm("return-tokens-as-token-ids", FRONTEND, False,
-          "Write logprob tokens as 'token_id:{id}' so that any token can be identified.", "flag"),
-    _vllm("disable-frontend-multiprocessing", FRONTEND, False,
-          "Run the API server in the engine's process.", "flag"),
-    _vllm("enable-request-id-headers", FRONTEND, False, "Add an X-Request-Id header to every response.", "flag"),
+    Argument("root-path", FRONTEND, None,
+             "URL prefix when served behind a path-routing proxy: every route answers with "
+             "and without it, and the OpenAPI schema names it.", convert=_root_path),
+    Argument("middleware", FRONTEND, [],
+             "Extra HTTP middleware, as the import path of an aiohttp middleware "
+             "(async (request, handler) -> response); repeatable.", "append",
+             convert=_import_paths),
+    Argument("return-tokens-as-token-ids", FRONTEND, False,
+             "Write logprob tokens as 'token_id:{id}' so that any token can be identified.", "flag",
+             convert=_boolean),
+    Argument("disable-frontend-multiprocessing", FRONTEND, False,
+             "Run the API server in the engine's process; aioserve always does.", "flag",
+             convert=_boolean),
+    Argument("enable-request-id-headers", FRONTEND, False,
+             "Add an X-Request-Id header to every response: the client's, or a new one.", "flag",
+             convert=_boolean),
     _vllm("enable-auto-tool-choice", FRONTEND, False,
           "Allow tool_choice='auto' (needs --tool-call-parser).", "flag"),
     _vllm("tool-call-parser", FRONTEND, None,
           "Parser that turns model output into OpenAI tool calls, e.g. hermes, llama3_json, mistral."),
     _vllm("tool-parser-plugin", FRONTEND, "", "Python file that registers more tool-call parsers."),
-    _vllm("enable-prompt-tokens-details", FRONTEND, False,
-          "Report prompt_tokens_details in the usage block.", "flag"),
-    _vllm("enable-server-load-tracking", FRONTEND, False, "Count the requests in flight.", "flag"),
-    _vllm("disable-fastapi-docs", FRONTEND, False, "Hide the OpenAPI schema and documentation pages.", "flag"),
-    _vllm("max-log-len", FRONTEND, None, "Cut logged prompts to this many characters or token ids."),
-    _vllm("disable-log-stats", FRONTEND, False, "Do not log engine statistics periodically.", "flag",
-          keyword=True),
-    _vllm("disable-log-requests", FRONTEND, False,
-          "Deprecated in vLLM: do not log each request (logging is now opt-in).", "bool"),
-    _vllm("enable-log-requests", FRONTEND, False, "Log each request.", "bool"),
+    Argument("enable-prompt-tokens-details", FRONTEND, False,
+             "Report prompt_tokens_details in the usage block.", "flag", convert=_boolean),
+    Argument("enable-server-load-tracking", FRONTEND, False,
+             "Count the requests in flight and report them at GET /load.", "flag",
+             convert=_boolean),
+    Argument("disable-fastapi-docs", FRONTEND, False,
+             "Hide the OpenAPI schema (/openapi.json) and the documentation page (/docs).", "flag",
+             convert=_boolean),
+    Argument("max-log-len", FRONTEND, None,
+             "Cut logged requests to this many characters. Default: no limit.",
+             convert=_integer_at_least(0)),
+    Argument("disable-log-stats", FRONTEND, False,
+             "Do not log engine statistics periodically.", "flag", keyword=True, convert=_boolean),
+    Argument("disable-log-requests", FRONTEND, False,
+             "Deprecated in vLLM: do not log requests (they are logged only with "
+             "--enable-log-requests).",
+             "bool", convert=_boolean),
+    Argument("enable-log-requests", FRONTEND, False, "Log each request.", "bool", convert=_boolean),
+    Argument("shutdown-timeout", FRONTEND, 30.0,
+             "On SIGTERM or SIGINT, answer new requests with 503 and let the requests in flight "
+             "finish for up to this many seconds before exiting; 0 aborts them at once "
+             "(vLLM's default). A second signal stops at once.", convert=_seconds),
     _vllm("headless", FRONTEND, False,
           "Run the engine without an API server (secondary data-parallel node).", "flag"),
     _vllm("use-v2-block-manager", FRONTEND, True, "Deprecated in vLLM; has no effect.", "flag"),

@@ -5,7 +5,9 @@ group, its default, its help text, how it is spelled on the command line (`kind`
 for the arguments aioserve implements, the function that checks and converts its value.
 From these declarations come, here, the argparse options (`add_engine_arguments`), the
 `--help` text, and the validation shared by the command line (`engine_config_from_args`) and the Python
-API (`engine_config_from_kwargs`, behind `LLM(**kwargs)`).
+API (`engine_config_from_kwargs`, behind `LLM(**kwargs)`). The HTTP server's own arguments
+(vLLM's Frontend group) are not part of the EngineConfig: `frontend_options_from_args` gives
+them to the server as a plain mapping.
 
 Arguments aioserve does not implement yet are still declared, so that the parser knows
 them: setting one (on the command line, in a `--config` file, or as a keyword) is refused
@@ -265,6 +267,23 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     _refuse_unsupported([a.spelling for a, _ in given if not a.supported])
     values = {a.dest: _convert(a, value, a.flag) for a, value in given}
     return _build(values)
+
+
+def frontend_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The HTTP server's options: every supported Frontend argument's dest -> its value.
+
+    Values given on the command line (or in `--config`) are checked and converted as in
+    `engine_config_from_args`; the others take their declared default. Raises ConfigError
+    for an invalid value. Unsupported Frontend arguments are refused by
+    `engine_config_from_args`, which a command calls first.
+    """
+    return {
+        a.dest: _convert(a, getattr(args, a.dest), a.flag)
+        if hasattr(args, a.dest)
+        else copy.deepcopy(a.default)
+        for a in ARGUMENTS
+        if a.group == FRONTEND and a.supported
+    }
 
 
 def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:

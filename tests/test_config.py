@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from aioserve.arguments import ARGUMENTS
+from aioserve.arguments import ARGUMENTS, FRONTEND
 from aioserve.config import (
     UNSUPPORTED_GROUP_TITLE,
     ConfigError,
@@ -117,15 +117,16 @@ def test_supported_flag_sets_its_field(argv, path, expected):
     assert type(value) is type(expected)
 
 
-def test_every_supported_argument_is_tested_and_fills_a_field():
+def test_every_supported_engine_argument_is_tested_and_fills_a_field():
+    # The Frontend arguments are the HTTP server's (tests/server/test_serve_command.py).
+    engine_arguments = [a for a in ARGUMENTS if a.supported and a.group != FRONTEND]
     tested = {argv[0] for argv, _, _ in SUPPORTED_FLAGS}
-    for argument in ARGUMENTS:
-        if argument.supported:
-            assert argument.flag in tested
+    for argument in engine_arguments:
+        assert argument.flag in tested
     config = engine_config_from_kwargs()
     sections = (config.model, config.load, config.cache, config.scheduler)
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
-    assert fields == {a.dest for a in ARGUMENTS if a.supported} | {"cpu_kvcache_space_bytes"}
+    assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}
 
 
 def test_tokenizer_follows_model_unless_given():
@@ -222,9 +223,8 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
     [
         (["-tp", "2"], "--tensor-parallel-size (-tp)"),
         (["--tensor-parallel-size", "1"], "--tensor-parallel-size (-tp)"),  # vLLM's default too
-        (["--port", "8000"], "--port"),
-        (["--host", "0.0.0.0"], "--host"),
-        (["--api-key", "k"], "--api-key"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
+        (["--tool-call-parser", "hermes"], "--tool-call-parser"),
         (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
         (["--enable-lora"], "--enable-lora"),
         (["--no-enable-lora"], "--enable-lora"),
@@ -234,7 +234,7 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
         (["--use-v2-block-manager"], "--use-v2-block-manager"),
         (["--hf-token"], "--hf-token"),
         (["--lora-modules", "a=/x", "b=/y"], "--lora-modules"),
-        (["--middleware", "m.one", "--middleware", "m.two"], "--middleware"),
+        (["--prompt-adapters", "a=/x"], "--prompt-adapters"),
         (["--max-num-partial-prefills", "2"], "--max-num-partial-prefills"),
     ],
 )
@@ -294,7 +294,7 @@ def test_help_lists_supported_groups_then_the_unsupported_ones():
     ]
     assert positions == sorted(positions)
     unsupported_part = text[positions[-1] :]
-    for flag in ("--tensor-parallel-size", "--port", "--kv-cache-dtype", "--device", "--task"):
+    for flag in ("--tensor-parallel-size", "--headless", "--kv-cache-dtype", "--device", "--task"):
         assert flag in unsupported_part
     assert "--max-num-seqs" not in unsupported_part
     assert "(default: 0.9)" in " ".join(text.split())
@@ -365,7 +365,7 @@ def test_frontend_names_are_not_engine_kwargs():
 
 
 @pytest.mark.parametrize(
-    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "disable_log_stats"]
+    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "kv_cache_dtype"]
 )
 def test_unsupported_kwargs_raise_value_error_naming_them(name):
     with pytest.raises(

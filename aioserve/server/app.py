@@ -1,0 +1,94 @@
+"""The aiohttp application: middlewares, routes and hooks, put together from a ServerState.
+
+`build_app(state)` is the one place where the server's parts meet: the middlewares
+(middlewares.py, in the order described there), this module's routes (routes.py), the
+OpenAI generation routes (openai_routes.py), the metrics (metrics.py) and the schema and
+docs pages (openapi.py). `serve.py` runs the app; tests run it in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from aiohttp import web
+
+from aioserve.config import frontend_options_from_args
+from aioserve.server.errors import error_middleware
+from aioserve.server.metrics import add_metrics
+from aioserve.server.middlewares import (
+    IN_FLIGHT,
+    MAX_REQUEST_BODY_BYTES,
+    CorsPolicy,
+    RequestsInFlight,
+    api_key_middleware,
+    configured_api_key,
+    cors_preflight_middleware,
+    cors_response_hook,
+    drain_middleware,
+    import_middlewares,
+    request_id_hook,
+    request_log_middleware,
+    route_error_middleware,
+)
+from aioserve.server.openai_routes import add_openai_routes
+from aioserve.server.openapi import add_docs_routes
+from aioserve.server.routes import add_routes
+from aioserve.server.state import STATE, ServerState
+
+
+def build_app(state: ServerState) -> web.Application:
+    """The app serving `state.engine` with the frontend options in `state.options`.
+
+    Options missing from `state.options` take their declared defaults (and are filled in
+    there, so that every handler sees the complete set). Raises ConfigError when a
+    --middleware import path cannot be imported.
+    """
+    state.options = {**frontend_options_from_args(argparse.Namespace()), **state.options}
+    options = state.options
+    root_path = options["root_path"]
+    in_flight = RequestsInFlight()
+    cors = CorsPolicy(
+        options["allowed_origins"],
+        options["allowed_methods"],
+        options["allowed_headers"],
+        options["allow_credentials"],
+    )
+    middlewares = [
+        error_middleware,
+        *import_middlewares(options["middleware"]),
+        drain_middleware(lambda: state.draining, in_flight, root_path),
+        cors_preflight_middleware(cors),
+    ]
+    api_key = configured_api_key(options)
+    if api_key:
+        middlewares.append(api_key_middleware(api_key, root_path))
+    middlewares.append(route_error_middleware)
+    if options["enable_log_requests"] and not options["disable_log_requests"]:
+        middlewares.append(request_log_middleware(options["max_log_len"]))
+
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_REQUEST_BODY_BYTES)
+    app[STATE] = state
+    app[IN_FLIGHT] = in_flight
+    app.on_response_prepare.append(cors_response_hook(cors))
+    if options["enable_request_id_headers"]:
+        app.on_response_prepare.append(request_id_hook)
+
+    add_routes(app, load_tracking=options["enable_server_load_tracking"])
+    add_openai_routes(app)
+    add_metrics(app, state, log_stats=not options["disable_log_stats"])
+    if not options["disable_fastapi_docs"]:
+        add_docs_routes(app, root_path)
+    if root_path:
+        _also_under(app, root_path)
+    return app
+
+
+def _also_under(app: web.Application, root_path: str) -> None:
+    """Make every route answer under `root_path` as well (for path-routing proxies)."""
+    for route in list(app.router.routes()):
+        if route.method != "HEAD":  # add_get adds HEAD again for the prefixed path
+            path = root_path + route.resource.canonical
+            if route.method == "GET":
+                app.router.add_get(path, route.handler)
+            else:
+                app.router.add_route(route.method, path, route.handler)

@@ -1,0 +1,81 @@
+"""Reading a JSON request body and its fields with their types checked.
+
+A wrong type is a 400 naming the field and the value, the value cut short so that a huge
+input does not make a huge message: "max_tokens must be an integer (parameter=max_tokens,
+value=ten)". A field that is absent or null reads as its default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from aioserve.server.errors import APIError, bad_parameter
+
+# JSON kinds and the Python types orjson decodes them to.
+_KIND_TYPES: dict[str, tuple[type, ...]] = {
+    "boolean": (bool,),
+    "integer": (int, float),
+    "number": (int, float),
+    "string": (str,),
+    "array": (list,),
+    "object": (dict,),
+    "string or array": (str, list),
+}
+
+
+async def read_json_body(request: web.Request) -> dict[str, Any]:
+    """The request's body as a JSON object, or a 400 saying why it is not one."""
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise APIError(f"the request body is not valid JSON: {error}", param="body") from None
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object", param="body")
+    return body
+
+
+class BodyFields:
+    """Typed reads of a JSON object's fields."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    def get(self, name: str, kind: str, default: Any = None) -> Any:
+        """The field `name` as `kind` ("boolean", "integer", "number", "string", "array",
+        "object" or "string or array"); an integer may arrive as a whole float (16.0)."""
+        value = self.body.get(name)
+        if value is None:
+            return default
+        # bool is an int in Python, but true is not a number in JSON.
+        if (kind == "boolean") != isinstance(value, bool) or not isinstance(
+            value, _KIND_TYPES[kind]
+        ):
+            raise _wrong_type(name, value, kind)
+        if kind == "integer":
+            if isinstance(value, float) and not value.is_integer():
+                raise _wrong_type(name, value, kind)
+            return int(value)
+        if kind == "number":
+            return float(value)
+        return value
+
+
+def shown_value(value: Any, limit: int = 100) -> str:
+    """A value as error messages show it: JSON, cut after `limit` characters."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = orjson.dumps(value).decode()
+        except TypeError:
+            text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _wrong_type(name: str, value: Any, kind: str) -> APIError:
+    article = "an" if kind[0] in "aeiou" else "a"
+    return bad_parameter(name, shown_value(value), f"{name} must be {article} {kind}")

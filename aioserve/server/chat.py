@@ -1,0 +1,201 @@
+"""POST /v1/chat/completions: messages in, the assistant's reply out (JSON or SSE).
+
+The messages are rendered with the chat template (chat_template.py) into one prompt, run
+as one engine request with `n` samples. The reply's role is `--response-role`
+("assistant") when the template adds a generation prompt, else the last message's role
+(the reply continues it). A stream opens each choice with a chunk carrying that role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from aioserve.engine.outputs import RequestOutput
+from aioserve.server import responses
+from aioserve.server.body_fields import read_json_body
+from aioserve.server.chat_template import render_chat
+from aioserve.server.generation import engine_outputs
+from aioserve.server.protocol import (
+    ChatRequest,
+    check_context,
+    check_prompt_tokens,
+    check_serving,
+    parse_chat_request,
+)
+from aioserve.server.responses import ResponseHead
+from aioserve.server.sse import stream_events
+from aioserve.server.state import STATE, ServerState
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    """The /v1/chat/completions handler."""
+    state = request.app[STATE]
+    body = await read_json_body(request)
+    check_serving(state, body)
+    parsed = parse_chat_request(state, body)
+    engine = state.engine
+    text, token_ids = render_chat(
+        state,
+        parsed.messages,
+        add_generation_prompt=parsed.add_generation_prompt,
+        continue_final_message=parsed.continue_final_message,
+        chat_template_kwargs=parsed.chat_template_kwargs,
+    )
+    check_prompt_tokens(token_ids, engine.hf_config.vocab_size, param="messages")
+    check_context(
+        len(token_ids),
+        parsed.params.max_tokens,
+        engine.settings.max_model_len,
+        parsed.max_tokens_field,
+    )
+    if parsed.add_generation_prompt:
+        role = state.options.get("response_role") or "assistant"
+    else:
+        role = parsed.messages[-1]["role"]
+    echo = _echoed_text(parsed, role)
+    object_name = "chat.completion.chunk" if parsed.stream else "chat.completion"
+    head = ResponseHead.new(f"chatcmpl-{parsed.request_id}", object_name, state.model_name)
+    outputs = engine_outputs(
+        engine,
+        {"prompt": text, "prompt_token_ids": token_ids},
+        parsed.params,
+        head.id,
+        parsed.priority,
+    )
+    if parsed.stream:
+        events = _chunks(state, parsed, token_ids, role, echo, head, outputs)
+        return await stream_events(request, events)
+    return await _full_response(state, parsed, token_ids, role, echo, head, outputs)
+
+
+def _echoed_text(parsed: ChatRequest, role: str) -> str:
+    """With `echo`, the last message's text when the reply continues its role (vLLM's rule)."""
+    last = parsed.messages[-1]
+    if not parsed.echo or last.get("role") != role:
+        return ""
+    content = last.get("content") or ""
+    if isinstance(content, list):  # text parts, checked by render_chat
+        content = "\n".join(part["text"] for part in content)
+    return content
+
+
+async def _full_response(
+    state: ServerState,
+    parsed: ChatRequest,
+    prompt_token_ids: list[int],
+    role: str,
+    echo: str,
+    head: ResponseHead,
+    outputs: AsyncIterator[RequestOutput],
+) -> web.Response:
+    async with aclosing(outputs):
+        async for output in outputs:
+            final = output
+    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
+    choices = []
+    for sample in sorted(final.outputs, key=lambda o: o.index):
+        logprobs = None
+        if sample.logprobs is not None:
+            logprobs = responses.chat_logprobs(
+                sample.token_ids, sample.logprobs, parsed.params.logprobs, as_token_ids
+            )
+        choices.append(
+            responses.chat_choice(
+                sample.index,
+                role,
+                echo + sample.text,
+                logprobs,
+                sample.finish_reason,
+                sample.stop_reason,
+                sample.token_ids if parsed.return_token_ids else None,
+            )
+        )
+    details = state.options.get("enable_prompt_tokens_details", False)
+    usage = responses.full_usage(
+        len(prompt_token_ids),
+        sum(len(sample.token_ids) for sample in final.outputs),
+        final.num_cached_tokens if details else None,
+    )
+    prompt_ids = prompt_token_ids if parsed.return_token_ids else None
+    body = responses.chat_response(head, choices, usage, prompt_ids)
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _chunks(
+    state: ServerState,
+    parsed: ChatRequest,
+    prompt_token_ids: list[int],
+    role: str,
+    echo: str,
+    head: ResponseHead,
+    outputs: AsyncIterator[RequestOutput],
+) -> AsyncIterator[dict[str, Any]]:
+    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
+    details = state.options.get("enable_prompt_tokens_details", False)
+    num_prompt_tokens = len(prompt_token_ids)
+    n = parsed.params.n
+    num_tokens = [0] * n
+    unfinished = n
+    cached_tokens = 0
+    started = False
+    async with aclosing(outputs):
+        async for output in outputs:
+            cached_tokens = output.num_cached_tokens
+            if not started:
+                # The role chunks wait for the first output, so that a request the engine
+                # refuses is still answered with a JSON error (sse.py).
+                started = True
+                for index in range(n):
+                    event = responses.chat_role_chunk(
+                        head,
+                        index,
+                        role,
+                        prompt_token_ids if parsed.return_token_ids else None,
+                    )
+                    if parsed.continuous_usage_stats:
+                        event["usage"] = responses.usage(num_prompt_tokens, 0)
+                    yield event
+                    if echo:
+                        choice = responses.chat_chunk_choice(index, echo, None, None, None, None)
+                        yield responses.chunk(head, [choice])
+            for sample in output.outputs:
+                num_tokens[sample.index] += len(sample.token_ids)
+                has_token_data = bool(sample.token_ids) and (
+                    sample.logprobs is not None or parsed.return_token_ids
+                )
+                if not sample.text and sample.finish_reason is None and not has_token_data:
+                    continue
+                logprobs = None
+                if sample.logprobs is not None:
+                    logprobs = responses.chat_logprobs(
+                        sample.token_ids, sample.logprobs, parsed.params.logprobs, as_token_ids
+                    )
+                choice = responses.chat_chunk_choice(
+                    sample.index,
+                    sample.text,
+                    logprobs,
+                    sample.finish_reason,
+                    sample.stop_reason,
+                    sample.token_ids if parsed.return_token_ids else None,
+                )
+                if sample.finish_reason is not None:
+                    unfinished -= 1
+                event = responses.chunk(head, [choice])
+                if parsed.continuous_usage_stats:
+                    event["usage"] = responses.usage(num_prompt_tokens, num_tokens[sample.index])
+                if unfinished == 0 and not parsed.include_usage:
+                    event["system_fingerprint"] = responses.SYSTEM_FINGERPRINT
+                yield event
+    if parsed.include_usage:
+        yield {
+            **responses.chunk(head, []),
+            "usage": responses.usage(
+                num_prompt_tokens, sum(num_tokens), cached_tokens if details else None
+            ),
+            "system_fingerprint": responses.SYSTEM_FINGERPRINT,
+        }

@@ -1,0 +1,212 @@
+"""POST /v1/completions: one or more prompts in, text completions out (JSON or SSE).
+
+Each prompt runs as its own engine request (id "<response id>-<prompt index>"), all at
+once; with `n` samples per prompt, sample j of prompt i is choice i*n + j, as in vLLM, and
+usage adds up every prompt once and every sample's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from aioserve.engine.async_engine import AsyncEngine
+from aioserve.engine.outputs import CompletionOutput, RequestOutput
+from aioserve.server import responses
+from aioserve.server.body_fields import read_json_body
+from aioserve.server.errors import APIError
+from aioserve.server.generation import engine_outputs, merge_outputs
+from aioserve.server.protocol import (
+    CompletionRequest,
+    PromptInput,
+    check_context,
+    check_prompt_tokens,
+    check_serving,
+    parse_completion_request,
+)
+from aioserve.server.responses import CompletionLogprobs, ResponseHead
+from aioserve.server.sse import stream_events
+from aioserve.server.state import STATE, ServerState
+
+
+@dataclass
+class _Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    """The /v1/completions handler."""
+    state = request.app[STATE]
+    body = await read_json_body(request)
+    check_serving(state, body)
+    parsed = parse_completion_request(state, body)
+    engine = state.engine
+    prompts = [_tokenize(engine, prompt) for prompt in parsed.prompts]
+    for prompt in prompts:
+        check_prompt_tokens(prompt.token_ids, engine.hf_config.vocab_size)
+        check_context(
+            len(prompt.token_ids),
+            parsed.params.max_tokens,
+            engine.settings.max_model_len,
+            parsed.max_tokens_field,
+        )
+    if parsed.echo:
+        for prompt in prompts:
+            if prompt.text is None:
+                prompt.text = _decode(engine, prompt.token_ids)
+    head = ResponseHead.new(f"cmpl-{parsed.request_id}", "text_completion", state.model_name)
+    streams = [
+        engine_outputs(
+            engine,
+            {"prompt": prompt.text, "prompt_token_ids": prompt.token_ids},
+            parsed.params,
+            f"{head.id}-{i}",
+            parsed.priority,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    merged = merge_outputs(streams)
+    if parsed.stream:
+        return await stream_events(request, _chunks(state, parsed, prompts, head, merged))
+    return await _full_response(state, parsed, prompts, head, merged)
+
+
+def _tokenize(engine: AsyncEngine, prompt: PromptInput) -> _Prompt:
+    if isinstance(prompt, list):
+        return _Prompt(None, prompt)
+    try:
+        text, token_ids = engine.tokenize_prompt(prompt)
+    except ValueError as error:  # no tokenizer loaded
+        raise APIError(str(error), param="prompt") from None
+    return _Prompt(text, token_ids)
+
+
+def _decode(engine: AsyncEngine, token_ids: list[int]) -> str:
+    if engine.tokenizer is None:
+        raise APIError(
+            "echo needs the tokenizer, which is not loaded (--skip-tokenizer-init)", param="echo"
+        )
+    return engine.tokenizer.decode(token_ids)
+
+
+async def _full_response(
+    state: ServerState,
+    parsed: CompletionRequest,
+    prompts: list[_Prompt],
+    head: ResponseHead,
+    merged: AsyncIterator[tuple[int, RequestOutput]],
+) -> web.Response:
+    finals: list[RequestOutput | None] = [None] * len(prompts)
+    async with aclosing(merged):
+        async for i, output in merged:
+            finals[i] = output
+    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
+    n = parsed.params.n
+    choices = []
+    completion_tokens = cached_tokens = 0
+    for i, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
+        cached_tokens += final.num_cached_tokens
+        for sample in sorted(final.outputs, key=lambda o: o.index):
+            completion_tokens += len(sample.token_ids)
+            logprobs = None
+            if sample.logprobs is not None:
+                logprobs = CompletionLogprobs(as_token_ids).build(sample.token_ids, sample.logprobs)
+            choices.append(
+                responses.completion_choice(
+                    i * n + sample.index,
+                    (prompt.text if parsed.echo else "") + sample.text,
+                    logprobs,
+                    sample.finish_reason,
+                    sample.stop_reason,
+                    sample.token_ids if parsed.return_token_ids else None,
+                    prompt.token_ids if parsed.return_token_ids else None,
+                )
+            )
+    usage = responses.full_usage(
+        sum(len(p.token_ids) for p in prompts),
+        completion_tokens,
+        cached_tokens if state.options.get("enable_prompt_tokens_details", False) else None,
+    )
+    body = responses.completion_response(head, choices, usage)
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _chunks(
+    state: ServerState,
+    parsed: CompletionRequest,
+    prompts: list[_Prompt],
+    head: ResponseHead,
+    merged: AsyncIterator[tuple[int, RequestOutput]],
+) -> AsyncIterator[dict[str, Any]]:
+    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
+    details = state.options.get("enable_prompt_tokens_details", False)
+    n = parsed.params.n
+    num_choices = len(prompts) * n
+    logprobs = [CompletionLogprobs(as_token_ids) for _ in range(num_choices)]
+    num_tokens = [0] * num_choices
+    started = [False] * num_choices
+    cached_tokens = [0] * len(prompts)
+    unfinished = num_choices
+    async with aclosing(merged):
+        async for i, output in merged:
+            cached_tokens[i] = output.num_cached_tokens
+            for sample in output.outputs:
+                index = i * n + sample.index
+                num_tokens[index] += len(sample.token_ids)
+                choice = _chunk_choice(parsed, prompts[i], index, sample, logprobs[index], started)
+                if choice is None:
+                    continue
+                if sample.finish_reason is not None:
+                    unfinished -= 1
+                event = responses.chunk(head, [choice])
+                if parsed.continuous_usage_stats:
+                    event["usage"] = responses.usage(len(prompts[i].token_ids), num_tokens[index])
+                if unfinished == 0 and not parsed.include_usage:
+                    event["system_fingerprint"] = responses.SYSTEM_FINGERPRINT
+                yield event
+    if parsed.include_usage:
+        yield {
+            **responses.chunk(head, []),
+            "usage": responses.usage(
+                sum(len(p.token_ids) for p in prompts),
+                sum(num_tokens),
+                sum(cached_tokens) if details else None,
+            ),
+            "system_fingerprint": responses.SYSTEM_FINGERPRINT,
+        }
+
+
+def _chunk_choice(
+    parsed: CompletionRequest,
+    prompt: _Prompt,
+    index: int,
+    sample: CompletionOutput,
+    logprobs: CompletionLogprobs,
+    started: list[bool],
+) -> dict[str, Any] | None:
+    """The choice of one sample's chunk, or None when the step added nothing to send."""
+    text = sample.text
+    first = not started[index]
+    if first and parsed.echo:
+        text = prompt.text + text
+    has_token_data = bool(sample.token_ids) and (
+        sample.logprobs is not None or parsed.return_token_ids
+    )
+    if not text and sample.finish_reason is None and not has_token_data:
+        return None
+    started[index] = True
+    return responses.completion_chunk_choice(
+        index,
+        text,
+        logprobs.build(sample.token_ids, sample.logprobs) if sample.logprobs is not None else None,
+        sample.finish_reason,
+        sample.stop_reason,
+        sample.token_ids if parsed.return_token_ids else None,
+        prompt.token_ids if parsed.return_token_ids and first else None,
+    )

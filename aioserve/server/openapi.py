@@ -1,0 +1,387 @@
+"""GET /openapi.json (an OpenAPI 3.1 description of every route) and GET /docs (a page showing it).
+
+The operations are written by hand, concisely: each route's purpose, its request body's
+fields with their types, and its response. `openapi_document` lists the operations of the
+routes the app has (GET /load only with --enable-server-load-tracking); the schema and
+docs pages themselves are not listed, as in FastAPI. Both pages are left out with
+--disable-fastapi-docs. The docs page is self-contained (no CDN): it reads the schema and
+renders each operation with its fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from aioserve import __version__
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _body(schema_name: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(schema_name)}}}
+
+
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
+_NUMBER = {"type": "number"}
+_BOOLEAN = {"type": "boolean"}
+_OBJECT = {"type": "object"}
+_NULL = {"type": "null"}
+_TOKEN_IDS = {"type": "array", "items": _INTEGER}
+_STRINGS = {"type": "array", "items": _STRING}
+_ERRORS = {
+    "400": _json(_ref("ErrorResponse"), "Bad request: the message names the field and value"),
+    "404": _json(_ref("ErrorResponse"), "Unknown model"),
+    "503": _json(_ref("ErrorResponse"), "The server is draining"),
+}
+_AUTH_ERROR = {"401": _json(_ref("ErrorResponse"), "Missing or wrong API key (--api-key)")}
+_EMPTY_OK = {"200": {"description": "Healthy (empty body)"}, "503": _ERRORS["503"]}
+
+_SAMPLING_FIELDS: dict[str, Any] = {
+    "model": _STRING,
+    "max_tokens": {"type": ["integer", "null"]},
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "top_k": _INTEGER,
+    "min_p": _NUMBER,
+    "n": _INTEGER,
+    "seed": _INTEGER,
+    "stop": {"oneOf": [_STRING, _STRINGS]},
+    "stop_token_ids": _TOKEN_IDS,
+    "presence_penalty": _NUMBER,
+    "frequency_penalty": _NUMBER,
+    "repetition_penalty": _NUMBER,
+    "logit_bias": {"type": "object", "additionalProperties": _NUMBER},
+    "min_tokens": _INTEGER,
+    "ignore_eos": _BOOLEAN,
+    "include_stop_str_in_output": _BOOLEAN,
+    "skip_special_tokens": _BOOLEAN,
+    "spaces_between_special_tokens": _BOOLEAN,
+    "stream": _BOOLEAN,
+    "stream_options": {
+        "type": "object",
+        "properties": {"include_usage": _BOOLEAN, "continuous_usage_stats": _BOOLEAN},
+    },
+    "user": _STRING,
+    "priority": _INTEGER,
+    "request_id": _STRING,
+}
+
+_USAGE = {
+    "type": "object",
+    "properties": {
+        "prompt_tokens": _INTEGER,
+        "completion_tokens": _INTEGER,
+        "total_tokens": _INTEGER,
+        "prompt_tokens_details": {"type": ["object", "null"]},
+    },
+}
+
+_SCHEMAS: dict[str, Any] = {
+    "ErrorResponse": {
+        "type": "object",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {
+                    "message": _STRING,
+                    "type": _STRING,
+                    "param": {"type": ["string", "null"]},
+                    "code": _INTEGER,
+                },
+            }
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": _STRING,
+                        "object": {"const": "model"},
+                        "created": _INTEGER,
+                        "owned_by": _STRING,
+                        "root": _STRING,
+                        "parent": _NULL,
+                        "max_model_len": _INTEGER,
+                        "permission": {"type": "array", "items": _OBJECT},
+                    },
+                },
+            },
+        },
+    },
+    "CompletionRequest": {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            "prompt": {
+                "oneOf": [
+                    _STRING,
+                    _STRINGS,
+                    _TOKEN_IDS,
+                    {"type": "array", "items": _TOKEN_IDS},
+                ]
+            },
+            "echo": _BOOLEAN,
+            "logprobs": {"type": ["integer", "null"]},
+            **_SAMPLING_FIELDS,
+        },
+    },
+    "CompletionResponse": {
+        "type": "object",
+        "description": "With stream=true: text/event-stream of `data: {chunk}` events, then "
+        "`data: [DONE]`.",
+        "properties": {
+            "id": _STRING,
+            "object": {"const": "text_completion"},
+            "created": _INTEGER,
+            "model": _STRING,
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": _INTEGER,
+                        "text": _STRING,
+                        "logprobs": {"type": ["object", "null"]},
+                        "finish_reason": {"type": ["string", "null"]},
+                        "stop_reason": {"type": ["string", "integer", "null"]},
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            "messages": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["role"],
+                    "properties": {
+                        "role": _STRING,
+                        "content": {"oneOf": [_STRING, {"type": "array", "items": _OBJECT}]},
+                    },
+                },
+            },
+            "max_completion_tokens": {"type": ["integer", "null"]},
+            "logprobs": _BOOLEAN,
+            "top_logprobs": _INTEGER,
+            "add_generation_prompt": _BOOLEAN,
+            "continue_final_message": _BOOLEAN,
+            "chat_template_kwargs": _OBJECT,
+            **_SAMPLING_FIELDS,
+        },
+    },
+    "ChatCompletionResponse": {
+        "type": "object",
+        "description": "With stream=true: text/event-stream of `data: {chunk}` events (the "
+        "first carries the role), then `data: [DONE]`.",
+        "properties": {
+            "id": _STRING,
+            "object": {"const": "chat.completion"},
+            "created": _INTEGER,
+            "model": _STRING,
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": _INTEGER,
+                        "message": {
+                            "type": "object",
+                            "properties": {"role": _STRING, "content": _STRING},
+                        },
+                        "logprobs": {"type": ["object", "null"]},
+                        "finish_reason": {"type": ["string", "null"]},
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
+    "TokenizeRequest": {
+        "type": "object",
+        "description": "Either prompt or messages.",
+        "properties": {
+            "model": _STRING,
+            "prompt": _STRING,
+            "messages": {"type": "array", "items": _OBJECT},
+            "add_special_tokens": {
+                "type": "boolean",
+                "description": "Default: true for prompt, false for messages.",
+            },
+            "add_generation_prompt": {"type": "boolean", "default": True},
+            "continue_final_message": {"type": "boolean", "default": False},
+            "chat_template_kwargs": _OBJECT,
+            "return_token_strs": {"type": "boolean", "default": False},
+        },
+    },
+    "TokenizeResponse": {
+        "type": "object",
+        "properties": {
+            "count": _INTEGER,
+            "max_model_len": _INTEGER,
+            "tokens": _TOKEN_IDS,
+            "token_strs": {"type": ["array", "null"], "items": _STRING},
+        },
+    },
+    "DetokenizeRequest": {
+        "type": "object",
+        "required": ["tokens"],
+        "properties": {"model": _STRING, "tokens": _TOKEN_IDS},
+    },
+    "DetokenizeResponse": {"type": "object", "properties": {"prompt": _STRING}},
+}
+
+# (method, path) -> operation
+_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/v1/completions"): {
+        "summary": "Complete a prompt (OpenAI's legacy completions; streams with stream=true)",
+        "requestBody": _body("CompletionRequest"),
+        "responses": {"200": _json(_ref("CompletionResponse")), **_ERRORS, **_AUTH_ERROR},
+    },
+    ("post", "/v1/chat/completions"): {
+        "summary": "Answer chat messages, rendered with the chat template (streams with "
+        "stream=true)",
+        "requestBody": _body("ChatCompletionRequest"),
+        "responses": {"200": _json(_ref("ChatCompletionResponse")), **_ERRORS, **_AUTH_ERROR},
+    },
+    ("get", "/v1/models"): {
+        "summary": "The served model names (the first is the one responses report)",
+        "responses": {"200": _json(_ref("ModelList")), **_AUTH_ERROR},
+    },
+    ("get", "/health"): {"summary": "200 while the server can serve", "responses": _EMPTY_OK},
+    ("get", "/ping"): {"summary": "The same as /health", "responses": _EMPTY_OK},
+    ("post", "/ping"): {"summary": "The same as /health", "responses": _EMPTY_OK},
+    ("get", "/version"): {
+        "summary": "The aioserve version",
+        "responses": {"200": _json({"type": "object", "properties": {"version": _STRING}})},
+    },
+    ("get", "/load"): {
+        "summary": "Requests in flight (--enable-server-load-tracking)",
+        "responses": {"200": _json({"type": "object", "properties": {"server_load": _INTEGER}})},
+    },
+    ("post", "/tokenize"): {
+        "summary": "Token ids of a prompt, or of chat messages through the chat template",
+        "requestBody": _body("TokenizeRequest"),
+        "responses": {"200": _json(_ref("TokenizeResponse")), **_ERRORS},
+    },
+    ("post", "/detokenize"): {
+        "summary": "Text of a list of token ids",
+        "requestBody": _body("DetokenizeRequest"),
+        "responses": {"200": _json(_ref("DetokenizeResponse")), **_ERRORS},
+    },
+    ("get", "/metrics"): {
+        "summary": "Prometheus metrics, with vLLM's names",
+        "responses": {
+            "200": {
+                "description": "The Prometheus text exposition format",
+                "content": {"text/plain": {"schema": _STRING}},
+            }
+        },
+    },
+}
+
+DOCS_PATHS = frozenset({"/openapi.json", "/docs"})
+
+
+def openapi_document(app: web.Application, root_path: str | None) -> dict[str, Any]:
+    """The OpenAPI document of the routes registered on `app` (HEAD and the docs left out)."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        key = (route.method.lower(), path)
+        if key in _OPERATIONS:
+            paths.setdefault(path, {})[key[0]] = _OPERATIONS[key]
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "aioserve",
+            "version": __version__,
+            "description": "An OpenAI-compatible LLM server with vLLM's API.",
+        },
+        "servers": [{"url": root_path or "/"}],
+        "paths": dict(sorted(paths.items())),
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+_DOCS_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>aioserve API</title>
+<style>
+body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}
+code,pre{background:#f4f4f4;padding:.1rem .3rem}pre{padding:.5rem;overflow-x:auto}
+h2{margin-top:2rem;font-size:1.1rem}.method{text-transform:uppercase;font-weight:bold}
+</style></head>
+<body><h1>aioserve API</h1>
+<p>The machine-readable schema is at <a href="__SCHEMA__">__SCHEMA__</a>.</p>
+<div id="operations">Loading...</div>
+<script>
+const schemas = {};
+function resolve(schema) {
+  if (schema && schema.$ref) return schemas[schema.$ref.split("/").pop()];
+  return schema;
+}
+function fields(schema) {
+  schema = resolve(schema);
+  if (!schema || !schema.properties) return "";
+  const rows = Object.entries(schema.properties).map(([name, s]) =>
+    "<li><code>" + name + "</code> " + JSON.stringify(s.type || s.const || s.oneOf || s) + "</li>");
+  return "<ul>" + rows.join("") + "</ul>";
+}
+fetch("__SCHEMA__").then(r => r.json()).then(doc => {
+  Object.assign(schemas, doc.components.schemas);
+  let html = "";
+  for (const [path, operations] of Object.entries(doc.paths)) {
+    for (const [method, op] of Object.entries(operations)) {
+      html += "<h2><span class=method>" + method + "</span> <code>" + path + "</code></h2>";
+      html += "<p>" + op.summary + "</p>";
+      if (op.requestBody) {
+        const body = op.requestBody.content["application/json"].schema;
+        html += "<p>Request body:</p>" + fields(body);
+      }
+      const ok = op.responses["200"];
+      if (ok && ok.content && ok.content["application/json"]) {
+        html += "<p>Response:</p>" + fields(ok.content["application/json"].schema);
+      }
+      const errors = Object.keys(op.responses).filter(code => code !== "200");
+      if (errors.length) html += "<p>Errors: " + errors.join(", ") + "</p>";
+    }
+  }
+  document.getElementById("operations").innerHTML = html;
+});
+</script></body></html>
+"""
+
+
+def add_docs_routes(app: web.Application, root_path: str | None) -> None:
+    """Register GET /openapi.json and GET /docs."""
+
+    async def openapi_json(request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(request.app, root_path))
+
+    async def docs(request: web.Request) -> web.Response:
+        page = _DOCS_PAGE.replace("__SCHEMA__", f"{root_path or ''}/openapi.json")
+        return web.Response(text=page, content_type="text/html")
+
+    app.router.add_get("/openapi.json", openapi_json)
+    app.router.add_get("/docs", docs)

@@ -1,0 +1,350 @@
+"""Reading the bodies of /v1/completions and /v1/chat/completions into what the engine needs.
+
+A body is a plain dict (decoded by orjson). Each field OpenAI or vLLM defines is read with
+its type checked; a wrong type is a 400 naming the field and the value. Fields this server
+does not know are ignored, as OpenAI does; fields it knows but cannot honour (`suffix`,
+`tools`, beam search, ...) are refused, so a request never silently means something else.
+
+Sampling fields become one `SamplingParams`; its own `ValueError`s become 400s naming the
+field ("max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)", vLLM's
+wording). Defaults follow vLLM: a field the request leaves out takes the model's generation
+config value (`engine.settings.default_sampling`), then SamplingParams' default; completions
+default to `max_tokens=16` (OpenAI's), chat to the rest of the context, as does an explicit
+`"max_tokens": null` in completions.
+
+Checks that need the prompt's tokens (context length, vocabulary) are `check_prompt_tokens`
+and `check_context`, called by the handlers once the prompt is tokenized.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.server.body_fields import BodyFields, shown_value
+from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.state import ServerState
+
+PromptInput = str | list[int]
+
+# The SamplingParams fields both routes take under the same name, and their JSON kinds.
+_SAMPLING_FIELDS: dict[str, str] = {
+    "n": "integer",
+    "temperature": "number",
+    "top_p": "number",
+    "top_k": "integer",
+    "min_p": "number",
+    "presence_penalty": "number",
+    "frequency_penalty": "number",
+    "repetition_penalty": "number",
+    "seed": "integer",
+    "stop": "string or array",
+    "stop_token_ids": "array",
+    "include_stop_str_in_output": "boolean",
+    "ignore_eos": "boolean",
+    "min_tokens": "integer",
+    "logit_bias": "object",
+    "allowed_token_ids": "array",
+    "skip_special_tokens": "boolean",
+    "spaces_between_special_tokens": "boolean",
+}
+
+# Fields vLLM knows that aioserve cannot honour yet: refused when set to anything but "off".
+_UNSUPPORTED: dict[str, str] = {
+    "suffix": "suffix is not supported",
+    "prompt_logprobs": "prompt_logprobs is not supported by aioserve yet",
+    "prompt_embeds": "prompt_embeds is not supported by aioserve",
+    "use_beam_search": "beam search is not supported by aioserve",
+    "tools": "tool calling is not supported by aioserve yet",
+    "functions": "function calling is not supported by aioserve yet",
+    "structured_outputs": "structured outputs are not supported by aioserve yet",
+    "guided_json": "guided decoding is not supported by aioserve yet",
+    "guided_regex": "guided decoding is not supported by aioserve yet",
+    "guided_choice": "guided decoding is not supported by aioserve yet",
+    "guided_grammar": "guided decoding is not supported by aioserve yet",
+    "logits_processors": "logits processors are not supported by aioserve",
+    "bad_words": "bad_words is not supported by aioserve yet",
+}
+
+
+@dataclass
+class GenerationRequest:
+    """What both routes share: the sampling parameters and how to answer."""
+
+    request_id: str
+    """The caller's `request_id`, or a fresh hex id; response ids are built on it."""
+    params: SamplingParams
+    max_tokens_field: str
+    """The field max_tokens came from (max_tokens or max_completion_tokens), for errors."""
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+    priority: int = 0
+    return_token_ids: bool = False
+
+
+@dataclass
+class CompletionRequest(GenerationRequest):
+    prompts: list[PromptInput] = field(default_factory=list)
+    echo: bool = False
+
+
+@dataclass
+class ChatRequest(GenerationRequest):
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False
+    """Start the reply with the last message's content when the reply continues its role."""
+
+
+def check_serving(state: ServerState, body: dict[str, Any]) -> None:
+    """503 while the server drains; 404 when `model` names no served model."""
+    if state.draining:
+        raise APIError(
+            "the server is shutting down and takes no new requests",
+            HTTPStatus.SERVICE_UNAVAILABLE,
+        )
+    model = body.get("model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise bad_parameter("model", shown_value(model), "model must be a string")
+    if model not in state.served_model_names:
+        raise APIError(
+            f"The model `{model}` does not exist. Served models: "
+            f"{', '.join(state.served_model_names)}.",
+            HTTPStatus.NOT_FOUND,
+            param="model",
+        )
+
+
+def parse_completion_request(state: ServerState, body: dict[str, Any]) -> CompletionRequest:
+    """Validate a /v1/completions body."""
+    _refuse_unsupported(body)
+    fields = BodyFields(body)
+    if "max_tokens" in body and body["max_tokens"] is None:
+        max_tokens = None  # an explicit null: the rest of the context
+    else:
+        max_tokens = fields.get("max_tokens", "integer", 16)  # OpenAI's default
+    logprobs = fields.get("logprobs", "integer")
+    _check_max_logprobs(state, "logprobs", logprobs)
+    params = _sampling_params(state, fields, max_tokens, "max_tokens", logprobs, "logprobs")
+    request = CompletionRequest(
+        prompts=_prompts(body.get("prompt")),
+        echo=fields.get("echo", "boolean", False),
+        **_generation_fields(state, fields, params, "max_tokens"),
+    )
+    if request.echo and params.logprobs is not None:
+        raise bad_parameter(
+            "echo",
+            True,
+            "echo with logprobs needs prompt logprobs, which aioserve does not support yet",
+        )
+    return request
+
+
+def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
+    """Validate a /v1/chat/completions body (the messages themselves: see chat_template)."""
+    _refuse_unsupported(body)
+    fields = BodyFields(body)
+    messages = body.get("messages")
+    if messages is None:
+        raise APIError("the field `messages` is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_parameter("messages", shown_value(messages), "messages must be a non-empty array")
+    # max_completion_tokens replaces the deprecated max_tokens; either may be sent.
+    max_tokens_field = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    max_tokens = fields.get(max_tokens_field, "integer")
+    wants_logprobs = fields.get("logprobs", "boolean", False)
+    top_logprobs = fields.get("top_logprobs", "integer")
+    if top_logprobs is not None:
+        if top_logprobs < 0:
+            raise bad_parameter("top_logprobs", top_logprobs, "top_logprobs must be non-negative")
+        if top_logprobs > 0 and not wants_logprobs:
+            raise bad_parameter(
+                "top_logprobs", top_logprobs, "when using top_logprobs, logprobs must be true"
+            )
+    logprobs = (top_logprobs or 0) if wants_logprobs else None
+    _check_max_logprobs(state, "top_logprobs", logprobs)
+    params = _sampling_params(state, fields, max_tokens, max_tokens_field, logprobs, "top_logprobs")
+    return ChatRequest(
+        messages=messages,
+        add_generation_prompt=fields.get("add_generation_prompt", "boolean", True),
+        continue_final_message=fields.get("continue_final_message", "boolean", False),
+        chat_template_kwargs=fields.get("chat_template_kwargs", "object"),
+        echo=fields.get("echo", "boolean", False),
+        **_generation_fields(state, fields, params, max_tokens_field),
+    )
+
+
+def check_prompt_tokens(token_ids: list[int], vocab_size: int, param: str = "prompt") -> None:
+    """400 for an empty prompt or a token id outside the vocabulary."""
+    if not token_ids:
+        raise bad_parameter(param, "[]", "the prompt cannot be empty")
+    for token_id in token_ids:
+        if not 0 <= token_id < vocab_size:
+            raise bad_parameter(
+                param,
+                token_id,
+                f"token id {token_id} is out of vocabulary (the model has {vocab_size} tokens)",
+            )
+
+
+def check_context(
+    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, max_tokens_field: str
+) -> None:
+    """400 when the prompt, or the prompt plus max_tokens, does not fit in the context."""
+    if num_prompt_tokens >= max_model_len:
+        excess = (
+            "which exceeds this limit even without any output tokens"
+            if num_prompt_tokens > max_model_len
+            else "which leaves no room for any output token"
+        )
+        raise bad_parameter(
+            "input_tokens",
+            num_prompt_tokens,
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {num_prompt_tokens} input tokens, {excess}. Please reduce the "
+            "length of the input prompt.",
+        )
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise bad_parameter(
+            max_tokens_field,
+            max_tokens,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {max_model_len} tokens and your request has "
+            f"{num_prompt_tokens} input tokens ({max_tokens} > {max_model_len} - "
+            f"{num_prompt_tokens}).",
+        )
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, reason in _UNSUPPORTED.items():
+        if body.get(name) not in (None, False, [], {}, ""):
+            raise bad_parameter(name, shown_value(body[name]), reason)
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad_parameter(
+            "response_format",
+            shown_value(response_format),
+            "only the text response format is supported by aioserve yet",
+        )
+
+
+def _check_max_logprobs(state: ServerState, param: str, logprobs: int | None) -> None:
+    cap = state.engine.settings.max_logprobs
+    if logprobs is not None and cap != -1 and logprobs > cap:
+        raise bad_parameter(
+            param,
+            logprobs,
+            f"Requested sample logprobs of {logprobs}, which is greater than max allowed: {cap}",
+        )
+
+
+def _sampling_params(
+    state: ServerState,
+    fields: BodyFields,
+    max_tokens: int | None,
+    max_tokens_field: str,
+    logprobs: int | None,
+    logprobs_field: str,
+) -> SamplingParams:
+    values: dict[str, Any] = dict(state.engine.settings.default_sampling)
+    request_names = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}
+    for name, kind in _SAMPLING_FIELDS.items():
+        value = fields.get(name, kind)
+        if value is not None:
+            values[name] = value
+    values["max_tokens"] = max_tokens
+    values["logprobs"] = logprobs
+    # A stream sends what is new after each step; a JSON answer only the final output.
+    stream = fields.get("stream", "boolean", False)
+    output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    try:
+        params = SamplingParams(**values, output_kind=output_kind)
+    except ValueError as error:
+        message = str(error)
+        # SamplingParams' messages start with the field's name ("top_p must be in (0, 1]").
+        name = message.split(" ", 1)[0]
+        if name in values:
+            raise bad_parameter(
+                request_names.get(name, name), shown_value(values[name]), message
+            ) from None
+        raise APIError(message) from None
+    vocab_size = state.engine.hf_config.vocab_size
+    for name in ("logit_bias", "allowed_token_ids"):
+        for token_id in getattr(params, name) or ():
+            if not 0 <= token_id < vocab_size:
+                raise bad_parameter(
+                    name,
+                    token_id,
+                    f"token id {token_id} is out of vocabulary (the model has {vocab_size} tokens)",
+                )
+    max_num_seqs = state.engine.settings.max_num_seqs
+    if params.n > max_num_seqs:
+        raise bad_parameter("n", params.n, f"n must be at most --max-num-seqs ({max_num_seqs})")
+    return params
+
+
+def _generation_fields(
+    state: ServerState, fields: BodyFields, params: SamplingParams, max_tokens_field: str
+) -> dict[str, Any]:
+    stream = fields.get("stream", "boolean", False)
+    stream_options = fields.get("stream_options", "object")
+    if stream_options is not None and not stream:
+        raise bad_parameter(
+            "stream_options", shown_value(stream_options), "stream_options needs stream=true"
+        )
+    options = BodyFields(stream_options or {})
+    priority = fields.get("priority", "integer", 0)
+    if priority != 0 and state.engine.settings.scheduling_policy != "priority":
+        raise bad_parameter(
+            "priority", priority, "priority needs the server's --scheduling-policy priority"
+        )
+    return {
+        "request_id": fields.get("request_id", "string") or uuid.uuid4().hex[:16],
+        "params": params,
+        "max_tokens_field": max_tokens_field,
+        "stream": stream,
+        "include_usage": options.get("include_usage", "boolean", False),
+        "continuous_usage_stats": options.get("continuous_usage_stats", "boolean", False),
+        "priority": priority,
+        "return_token_ids": fields.get("return_token_ids", "boolean", False),
+    }
+
+
+def _prompts(prompt: Any) -> list[PromptInput]:
+    """A completions `prompt` as a list of prompts: strings or token id lists."""
+    if prompt is None:
+        raise APIError("the field `prompt` is required", param="prompt")
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise bad_parameter(
+            "prompt",
+            shown_value(prompt),
+            "prompt must be a string, an array of strings, an array of token ids or an array "
+            "of token id arrays",
+        )
+    for item in prompt:
+        ok = isinstance(item, str) or (isinstance(item, list) and all(_is_int(t) for t in item))
+        if not ok:
+            raise bad_parameter(
+                "prompt", shown_value(item), "each prompt must be a string or an array of token ids"
+            )
+        if not item:
+            raise bad_parameter("prompt", shown_value(item), "the prompt cannot be empty")
+    return prompt
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,287 @@
+"""The JSON objects the generation routes send: responses, stream chunks, usage, logprobs.
+
+Shapes and key order are vLLM 0.32's, as captured in the reference samples (04-10): every
+key vLLM writes is written here too, null where aioserve has nothing to put, so a client
+that reads any of them finds it. Stream chunks carry only the keys vLLM's chunks carry.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aioserve import __version__
+from aioserve.engine.outputs import Logprob
+
+SYSTEM_FINGERPRINT = f"aioserve-{__version__}"
+# JSON has no -inf; vLLM clamps logprobs to this floor.
+_MIN_LOGPROB = -9999.0
+
+
+@dataclass
+class ResponseHead:
+    """What every response and chunk of one request starts with."""
+
+    id: str
+    object: str
+    model: str
+    created: int
+
+    @classmethod
+    def new(cls, response_id: str, obj: str, model: str) -> ResponseHead:
+        return cls(response_id, obj, model, int(time.time()))
+
+    def fields(self) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model}
+
+
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """A usage block; `cached_tokens` adds prompt_tokens_details (--enable-prompt-tokens-details)."""
+    block: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+    if cached_tokens is not None:
+        block["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return block
+
+
+def full_usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """The usage block of a non-streamed response, with vLLM's null detail keys."""
+    block = usage(prompt_tokens, completion_tokens)
+    block["prompt_tokens_details"] = (
+        {"cached_tokens": cached_tokens} if cached_tokens is not None else None
+    )
+    block["completion_tokens_details"] = None
+    return block
+
+
+def token_text(token_id: int, logprob: Logprob, as_token_ids: bool) -> str:
+    """A token as logprobs show it: its text, or "token_id:<id>"."""
+    if as_token_ids or logprob.decoded_token is None:
+        return f"token_id:{token_id}"
+    return logprob.decoded_token
+
+
+class CompletionLogprobs:
+    """OpenAI's completions logprobs (tokens, token_logprobs, top_logprobs, text_offset).
+
+    One per choice: `text_offset` runs on across the chunks of a stream.
+    """
+
+    def __init__(self, as_token_ids: bool, text_offset: int = 0) -> None:
+        self.as_token_ids = as_token_ids
+        self.text_offset = text_offset
+
+    def build(self, token_ids: list[int], logprobs: list[dict[int, Logprob]]) -> dict[str, Any]:
+        """The logprobs object of these tokens (the next ones of this choice)."""
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for token_id, entries in zip(token_ids, logprobs, strict=True):
+            token = token_text(token_id, entries[token_id], self.as_token_ids)
+            tokens.append(token)
+            token_logprobs.append(max(entries[token_id].logprob, _MIN_LOGPROB))
+            top_logprobs.append(
+                {
+                    token_text(i, lp, self.as_token_ids): max(lp.logprob, _MIN_LOGPROB)
+                    for i, lp in entries.items()
+                }
+            )
+            offsets.append(self.text_offset)
+            self.text_offset += len(token)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": token_logprobs,
+            "tokens": tokens,
+            "top_logprobs": top_logprobs,
+        }
+
+
+def chat_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int, as_token_ids: bool
+) -> dict[str, Any]:
+    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    content = []
+    for token_id, entries in zip(token_ids, logprobs, strict=True):
+        # The top_n most likely tokens, by rank (the sampled one is listed only if among them).
+        ranked = sorted(
+            ((i, lp) for i, lp in entries.items() if lp.rank is not None and lp.rank <= top_n),
+            key=lambda item: item[1].rank,
+        )
+        entry = _chat_logprob(token_id, entries[token_id], as_token_ids)
+        entry["top_logprobs"] = [_chat_logprob(i, lp, as_token_ids) for i, lp in ranked]
+        content.append(entry)
+    return {"content": content}
+
+
+def _chat_logprob(token_id: int, logprob: Logprob, as_token_ids: bool) -> dict[str, Any]:
+    token = token_text(token_id, logprob, as_token_ids)
+    return {
+        "token": token,
+        "logprob": max(logprob.logprob, _MIN_LOGPROB),
+        "bytes": list(token.encode("utf-8", errors="replace")),
+    }
+
+
+# -- /v1/completions -------------------------------------------------------------------------
+
+
+def completion_choice(
+    index: int,
+    text: str,
+    logprobs: dict[str, Any] | None,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    token_ids: list[int] | None,
+    prompt_token_ids: list[int] | None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+        "token_ids": token_ids,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_token_ids,
+        "routed_experts": None,
+    }
+
+
+def completion_response(
+    head: ResponseHead, choices: list[dict[str, Any]], usage_block: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        **head.fields(),
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage_block,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def completion_chunk_choice(
+    index: int,
+    text: str,
+    logprobs: dict[str, Any] | None,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    token_ids: list[int] | None,
+    prompt_token_ids: list[int] | None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+        "prompt_token_ids": prompt_token_ids,
+        "token_ids": token_ids,
+    }
+
+
+# -- /v1/chat/completions --------------------------------------------------------------------
+
+
+def chat_choice(
+    index: int,
+    role: str,
+    content: str,
+    logprobs: dict[str, Any] | None,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    token_ids: list[int] | None,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {
+            "role": role,
+            "content": content,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        },
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+        "token_ids": token_ids,
+        "routed_experts": None,
+    }
+
+
+def chat_response(
+    head: ResponseHead,
+    choices: list[dict[str, Any]],
+    usage_block: dict[str, Any],
+    prompt_token_ids: list[int] | None,
+) -> dict[str, Any]:
+    return {
+        **head.fields(),
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage_block,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_token_ids,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
+
+
+def chat_role_chunk(
+    head: ResponseHead, index: int, role: str, prompt_token_ids: list[int] | None
+) -> dict[str, Any]:
+    """A chat stream's first chunk for one choice: the role, empty content."""
+    return {
+        **head.fields(),
+        "choices": [
+            {
+                "index": index,
+                "delta": {"role": role, "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+        "prompt_token_ids": prompt_token_ids,
+        "prompt_text": None,
+    }
+
+
+def chat_chunk_choice(
+    index: int,
+    content: str,
+    logprobs: dict[str, Any] | None,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    token_ids: list[int] | None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": index,
+        "delta": {"content": content},
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
+    if finish_reason is not None:  # vLLM adds stop_reason to the finishing chunk only
+        choice["stop_reason"] = stop_reason
+    choice["token_ids"] = token_ids
+    return choice
+
+
+# -- both ------------------------------------------------------------------------------------
+
+
+def chunk(head: ResponseHead, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stream chunk; add "usage" or "system_fingerprint" (last chunk) to it as needed."""
+    return {**head.fields(), "choices": choices}

@@ -1,0 +1,191 @@
+"""The routes that do not generate: models, probes, version, tokenize, detokenize, load.
+
+Response shapes are vLLM's (shared/reference/vllm_samples 01, 02, 03, 11, 12, 13):
+
+    GET  /v1/models      {"object": "list", "data": [model card per served name]}
+    GET  /health         200, empty body; 503 once the engine loop has died
+    GET|POST /ping       the same as /health (SageMaker's probe)
+    GET  /version        {"version": "<aioserve version>"}
+    POST /tokenize       {"count", "max_model_len", "tokens", "token_strs"}
+    POST /detokenize     {"prompt"}
+    GET  /load           {"server_load": <requests in flight>} (--enable-server-load-tracking)
+
+/tokenize takes `prompt` (a string; `add_special_tokens` defaults to true) or `messages`
+(rendered with the chat template; `add_generation_prompt` defaults to true,
+`add_special_tokens` to false, since the template writes the special tokens), and
+`return_token_strs` for the tokens' strings.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+from aioserve import __version__
+from aioserve.server.body_fields import read_json_body, shown_value
+from aioserve.server.chat_template import render_chat
+from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.middlewares import IN_FLIGHT
+from aioserve.server.protocol import check_serving
+from aioserve.server.state import STATE, ServerState
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """GET /v1/models: one model card per served name, the first name first."""
+    state = request.app[STATE]
+    created = int(time.time())
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "aioserve",
+            "root": state.engine.settings.model_name,
+            "parent": None,
+            "max_model_len": state.engine.settings.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                    "object": "model_permission",
+                    "created": created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        for name in state.served_model_names
+    ]
+    return web.json_response({"object": "list", "data": cards})
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /health, GET|POST /ping: 200 with an empty body while the engine can serve."""
+    if request.app[STATE].engine.is_dead:
+        raise APIError(
+            "the engine stopped after an error; restart the server",
+            HTTPStatus.SERVICE_UNAVAILABLE,
+        )
+    return web.Response()
+
+
+async def version(request: web.Request) -> web.Response:
+    """GET /version."""
+    return web.json_response({"version": __version__})
+
+
+async def server_load(request: web.Request) -> web.Response:
+    """GET /load: how many requests are in flight (probes not counted)."""
+    return web.json_response({"server_load": request.app[IN_FLIGHT].count})
+
+
+def _optional_bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_parameter(name, shown_value(value), f"{name} must be a boolean")
+    return value
+
+
+def _tokenizer(state: ServerState):
+    tokenizer = state.engine.tokenizer
+    if tokenizer is None:
+        raise APIError("this needs the tokenizer, which is not loaded (--skip-tokenizer-init)")
+    return tokenizer
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """POST /tokenize: the token ids of a prompt, or of chat messages through the template."""
+    state = request.app[STATE]
+    body = await read_json_body(request)
+    check_serving(state, body)
+    tokenizer = _tokenizer(state)
+    if body.get("messages") is not None:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise bad_parameter(
+                "messages", shown_value(messages), "messages must be a non-empty array"
+            )
+        chat_template_kwargs = body.get("chat_template_kwargs")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise bad_parameter(
+                "chat_template_kwargs",
+                shown_value(chat_template_kwargs),
+                "chat_template_kwargs must be an object",
+            )
+        text, tokens = render_chat(
+            state,
+            messages,
+            add_generation_prompt=_optional_bool(body, "add_generation_prompt", True),
+            continue_final_message=_optional_bool(body, "continue_final_message", False),
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        if _optional_bool(body, "add_special_tokens", False):
+            tokens = tokenizer(text, add_special_tokens=True).input_ids
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise bad_parameter(
+                "prompt",
+                shown_value(prompt),
+                "prompt must be a string (or send messages instead)",
+            )
+        add_special_tokens = _optional_bool(body, "add_special_tokens", True)
+        tokens = tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+    token_strs = None
+    if _optional_bool(body, "return_token_strs", False):
+        token_strs = tokenizer.convert_ids_to_tokens(tokens)
+    return web.json_response(
+        {
+            "count": len(tokens),
+            "max_model_len": state.engine.settings.max_model_len,
+            "tokens": tokens,
+            "token_strs": token_strs,
+        }
+    )
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """POST /detokenize: the text of a list of token ids."""
+    state = request.app[STATE]
+    body = await read_json_body(request)
+    check_serving(state, body)
+    tokenizer = _tokenizer(state)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise bad_parameter("tokens", shown_value(tokens), "tokens must be an array of integers")
+    vocab_size = state.engine.hf_config.vocab_size
+    for token in tokens:
+        if not 0 <= token < vocab_size:
+            raise bad_parameter(
+                "tokens",
+                token,
+                f"token id {token} is out of vocabulary (the model has {vocab_size} tokens)",
+            )
+    return web.json_response({"prompt": tokenizer.decode(tokens)})
+
+
+def add_routes(app: web.Application, *, load_tracking: bool) -> None:
+    """Register this module's routes on `app` (GET routes answer HEAD as well)."""
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)
+    app.router.add_post("/ping", health)
+    app.router.add_get("/version", version)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    if load_tracking:
+        app.router.add_get("/load", server_load)

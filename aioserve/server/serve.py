@@ -1,0 +1,231 @@
+"""`aioserve serve [model_tag] [options]`: build the engine and the app, serve, drain on exit.
+
+Start-up, in order: the arguments are checked (an unsupported vLLM argument or a bad value
+stops here, before the model loads, with a message naming it), logging is set up, the TLS
+context, --middleware imports and --chat-template are checked, the engine loads the model
+(the default one, SmolLM2-135M-Instruct, when none is given), and the app listens on
+--host/--port on a uvloop event loop.
+
+Shutdown: the first SIGTERM or SIGINT starts draining. New requests get 503 (/health too,
+so that load balancers move away; /metrics keeps answering), while the requests in flight
+run to their end for up to --shutdown-timeout seconds. Then whatever still runs is
+aborted, the listener closes, the engine stops and the process exits with status 0. A
+second signal skips the rest of the wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from aioserve import __version__
+from aioserve.arguments import ConfigError
+from aioserve.config import engine_config_from_args, frontend_options_from_args
+from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
+
+if TYPE_CHECKING:
+    from aioserve.server.state import ServerState
+
+logger = logging.getLogger("aioserve")
+
+ACCESS_LOGGER = "aioserve.access"
+ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
+"""One line per request, as uvicorn writes them: client, request line, status, duration."""
+
+# Once draining has ended, how long aborted requests get to write their last bytes.
+_CLOSE_GRACE_S = 5.0
+_SECRET_ARGUMENTS = frozenset({"api_key", "hf_token"})
+_LOG_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+
+def configure_logging(http_log_level: str) -> None:
+    """vLLM-style log lines on stdout; --uvicorn-log-level sets the HTTP layer's level."""
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(levelname)s %(asctime)s [%(name)s] %(message)s",
+        datefmt="%m-%d %H:%M:%S",
+        stream=sys.stdout,
+    )
+    logging.getLogger("aioserve").setLevel(logging.INFO)
+    for name in ("aiohttp", ACCESS_LOGGER):
+        logging.getLogger(name).setLevel(_LOG_LEVELS[http_log_level])
+
+
+def build_ssl_context(options: dict[str, Any]) -> ssl.SSLContext | None:
+    """The server's TLS context from --ssl-certfile/-keyfile/-ca-certs/-cert-reqs, if any."""
+    certfile, keyfile, ca_certs = (
+        options["ssl_certfile"],
+        options["ssl_keyfile"],
+        options["ssl_ca_certs"],
+    )
+    if certfile is None:
+        if keyfile or ca_certs or options["ssl_cert_reqs"]:
+            raise ConfigError(
+                "--ssl-keyfile, --ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile"
+            )
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(
+            f"--ssl-certfile {certfile} (--ssl-keyfile {keyfile}): cannot load the "
+            f"certificate and its key: {error}"
+        ) from None
+    if ca_certs:
+        try:
+            context.load_verify_locations(ca_certs)
+        except (OSError, ssl.SSLError) as error:
+            raise ConfigError(f"--ssl-ca-certs {ca_certs}: cannot load: {error}") from None
+    context.verify_mode = ssl.VerifyMode(options["ssl_cert_reqs"])
+    return context
+
+
+def make_runner(app: web.Application, options: dict[str, Any]) -> web.AppRunner:
+    """The app's runner: handlers cancelled when their client goes away, access log per options."""
+    access_log = None if options["disable_uvicorn_access_log"] else logging.getLogger(ACCESS_LOGGER)
+    return web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=access_log,
+        access_log_format=ACCESS_LOG_FORMAT,
+        shutdown_timeout=_CLOSE_GRACE_S,
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run the server until a signal ends it; the exit status (0 after a drained shutdown)."""
+    config = engine_config_from_args(args)
+    options = frontend_options_from_args(args)
+    configure_logging(options["uvicorn_log_level"])
+    ssl_context = build_ssl_context(options)
+    import_middlewares(options["middleware"])
+    # The modules below load torch and transformers (seconds): a refused argument is
+    # reported before that.
+    from aioserve.engine.async_engine import AsyncEngine
+    from aioserve.server.app import build_app
+    from aioserve.server.chat_template import load_chat_template
+    from aioserve.server.state import ServerState
+
+    if options["chat_template"] is not None:
+        try:
+            load_chat_template(options["chat_template"])
+        except (OSError, ValueError) as error:
+            raise ConfigError(str(error)) from None
+    logger.info("aioserve API server version %s", __version__)
+    given = {
+        name: "<hidden>" if name in _SECRET_ARGUMENTS else value
+        for name, value in sorted(vars(args).items())
+        if name not in ("run", "subcommand")
+    }
+    logger.info("non-default args: %s", given)
+    try:
+        engine = AsyncEngine.from_config(config)
+    except ValueError as error:  # a model that cannot be found or does not fit the settings
+        raise ConfigError(str(error)) from None
+    state = ServerState(engine, list(engine.settings.served_model_names), options)
+    app = build_app(state)
+    _run_on_uvloop(_serve(app, state, ssl_context))
+    logger.info("Finished server process")
+    return 0
+
+
+def _run_on_uvloop(coroutine: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:  # no uvloop build for this platform: the standard loop works too
+        asyncio.run(coroutine)
+    else:
+        uvloop.run(coroutine)
+
+
+async def _serve(
+    app: web.Application, state: ServerState, ssl_context: ssl.SSLContext | None
+) -> None:
+    options = state.options
+    runner = make_runner(app, options)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, options["host"], options["port"], ssl_context=ssl_context)
+        try:
+            await site.start()
+        except OSError as error:
+            raise ConfigError(
+                f"cannot listen on {options['host'] or '*'}:{options['port']}: {error.strerror}"
+            ) from None
+        _log_started(app, runner, options, ssl_context is not None)
+        first, second = asyncio.Event(), asyncio.Event()
+        _on_stop_signals(first, second)
+        await first.wait()
+        state.draining = True
+        await _drain(app[IN_FLIGHT], options["shutdown_timeout"], second)
+        logger.info("Shutting down")
+    finally:
+        # Aborting what still runs first lets its handlers end their responses themselves.
+        await state.engine.shutdown()
+        await runner.cleanup()
+
+
+def _on_stop_signals(first: asyncio.Event, second: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def received(name: str) -> None:
+        if first.is_set():
+            logger.info("Received %s again: stopping now", name)
+            second.set()
+        else:
+            logger.info("Received %s: no new requests; draining the ones in flight", name)
+            first.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, received, sig.name)
+
+
+async def _drain(in_flight: RequestsInFlight, timeout: float, stop_now: asyncio.Event) -> None:
+    """Wait until no request is in flight, `timeout` seconds pass, or `stop_now` is set."""
+    if in_flight.count == 0 or timeout == 0:
+        return
+    logger.info("Waiting up to %gs for %d request(s) in flight", timeout, in_flight.count)
+    idle = asyncio.ensure_future(in_flight.wait_idle())
+    stopped = asyncio.ensure_future(stop_now.wait())
+    await asyncio.wait({idle, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    for task in (idle, stopped):
+        task.cancel()
+    if in_flight.count:
+        logger.warning("Aborting %d request(s) still in flight", in_flight.count)
+
+
+def _log_started(
+    app: web.Application, runner: web.AppRunner, options: dict[str, Any], tls: bool
+) -> None:
+    root_path = options["root_path"]
+    routes: dict[str, list[str]] = {}
+    for route in app.router.routes():
+        path = route.resource.canonical
+        if not (root_path and path.startswith(root_path + "/")):
+            routes.setdefault(path, []).append(route.method)
+    for path, methods in routes.items():
+        logger.info("Route: %s, Methods: %s", path, ", ".join(methods))
+    scheme = "https" if tls else "http"
+    for address in runner.addresses:
+        host, port = address[:2]
+        host = f"[{host}]" if ":" in host else host
+        logger.info("Starting aioserve API server on %s://%s:%d", scheme, host, port)
+    if root_path:
+        logger.info("Every route also answers under %s", root_path)
+    logger.info("Application startup complete.")

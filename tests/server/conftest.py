@@ -1,0 +1,132 @@
+"""Fixtures for HTTP tests: one engine on the default model, apps served on a background loop.
+
+The engine and every app run on one uvloop event loop in a background thread
+(`server_loop`), as in `aioserve serve`; tests talk to them over real HTTP from the main
+thread. Anything that touches the engine directly must run on that loop too
+(`server_loop.run(coroutine)`): the engine's scheduler coroutine lives there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+from aiohttp import web
+
+from aioserve import AsyncEngine
+from aioserve.config import engine_config_from_kwargs
+from aioserve.server.errors import error_middleware
+from aioserve.server.openai_routes import add_openai_routes
+from aioserve.server.state import STATE, ServerState
+
+MODEL = "SmolLM2-135M-Instruct"
+"""The name the test servers answer to (the name vLLM used in the reference samples)."""
+
+T = TypeVar("T")
+
+
+class BackgroundLoop:
+    """A uvloop event loop running in its own thread."""
+
+    def __init__(self) -> None:
+        self.loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="test-server-loop", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 300) -> T:
+        """Run `coroutine` on the loop and return its result (or raise its error)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self.loop.close()
+
+
+@pytest.fixture(scope="session")
+def server_loop() -> Iterator[BackgroundLoop]:
+    loop = BackgroundLoop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def engine(smollm2_gguf, server_loop: BackgroundLoop) -> Iterator[AsyncEngine]:
+    """The default model at float32 with a 2048-token context, seeded."""
+    engine = AsyncEngine.from_config(
+        engine_config_from_kwargs(
+            model=str(smollm2_gguf), dtype="float32", seed=0, max_model_len=2048
+        )
+    )
+    yield engine
+    server_loop.run(engine.shutdown())
+
+
+@contextmanager
+def serve_app(server_loop: BackgroundLoop, app: web.Application) -> Iterator[str]:
+    """Serve `app` on 127.0.0.1 on a free port; yields its base URL, cleans up after."""
+
+    async def start() -> web.AppRunner:
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner
+
+    runner = server_loop.run(start())
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server_loop.run(runner.cleanup())
+
+
+def openai_app(state: ServerState) -> web.Application:
+    """The smallest app with the OpenAI generation routes."""
+    app = web.Application(middlewares=[error_middleware])
+    app[STATE] = state
+    add_openai_routes(app)
+    return app
+
+
+@pytest.fixture(scope="session")
+def openai_server(engine: AsyncEngine, server_loop: BackgroundLoop) -> Iterator[str]:
+    """Base URL of an app with the OpenAI routes and default options."""
+    with serve_app(server_loop, openai_app(ServerState(engine, [MODEL]))) as url:
+        yield url
+
+
+@pytest.fixture
+def start_openai_server(
+    engine: AsyncEngine, server_loop: BackgroundLoop
+) -> Iterator[Callable[..., str]]:
+    """A factory: `start_openai_server(options={...}, draining=True)` -> base URL."""
+    with ExitStack() as stack:
+
+        def start(**state_fields: Any) -> str:
+            state = ServerState(engine, [MODEL], **state_fields)
+            return stack.enter_context(serve_app(server_loop, openai_app(state)))
+
+        yield start
+
+
+def wait_until_idle(engine: AsyncEngine, server_loop: BackgroundLoop, limit: float = 10) -> None:
+    """Wait (up to `limit` seconds) until no request runs and every KV block is free."""
+
+    async def idle() -> bool:
+        kv = engine.kv_cache
+        return engine.num_unfinished_requests == 0 and kv.num_free_blocks == kv.num_blocks
+
+    deadline = time.monotonic() + limit
+    while not server_loop.run(idle()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kv = engine.kv_cache
+    assert engine.num_unfinished_requests == 0, "a request is still running"
+    assert kv.num_free_blocks == kv.num_blocks, "KV blocks were not returned to the pool"

@@ -1,0 +1,102 @@
+"""Helpers for the OpenAI route tests: raw HTTP calls, SSE parsing, vLLM's reference samples.
+
+`vllm_samples/` holds requests and responses captured from a real vLLM 0.32 serving the
+same model (copied from the project's shared reference). Tests compare the *shape* of our
+answers with them: the keys of every object, in order, not the generated text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+
+SAMPLES = Path(__file__).parent / "vllm_samples"
+TIMEOUT = aiohttp.ClientTimeout(total=120)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def post(base_url: str, path: str, body: Any = None, *, raw: bytes | None = None) -> Reply:
+    """POST a JSON body (or raw bytes) and read the whole answer."""
+
+    async def call() -> Reply:
+        data = raw if raw is not None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            async with session.post(base_url + path, data=data, headers=headers) as response:
+                return Reply(response.status, dict(response.headers), await response.read())
+
+    return asyncio.run(call())
+
+
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def sample(name: str) -> dict[str, Any]:
+    """A recorded request/response pair, e.g. sample("04_completion")."""
+    return json.loads((SAMPLES / f"{name}.json").read_text())
+
+
+def sample_stream(name: str) -> bytes:
+    """The recorded bytes of a streamed response, e.g. sample_stream("06_completion_stream")."""
+    return (SAMPLES / f"{name}.sse").read_bytes()
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    """The JSON events of an SSE body, checking vLLM's framing on the way.
+
+    Every event is `data: <compact JSON>\\n\\n`, the last one `data: [DONE]\\n\\n`, and
+    nothing else is sent.
+    """
+    assert raw.endswith(b"data: [DONE]\n\n"), raw[-200:]
+    frames = raw[: -len(b"data: [DONE]\n\n")].split(b"\n\n")
+    assert frames[-1] == b""
+    events = []
+    for frame in frames[:-1]:
+        assert frame.startswith(b"data: ") and b"\n" not in frame, frame
+        payload = frame[len(b"data: ") :]
+        event = json.loads(payload)
+        # Compact JSON, as vLLM writes it (no spaces after separators).
+        assert payload == json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+        events.append(event)
+    return events
+
+
+def shape(value: Any) -> Any:
+    """The keys of every object in `value`, in order, recursively (lists by first item).
+
+    In completions logprobs (the object with `text_offset`), the keys of the
+    `top_logprobs` objects are tokens, not field names: they are left out.
+    """
+    if isinstance(value, dict):
+        return [
+            (key, "tokens" if key == "top_logprobs" and "text_offset" in value else shape(item))
+            for key, item in value.items()
+        ]
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return None
+
+
+def distinct_shapes(events: list[Any]) -> list[Any]:
+    """The shapes of a stream's events with consecutive repeats collapsed."""
+    shapes: list[Any] = []
+    for event in events:
+        if not shapes or shapes[-1] != shape(event):
+            shapes.append(shape(event))
+    return shapes

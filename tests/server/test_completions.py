@@ -1,0 +1,420 @@
+"""POST /v1/completions over real HTTP, against the official openai client and vLLM's samples.
+
+References: the `openai` client (it parses what we send), vLLM 0.32's recorded answers on
+the same model (vllm_samples/: shapes, framing, error bodies, token counts), the model's
+tokenizer for prompt lengths, and AsyncEngine.generate called directly for the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import aiohttp
+import pytest
+
+from aioserve.engine.sampling_params import SamplingParams
+from tests.server.conftest import MODEL, wait_until_idle
+from tests.server.openai_helpers import (
+    TIMEOUT,
+    client,
+    distinct_shapes,
+    post,
+    sample,
+    sample_stream,
+    shape,
+    sse_events,
+)
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is"
+
+
+def engine_text(engine, server_loop, prompt, max_tokens: int) -> tuple[str, list[int]]:
+    """Greedy text and token ids from the engine itself, without HTTP."""
+
+    async def generate():
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outputs = [o async for o in engine.generate(prompt, params, f"direct-{uuid.uuid4()}")]
+        return outputs[-1].outputs[0]
+
+    output = server_loop.run(generate())
+    return output.text, output.token_ids
+
+
+def test_greedy_completion_is_the_engines_text_with_exact_usage(openai_server, engine, server_loop):
+    result = client(openai_server).completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0
+    )
+    text, token_ids = engine_text(engine, server_loop, PROMPT, 8)
+    (choice,) = result.choices
+    assert choice.text == text
+    assert choice.index == 0
+    assert choice.finish_reason == ("length" if len(token_ids) == 8 else "stop")
+    assert result.id.startswith("cmpl-")
+    assert result.object == "text_completion"
+    assert result.model == MODEL
+    assert result.usage.prompt_tokens == len(engine.tokenizer(PROMPT).input_ids)
+    assert result.usage.completion_tokens == len(token_ids)
+    assert result.usage.total_tokens == result.usage.prompt_tokens + len(token_ids)
+    wait_until_idle(engine, server_loop)
+
+
+def test_completion_has_vllms_shape_and_token_counts(openai_server):
+    reference = sample("04_completion")
+    reply = post(openai_server, "/v1/completions", reference["request"]["body"])
+    assert reply.status == 200
+    assert reply.headers["Content-Type"].startswith("application/json")
+    body, expected = reply.json(), reference["response"]["body"]
+    assert shape(body) == shape(expected)
+    # Same model, same tokenizer: vLLM counted 5 prompt tokens and produced 16.
+    assert body["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    if body["choices"][0]["finish_reason"] == "length":
+        assert body["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
+
+
+def test_n2_with_logprobs_has_vllms_shape(openai_server):
+    reference = sample("05_completion_n2_logprobs")
+    reply = post(openai_server, "/v1/completions", reference["request"]["body"])
+    assert reply.status == 200
+    body, expected = reply.json(), reference["response"]["body"]
+    assert shape(body) == shape(expected)
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["usage"]["prompt_tokens"] == expected["usage"]["prompt_tokens"]
+    for choice in body["choices"]:
+        logprobs = choice["logprobs"]
+        assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"])
+        if choice["finish_reason"] == "length":
+            assert len(logprobs["tokens"]) == 8
+        for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True):
+            # The sampled token and the 2 most likely ones (fewer when they coincide).
+            assert token in top and 2 <= len(top) <= 3
+
+
+def test_logprobs_under_greedy_name_the_sampled_token(openai_server):
+    result = client(openai_server).completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3
+    )
+    (choice,) = result.choices
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == result.usage.completion_tokens
+    offset = 0
+    for token, logprob, top, text_offset in zip(
+        logprobs.tokens,
+        logprobs.token_logprobs,
+        logprobs.top_logprobs,
+        logprobs.text_offset,
+        strict=True,
+    ):
+        assert max(top, key=top.get) == token
+        assert top[token] == logprob <= 0
+        assert len(top) == 3
+        assert text_offset == offset
+        offset += len(token)
+    if choice.finish_reason == "length":
+        assert "".join(logprobs.tokens) == choice.text
+
+
+def test_tokens_as_token_ids(start_openai_server):
+    url = start_openai_server(options={"return_tokens_as_token_ids": True})
+    body = post(
+        url,
+        "/v1/completions",
+        {
+            "prompt": PROMPT,
+            "max_tokens": 4,
+            "temperature": 0,
+            "logprobs": 1,
+            "return_token_ids": True,
+        },
+    ).json()
+    (choice,) = body["choices"]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert choice["prompt_token_ids"] == [504, 3575, 282, 4649, 314]  # the tokenizer's ids
+
+
+def test_stream_is_framed_and_shaped_like_vllms(openai_server):
+    reference = sample("04_completion")["request"]["body"]
+    expected = sse_events(sample_stream("06_completion_stream"))
+
+    async def stream() -> tuple[int, str, bytes]:
+        body = {**reference, "max_tokens": 8, "stream": True}
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            async with session.post(f"{openai_server}/v1/completions", json=body) as response:
+                return response.status, response.headers["Content-Type"], await response.read()
+
+    status, content_type, raw = asyncio.run(stream())
+    assert status == 200
+    assert content_type == "text/event-stream; charset=utf-8"
+    events = sse_events(raw)
+    assert distinct_shapes(events) == distinct_shapes(expected)
+    assert len({e["id"] for e in events}) == 1
+    whole = post(openai_server, "/v1/completions", {**reference, "max_tokens": 8}).json()
+    assert "".join(e["choices"][0]["text"] for e in events) == whole["choices"][0]["text"]
+    assert events[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+
+
+def test_stream_usage_chunks(openai_server, engine):
+    chunks = list(
+        client(openai_server).completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    *content, last = chunks
+    num_prompt_tokens = len(engine.tokenizer(PROMPT).input_ids)
+    assert last.choices == []
+    assert last.usage.prompt_tokens == num_prompt_tokens
+    counts = [c.usage.completion_tokens for c in content]
+    assert counts == sorted(counts) and counts[-1] == last.usage.completion_tokens
+    assert all(c.usage.prompt_tokens == num_prompt_tokens for c in content)
+    assert content[-1].choices[0].finish_reason is not None
+
+
+def test_several_prompts_with_n2_index_choices_like_vllm(openai_server, engine):
+    prompts = ["The capital of France is", "One, two, three,"]
+    request = {
+        "model": MODEL,
+        "prompt": prompts,
+        "n": 2,
+        "max_tokens": 5,
+        "temperature": 0.8,
+        "seed": 7,
+        "echo": True,
+        "return_token_ids": True,
+    }
+    body = post(openai_server, "/v1/completions", request).json()
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for choice in choices:
+        # Choice i*n + j belongs to prompt i: echo starts its text with that prompt.
+        assert choice["text"].startswith(prompts[choice["index"] // 2])
+    assert body["usage"]["prompt_tokens"] == sum(
+        len(engine.tokenizer(p).input_ids) for p in prompts
+    )
+    assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in choices)
+
+    # Streamed, the same seeded request gives the same text to the same indices.
+    streamed = {i: "" for i in range(4)}
+    for chunk in client(openai_server).completions.create(
+        **{k: v for k, v in request.items() if k != "return_token_ids"}, stream=True
+    ):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == {c["index"]: c["text"] for c in choices}
+
+
+def test_token_id_prompts_give_the_same_text_as_strings(openai_server, engine):
+    prompts = ["The capital of France is", "One, two, three,"]
+    ids = [engine.tokenizer(p).input_ids for p in prompts]
+    api = client(openai_server)
+    by_text = api.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0)
+    by_ids = api.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0)
+    assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+    assert by_ids.usage.prompt_tokens == sum(map(len, ids))
+    echoed = api.completions.create(
+        model=MODEL, prompt=ids[0], max_tokens=1, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text.startswith(prompts[0])
+
+
+def test_stop_string_ends_the_text(openai_server):
+    api = client(openai_server)
+    base = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    text = base.choices[0].text
+    stop = text.strip().split()[1]  # the second word
+    result = api.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop]
+    )
+    (choice,) = result.choices
+    assert choice.text == text[: text.index(stop)]
+    assert choice.finish_reason == "stop"
+    assert choice.model_extra["stop_reason"] == stop
+
+
+def test_max_tokens_defaults_to_16(openai_server):
+    body = post(
+        openai_server, "/v1/completions", {"prompt": PROMPT, "temperature": 0, "ignore_eos": True}
+    ).json()
+    assert body["usage"]["completion_tokens"] == 16
+    assert body["model"] == MODEL  # the first served name when `model` is left out
+
+
+@pytest.mark.parametrize("name", ["15_err_completion_max_tokens_neg"])
+def test_errors_equal_vllms(openai_server, name):
+    reference = sample(name)
+    reply = post(openai_server, "/v1/completions", reference["request"]["body"])
+    assert reply.status == reference["response"]["status"]
+    assert reply.json() == reference["response"]["body"]
+
+
+def test_unknown_model_is_404(openai_server):
+    reference = sample("17_err_unknown_model_completion")
+    reply = post(openai_server, "/v1/completions", reference["request"]["body"])
+    assert reply.status == 404
+    error = reply.json()["error"]
+    assert shape(error) == shape(reference["response"]["body"]["error"])
+    assert error["param"] == "model" and error["type"] == "NotFoundError"
+    assert "`no-such-model` does not exist" in error["message"]
+
+
+def test_prompt_longer_than_the_context_is_400(openai_server, engine):
+    prompt = "hello " * 3000
+    num_tokens = len(engine.tokenizer(prompt).input_ids)
+    reply = post(openai_server, "/v1/completions", {"prompt": prompt, "max_tokens": 4})
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["param"] == "input_tokens"
+    assert error["message"].startswith(
+        "This model's maximum context length is 2048 tokens. However, your prompt contains "
+        f"{num_tokens} input tokens"
+    )
+
+
+def test_max_tokens_past_the_context_is_400(openai_server):
+    reply = post(openai_server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2044})
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["param"] == "max_tokens"
+    assert "2044 > 2048 - 5" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "shown"),
+    [
+        ({"max_tokens": "ten"}, "max_tokens", "value=ten"),
+        ({"temperature": "hot"}, "temperature", "value=hot"),
+        ({"n": 1.5}, "n", "value=1.5"),
+        ({"stream": "yes"}, "stream", "value=yes"),
+        ({"stop": 5}, "stop", "value=5"),
+        ({"stop": [""]}, "stop", "stop cannot contain an empty string"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias", "abc"),
+        ({"logit_bias": {"49152": 1}}, "logit_bias", "value=49152"),
+        ({"n": 2, "temperature": 0}, "n", "value=2"),
+        ({"top_p": 0}, "top_p", "value=0.0"),
+        ({"logprobs": 21}, "logprobs", "value=21"),
+        ({"suffix": "!"}, "suffix", "value=!"),
+        ({"echo": True, "logprobs": 1}, "echo", "echo"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
+        ({"priority": 3}, "priority", "value=3"),
+        ({"prompt": ""}, "prompt", "empty"),
+        ({"prompt": []}, "prompt", "value=[]"),
+        ({"prompt": 5}, "prompt", "value=5"),
+        ({"prompt": [[1, "a"]]}, "prompt", 'value=[1,"a"]'),
+        ({"prompt": [49152]}, "prompt", "value=49152"),
+        ({"prompt": [-1]}, "prompt", "value=-1"),
+        ({"prompt": None}, "prompt", "required"),
+        ({"model": 7}, "model", "value=7"),
+    ],
+)
+def test_bad_fields_are_400_naming_field_and_value(openai_server, fields, param, shown):
+    reply = post(openai_server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, **fields})
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert error["param"] == param
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert shown in error["message"]
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"prompt": "hi", ', b"[1, 2]", b"", b'"just a string"', b'{"prompt": 1e999}']
+)
+def test_bodies_that_are_not_json_objects_are_400(openai_server, raw):
+    reply = post(openai_server, "/v1/completions", raw=raw)
+    assert reply.status == 400
+    assert reply.json()["error"]["code"] == 400
+
+
+def test_draining_server_refuses_with_503(start_openai_server):
+    url = start_openai_server(draining=True)
+    reply = post(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+    assert reply.status == 503
+    assert reply.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+LONG_REQUEST = {"prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "temperature": 0}
+
+
+def test_client_leaving_a_json_request_aborts_it(openai_server, engine, server_loop):
+    async def leave_early():
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            request = asyncio.ensure_future(
+                session.post(f"{openai_server}/v1/completions", json=LONG_REQUEST)
+            )
+            await _until_running(engine)
+            request.cancel()  # closes the connection while the server computes
+
+    asyncio.run(asyncio.wait_for(leave_early(), 60))
+    wait_until_idle(engine, server_loop)
+
+
+def test_client_leaving_a_stream_aborts_it(openai_server, engine, server_loop):
+    async def leave_early():
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            body = {**LONG_REQUEST, "stream": True}
+            async with session.post(f"{openai_server}/v1/completions", json=body) as response:
+                first = await response.content.readuntil(b"\n\n")
+                response.close()
+        return first
+
+    first = asyncio.run(asyncio.wait_for(leave_early(), 60))
+    assert first.startswith(b"data: {")
+    wait_until_idle(engine, server_loop)
+
+
+def test_engine_refusal_before_the_stream_starts_is_a_json_error(
+    openai_server, engine, server_loop
+):
+    """A request id already running is refused by the engine itself: still a JSON 400."""
+
+    async def clash():
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            body = {**LONG_REQUEST, "stream": True, "request_id": "same-id"}
+            async with session.post(f"{openai_server}/v1/completions", json=body) as first:
+                await first.content.readuntil(b"\n\n")
+                async with session.post(f"{openai_server}/v1/completions", json=body) as second:
+                    result = second.status, second.headers["Content-Type"], await second.json()
+                first.close()
+        return result
+
+    status, content_type, body = asyncio.run(asyncio.wait_for(clash(), 60))
+    assert status == 400
+    assert content_type.startswith("application/json")
+    assert "already running" in body["error"]["message"]
+    wait_until_idle(engine, server_loop)
+
+
+def test_engine_failure_mid_stream_is_an_error_event(
+    openai_server, engine, server_loop, monkeypatch
+):
+    execute = engine.runner.execute
+    calls = 0
+
+    def fail_on_third_step(step):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("injected step failure")
+        return execute(step)
+
+    monkeypatch.setattr(engine.runner, "execute", fail_on_third_step)
+    reply = post(openai_server, "/v1/completions", {**LONG_REQUEST, "stream": True})
+    assert reply.status == 200
+    *chunks, error = sse_events(reply.body)
+    assert chunks and all("choices" in c for c in chunks)
+    assert error["error"]["code"] == 500
+    assert "injected step failure" in error["error"]["message"]
+    wait_until_idle(engine, server_loop)
+
+
+async def _until_running(engine, limit: float = 30) -> None:
+    """Wait until the engine has a request (a read of a counter owned by another thread)."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while engine.num_unfinished_requests == 0:
+        assert asyncio.get_running_loop().time() < deadline, "the request never reached the engine"
+        await asyncio.sleep(0.02)

@@ -1,0 +1,263 @@
+"""`python -m aioserve serve`: its frontend arguments, and a real server process.
+
+The argument tests parse `aioserve serve` command lines and check each frontend option's
+value and each refusal. The process tests run `python -m aioserve serve` on the default
+model's GGUF on a free port of 127.0.0.1, talk to it with the `openai` client and aiohttp,
+and stop it with SIGTERM while a stream is in flight. Every process is killed in a finally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from aioserve.arguments import ARGUMENTS, FRONTEND, ConfigError
+from aioserve.cli import build_engine_parser
+from aioserve.config import engine_config_from_args, frontend_options_from_args
+from aioserve.models.resolve import DEFAULT_MODEL
+
+# --- the frontend arguments ------------------------------------------------------------------
+
+FRONTEND_FLAGS = [
+    (["--host", "127.0.0.1"], "host", "127.0.0.1"),
+    (["--port", "0"], "port", 0),
+    (["--port", "8001"], "port", 8001),
+    (["--uvicorn-log-level", "warning"], "uvicorn_log_level", "warning"),
+    (["--disable-uvicorn-access-log"], "disable_uvicorn_access_log", True),
+    (["--allow-credentials"], "allow_credentials", True),
+    (["--allowed-origins", '["https://a.example"]'], "allowed_origins", ["https://a.example"]),
+    (["--allowed-methods", '["GET", "POST"]'], "allowed_methods", ["GET", "POST"]),
+    (["--allowed-headers", "[]"], "allowed_headers", []),
+    (["--api-key", "k"], "api_key", "k"),
+    (["--chat-template", "t.jinja"], "chat_template", "t.jinja"),
+    (["--chat-template-content-format", "openai"], "chat_template_content_format", "openai"),
+    (["--response-role", "bot"], "response_role", "bot"),
+    (["--ssl-keyfile", "k.pem"], "ssl_keyfile", "k.pem"),
+    (["--ssl-certfile", "c.pem"], "ssl_certfile", "c.pem"),
+    (["--ssl-ca-certs", "ca.pem"], "ssl_ca_certs", "ca.pem"),
+    (["--ssl-cert-reqs", "2"], "ssl_cert_reqs", 2),
+    (["--ssl-cert-reqs", "CERT_OPTIONAL"], "ssl_cert_reqs", 1),
+    (["--root-path", "/api/"], "root_path", "/api"),
+    (["--middleware", "a.b", "--middleware", "c.d.e"], "middleware", ["a.b", "c.d.e"]),
+    (["--return-tokens-as-token-ids"], "return_tokens_as_token_ids", True),
+    (["--disable-frontend-multiprocessing"], "disable_frontend_multiprocessing", True),
+    (["--enable-request-id-headers"], "enable_request_id_headers", True),
+    (["--enable-prompt-tokens-details"], "enable_prompt_tokens_details", True),
+    (["--enable-server-load-tracking"], "enable_server_load_tracking", True),
+    (["--disable-fastapi-docs"], "disable_fastapi_docs", True),
+    (["--max-log-len", "100"], "max_log_len", 100),
+    (["--disable-log-stats"], "disable_log_stats", True),
+    (["--disable-log-requests"], "disable_log_requests", True),
+    (["--enable-log-requests"], "enable_log_requests", True),
+    (["--no-enable-log-requests"], "enable_log_requests", False),
+    (["--shutdown-timeout", "2.5"], "shutdown_timeout", 2.5),
+]
+
+
+def _options(*argv: str) -> dict:
+    return frontend_options_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+
+
+@pytest.mark.parametrize(("argv", "dest", "expected"), FRONTEND_FLAGS)
+def test_frontend_flag_sets_its_option(argv, dest, expected):
+    value = _options(*argv)[dest]
+    assert value == expected and type(value) is type(expected)
+
+
+def test_every_supported_frontend_argument_is_tested():
+    tested = {argv[0].replace("--no-", "--") for argv, _, _ in FRONTEND_FLAGS}
+    supported = {a.flag for a in ARGUMENTS if a.group == FRONTEND and a.supported}
+    assert supported == tested
+    assert set(_options()) == {a.dest for a in ARGUMENTS if a.group == FRONTEND and a.supported}
+
+
+def test_defaults_are_vllms_and_the_default_model_is_served():
+    options = _options()
+    assert (options["host"], options["port"], options["api_key"]) == (None, 8000, None)
+    assert options["allowed_origins"] == options["allowed_methods"] == ["*"]
+    assert options["response_role"] == "assistant"
+    assert options["shutdown_timeout"] == 30.0
+    config = engine_config_from_args(build_engine_parser("aioserve serve").parse_args([]))
+    assert config.model.model == DEFAULT_MODEL
+
+
+def test_frontend_options_come_from_a_config_file_too(tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text(
+        "port: 9001\nallowed_origins: ['https://a.example']\nenable-log-requests: true\n"
+    )
+    options = _options("--config", str(path), "--port", "9002")
+    assert options["port"] == 9002  # the command line wins
+    assert options["allowed_origins"] == ["https://a.example"]
+    assert options["enable_log_requests"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--port", "65536"], "--port must be a TCP port from 0 to 65535, got 65536"),
+        (["--port", "http"], "--port must be an integer, got 'http'"),
+        (["--allowed-origins", "*"], "--allowed-origins must be a JSON list of strings"),
+        (["--allowed-methods", '"GET"'], "--allowed-methods must be a JSON list of strings"),
+        (["--ssl-cert-reqs", "3"], "--ssl-cert-reqs must be 0, 1 or 2"),
+        (["--root-path", "api"], "--root-path must start with '/', got 'api'"),
+        (["--middleware", "nodots"], "--middleware must be import paths"),
+        (["--max-log-len", "-1"], "--max-log-len must be at least 0, got -1"),
+        (["--shutdown-timeout", "-1"], "--shutdown-timeout must be a number of seconds"),
+        (["--shutdown-timeout", "inf"], "--shutdown-timeout must be a number of seconds"),
+        (["--uvicorn-log-level", "loud"], "--uvicorn-log-level must be one of debug, info"),
+    ],
+)
+def test_bad_frontend_values_are_refused_by_name(argv, message):
+    with pytest.raises(ConfigError) as error:
+        _options(*argv)
+    assert str(error.value).startswith(message)
+
+
+# --- the process ---------------------------------------------------------------------------
+
+
+def _aioserve(*argv: str, log: Path) -> subprocess.Popen:
+    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    with open(log, "wb") as output:
+        return subprocess.Popen(
+            [sys.executable, "-m", "aioserve", *argv],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=environment,
+        )
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice is a vLLM argument that "),
+        (["--tool-call-parser", "hermes", "--headless"], "--tool-call-parser, --headless are vLLM"),
+        (["--port", "70000"], "--port must be a TCP port from 0 to 65535, got 70000"),
+        (["--chat-template", "no-such-file"], "--chat-template 'no-such-file' is neither"),
+        (["--middleware", "no.such.module"], "--middleware no.such.module: cannot import it"),
+        (["--ssl-keyfile", "k.pem"], "--ssl-keyfile, --ssl-ca-certs and --ssl-cert-reqs need"),
+    ],
+)
+def test_refused_arguments_stop_the_command_before_the_model_loads(tmp_path, argv, message):
+    log = tmp_path / "serve.log"
+    process = _aioserve("serve", "no/such-model", *argv, log=log)
+    try:
+        assert process.wait(timeout=120) == 2
+    finally:
+        _stop(process)
+    assert f"aioserve: error: {message}" in log.read_text()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_until_healthy(process: subprocess.Popen, url: str, log: Path, limit: float = 300):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=1):
+                pass
+        except OSError:
+            time.sleep(0.5)
+            continue
+        if asyncio.run(_status(url + "/health")) == 200:
+            return
+    pytest.fail(f"the server was not healthy after {limit} s:\n{log.read_text()[-3000:]}")
+
+
+async def _status(url: str) -> int:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.get(url) as response:
+            return response.status
+
+
+async def _sigterm_during_a_stream(process: subprocess.Popen, url: str) -> dict:
+    """Open a stream, SIGTERM the server after its first event, then look around."""
+    seen: dict = {}
+    body = {
+        "model": "smol",
+        "prompt": "Once upon a time",
+        "max_tokens": 16,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with session.post(url + "/v1/completions", json=body) as stream:
+            events = [await stream.content.readline()]
+            process.send_signal(signal.SIGTERM)
+            # The signal is handled on the server's loop: wait until /health says so.
+            deadline = time.monotonic() + 30
+            while (status := await _status(url + "/health")) == 200:
+                assert time.monotonic() < deadline, "SIGTERM did not start draining"
+                await asyncio.sleep(0.05)
+            seen["health"] = status
+            async with session.post(
+                url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}
+            ) as refused:
+                seen["new_request"] = (refused.status, await refused.json())
+            events += [line async for line in stream.content]
+    seen["events"] = [line.decode().strip() for line in events if line.strip()]
+    return seen
+
+
+@pytest.mark.slow
+def test_serve_answers_then_drains_on_sigterm(smollm2_gguf, tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    argv = ["serve", str(smollm2_gguf), "--max-model-len", "512", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--served-model-name", "smol", "--shutdown-timeout", "60"]
+    process = _aioserve(*argv, log=log)
+    try:
+        _wait_until_healthy(process, url, log)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        completion = client.completions.create(
+            model="smol", prompt="The capital of France is", max_tokens=4, temperature=0
+        )
+        assert completion.model == "smol"
+        assert completion.choices[0].text and completion.choices[0].finish_reason == "length"
+        assert completion.usage.completion_tokens == 4
+
+        seen = asyncio.run(_sigterm_during_a_stream(process, url))
+        assert seen["health"] == 503
+        status, error = seen["new_request"]
+        assert status == 503 and error["error"]["type"] == "ServiceUnavailableError"
+        # The stream in flight ran to its end: every token, the usage chunk, [DONE].
+        events = seen["events"]
+        assert events[-1] == "data: [DONE]"
+        chunks = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
+        assert chunks[-1]["usage"]["completion_tokens"] == 16
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+
+        assert process.wait(timeout=120) == 0
+    finally:
+        _stop(process)
+    text = log.read_text()
+    assert "Application startup complete." in text
+    assert "Received SIGTERM" in text and "Finished server process" in text
+    assert '"POST /v1/completions HTTP/1.1" 200' in text  # the access log
