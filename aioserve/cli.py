@@ -81,7 +81,8 @@ class EngineArgumentParser(argparse.ArgumentParser):
         for token in tokens:
             if token == "--":
                 break
-            if token.startswith("--help="):
+            # A parser with subcommands (`bench`) leaves `--help=` to the subcommand's parser.
+            if token.startswith("--help=") and self._subparsers is None:
                 self._print_part_of_help(token.removeprefix("--help="))
         tokens, dotted = self._pull_dotted_json(tokens)
         namespace = argparse.Namespace() if namespace is None else namespace
@@ -284,8 +285,11 @@ class EngineArgumentParser(argparse.ArgumentParser):
         self.exit(0)
 
 
-def build_engine_parser(prog: str) -> EngineArgumentParser:
-    """The parser of a command that starts an engine: `model_tag`, `--config`, every vLLM argument."""
+def build_engine_parser(prog: str, *, frontend: bool = True) -> EngineArgumentParser:
+    """The parser of a command that starts an engine: `model_tag`, `--config`, every vLLM argument.
+
+    With `frontend=False` the HTTP server's arguments are left out (for `bench`).
+    """
     parser = EngineArgumentParser(
         prog=prog,
         usage=f"{prog} [model_tag] [options]",
@@ -308,7 +312,7 @@ def build_engine_parser(prog: str) -> EngineArgumentParser:
         help="Read options from a YAML file whose keys are long option names without dashes "
         "(snake or kebab case); options on the command line win.",
     )
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, frontend=frontend)
     return parser
 
 
@@ -378,7 +382,38 @@ def _add_collect_env(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=_run_collect_env)
 
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_collect_env,)
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from aioserve.benchmarks.cli import add_bench_parser  # imports aioserve.cli itself
+
+    add_bench_parser(subparsers)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from aioserve.server.serve import run_serve
+
+    return run_serve(args)
+
+
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+    engine_parser = build_engine_parser("aioserve serve")
+    parser = subparsers.add_parser(
+        "serve",
+        parents=[engine_parser],
+        add_help=False,  # the engine parser's --help comes with its arguments
+        usage=engine_parser.usage,
+        epilog=engine_parser.epilog,
+        help="Serve a model over vLLM's OpenAI-compatible HTTP API.",
+        description="Serve a model over vLLM's OpenAI-compatible HTTP API (the default model "
+        "when none is given).",
+    )
+    parser.set_defaults(run=_run_serve)
+
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_collect_env,
+    _add_serve,
+    _add_bench,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -188,10 +188,10 @@ def test_command_line_wins_over_config_file(parser, tmp_path):
 
 
 def test_unsupported_argument_in_config_file_is_refused(parser, tmp_path):
-    path = _yaml(tmp_path, "tensor_parallel_size: 2\nport: 8000\n")
+    path = _yaml(tmp_path, "tensor_parallel_size: 2\nheadless: true\n")
     with pytest.raises(ConfigError) as error:
         engine_config_from_args(parser.parse_args(["--config", path]))
-    assert "--port, --tensor-parallel-size (-tp) are vLLM arguments" in str(error.value)
+    assert "--headless, --tensor-parallel-size (-tp) are vLLM arguments" in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -281,9 +281,7 @@ def _run(*argv: str, **env: str) -> subprocess.CompletedProcess:
 def test_top_level_help_lists_the_subcommands():
     result = _run("--help")
     assert result.returncode == 0
-    assert result.stdout.startswith("usage: aioserve [-h] [-v] {collect-env} ...")
-    assert "collect-env" in result.stdout
-    assert not re.search(r"\b(serve|bench)\b", result.stdout)  # no placeholders
+    assert result.stdout.startswith("usage: aioserve [-h] [-v] {collect-env,serve,bench} ...")
 
 
 def test_version():
@@ -364,6 +362,7 @@ def test_every_vllm_argument_is_declared(parser):
     known |= {action.dest for action in parser._actions if not action.option_strings}
     missing = [spelling for row in rows for spelling in row if spelling not in known]
     assert missing == []
-    inventory = {spelling for row in rows for spelling in row}
+    # vLLM added --shutdown-timeout in 0.18, after the versions the inventory was built from.
+    inventory = {spelling for row in rows for spelling in row} | {"--shutdown-timeout"}
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]
     assert invented == []

@@ -376,7 +376,7 @@ class AsyncEngine:
             self.kv_cache.stats.queries,
             self.kv_cache.stats.hits,
         )
-        preemptions, queries, hits = (a - b for a, b in zip(counters, self._counted))
+        preemptions, queries, hits = (a - b for a, b in zip(counters, self._counted, strict=True))
         self._counted = counters
         stats = StepStats(
             timestamp=time.monotonic(),

@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from aioserve.config import engine_config_from_kwargs
+from aioserve.config import EngineConfig, engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine, PromptType
 from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
@@ -41,9 +41,19 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         if model is not None:
             engine_args["model"] = model
-        self.config = engine_config_from_kwargs(**engine_args)
+        self._start(engine_config_from_kwargs(**engine_args))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An LLM for an already built configuration (e.g. from the command line's arguments)."""
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: EngineConfig) -> None:
+        self.config = config
         self._loop = _new_event_loop()
-        self.engine = AsyncEngine.from_config(self.config)
+        self.engine = AsyncEngine.from_config(config)
         self._ids = itertools.count()
 
     def get_tokenizer(self):

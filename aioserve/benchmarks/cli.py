@@ -1,0 +1,324 @@
+"""The `aioserve bench` command line: `throughput`, `latency` and `serve`, with vLLM's options.
+
+`throughput` and `latency` start an engine, so their parsers carry every engine argument
+(from aioserve.cli.build_engine_parser, without the HTTP server's) besides their own.
+`serve` is a client of a running server and takes no engine argument. The benchmarks
+themselves load on demand, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from aioserve.benchmarks.datasets import DATASET_NAMES
+from aioserve.cli import build_engine_parser
+
+
+def _run_throughput(args: argparse.Namespace) -> int:
+    from aioserve.benchmarks.throughput import main
+
+    main(args)
+    return 0
+
+
+def _run_latency(args: argparse.Namespace) -> int:
+    from aioserve.benchmarks.latency import main
+
+    main(args)
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from aioserve.benchmarks.serve import main
+
+    main(args)
+    return 0
+
+
+def _engine_command(
+    commands: argparse._SubParsersAction, name: str, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A bench subcommand whose parser starts with every engine argument."""
+    prog = f"aioserve bench {name}"
+    return commands.add_parser(
+        name,
+        parents=[build_engine_parser(prog, frontend=False)],
+        add_help=False,
+        usage=f"{prog} [options]",
+        help=help,
+        description=description,
+        epilog=f"Show part of this help with {prog} --help=<group|argument|keyword|listgroup>.",
+    )
+
+
+def _add_prefix_repetition_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("prefix repetition dataset options")
+    group.add_argument(
+        "--prefix-repetition-prefix-len",
+        type=int,
+        help="Prefix tokens per request (default: 256).",
+    )
+    group.add_argument(
+        "--prefix-repetition-suffix-len",
+        type=int,
+        help="Suffix tokens per request; the input is prefix + suffix (default: 256).",
+    )
+    group.add_argument(
+        "--prefix-repetition-num-prefixes",
+        type=int,
+        help="Distinct prefixes; each is shared by num-prompts // num-prefixes requests "
+        "(default: 10).",
+    )
+    group.add_argument(
+        "--prefix-repetition-output-len",
+        type=int,
+        help="Output tokens per request (default: --output-len, else 128).",
+    )
+
+
+def _add_throughput(commands: argparse._SubParsersAction) -> None:
+    parser = _engine_command(
+        commands,
+        "throughput",
+        "Offline generation throughput (vllm bench throughput).",
+        "Measure offline throughput: every request at once on the offline engine (or on "
+        "transformers with --backend hf), then print requests/s and tokens/s.",
+    )
+    bench = parser.add_argument_group("benchmark options")
+    bench.add_argument(
+        "--backend",
+        choices=("aioserve", "vllm", "hf", "mii", "aioserve-chat", "vllm-chat"),
+        default="aioserve",
+        help="What to measure: aioserve's engine (vllm is an alias), its chat path "
+        "(aioserve-chat, alias vllm-chat), or transformers (hf). mii is refused.",
+    )
+    bench.add_argument(
+        "--dataset-name",
+        choices=DATASET_NAMES,
+        default="sharegpt",
+        help="The workload; without --dataset-path, sharegpt and burstgpt fall back to random.",
+    )
+    bench.add_argument("--dataset", help="Deprecated: the ShareGPT file (use --dataset-path).")
+    bench.add_argument(
+        "--dataset-path", help="The dataset file (ShareGPT JSON, BurstGPT CSV, text)."
+    )
+    bench.add_argument("--input-len", type=int, help="Input tokens per request (random, sonnet).")
+    bench.add_argument(
+        "--output-len", type=int, help="Output tokens per request; overrides the dataset's."
+    )
+    bench.add_argument("--n", type=int, default=1, help="Sequences generated per prompt.")
+    bench.add_argument("--num-prompts", type=int, default=1000, help="Number of prompts.")
+    bench.add_argument("--hf-max-batch-size", type=int, help="Largest batch of the hf backend.")
+    bench.add_argument("--output-json", help="Write the results to this JSON file.")
+    bench.add_argument(
+        "--async-engine",
+        action="store_true",
+        help="Drive the AsyncEngine, one generate stream per request, instead of the LLM class.",
+    )
+    bench.add_argument(
+        "--disable-detokenize",
+        action="store_true",
+        help="Do not detokenize the outputs (leave detokenization out of the measurement).",
+    )
+    bench.add_argument("--lora-path", help="LoRA adapter to use: refused, no LoRA support yet.")
+    bench.add_argument(
+        "--prefix-len",
+        type=int,
+        default=0,
+        help="Fixed prefix tokens before the random context (random, sonnet).",
+    )
+    bench.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="Spread of the random dataset's lengths: each is drawn from "
+        "[len * (1 - ratio), len * (1 + ratio)]; in [0, 1).",
+    )
+    bench.add_argument("--hf-subset", help="Subset of an hf dataset (the hf dataset is refused).")
+    bench.add_argument("--hf-split", help="Split of an hf dataset (the hf dataset is refused).")
+    # vLLM's frontend switches, which mean nothing offline. Their own dests keep them apart
+    # from the server's arguments of the same names, which engine_config_from_args reads.
+    for option, action, meaning in (
+        ("--disable-frontend-multiprocessing", "store_true", "the engine runs in this process"),
+        ("--disable-log-stats", "store_true", "the offline engine logs no statistics"),
+        ("--enable-log-requests", argparse.BooleanOptionalAction, "no request is logged"),
+        ("--disable-log-requests", argparse.BooleanOptionalAction, "no request is logged"),
+    ):
+        bench.add_argument(
+            option,
+            action=action,
+            dest="ignored_" + option.removeprefix("--").replace("-", "_"),
+            help=f"Accepted for vLLM command lines, no effect: {meaning}.",
+        )
+    _add_prefix_repetition_options(parser)
+    parser.set_defaults(run=_run_throughput)
+
+
+def _add_latency(commands: argparse._SubParsersAction) -> None:
+    parser = _engine_command(
+        commands,
+        "latency",
+        "Latency of one batch (vllm bench latency).",
+        "Measure how long one batch of random prompts takes, over warm-up and timed "
+        "iterations, and print the mean and percentiles.",
+    )
+    bench = parser.add_argument_group("benchmark options")
+    bench.add_argument("--input-len", type=int, default=32, help="Prompt tokens per request.")
+    bench.add_argument("--output-len", type=int, default=128, help="Output tokens per request.")
+    bench.add_argument("--batch-size", type=int, default=8, help="Requests per batch.")
+    bench.add_argument("--n", type=int, default=1, help="Sequences generated per prompt.")
+    bench.add_argument("--num-iters-warmup", type=int, default=10, help="Untimed iterations first.")
+    bench.add_argument("--num-iters", type=int, default=30, help="Timed iterations.")
+    bench.add_argument("--output-json", help="Write the results to this JSON file.")
+    bench.add_argument(
+        "--disable-detokenize",
+        action="store_true",
+        help="Do not detokenize the outputs (leave detokenization out of the measurement).",
+    )
+    parser.set_defaults(run=_run_latency)
+
+
+def _add_serve_dataset_options(parser: argparse.ArgumentParser) -> None:
+    dataset = parser.add_argument_group("dataset options")
+    dataset.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
+    dataset.add_argument(
+        "--dataset-path", help="The dataset file (ShareGPT JSON, BurstGPT CSV, text)."
+    )
+    dataset.add_argument("--num-prompts", type=int, default=1000, help="Number of prompts.")
+    dataset.add_argument("--seed", type=int, default=0, help="Seed of the workload and arrivals.")
+    dataset.add_argument(
+        "--input-len", type=int, help="Input tokens per request; overrides the dataset option."
+    )
+    dataset.add_argument(
+        "--output-len", type=int, help="Output tokens per request; overrides the dataset option."
+    )
+    random_dataset = parser.add_argument_group("random dataset options")
+    random_dataset.add_argument("--random-input-len", type=int, default=1024)
+    random_dataset.add_argument("--random-output-len", type=int, default=128)
+    random_dataset.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="Each length is drawn from [len * (1 - ratio), len * (1 + ratio)]; in [0, 1).",
+    )
+    random_dataset.add_argument(
+        "--random-prefix-len", type=int, default=0, help="Shared prefix tokens."
+    )
+    sharegpt = parser.add_argument_group("sharegpt dataset options")
+    sharegpt.add_argument(
+        "--sharegpt-output-len", type=int, help="Output tokens; overrides the replies' lengths."
+    )
+    sonnet = parser.add_argument_group("sonnet dataset options")
+    sonnet.add_argument("--sonnet-input-len", type=int, default=550)
+    sonnet.add_argument("--sonnet-output-len", type=int, default=150)
+    sonnet.add_argument("--sonnet-prefix-len", type=int, default=200)
+    _add_prefix_repetition_options(parser)
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="Load-test an OpenAI-compatible server (vllm bench serve).",
+        description="Send a workload to a running OpenAI-compatible server (aioserve or any "
+        "other), streaming, and report throughput and TTFT, TPOT, ITL and end-to-end latency.",
+    )
+    target = parser.add_argument_group("server options")
+    target.add_argument(
+        "--backend",
+        choices=("openai", "vllm", "openai-chat"),
+        default="openai",
+        help="openai (alias vllm): the completions API; openai-chat: chat completions.",
+    )
+    target.add_argument("--base-url", help="The server's URL, instead of --host and --port.")
+    target.add_argument("--host", default="127.0.0.1")
+    target.add_argument("--port", type=int, default=8000)
+    target.add_argument(
+        "--endpoint",
+        help="The API path (default: /v1/completions, or /v1/chat/completions for openai-chat).",
+    )
+    target.add_argument(
+        "--header", nargs="*", metavar="KEY=VALUE", help="Extra HTTP headers on every request."
+    )
+    target.add_argument(
+        "--model", help="The model's name on the server (default: the first of /v1/models)."
+    )
+    target.add_argument(
+        "--served-model-name", help="The name to send in requests, when it differs from --model."
+    )
+    target.add_argument("--tokenizer", help="Tokenizer for the workload (default: the model).")
+    target.add_argument("--tokenizer-mode", choices=("auto", "slow"), default="auto")
+    traffic = parser.add_argument_group("traffic options")
+    traffic.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Requests per second; inf sends them all at once.",
+    )
+    traffic.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="Shape of the gamma distribution of the gaps between requests: 1 is a Poisson "
+        "process, below 1 burstier, above 1 more even.",
+    )
+    traffic.add_argument("--max-concurrency", type=int, help="Most requests in flight at once.")
+    traffic.add_argument("--num-warmups", type=int, default=0, help="Untimed requests first.")
+    traffic.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="Ask the server to ignore EOS (always on for the random dataset).",
+    )
+    traffic.add_argument("--request-id-prefix", help="Prefix of the x-request-id header.")
+    traffic.add_argument(
+        "--extra-body", type=json.loads, help="JSON object merged into every request body."
+    )
+    sampling = parser.add_argument_group("sampling parameters (default: the server's)")
+    for option, kind in (
+        ("--temperature", float),
+        ("--top-p", float),
+        ("--top-k", int),
+        ("--min-p", float),
+        ("--frequency-penalty", float),
+        ("--presence-penalty", float),
+        ("--repetition-penalty", float),
+    ):
+        sampling.add_argument(option, type=kind)
+    results = parser.add_argument_group("result options")
+    results.add_argument("--disable-tqdm", action="store_true", help="No progress bar.")
+    results.add_argument("--save-result", action="store_true", help="Write the result JSON.")
+    results.add_argument(
+        "--save-detailed",
+        action="store_true",
+        help="Also save per-request lengths, timings, texts and errors.",
+    )
+    results.add_argument(
+        "--metadata", nargs="*", metavar="KEY=VALUE", help="Extra keys for the result JSON."
+    )
+    results.add_argument("--result-dir", help="Folder of the result JSON (default: here).")
+    results.add_argument("--result-filename", help="Name of the result JSON.")
+    results.add_argument("--label", help="Label of the result (default: the backend).")
+    results.add_argument(
+        "--percentile-metrics",
+        help="Comma-separated metrics to report: ttft, tpot, itl, e2el (default: ttft,tpot,itl).",
+    )
+    results.add_argument(
+        "--metric-percentiles",
+        default="99",
+        help='Comma-separated percentiles to report, e.g. "25,50,75" (default: 99).',
+    )
+    _add_serve_dataset_options(parser)
+    parser.set_defaults(run=_run_serve)
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `bench` and its subcommands on the top-level `aioserve` subparsers."""
+    bench = subparsers.add_parser(
+        "bench",
+        help="Benchmarks: throughput, latency, serve (vllm bench).",
+        description="vLLM's benchmark tools with vLLM's options.",
+    )
+    commands = bench.add_subparsers(title="benchmarks", dest="benchmark", required=True)
+    _add_throughput(commands)
+    _add_latency(commands)
+    _add_serve(commands)

@@ -1,0 +1,170 @@
+"""Latency and throughput statistics of a serving benchmark, as `vllm bench serve` computes them.
+
+Per request the client records when it sent the request, when each streamed chunk arrived
+and how many tokens came back. From those:
+
+- TTFT, time to first token: first chunk - request sent;
+- ITL, inter-token latency: the gap between two consecutive chunks (all requests' gaps
+  pooled);
+- TPOT, time per output token: (E2EL - TTFT) / (output tokens - 1), for requests with more
+  than one output token;
+- E2EL, end-to-end latency: last chunk - request sent.
+
+Each is summarized by its mean, median, standard deviation and the requested percentiles,
+in milliseconds. Percentiles interpolate linearly between the two nearest ranks (numpy's
+default, as in vLLM): the p-th percentile of sorted x[0..n-1] is x at rank p/100 * (n-1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass
+class RequestResult:
+    """What the client saw of one request (times in seconds, from time.perf_counter)."""
+
+    success: bool = False
+    prompt_len: int = 0
+    output_tokens: int | None = None  # the server's usage.completion_tokens, when it sent one
+    generated_text: str = ""
+    start_time: float = 0.0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """One metric's summary, in milliseconds; zeros when nothing was measured."""
+
+    mean: float
+    median: float
+    std: float
+    percentiles: list[tuple[float, float]]  # (p, value)
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    completed: int
+    failed: int
+    total_input: int
+    total_output: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    max_output_tokens_per_s: float
+    max_concurrent_requests: int
+    latencies: dict[str, LatencyStats]  # by metric name: "ttft", "tpot", "itl", "e2el"
+
+
+def latency_stats(values_s: Sequence[float], percentiles: Sequence[float]) -> LatencyStats:
+    """Mean, median, standard deviation and percentiles of `values_s`, converted to ms."""
+    values = np.asarray(values_s if len(values_s) else [0.0], dtype=np.float64) * 1000.0
+    return LatencyStats(
+        mean=float(np.mean(values)),
+        median=float(np.median(values)),
+        std=float(np.std(values)),
+        percentiles=[(float(p), float(np.percentile(values, p))) for p in percentiles],
+    )
+
+
+def percentile_label(p: float) -> str:
+    """How a percentile is written in keys and labels: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def metric_fields(name: str, stats: LatencyStats) -> dict[str, float]:
+    """vLLM's result keys of one metric: mean_ttft_ms, median_ttft_ms, std_ttft_ms, p99_ttft_ms, ..."""
+    fields = {
+        f"mean_{name}_ms": stats.mean,
+        f"median_{name}_ms": stats.median,
+        f"std_{name}_ms": stats.std,
+    }
+    for p, value in stats.percentiles:
+        fields[f"p{percentile_label(p)}_{name}_ms"] = value
+    return fields
+
+
+def _peaks(results: Sequence[RequestResult]) -> tuple[float, int]:
+    """The most chunks that arrived within one second, and the most requests in flight."""
+    if not results:
+        return 0.0, 0
+    origin = min(r.start_time for r in results)
+    end = max(r.start_time + r.latency for r in results)
+    per_second = np.zeros(int(math.ceil(end - origin)) + 1)
+    for result in results:
+        arrival = result.start_time + result.ttft
+        for gap in [0.0, *result.itl]:
+            arrival += gap
+            per_second[int(arrival - origin)] += 1
+    # Half-open intervals [start, end): an end and a start at the same time do not overlap.
+    events = sorted(
+        [(r.start_time, 1) for r in results] + [(r.start_time + r.latency, -1) for r in results]
+    )
+    in_flight = peak = 0
+    for _, change in events:
+        in_flight += change
+        peak = max(peak, in_flight)
+    return float(per_second.max()), peak
+
+
+def serving_metrics(
+    results: Sequence[RequestResult],
+    duration_s: float,
+    percentiles: Sequence[float],
+    count_tokens: Callable[[str], int],
+) -> tuple[ServingMetrics, list[int]]:
+    """The benchmark's metrics, and each request's output length (0 for a failed one).
+
+    A request's output length is the server's usage.completion_tokens, or else the number
+    of tokens `count_tokens` finds in its generated text.
+    """
+    output_lens: list[int] = []
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    itls: list[float] = []
+    e2els: list[float] = []
+    total_input = 0
+    succeeded = [r for r in results if r.success]
+    for result in results:
+        if not result.success:
+            output_lens.append(0)
+            continue
+        output_len = result.output_tokens
+        if output_len is None:
+            output_len = count_tokens(result.generated_text)
+        output_lens.append(output_len)
+        total_input += result.prompt_len
+        if output_len > 1:
+            tpots.append((result.latency - result.ttft) / (output_len - 1))
+        ttfts.append(result.ttft)
+        itls.extend(result.itl)
+        e2els.append(result.latency)
+    total_output = sum(output_lens)
+    peak_tokens, peak_requests = _peaks(succeeded)
+    metrics = ServingMetrics(
+        completed=len(succeeded),
+        failed=len(results) - len(succeeded),
+        total_input=total_input,
+        total_output=total_output,
+        request_throughput=len(succeeded) / duration_s,
+        output_throughput=total_output / duration_s,
+        total_token_throughput=(total_input + total_output) / duration_s,
+        max_output_tokens_per_s=peak_tokens,
+        max_concurrent_requests=peak_requests,
+        latencies={
+            "ttft": latency_stats(ttfts, percentiles),
+            "tpot": latency_stats(tpots, percentiles),
+            "itl": latency_stats(itls, percentiles),
+            "e2el": latency_stats(e2els, percentiles),
+        },
+    )
+    return metrics, output_lens

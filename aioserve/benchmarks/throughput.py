@@ -1,0 +1,224 @@
+"""`aioserve bench throughput`: offline generation throughput, as `vllm bench throughput`.
+
+Every request of the workload is handed to the engine at once and the run is timed from
+the first request to the last output. Requests sample at temperature 1 with EOS ignored,
+so each generates exactly its output length. Backends:
+
+- aioserve (default; `vllm` is accepted for vLLM command lines): the offline `LLM`, or the
+  `AsyncEngine` with --async-engine;
+- aioserve-chat (`vllm-chat`): `LLM.chat`, each prompt one user message;
+- hf: transformers' batched `generate` on the same model files (aioserve.benchmarks.hf_backend);
+- mii: refused (DeepSpeed-MII is not part of aioserve's stack).
+
+It prints vLLM's line "Throughput: X requests/s, Y total tokens/s, Z output tokens/s" and
+writes --output-json with vLLM's keys. Token counts come from what the engine returned
+(prompt tokens once per request, output tokens of every sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
+
+from aioserve.arguments import ConfigError
+from aioserve.benchmarks.datasets import SampleRequest
+from aioserve.benchmarks.workload import settle_throughput_dataset, throughput_requests
+from aioserve.config import EngineConfig, engine_config_from_args
+from aioserve.engine.outputs import RequestOutput
+from aioserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from aioserve.engine.async_engine import AsyncEngine
+
+OUR_BACKENDS = ("aioserve", "vllm")
+CHAT_BACKENDS = ("aioserve-chat", "vllm-chat")
+BACKENDS = (*OUR_BACKENDS, *CHAT_BACKENDS, "hf", "mii")
+
+
+def sampling_params(request: SampleRequest, n: int, detokenize: bool) -> SamplingParams:
+    """vLLM's benchmark sampling: temperature 1, top-p 1, exactly the expected output length."""
+    return SamplingParams(
+        n=n,
+        temperature=1.0,
+        top_p=1.0,
+        ignore_eos=True,
+        max_tokens=request.expected_output_len,
+        detokenize=detokenize,
+    )
+
+
+def count_tokens(outputs: Sequence[RequestOutput]) -> tuple[int, int]:
+    """(prompt tokens, output tokens) of finished requests: each prompt once, every sample."""
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return prompt_tokens, output_tokens
+
+
+def _check_fits(requests: Sequence[SampleRequest], max_model_len: int) -> None:
+    longest = max(r.prompt_len + r.expected_output_len for r in requests)
+    if longest > max_model_len:
+        raise ConfigError(
+            f"a request needs {longest} tokens (prompt and output) but the model's context is "
+            f"{max_model_len}; raise --max-model-len or shorten the requests"
+        )
+
+
+def run_aioserve(
+    config: EngineConfig,
+    args: argparse.Namespace,
+    chat: bool,
+) -> tuple[list[SampleRequest], float, list[RequestOutput]]:
+    """The workload on the offline LLM: (requests, seconds, outputs)."""
+    from aioserve.engine.llm import LLM
+
+    with LLM.from_config(config) as llm:
+        requests = throughput_requests(args, llm.get_tokenizer(), config.model.seed, chat)
+        params = [sampling_params(r, args.n, not args.disable_detokenize) for r in requests]
+        if chat:
+            conversations = [[{"role": "user", "content": r.prompt}] for r in requests]
+            start = time.perf_counter()
+            outputs = llm.chat(conversations, params, use_tqdm=True)
+        else:
+            _check_fits(requests, llm.engine.settings.max_model_len)
+            start = time.perf_counter()
+            outputs = llm.generate([r.prompt for r in requests], params, use_tqdm=True)
+        elapsed = time.perf_counter() - start
+    return requests, elapsed, outputs
+
+
+async def _generate_all(
+    engine: AsyncEngine, config: EngineConfig, args: argparse.Namespace
+) -> tuple[list[SampleRequest], float, list[RequestOutput]]:
+    """Every request as its own generate stream: (requests, seconds, final outputs).
+
+    The engine is shut down at the end, whatever happens.
+    """
+
+    async def one(index: int, request: SampleRequest, bar: tqdm) -> RequestOutput:
+        params = sampling_params(request, args.n, not args.disable_detokenize)
+        async for output in engine.generate(request.prompt, params, f"bench-{index}"):
+            last = output
+        bar.update(1)
+        return last
+
+    try:
+        requests = throughput_requests(args, engine.tokenizer, config.model.seed, chat=False)
+        _check_fits(requests, engine.settings.max_model_len)
+        with tqdm(total=len(requests), desc="Processed prompts") as bar:
+            start = time.perf_counter()
+            outputs = await asyncio.gather(*(one(i, r, bar) for i, r in enumerate(requests)))
+            elapsed = time.perf_counter() - start
+    finally:
+        await engine.shutdown()
+    return requests, elapsed, list(outputs)
+
+
+def run_aioserve_async(
+    config: EngineConfig, args: argparse.Namespace
+) -> tuple[list[SampleRequest], float, list[RequestOutput]]:
+    """The workload on the AsyncEngine (on uvloop when installed)."""
+    from aioserve.engine.async_engine import AsyncEngine
+
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    return run(_generate_all(AsyncEngine.from_config(config), config, args))
+
+
+def run_hf(config: EngineConfig, args: argparse.Namespace) -> tuple[list[SampleRequest], float]:
+    """The workload on transformers' `generate`: (requests, seconds)."""
+    from aioserve.benchmarks.hf_backend import load_transformers_model, run_transformers
+    from aioserve.models.checkpoint import open_checkpoint
+
+    model_cfg = config.model
+    checkpoint = open_checkpoint(
+        model_cfg.model,
+        load_format=config.load.load_format,
+        hf_overrides=model_cfg.hf_overrides,
+        download_dir=config.load.download_dir,
+    )
+    tokenizer_name = None if model_cfg.tokenizer == model_cfg.model else model_cfg.tokenizer
+    tokenizer = checkpoint.load_tokenizer(tokenizer_name, model_cfg.tokenizer_mode)
+    requests = throughput_requests(args, tokenizer, model_cfg.seed, chat=False)
+    model = load_transformers_model(checkpoint, model_cfg.dtype)
+    elapsed = run_transformers(
+        model,
+        tokenizer,
+        requests,
+        n=args.n,
+        max_batch_size=args.hf_max_batch_size,
+        disable_detokenize=args.disable_detokenize,
+    )
+    return requests, elapsed
+
+
+def _check_options(args: argparse.Namespace, config: EngineConfig) -> None:
+    if args.backend == "mii":
+        raise ConfigError(
+            "--backend mii (DeepSpeed-MII) is not available in aioserve; "
+            "use aioserve (alias vllm), aioserve-chat (alias vllm-chat) or hf"
+        )
+    settle_throughput_dataset(args)
+    if args.num_prompts < 1:
+        raise ConfigError(f"--num-prompts must be at least 1, got {args.num_prompts}")
+    if args.lora_path is not None:
+        raise ConfigError("--lora-path: aioserve does not serve LoRA adapters yet")
+    if args.n < 1:
+        raise ConfigError(f"--n must be at least 1, got {args.n}")
+    if args.backend == "hf":
+        if args.hf_max_batch_size is None:
+            raise ConfigError("--backend hf needs --hf-max-batch-size")
+        if args.hf_max_batch_size < 1:
+            raise ConfigError(
+                f"--hf-max-batch-size must be at least 1, got {args.hf_max_batch_size}"
+            )
+        if config.load.load_format == "dummy":
+            raise ConfigError("--backend hf needs real weights, not --load-format dummy")
+    elif args.hf_max_batch_size is not None:
+        raise ConfigError("--hf-max-batch-size is only for --backend hf")
+    if args.async_engine and args.backend not in OUR_BACKENDS:
+        raise ConfigError("--async-engine is only for --backend aioserve (alias vllm)")
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run `bench throughput` with parsed arguments; print the figures and return them."""
+    config = engine_config_from_args(args)
+    _check_options(args, config)
+    if args.backend == "hf":
+        requests, elapsed = run_hf(config, args)
+        prompt_tokens = sum(r.prompt_len for r in requests)
+        output_tokens = args.n * sum(r.expected_output_len for r in requests)
+    else:
+        if args.async_engine:
+            requests, elapsed, outputs = run_aioserve_async(config, args)
+        else:
+            requests, elapsed, outputs = run_aioserve(config, args, args.backend in CHAT_BACKENDS)
+        prompt_tokens, output_tokens = count_tokens(outputs)
+    total_tokens = prompt_tokens + output_tokens
+    print(
+        f"Throughput: {len(requests) / elapsed:.2f} requests/s, "
+        f"{total_tokens / elapsed:.2f} total tokens/s, "
+        f"{output_tokens / elapsed:.2f} output tokens/s"
+    )
+    print(f"Total num prompt tokens:  {prompt_tokens}")
+    print(f"Total num output tokens:  {output_tokens}")
+    results = {
+        "elapsed_time": elapsed,
+        "num_requests": len(requests),
+        "total_num_tokens": total_tokens,
+        "requests_per_second": len(requests) / elapsed,
+        "tokens_per_second": total_tokens / elapsed,
+    }
+    if args.output_json:
+        with open(args.output_json, "w", encoding="utf-8") as file:
+            json.dump(results, file, indent=4)
+    return results

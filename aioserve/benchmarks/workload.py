@@ -1,0 +1,164 @@
+"""From a bench command's arguments to its requests: which dataset, with which lengths.
+
+`bench throughput` and `bench serve` name their dataset options differently, as in vLLM:
+throughput has `--input-len`, `--output-len`, `--prefix-len`, `--random-range-ratio`;
+serve has one group per dataset (`--random-input-len`, `--sonnet-prefix-len`, ...), which
+its general `--input-len` / `--output-len` override.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from aioserve.arguments import ConfigError
+from aioserve.benchmarks import datasets
+from aioserve.benchmarks.datasets import DatasetError, SampleRequest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Defaults of vLLM's prefix repetition dataset: prefix, suffix, prefixes, output tokens.
+PREFIX_REPETITION_DEFAULTS = (256, 256, 10, 128)
+
+
+def load_tokenizer(model: str, tokenizer_mode: str = "auto") -> PreTrainedTokenizerBase:
+    """The tokenizer of `model` (a local path, a packaged model or a hub id), as the engine
+    loads it."""
+    from aioserve.models.checkpoint import open_checkpoint
+
+    try:
+        return open_checkpoint(model).load_tokenizer(tokenizer_mode=tokenizer_mode)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot load the tokenizer of {model!r}: {error}") from None
+
+
+def _needs_path(args: argparse.Namespace) -> str:
+    if args.dataset_path is None:
+        raise DatasetError(f"--dataset-name {args.dataset_name} needs --dataset-path")
+    return args.dataset_path
+
+
+def _prefix_repetition(
+    args: argparse.Namespace,
+    tokenizer: PreTrainedTokenizerBase,
+    seed: int,
+    output_len: int | None,
+) -> list[SampleRequest]:
+    prefix_len, suffix_len, num_prefixes, default_output = PREFIX_REPETITION_DEFAULTS
+
+    def given(value: int | None, default: int) -> int:
+        return default if value is None else value
+
+    return datasets.prefix_repetition_requests(
+        tokenizer,
+        args.num_prompts,
+        prefix_len=given(args.prefix_repetition_prefix_len, prefix_len),
+        suffix_len=given(args.prefix_repetition_suffix_len, suffix_len),
+        num_prefixes=given(args.prefix_repetition_num_prefixes, num_prefixes),
+        output_len=given(args.prefix_repetition_output_len, given(output_len, default_output)),
+        seed=seed,
+    )
+
+
+def settle_throughput_dataset(args: argparse.Namespace) -> None:
+    """Apply vLLM's dataset rules of `bench throughput` to `args`, before anything loads.
+
+    --dataset is the deprecated spelling of --dataset-path. Without a dataset path, sharegpt
+    and burstgpt fall back to random, which needs --input-len. The hf dataset is refused.
+    """
+    if args.dataset is not None:
+        print("--dataset is deprecated: use --dataset-name and --dataset-path")
+        args.dataset_path = args.dataset
+    if args.dataset_name == "hf":
+        datasets.refuse_hf_dataset()
+    if args.dataset_path is None and args.dataset_name in ("sharegpt", "burstgpt"):
+        print("When dataset path is not set, it will default to random dataset")
+        args.dataset_name = "random"
+    if args.dataset_name == "random" and args.input_len is None:
+        raise ConfigError("the random dataset needs --input-len")
+
+
+def throughput_requests(
+    args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, seed: int, chat: bool
+) -> list[SampleRequest]:
+    """The requests of `bench throughput`, from options settled by settle_throughput_dataset.
+
+    --output-len overrides the dataset's output lengths.
+    """
+    name = args.dataset_name
+    if name == "random":
+        return datasets.random_requests(
+            tokenizer,
+            args.num_prompts,
+            args.input_len,
+            128 if args.output_len is None else args.output_len,
+            prefix_len=args.prefix_len,
+            range_ratio=args.random_range_ratio,
+            seed=seed,
+        )
+    if name == "sharegpt":
+        return datasets.sharegpt_requests(
+            tokenizer, args.num_prompts, args.dataset_path, output_len=args.output_len, seed=seed
+        )
+    if name == "sonnet":
+        return datasets.sonnet_requests(
+            tokenizer,
+            args.num_prompts,
+            input_len=550 if args.input_len is None else args.input_len,
+            output_len=150 if args.output_len is None else args.output_len,
+            prefix_len=args.prefix_len,
+            path=args.dataset_path,
+            chat_formatted=not chat,
+            seed=seed,
+        )
+    if name == "burstgpt":
+        requests = datasets.burstgpt_requests(
+            tokenizer, args.num_prompts, args.dataset_path, seed=seed
+        )
+        if args.output_len is not None:
+            requests = [SampleRequest(r.prompt, r.prompt_len, args.output_len) for r in requests]
+        return requests
+    if name == "prefix_repetition":
+        return _prefix_repetition(args, tokenizer, seed, args.output_len)
+    datasets.refuse_hf_dataset()  # the one name left
+
+
+def serve_requests(
+    args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, chat: bool
+) -> list[SampleRequest]:
+    """The requests of `bench serve`, from its per-dataset options (vLLM's rules)."""
+    name, seed = args.dataset_name, args.seed
+    if name == "hf":
+        datasets.refuse_hf_dataset()
+    if name in ("random", "prefix_repetition") and args.dataset_path is not None:
+        raise DatasetError(f"--dataset-name {name} generates its prompts: drop --dataset-path")
+    if name == "random":
+        return datasets.random_requests(
+            tokenizer,
+            args.num_prompts,
+            args.random_input_len if args.input_len is None else args.input_len,
+            args.random_output_len if args.output_len is None else args.output_len,
+            prefix_len=args.random_prefix_len,
+            range_ratio=args.random_range_ratio,
+            seed=seed,
+        )
+    if name == "sharegpt":
+        output_len = args.sharegpt_output_len if args.output_len is None else args.output_len
+        return datasets.sharegpt_requests(
+            tokenizer, args.num_prompts, _needs_path(args), output_len=output_len, seed=seed
+        )
+    if name == "sonnet":
+        return datasets.sonnet_requests(
+            tokenizer,
+            args.num_prompts,
+            input_len=args.sonnet_input_len if args.input_len is None else args.input_len,
+            output_len=args.sonnet_output_len if args.output_len is None else args.output_len,
+            prefix_len=args.sonnet_prefix_len,
+            path=args.dataset_path,
+            chat_formatted=not chat,
+            seed=seed,
+        )
+    if name == "burstgpt":
+        return datasets.burstgpt_requests(tokenizer, args.num_prompts, _needs_path(args), seed=seed)
+    return _prefix_repetition(args, tokenizer, seed, args.output_len)

@@ -1,0 +1,77 @@
+"""`aioserve bench serve` against a live `aioserve serve` process on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from aioserve import cli
+
+STARTUP_TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_healthy(process: subprocess.Popen, url: str) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with status {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the server did not answer /health within {STARTUP_TIMEOUT_S} s")
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_model):
+    """`aioserve serve` on the tiny model, on a free port; terminated (or killed) at the end."""
+    port = _free_port()
+    command = [sys.executable, "-m", "aioserve", "serve", tiny_model,
+               "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_healthy(process, url)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("backend", ["openai", "openai-chat"])
+def test_bench_serve_against_aioserve(live_server, tiny_model, tmp_path, backend):
+    argv = [
+        "bench", "serve", "--base-url", live_server, "--backend", backend,
+        "--tokenizer", tiny_model, "--dataset-name", "random",
+        "--random-input-len", "16", "--random-output-len", "4", "--num-prompts", "3",
+        "--max-concurrency", "2", "--save-result", "--save-detailed",
+        "--result-dir", str(tmp_path), "--result-filename", "live.json",
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    result = json.loads((tmp_path / "live.json").read_text())
+    assert (result["completed"], result["failed"]) == (3, 0), result["errors"]
+    assert result["total_output_tokens"] == 3 * 4  # ignore_eos: every request runs to 4
+    if backend == "openai":
+        assert result["total_input_tokens"] == 3 * 16
+    assert result["mean_ttft_ms"] > 0
+    assert result["max_concurrent_requests"] <= 2

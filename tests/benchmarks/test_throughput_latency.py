@@ -1,0 +1,156 @@
+"""`aioserve bench throughput` and `bench latency` end to end, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from aioserve import cli
+from aioserve.benchmarks import datasets
+
+THROUGHPUT_KEYS = {
+    "elapsed_time",
+    "num_requests",
+    "total_num_tokens",
+    "requests_per_second",
+    "tokens_per_second",
+}
+LINE = re.compile(
+    r"Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s"
+)
+
+
+def throughput(tiny_model, tmp_path, capsys, *options: str) -> tuple[dict, dict[str, int], str]:
+    path = tmp_path / "throughput.json"
+    argv = [
+        "bench", "throughput", "--model", tiny_model, "--max-model-len", "512",
+        "--dataset-name", "random", "--input-len", "24", "--output-len", "5",
+        "--num-prompts", "3", "--output-json", str(path), *options,
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    counts = {
+        kind: int(n) for kind, n in re.findall(r"Total num (prompt|output) tokens:\s+(\d+)", out)
+    }
+    return json.loads(path.read_text()), counts, out
+
+
+def check_figures(result: dict, out: str) -> None:
+    assert set(result) == THROUGHPUT_KEYS
+    elapsed = result["elapsed_time"]
+    assert result["requests_per_second"] == pytest.approx(result["num_requests"] / elapsed)
+    assert result["tokens_per_second"] == pytest.approx(result["total_num_tokens"] / elapsed)
+    requests_per_s, total_per_s, _ = map(float, LINE.search(out).groups())
+    assert requests_per_s == pytest.approx(result["requests_per_second"], abs=0.01)
+    assert total_per_s == pytest.approx(result["tokens_per_second"], abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [(), ("--backend", "vllm"), ("--backend", "hf", "--hf-max-batch-size", "2")],
+    ids=["aioserve", "vllm-alias", "hf"],
+)
+def test_throughput_counts_every_token(tiny_model, tmp_path, capsys, options):
+    result, counts, out = throughput(tiny_model, tmp_path, capsys, *options)
+    check_figures(result, out)
+    assert result["num_requests"] == 3
+    assert counts == {"prompt": 3 * 24, "output": 3 * 5}
+    assert result["total_num_tokens"] == 3 * (24 + 5)
+
+
+def test_throughput_async_engine_with_n(tiny_model, tmp_path, capsys):
+    result, counts, out = throughput(
+        tiny_model, tmp_path, capsys, "--async-engine", "--n", "2", "--disable-detokenize"
+    )
+    check_figures(result, out)
+    assert counts == {"prompt": 3 * 24, "output": 3 * 2 * 5}
+
+
+def test_throughput_chat_backend_counts_the_template(tiny_model, tokenizer, tmp_path, capsys):
+    result, counts, out = throughput(tiny_model, tmp_path, capsys, "--backend", "vllm-chat")
+    check_figures(result, out)
+    prompts = [r.prompt for r in datasets.random_requests(tokenizer, 3, 24, 5, seed=0)]
+    templated = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, return_dict=False
+        )
+        for p in prompts
+    ]
+    assert counts == {"prompt": sum(map(len, templated)), "output": 3 * 5}
+
+
+def test_throughput_sharegpt_with_output_override(tiny_model, tokenizer, tmp_path, capsys):
+    path = tmp_path / "sharegpt.json"
+    conversation = {
+        "conversations": [
+            {"value": "What do bees make from the nectar of flowers?"},
+            {"value": "Honey, which they store in wax combs."},
+        ]
+    }
+    path.write_text(json.dumps([conversation]))
+    result, counts, _ = throughput(
+        tiny_model, tmp_path, capsys, "--dataset-name", "sharegpt", "--dataset-path", str(path)
+    )
+    prompt_len = len(tokenizer(conversation["conversations"][0]["value"]).input_ids)
+    assert counts == {"prompt": 3 * prompt_len, "output": 3 * 5}
+    assert result["total_num_tokens"] == 3 * (prompt_len + 5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--backend", "mii"), "mii"),
+        (("--lora-path", "adapter"), "LoRA"),
+        (("--backend", "hf"), "--hf-max-batch-size"),
+        (("--hf-max-batch-size", "4"), "only for --backend hf"),
+        (("--dataset-name", "hf"), "Hugging Face hub"),
+        (("--num-prompts", "0"), "--num-prompts must be at least 1"),
+    ],
+)
+def test_throughput_refusals(tiny_model, tmp_path, capsys, options, message):
+    argv = ["bench", "throughput", "--model", tiny_model, "--input-len", "8", *options]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_throughput_random_fallback_needs_an_input_length(tiny_model, capsys):
+    assert cli.main(["bench", "throughput", "--model", tiny_model]) == 2
+    captured = capsys.readouterr()
+    assert "default to random dataset" in captured.out
+    assert "the random dataset needs --input-len" in captured.err
+
+
+def test_throughput_request_longer_than_the_context(tiny_model, capsys):
+    argv = ["bench", "throughput", "--model", tiny_model, "--max-model-len", "64",
+            "--input-len", "60", "--output-len", "8", "--num-prompts", "1"]  # fmt: skip
+    assert cli.main(argv) == 2
+    assert "needs 68 tokens" in capsys.readouterr().err
+
+
+def test_latency(tiny_model, tmp_path, capsys):
+    path = tmp_path / "latency.json"
+    argv = [
+        "bench", "latency", "--model", tiny_model, "--max-model-len", "512",
+        "--input-len", "16", "--output-len", "4", "--batch-size", "2",
+        "--num-iters-warmup", "1", "--num-iters", "2", "--output-json", str(path),
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    result = json.loads(path.read_text())
+    assert set(result) == {"avg_latency", "std_latency", "latencies", "percentiles"}
+    first, second = result["latencies"]
+    low, high = sorted((first, second))
+    assert result["avg_latency"] == pytest.approx((first + second) / 2)
+    assert result["std_latency"] == pytest.approx(abs(first - second) / 2)
+    # with two values, the p-th percentile is low + p/100 * (high - low)
+    expected = {str(p): low + p / 100 * (high - low) for p in (10, 25, 50, 75, 90, 99)}
+    assert result["percentiles"] == pytest.approx(expected)
+    out = capsys.readouterr().out
+    assert f"Avg latency: {result['avg_latency']} seconds" in out
+    assert "99% percentile latency:" in out
+
+
+def test_latency_refuses_zero_iterations(tiny_model, capsys):
+    assert cli.main(["bench", "latency", "--model", tiny_model, "--num-iters", "0"]) == 2
+    assert "--num-iters must be at least 1" in capsys.readouterr().err
