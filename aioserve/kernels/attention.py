@@ -29,7 +29,10 @@ shares its batch (DESIGN: batch invariance). No split-K.
 Reference path (also the CPU production path), both halves through torch's
 scaled_dot_product_attention in float32: decode rows batched, their sequences' keys and
 values gathered into [B, longest context, kv_heads, head_size] with a length mask; each
-prefill sequence on its own, with a causal mask offset by its cached prefix. Unlike the
+prefill sequence on its own, with a causal mask offset by its cached prefix. Decode rows go
+in groups of DECODE_GROUP sequences, so that a group's gathered keys and values stay in the
+CPU's cache between the gather and SDPA (one batch of 64 sequences at 320 tokens gathers
+31 MB per layer, which spills to memory; groups of 16 measured ~30% faster). Unlike the
 Triton path it is not bitwise batch invariant: the padded width of the decode batch can
 change the last bits of a row's result.
 
@@ -407,6 +410,9 @@ def paged_attention_triton(
     return out
 
 
+DECODE_GROUP = 16
+
+
 def _gather_slots(cache: Tensor, slots: Tensor) -> Tensor:
     """cache [num_blocks, block_size, Hkv, D] at `slots` [...], as float32 [..., Hkv, D].
 
@@ -509,8 +515,8 @@ def paged_attention_reference(
     query_lens = query_start_loc.diff().tolist()
 
     decodes = [b for b, n in enumerate(query_lens) if n == 1]
-    if decodes:
-        seqs = torch.tensor(decodes, device=query.device)
+    for first in range(0, len(decodes), DECODE_GROUP):
+        seqs = torch.tensor(decodes[first : first + DECODE_GROUP], device=query.device)
         rows = query_start_loc[seqs].long()
         decoded = _decode_reference(
             key_cache, value_cache, query[rows], seq_lens[seqs], block_tables[seqs], scale

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from aioserve.kernels.attention import paged_attention, paged_attention_reference
+from aioserve.kernels.attention import (
+    DECODE_GROUP,
+    paged_attention,
+    paged_attention_reference,
+)
 
 _TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=1e-5),
@@ -145,6 +149,15 @@ def test_reference_matches_naive(device, num_q_heads, num_kv_heads, head_size, b
     )
     out = paged_attention_reference(*batch.args())
     assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_decodes_in_several_groups_match_naive(device):
+    # More decode rows than one DECODE_GROUP, with prefills between them and lengths that
+    # differ from group to group.
+    seqs = [(1, 3 + 7 * i) if i % 5 else (4, 9 + i) for i in range(2 * DECODE_GROUP + 5)]
+    batch = make_batch(seqs, 4, 2, 64, 8, torch.float32, device)
+    out = paged_attention_reference(*batch.args())
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
 
 
