@@ -42,9 +42,11 @@ BENCH = Path(__file__).resolve().parent
 RESULTS_MD = BENCH / "RESULTS.md"
 MARKER = "<!-- side-by-side -->"
 SERVER_STARTUP_S = 600
-SERVE_SETTINGS = {  # name -> extra `bench serve` options
-    "rate inf": ["--request-rate", "inf"],
-    "concurrency 1": ["--max-concurrency", "1"],
+# name -> extra `bench serve` options. Each setting draws its own prompts (its own seed):
+# with the same prompts, the second run would find them all in the server's prefix cache.
+SERVE_SETTINGS = {
+    "rate inf": ["--request-rate", "inf", "--seed", "0"],
+    "concurrency 1": ["--max-concurrency", "1", "--seed", "1"],
 }
 
 

@@ -138,11 +138,12 @@ class AsyncEngine:
             )
         if params.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs is not supported by aioserve yet")
-        for token_id in list(params.logit_bias or {}) + list(params.allowed_token_ids or []):
-            if not 0 <= token_id < vocab:
-                raise ValueError(
-                    f"token id {token_id} in logit_bias/allowed_token_ids is outside the vocabulary of {vocab}"
-                )
+        for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
+            for token_id in getattr(params, field) or ():
+                if not 0 <= token_id < vocab:
+                    raise ValueError(
+                        f"token id {token_id} in {field} is outside the vocabulary of {vocab}"
+                    )
 
     def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         room = self.settings.max_model_len - prompt_len

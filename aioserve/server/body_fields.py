@@ -41,8 +41,10 @@ async def read_json_body(request: web.Request) -> dict[str, Any]:
 class BodyFields:
     """Typed reads of a JSON object's fields."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], where: str = "") -> None:
         self.body = body
+        self.where = where
+        """The object's own name, prefixed to its fields' names in errors: "stream_options."."""
 
     def get(self, name: str, kind: str, default: Any = None) -> Any:
         """The field `name` as `kind` ("boolean", "integer", "number", "string", "array",
@@ -54,10 +56,10 @@ class BodyFields:
         if (kind == "boolean") != isinstance(value, bool) or not isinstance(
             value, _KIND_TYPES[kind]
         ):
-            raise _wrong_type(name, value, kind)
+            raise _wrong_type(self.where + name, value, kind)
         if kind == "integer":
             if isinstance(value, float) and not value.is_integer():
-                raise _wrong_type(name, value, kind)
+                raise _wrong_type(self.where + name, value, kind)
             return int(value)
         if kind == "number":
             return float(value)

@@ -162,6 +162,10 @@ def _message(index: int, message: Any, as_parts: bool) -> dict[str, Any]:
         raise bad_parameter(f"{where}.role", shown_value(role), "a message needs a role (a string)")
     content = message.get("content")
     if content is None:
+        if role != "assistant":  # OpenAI lets only an assistant message go without content
+            raise bad_parameter(
+                f"{where}.content", shown_value(content), f"a {role} message needs content"
+            )
         return message
     if isinstance(content, str):
         content = [{"type": "text", "text": content}] if as_parts else content

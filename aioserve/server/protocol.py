@@ -302,7 +302,8 @@ def _generation_fields(
         raise bad_parameter(
             "stream_options", shown_value(stream_options), "stream_options needs stream=true"
         )
-    options = BodyFields(stream_options or {})
+    options = BodyFields(stream_options or {}, "stream_options.")
+    fields.get("user", "string")  # OpenAI's end-user id: checked, otherwise unused
     priority = fields.get("priority", "integer", 0)
     if priority != 0 and state.engine.settings.scheduling_policy != "priority":
         raise bad_parameter(

@@ -43,8 +43,9 @@ def post(base_url: str, path: str, body: Any = None, *, raw: bytes | None = None
     return asyncio.run(call())
 
 
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+def client(base_url: str, api_key: str = "unused") -> openai.OpenAI:
+    """The official client on `base_url`'s /v1 routes: no retries, a 120 s timeout."""
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=120)
 
 
 def sample(name: str) -> dict[str, Any]:
