@@ -138,6 +138,9 @@ def run_serve(args: argparse.Namespace) -> int:
         engine = AsyncEngine.from_config(config)
     except ValueError as error:  # a model that cannot be found or does not fit the settings
         raise ConfigError(str(error)) from None
+    except KeyboardInterrupt:  # Ctrl-C before the loop (and its signal handlers) runs
+        logger.info("Interrupted while loading the model")
+        return 130
     state = ServerState(engine, list(engine.settings.served_model_names), options)
     app = build_app(state)
     _run_on_uvloop(_serve(app, state, ssl_context))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,31 @@ def post(base_url: str, path: str, body: Any = None, *, raw: bytes | None = None
                 return Reply(response.status, dict(response.headers), await response.read())
 
     return asyncio.run(call())
+
+
+def send_oversized_head(base_url: str, path: str, limit: int, headers: str = "") -> Reply:
+    """POST only the head of a request whose Content-Length is `limit` + 1; read the answer.
+
+    No body follows: the server must refuse from the Content-Length alone, not read it.
+    `headers` are extra header lines, each ending with CRLF.
+    """
+    host, port = base_url.removeprefix("http://").split(":")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"{headers}Content-Length: {limit + 1}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(head.encode())
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    status_line, _, rest = received.partition(b"\r\n")
+    status = int(status_line.split(b" ", 2)[1])
+    raw_headers, _, body = rest.partition(b"\r\n\r\n")
+    parsed = dict(
+        line.decode().split(": ", 1) for line in raw_headers.split(b"\r\n") if b": " in line
+    )
+    return Reply(status, parsed, body)
 
 
 def client(base_url: str, api_key: str = "unused") -> openai.OpenAI:

@@ -14,7 +14,6 @@ import json
 import logging
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from aioserve.server.middlewares import MAX_REQUEST_BODY_BYTES
 from aioserve.server.serve import ACCESS_LOGGER, build_ssl_context, make_runner
 from aioserve.server.state import ServerState
 from tests.server.conftest import MODEL, wait_until_idle
+from tests.server.openai_helpers import send_oversized_head
 
 pytestmark = pytest.mark.slow
 
@@ -254,20 +254,9 @@ def test_unknown_route_is_a_404_and_wrong_method_a_405(server):
 
 
 def test_body_over_the_limit_is_a_413(server):
-    host, port = server.url.removeprefix("http://").split(":")
-    head = (
-        f"POST /tokenize HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {MAX_REQUEST_BODY_BYTES + 1}\r\n\r\n"
-    )
-    with socket.create_connection((host, int(port)), timeout=30) as connection:
-        connection.sendall(head.encode())
-        received = b""
-        while chunk := connection.recv(65536):
-            received += chunk
-    status_line, _, rest = received.partition(b"\r\n")
-    assert status_line == b"HTTP/1.1 413 Request Entity Too Large"
-    body = rest.partition(b"\r\n\r\n")[2]
-    reply = Reply(413, CIMultiDict(), body)
+    answer = send_oversized_head(server.url, "/tokenize", MAX_REQUEST_BODY_BYTES)
+    assert answer.status == 413
+    reply = Reply(413, CIMultiDict(), answer.body)
     assert str(MAX_REQUEST_BODY_BYTES) in reply.error()["message"]
     assert fetch("GET", server.url + "/health").status == 200
 

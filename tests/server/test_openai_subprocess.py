@@ -38,7 +38,7 @@ from transformers import AutoTokenizer
 
 from aioserve.server.middlewares import MAX_REQUEST_BODY_BYTES
 from tests.server.conftest import MODEL
-from tests.server.openai_helpers import Reply, client, sample
+from tests.server.openai_helpers import Reply, client, sample, send_oversized_head
 
 pytestmark = pytest.mark.slow
 
@@ -695,21 +695,14 @@ def test_malformed_request_gets_its_status_and_an_openai_error(server, case: Mal
 
 
 def test_a_body_over_the_size_limit_is_a_413(server):
-    host, port = server.url.removeprefix("http://").split(":")
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {API_KEY}\r\nContent-Length: {MAX_REQUEST_BODY_BYTES + 1}\r\n\r\n"
+    reply = send_oversized_head(
+        server.url,
+        "/v1/completions",
+        MAX_REQUEST_BODY_BYTES,
+        headers=f"Authorization: Bearer {API_KEY}\r\n",
     )
-    # Only the head is sent: the server must refuse from Content-Length, not read 32 MiB.
-    with socket.create_connection((host, int(port)), timeout=30) as connection:
-        connection.sendall(head.encode())
-        received = b""
-        while chunk := connection.recv(65536):
-            received += chunk
-    status_line, _, rest = received.partition(b"\r\n")
-    assert status_line.split(b" ", 2)[:2] == [b"HTTP/1.1", b"413"]
-    error = openai_error(Reply(413, {}, rest.partition(b"\r\n\r\n")[2]))
-    assert str(MAX_REQUEST_BODY_BYTES) in error["message"]
+    assert reply.status == 413
+    assert str(MAX_REQUEST_BODY_BYTES) in openai_error(reply)["message"]
 
 
 def test_the_server_serves_normally_after_malformed_requests(server, openai_client):
