@@ -13,17 +13,23 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import openai
 import pytest
 import uvloop
 from aiohttp import web
+from transformers import AutoTokenizer
 
 from aioserve import AsyncEngine
 from aioserve.config import engine_config_from_kwargs
 from aioserve.server.errors import error_middleware
 from aioserve.server.openai_routes import add_openai_routes
 from aioserve.server.state import STATE, ServerState
+from tests.server.openai_helpers import client
+
+if TYPE_CHECKING:
+    from tests.server.serve_process import Server
 
 MODEL = "SmolLM2-135M-Instruct"
 """The name the test servers answer to (the name vLLM used in the reference samples)."""
@@ -130,3 +136,26 @@ def wait_until_idle(engine: AsyncEngine, server_loop: BackgroundLoop, limit: flo
     kv = engine.kv_cache
     assert engine.num_unfinished_requests == 0, "a request is still running"
     assert kv.num_free_blocks == kv.num_blocks, "KV blocks were not returned to the pool"
+
+
+@pytest.fixture(scope="module")
+def server_process(smollm2_gguf, tmp_path_factory) -> Iterator[Server]:
+    """A real `python -m aioserve serve` on the default model for one test module."""
+    from tests.server.serve_process import start_server  # it imports this module
+
+    with start_server(smollm2_gguf, tmp_path_factory.mktemp("serve") / "serve.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server_process_client(server_process: Server) -> openai.OpenAI:
+    """The official client on `server_process`, with its API key."""
+    from tests.server.serve_process import API_KEY
+
+    return client(server_process.url, API_KEY)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(smollm2_gguf):
+    """The model's tokenizer as transformers loads it from the GGUF, apart from any server."""
+    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)

@@ -26,7 +26,6 @@ import openai
 import pytest
 from aiohttp import web
 from multidict import CIMultiDict
-from transformers import AutoTokenizer
 
 from aioserve import __version__
 from aioserve.arguments import ConfigError
@@ -123,11 +122,6 @@ def _no_api_key_from_the_environment(monkeypatch):
 def server(server_loop, engine) -> Iterator[Served]:
     with serve(server_loop, engine) as served:
         yield served
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(smollm2_gguf):
-    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
 
 
 # --- routes --------------------------------------------------------------------------------

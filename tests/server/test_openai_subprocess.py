@@ -1,53 +1,41 @@
 """End to end: a real `python -m aioserve serve` process, driven over HTTP by the `openai` client.
 
-One server for the whole module: the default model's GGUF on a free port of 127.0.0.1 with
-`--max-model-len 1024 --seed 0 --api-key`, under the model name of vLLM's recorded samples;
-its output goes to a log file whose tail is shown if it does not start, and it is killed
-at the end whatever happens. The tests reach it only over real
-HTTP: the official `openai` client (sync and async) for what users do, raw aiohttp for
-malformed requests (the client would refuse some of them itself), a raw socket for a body
-over the size limit.
+The server is conftest.py's `server_process` (one per module). The tests reach it only over real
+HTTP: the official `openai` client (sync and async) for what users do, raw aiohttp for a
+client that leaves mid-stream, and /metrics read with prometheus-client's parser.
 
 References, all independent of the server: transformers' tokenizer loaded from the same
 GGUF (prompt token counts, the chat template, the text of the returned token ids), vLLM
 0.32's recorded answers on the same model (vllm_samples/), the same request sent alone or
-not streamed, the error classes of the `openai` client, prometheus-client's parser, and
-token counts known from the requests themselves.
+not streamed, and token counts known from the requests themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from transformers import AutoTokenizer
 
-from aioserve.server.middlewares import MAX_REQUEST_BODY_BYTES
 from tests.server.conftest import MODEL
-from tests.server.openai_helpers import Reply, client, sample, send_oversized_head
+from tests.server.openai_helpers import sample
+from tests.server.serve_process import (
+    AUTH,
+    MAX_MODEL_LEN,
+    TIMEOUT,
+    Server,
+    async_client,
+    metric,
+    moved,
+    read_metrics_with,
+    wait_until_metrics_idle,
+)
 
 pytestmark = pytest.mark.slow
-
-API_KEY = "e2e-secret"
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
-MAX_MODEL_LEN = 1024
-TIMEOUT = aiohttp.ClientTimeout(total=120)
-START_LIMIT_S = 300
-"""How long the server may take to load the model and answer /health."""
 
 # vLLM 0.32's greedy completion and chat requests on this model; it counted 5 and 37
 # prompt tokens for them.
@@ -58,181 +46,12 @@ QUESTION = VLLM_CHAT["request"]["body"]["messages"]
 GREEDY_TOKENS = 12
 
 
-# --- the server process ------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _log_tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-4000:]
-
-
-def _wait_until_healthy(process: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + START_LIMIT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited with {process.returncode}:\n{_log_tail(log)}")
-        try:
-            if fetch("GET", url + "/health", timeout=5).status == 200:
-                return
-        except (aiohttp.ClientError, TimeoutError):
-            pass  # not listening yet
-        time.sleep(0.5)
-    pytest.fail(f"the server was not healthy after {START_LIMIT_S} s:\n{_log_tail(log)}")
+# --- completions and chat through the openai client ----------------------------------------
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_gguf, tmp_path_factory) -> Iterator[Server]:
-    """`python -m aioserve serve` on the default model, healthy, killed after the module."""
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    port = _free_port()
-    argv = [sys.executable, "-m", "aioserve", "serve", str(smollm2_gguf)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN)]
-    argv += ["--seed", "0", "--api-key", API_KEY]
-    argv += ["--served-model-name", MODEL]  # the name in vLLM's recorded requests
-    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    with open(log, "wb") as output:
-        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, env=environment)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_until_healthy(process, url, log)
-        assert [m.id for m in client(url, API_KEY).models.list()] == [MODEL]
-        yield Server(url, process, log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def openai_client(server: Server) -> openai.OpenAI:
-    return client(server.url, API_KEY)
-
-
-def async_client(server: Server) -> openai.AsyncOpenAI:
-    """The official async client on the server; use it as `async with` in one event loop."""
-    return openai.AsyncOpenAI(
-        base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120
-    )
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(smollm2_gguf):
-    """The model's tokenizer as transformers loads it from the GGUF, apart from the server."""
-    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-
-
-# --- raw HTTP and metrics --------------------------------------------------------------------
-
-
-def fetch(
-    method: str,
-    url: str,
-    *,
-    body: Any = None,
-    raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = 120,
-) -> Reply:
-    """One request with aiohttp (a JSON `body` or `raw` bytes), the whole answer read."""
-
-    async def call() -> Reply:
-        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-        sent = {"Content-Type": "application/json", **(headers or {})}
-        limit = aiohttp.ClientTimeout(total=timeout)
-        async with aiohttp.ClientSession(timeout=limit) as session:
-            async with session.request(method, url, data=data, headers=sent) as response:
-                return Reply(response.status, dict(response.headers), await response.read())
-
-    return asyncio.run(call())
-
-
-OPENAI_ERROR_TYPES = {
-    400: openai.BadRequestError.__name__,
-    401: openai.AuthenticationError.__name__,
-    404: openai.NotFoundError.__name__,
-}
-
-
-def openai_error(reply: Reply) -> dict[str, Any]:
-    """The error object of an OpenAI error body, checked for its shape, code and type."""
-    body = reply.json()
-    assert list(body) == ["error"], body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert error["code"] == reply.status
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str)
-    if reply.status in OPENAI_ERROR_TYPES:
-        assert error["type"] == OPENAI_ERROR_TYPES[reply.status]
-    return error
-
-
-async def _read_metrics(session: aiohttp.ClientSession, url: str) -> list[Sample]:
-    async with session.get(url + "/metrics") as response:
-        assert response.status == 200
-        text = await response.text()
-    # The parser raises on anything that is not the Prometheus text format.
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
-
-
-def read_metrics(url: str) -> list[Sample]:
-    """Every sample of GET /metrics, parsed by prometheus-client."""
-
-    async def call() -> list[Sample]:
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            return await _read_metrics(session, url)
-
-    return asyncio.run(call())
-
-
-def metric(samples: list[Sample], name: str, **labels: str) -> float:
-    """The value of the one sample called `name` whose labels include `labels`."""
-    (value,) = [s.value for s in samples if s.name == name and labels.items() <= s.labels.items()]
-    return value
-
-
-def moved(before: list[Sample], after: list[Sample], name: str, **labels: str) -> float:
-    """How much the sample `name` (with `labels`) grew between two reads of /metrics."""
-    return metric(after, name, **labels) - metric(before, name, **labels)
-
-
-def wait_until_metrics_idle(url: str, limit: float = 10) -> list[Sample]:
-    """/metrics once no request runs or waits and the KV cache is empty; fails after `limit` s."""
-    deadline = time.monotonic() + limit
-    while True:
-        samples = read_metrics(url)
-        busy = {
-            name: metric(samples, name)
-            for name in (
-                "vllm:num_requests_running",
-                "vllm:num_requests_waiting",
-                "vllm:kv_cache_usage_perc",
-            )
-        }
-        if not any(busy.values()):
-            return samples
-        assert time.monotonic() < deadline, f"still busy after {limit} s: {busy}"
-        time.sleep(0.1)
-
-
-# --- 1. completions and chat through the openai client ----------------------------------------
-
-
-@pytest.fixture(scope="module")
-def greedy_completion(server: Server, openai_client: openai.OpenAI):
-    return openai_client.completions.create(
+def greedy_completion(server_process: Server, server_process_client: openai.OpenAI):
+    return server_process_client.completions.create(
         model=MODEL,
         prompt=PROMPT,
         max_tokens=GREEDY_TOKENS,
@@ -243,8 +62,8 @@ def greedy_completion(server: Server, openai_client: openai.OpenAI):
 
 
 @pytest.fixture(scope="module")
-def greedy_chat(server: Server, openai_client: openai.OpenAI):
-    return openai_client.chat.completions.create(
+def greedy_chat(server_process: Server, server_process_client: openai.OpenAI):
+    return server_process_client.chat.completions.create(
         model=MODEL,
         messages=QUESTION,
         max_tokens=GREEDY_TOKENS,
@@ -278,8 +97,10 @@ def test_greedy_completion_has_exact_usage_and_logprobs(greedy_completion, hf_to
         assert top[token] == logprob <= 0
 
 
-def test_streamed_greedy_completion_is_the_full_one(server, openai_client, greedy_completion):
-    stream = openai_client.completions.create(
+def test_streamed_greedy_completion_is_the_full_one(
+    server_process, server_process_client, greedy_completion
+):
+    stream = server_process_client.completions.create(
         model=MODEL,
         prompt=PROMPT,
         max_tokens=GREEDY_TOKENS,
@@ -327,8 +148,8 @@ def test_greedy_chat_has_exact_usage_and_top_logprobs(greedy_chat, hf_tokenizer)
         assert best.logprob >= second.logprob
 
 
-def test_streamed_greedy_chat_is_the_full_one(server, openai_client, greedy_chat):
-    stream = openai_client.chat.completions.create(
+def test_streamed_greedy_chat_is_the_full_one(server_process, server_process_client, greedy_chat):
+    stream = server_process_client.chat.completions.create(
         model=MODEL,
         messages=QUESTION,
         max_tokens=GREEDY_TOKENS,
@@ -351,7 +172,7 @@ def test_streamed_greedy_chat_is_the_full_one(server, openai_client, greedy_chat
     )
 
 
-def test_n2_choices_are_indexed_and_seeded(server, openai_client, hf_tokenizer):
+def test_n2_choices_are_indexed_and_seeded(server_process, server_process_client, hf_tokenizer):
     reference = sample("05_completion_n2_logprobs")["request"]["body"]
     request = {
         "model": MODEL,
@@ -362,8 +183,8 @@ def test_n2_choices_are_indexed_and_seeded(server, openai_client, hf_tokenizer):
         "n": 2,
         "extra_body": {"return_token_ids": True},
     }
-    first = openai_client.completions.create(**request)
-    again = openai_client.completions.create(**request)
+    first = server_process_client.completions.create(**request)
+    again = server_process_client.completions.create(**request)
     assert [c.index for c in first.choices] == [0, 1]
     assert [c.text for c in again.choices] == [c.text for c in first.choices]
     # The prompt counts once, every sample's tokens count.
@@ -372,10 +193,10 @@ def test_n2_choices_are_indexed_and_seeded(server, openai_client, hf_tokenizer):
 
     chat = {"model": MODEL, "messages": QUESTION, "max_tokens": 6}
     chat |= {"temperature": 0.8, "seed": 3, "n": 2}
-    full = openai_client.chat.completions.create(**chat)
+    full = server_process_client.chat.completions.create(**chat)
     assert [c.index for c in full.choices] == [0, 1]
     streamed = ["", ""]
-    for chunk in openai_client.chat.completions.create(**chat, stream=True):
+    for chunk in server_process_client.chat.completions.create(**chat, stream=True):
         for choice in chunk.choices:
             streamed[choice.index] += choice.delta.content or ""
     assert streamed == [c.message.content for c in full.choices]
@@ -391,11 +212,11 @@ def _middle_word(text: str) -> str:
 
 
 def test_stop_strings_end_the_text_before_them(
-    server, openai_client, greedy_completion, greedy_chat
+    server_process, server_process_client, greedy_completion, greedy_chat
 ):
     text = greedy_completion.choices[0].text
     stop = _middle_word(text)
-    result = openai_client.completions.create(
+    result = server_process_client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=GREEDY_TOKENS, temperature=0, stop=[stop]
     )
     (choice,) = result.choices
@@ -405,7 +226,7 @@ def test_stop_strings_end_the_text_before_them(
 
     content = greedy_chat.choices[0].message.content
     stop = _middle_word(content)
-    stream = openai_client.chat.completions.create(
+    stream = server_process_client.chat.completions.create(
         model=MODEL,
         messages=QUESTION,
         max_tokens=GREEDY_TOKENS,
@@ -421,7 +242,7 @@ def test_stop_strings_end_the_text_before_them(
 
 
 def test_max_tokens_with_ignore_eos_runs_past_the_end_of_sequence(
-    server, openai_client, hf_tokenizer
+    server_process, server_process_client, hf_tokenizer
 ):
     # A bias of 100 makes the end-of-sequence token the model's only choice.
     forced_eos = {
@@ -431,17 +252,19 @@ def test_max_tokens_with_ignore_eos_runs_past_the_end_of_sequence(
         "temperature": 0,
         "logit_bias": {str(hf_tokenizer.eos_token_id): 100},
     }
-    stopped = openai_client.completions.create(**forced_eos)
+    stopped = server_process_client.completions.create(**forced_eos)
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens == 1
-    ignored = openai_client.completions.create(**forced_eos, extra_body={"ignore_eos": True})
+    ignored = server_process_client.completions.create(
+        **forced_eos, extra_body={"ignore_eos": True}
+    )
     assert ignored.choices[0].finish_reason == "length"
     assert ignored.usage.completion_tokens == 4
 
 
-def test_a_seed_fixes_the_sampled_text(server):
+def test_a_seed_fixes_the_sampled_text(server_process):
     async def sample_texts(seeds: list[int]) -> list[str]:
-        async with async_client(server) as seeded_client:
+        async with async_client(server_process) as seeded_client:
             results = await asyncio.gather(
                 *(
                     seeded_client.completions.create(
@@ -464,7 +287,7 @@ def test_a_seed_fixes_the_sampled_text(server):
     assert len({texts[0], texts[2], texts[3]}) > 1
 
 
-# --- 2. many streams at once, and /health meanwhile -----------------------------------------
+# --- many streams at once, and /health meanwhile -----------------------------------------
 
 CONCURRENT_PROMPTS = [PROMPT, "Once upon a time", "The best way to learn is", "Water boils at"]
 NUM_STREAMS = 64
@@ -482,14 +305,16 @@ class StreamsAndProbes:
     streams_ended: float = 0.0
 
 
-async def _streams_while_probing_health(server: Server, prompts: list[str]) -> StreamsAndProbes:
+async def _streams_while_probing_health(
+    server_process: Server, prompts: list[str]
+) -> StreamsAndProbes:
     streams_done = asyncio.Event()
     result = StreamsAndProbes([], [])
 
     async def probe_health(session: aiohttp.ClientSession) -> None:
         while not streams_done.is_set():
             sent = time.monotonic()
-            async with session.get(server.url + "/health") as response:
+            async with session.get(server_process.url + "/health") as response:
                 await response.read()
             answered = time.monotonic()
             result.probes.append((response.status, answered - sent, answered))
@@ -505,7 +330,10 @@ async def _streams_while_probing_health(server: Server, prompts: list[str]) -> S
             finish_reason = chunk.choices[0].finish_reason or finish_reason
         return text, finish_reason
 
-    async with async_client(server) as streams, aiohttp.ClientSession(timeout=TIMEOUT) as session:
+    async with (
+        async_client(server_process) as streams,
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+    ):
         prober = asyncio.create_task(probe_health(session))
         try:
             outcomes = await asyncio.gather(*(stream_text(streams, p) for p in prompts))
@@ -518,15 +346,17 @@ async def _streams_while_probing_health(server: Server, prompts: list[str]) -> S
     return result
 
 
-def test_64_concurrent_streams_get_their_solo_texts_while_health_answers(server, openai_client):
+def test_64_concurrent_streams_get_their_solo_texts_while_health_answers(
+    server_process, server_process_client
+):
     solo = {}
     for prompt in CONCURRENT_PROMPTS:
-        alone = openai_client.completions.create(
+        alone = server_process_client.completions.create(
             model=MODEL, prompt=prompt, max_tokens=8, temperature=0
         )
         solo[prompt] = alone.choices[0].text
     prompts = [CONCURRENT_PROMPTS[i % len(CONCURRENT_PROMPTS)] for i in range(NUM_STREAMS)]
-    result = asyncio.run(_streams_while_probing_health(server, prompts))
+    result = asyncio.run(_streams_while_probing_health(server_process, prompts))
     assert result.texts == [solo[prompt] for prompt in prompts]
     assert all(reason in ("length", "stop") for reason in result.finish_reasons)
     assert all(status == 200 for status, _, _ in result.probes)
@@ -534,190 +364,10 @@ def test_64_concurrent_streams_get_their_solo_texts_while_health_answers(server,
     assert slowest < HEALTH_BOUND_S, f"/health took {slowest:.2f} s during the streams"
     during = [p for p in result.probes if p[2] < result.streams_ended]
     assert len(during) >= 3, f"only {len(during)} /health answers came while streaming"
-    wait_until_metrics_idle(server.url)
+    wait_until_metrics_idle(server_process.url)
 
 
-# --- 3. malformed requests -------------------------------------------------------------------
-
-COMPLETION = {"prompt": "Hi", "max_tokens": 2}
-CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-
-
-@dataclass(frozen=True)
-class Malformed:
-    """A bad request and what must come back: the status, `param`, words in the message."""
-
-    path: str
-    body: Any = None
-    raw: bytes | None = None
-    status: int = 400
-    param: str | None = None
-    mentions: tuple[str, ...] = ()
-    """Strings the message must contain; by default `param`, the field it names."""
-    method: str = "POST"
-    headers: dict[str, str] = field(default_factory=lambda: dict(AUTH))
-    vllm_sample: str | None = None
-    """A vLLM sample whose error body (same request) ours must equal exactly."""
-
-
-def completion(param: str | None = None, *mentions: str, **fields: Any) -> Malformed:
-    """A /v1/completions request with `fields` over a valid body, refused for `param`."""
-    return Malformed("/v1/completions", COMPLETION | fields, param=param, mentions=mentions)
-
-
-def chat(param: str | None = None, *mentions: str, **fields: Any) -> Malformed:
-    """A /v1/chat/completions request with `fields` over a valid body, refused for `param`."""
-    return Malformed("/v1/chat/completions", CHAT | fields, param=param, mentions=mentions)
-
-
-MALFORMED = {
-    # -- bodies that are not a JSON object
-    "bad JSON": Malformed(
-        "/v1/chat/completions", raw=b'{"model": "x", "messages": [', param="body"
-    ),
-    "JSON array body": Malformed("/v1/completions", raw=b'[{"prompt": "Hi"}]', param="body"),
-    "body not UTF-8": Malformed("/v1/completions", raw=b"\xff\xfe{}", param="body"),
-    "missing prompt": Malformed("/v1/completions", {"max_tokens": 2}, param="prompt"),
-    "missing messages": Malformed("/v1/chat/completions", {"max_tokens": 2}, param="messages"),
-    # -- wrong types
-    "prompt as int": completion("prompt", "42", prompt=42),
-    "messages as string": chat("messages", "Hi there", messages="Hi there"),
-    "temperature as string": completion("temperature", "hot", temperature="hot"),
-    "max_tokens as float string": completion("max_tokens", "8.5", max_tokens="8.5"),
-    "max_tokens as boolean": completion("max_tokens", "true", max_tokens=True),
-    "n as list": completion("n", n=[2]),
-    "stop as int": completion("stop", "7", stop=7),
-    "logit_bias with a non-int key": completion("logit_bias", "abc", logit_bias={"abc": 1}),
-    "stream as string": completion("stream", "yes", stream="yes"),
-    "seed as string": completion("seed", "lucky", seed="lucky"),
-    "stop_token_ids of strings": completion("stop_token_ids", stop_token_ids=["a"]),
-    "message content as int": chat(
-        "messages[0].content", messages=[{"role": "user", "content": 5}]
-    ),
-    # -- values out of range
-    "temperature -1": Malformed(
-        "/v1/chat/completions",
-        VLLM_CHAT["request"]["body"] | {"temperature": -1, "max_tokens": 4},
-        param="temperature",
-        vllm_sample="20_err_temperature_neg",
-    ),
-    "top_p 0": completion("top_p", "0", top_p=0),
-    "top_p 1.5": completion("top_p", "1.5", top_p=1.5),
-    "top_k 0": completion("top_k", "0", top_k=0),
-    "n 0": completion("n", "0", n=0),
-    "n 2 under greedy sampling": completion("n", "2", n=2, temperature=0),
-    "max_tokens 0": completion("max_tokens", "0", max_tokens=0),
-    "max_tokens -1": Malformed(
-        "/v1/completions",
-        {"prompt": "hi", "max_tokens": -1},
-        param="max_tokens",
-        vllm_sample="15_err_completion_max_tokens_neg",
-    ),
-    "max_tokens -1 in a chat stream": Malformed(
-        "/v1/chat/completions",
-        VLLM_CHAT["request"]["body"] | {"max_tokens": -1, "stream": True},
-        param="max_tokens",
-        vllm_sample="22_err_stream_max_tokens_neg",
-    ),
-    "presence_penalty 3": completion("presence_penalty", "3", presence_penalty=3),
-    "frequency_penalty -3": completion("frequency_penalty", "-3", frequency_penalty=-3),
-    "repetition_penalty 0": completion("repetition_penalty", "0", repetition_penalty=0),
-    "min_p 2": completion("min_p", "2", min_p=2),
-    "logprobs 100": completion("logprobs", "100", logprobs=100),
-    "logprobs -1": completion("logprobs", "-1", logprobs=-1),
-    "top_logprobs 30": chat("top_logprobs", "30", logprobs=True, top_logprobs=30),
-    "top_logprobs without logprobs": chat("top_logprobs", top_logprobs=2),
-    "min_tokens over max_tokens": completion("min_tokens", "5", min_tokens=5, max_tokens=2),
-    "include_usage as string": completion(
-        "stream_options.include_usage", stream=True, stream_options={"include_usage": "yes"}
-    ),
-    "stream_options without stream": completion(
-        "stream_options", stream_options={"include_usage": True}
-    ),
-    "logit_bias token outside the vocabulary": completion(
-        "logit_bias", "99999", logit_bias={"99999": 1}
-    ),
-    # -- prompts and messages
-    "empty prompt": completion("prompt", prompt=""),
-    "empty token id prompt": completion("prompt", prompt=[]),
-    # SmolLM2's vocabulary holds token ids 0 to 49151.
-    "token id outside the vocabulary": completion("prompt", "49152", prompt=[504, 49152]),
-    "negative token id": completion("prompt", "-5", prompt=[504, -5]),
-    "prompt longer than the context": completion(
-        "input_tokens", "1024", "1025", prompt=[504] * (MAX_MODEL_LEN + 1)
-    ),
-    "chat longer than the context": chat(
-        "input_tokens", "1024", messages=[{"role": "user", "content": "hello " * MAX_MODEL_LEN}]
-    ),
-    "max_tokens beyond the context": completion(
-        "max_tokens", "1024", max_tokens=MAX_MODEL_LEN, prompt="Hi"
-    ),
-    "empty messages": chat("messages", messages=[]),
-    "message without role": chat("messages[0].role", messages=[{"content": "Hi"}]),
-    "suffix": completion("suffix", suffix="!"),
-    # -- model, route, method, key
-    "unknown model": Malformed(
-        "/v1/completions",
-        COMPLETION | {"model": "no-such-model"},
-        status=404,
-        param="model",
-        mentions=("no-such-model",),
-    ),
-    "unknown route": Malformed("/v1/nothing", COMPLETION, status=404, mentions=("/v1/nothing",)),
-    "wrong method": Malformed(
-        "/v1/completions", method="GET", status=405, mentions=("GET /v1/completions",)
-    ),
-    "user as int": completion("user", user=5),
-    "stop token id outside the vocabulary": completion(None, "stop_token_ids", stop_token_ids=[-1]),
-    "user message without content": chat("messages[0].content", messages=[{"role": "user"}]),
-    "no API key": Malformed("/v1/completions", COMPLETION, status=401, headers={}),
-    "wrong API key": Malformed(
-        "/v1/completions", COMPLETION, status=401, headers={"Authorization": "Bearer wrong"}
-    ),
-}
-
-
-MALFORMED_CASES = [pytest.param(case, id=name) for name, case in MALFORMED.items()]
-
-
-@pytest.mark.parametrize("case", MALFORMED_CASES)
-def test_malformed_request_gets_its_status_and_an_openai_error(server, case: Malformed):
-    url = server.url + case.path
-    reply = fetch(case.method, url, body=case.body, raw=case.raw, headers=case.headers)
-    assert reply.status == case.status, reply.body
-    error = openai_error(reply)
-    if case.vllm_sample is not None:
-        assert reply.json() == sample(case.vllm_sample)["response"]["body"]
-    if case.param is not None:
-        assert error["param"] == case.param
-    for text in case.mentions or ((case.param,) if case.param else ()):
-        assert text in error["message"], error["message"]
-
-
-def test_a_body_over_the_size_limit_is_a_413(server):
-    reply = send_oversized_head(
-        server.url,
-        "/v1/completions",
-        MAX_REQUEST_BODY_BYTES,
-        headers=f"Authorization: Bearer {API_KEY}\r\n",
-    )
-    assert reply.status == 413
-    assert str(MAX_REQUEST_BODY_BYTES) in openai_error(reply)["message"]
-
-
-def test_the_server_serves_normally_after_malformed_requests(server, openai_client):
-    with pytest.raises(openai.AuthenticationError):
-        client(server.url, "wrong").completions.create(model=MODEL, prompt="Hi")
-    result = openai_client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0
-    )
-    assert result.usage.completion_tokens == 2 and result.choices[0].text
-    assert server.process.poll() is None
-    wait_until_metrics_idle(server.url)  # nothing refused left a request or a KV block behind
-    assert "Traceback" not in server.log.read_text(errors="replace")
-
-
-# --- 4. a client leaving mid-stream ------------------------------------------------------------
+# --- a client leaving mid-stream ------------------------------------------------------------
 
 LONG_MAX_TOKENS = MAX_MODEL_LEN - 24
 """Far more tokens than the test waits for: the request can only end early by being aborted."""
@@ -740,17 +390,17 @@ async def _leave_mid_stream(url: str) -> list[Sample]:
                 line = await response.content.readline()
                 assert line, "the stream ended early"
                 events += line.startswith(b"data: {")
-            during = await _read_metrics(session, url)
+            during = await read_metrics_with(session, url)
             response.close()  # closes the connection mid-stream
     return during
 
 
-def test_a_client_leaving_mid_stream_frees_its_kv_blocks(server):
-    before = wait_until_metrics_idle(server.url)
-    during = asyncio.run(_leave_mid_stream(server.url))
+def test_a_client_leaving_mid_stream_frees_its_kv_blocks(server_process):
+    before = wait_until_metrics_idle(server_process.url)
+    during = asyncio.run(_leave_mid_stream(server_process.url))
     assert metric(during, "vllm:num_requests_running") == 1
     assert metric(during, "vllm:kv_cache_usage_perc") > 0
-    after = wait_until_metrics_idle(server.url, limit=10)
+    after = wait_until_metrics_idle(server_process.url, limit=10)
     # It was aborted, not run to its end.
     assert moved(before, after, "vllm:generation_tokens_total") < LONG_MAX_TOKENS
     success = "vllm:request_success_total"
@@ -758,16 +408,18 @@ def test_a_client_leaving_mid_stream_frees_its_kv_blocks(server):
     assert moved(before, after, success, finished_reason="abort") == 1
 
 
-# --- 5. /metrics after known requests -----------------------------------------------------------
+# --- /metrics after known requests -----------------------------------------------------------
 
 
-def test_metrics_counters_move_by_the_known_amounts(server, openai_client, hf_tokenizer):
+def test_metrics_counters_move_by_the_known_amounts(
+    server_process, server_process_client, hf_tokenizer
+):
     # Distinct prompts shorter than one KV block (16 tokens): no prefix cache hit can make
     # the engine compute fewer prompt tokens than the prompts hold.
     requests = [("Counting tokens: the first prompt", 3), ("Rivers flow into the", 5)]
-    before = wait_until_metrics_idle(server.url)
+    before = wait_until_metrics_idle(server_process.url)
     for prompt, max_tokens in requests:
-        result = openai_client.completions.create(
+        result = server_process_client.completions.create(
             model=MODEL,
             prompt=prompt,
             max_tokens=max_tokens,
@@ -776,7 +428,7 @@ def test_metrics_counters_move_by_the_known_amounts(server, openai_client, hf_to
         )
         assert result.choices[0].finish_reason == "length"
         assert result.usage.completion_tokens == max_tokens
-    after = wait_until_metrics_idle(server.url)
+    after = wait_until_metrics_idle(server_process.url)
     prompt_tokens = sum(len(hf_tokenizer(prompt).input_ids) for prompt, _ in requests)
     assert moved(before, after, "vllm:prompt_tokens_total") == prompt_tokens
     assert moved(before, after, "vllm:generation_tokens_total") == sum(n for _, n in requests)

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from aioserve.arguments import ARGUMENTS, FRONTEND, ConfigError
 from aioserve.cli import build_engine_parser
 from aioserve.config import engine_config_from_args, frontend_options_from_args
 from aioserve.models.resolve import DEFAULT_MODEL
+from tests.server.serve_process import free_port, wait_until_healthy
 
 # --- the frontend arguments ------------------------------------------------------------------
 
@@ -166,28 +166,6 @@ def test_refused_arguments_stop_the_command_before_the_model_loads(tmp_path, arg
     assert f"aioserve: error: {message}" in log.read_text()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_healthy(process: subprocess.Popen, url: str, log: Path, limit: float = 300):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=1):
-                pass
-        except OSError:
-            time.sleep(0.5)
-            continue
-        if asyncio.run(_status(url + "/health")) == 200:
-            return
-    pytest.fail(f"the server was not healthy after {limit} s:\n{log.read_text()[-3000:]}")
-
-
 async def _status(url: str) -> int:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         async with session.get(url) as response:
@@ -227,14 +205,14 @@ async def _sigterm_during_a_stream(process: subprocess.Popen, url: str) -> dict:
 
 @pytest.mark.slow
 def test_serve_answers_then_drains_on_sigterm(smollm2_gguf, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     argv = ["serve", str(smollm2_gguf), "--max-model-len", "512", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--served-model-name", "smol", "--shutdown-timeout", "60"]
     process = _aioserve(*argv, log=log)
     try:
-        _wait_until_healthy(process, url, log)
+        wait_until_healthy(process, url, log)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
         completion = client.completions.create(
             model="smol", prompt="The capital of France is", max_tokens=4, temperature=0
