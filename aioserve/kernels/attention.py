@@ -26,15 +26,7 @@ their sequence, block sizes depend only on the device and the head size, and key
 always reduced in the same order, so a sequence's output is bitwise the same whatever
 shares its batch (DESIGN: batch invariance). No split-K.
 
-Reference path (also the CPU production path), both halves through torch's
-scaled_dot_product_attention in float32: decode rows batched, their sequences' keys and
-values gathered into [B, longest context, kv_heads, head_size] with a length mask; each
-prefill sequence on its own, with a causal mask offset by its cached prefix. Decode rows go
-in groups of DECODE_GROUP sequences, so that a group's gathered keys and values stay in the
-CPU's cache between the gather and SDPA (one batch of 64 sequences at 320 tokens gathers
-31 MB per layer, which spills to memory; groups of 16 measured ~30% faster). Unlike the
-Triton path it is not bitwise batch invariant: the padded width of the decode batch can
-change the last bits of a row's result.
+Reference path (the CPU production path): aioserve/kernels/attention_reference.py.
 
 Rows of `out` past `query_start_loc[-1]` (padding) are not written.
 """
@@ -44,10 +36,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.attention_reference import (
+    ReferencePlan,
+    check_shapes,
+    paged_attention_reference,
+)
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
 
@@ -312,24 +308,6 @@ def _prefill_kernel(
     )
 
 
-def _check_shapes(
-    query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, max_seq_len: int
-) -> None:
-    num_q_heads, head_size = query.shape[1:]
-    _, block_size, num_kv_heads, cache_head_size = key_cache.shape
-    if value_cache.shape != key_cache.shape:
-        raise ValueError(f"value_cache {value_cache.shape} != key_cache {key_cache.shape}")
-    if cache_head_size != head_size:
-        raise ValueError(f"cache head size {cache_head_size} != query head size {head_size}")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} kv heads")
-    if block_tables.shape[1] * block_size < max_seq_len:
-        raise ValueError(
-            f"block_tables holds {block_tables.shape[1]} blocks of {block_size} slots, "
-            f"fewer than max_seq_len={max_seq_len}"
-        )
-
-
 def paged_attention_triton(
     query: Tensor,
     key_cache: Tensor,
@@ -343,7 +321,7 @@ def paged_attention_triton(
     out: Tensor | None = None,
 ) -> Tensor:
     """The Triton path of `paged_attention`: the decode kernel, then the prefill kernel."""
-    _check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
+    check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
     if query.dtype != key_cache.dtype or value_cache.dtype != key_cache.dtype:
         raise ValueError("the Triton path needs query and KV cache of one dtype")
     if query.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
@@ -410,130 +388,6 @@ def paged_attention_triton(
     return out
 
 
-DECODE_GROUP = 16
-
-
-def _gather_slots(cache: Tensor, slots: Tensor) -> Tensor:
-    """cache [num_blocks, block_size, Hkv, D] at `slots` [...], as float32 [..., Hkv, D].
-
-    index_select is several times faster on the CPU than advanced indexing.
-    """
-    num_blocks, block_size, num_kv_heads, head_size = cache.shape
-    # Rows of one slot each: 2-D index_select copies whole rows, twice as fast as 4-D.
-    rows = cache.reshape(num_blocks * block_size, num_kv_heads * head_size)
-    gathered = rows.index_select(0, slots.flatten())
-    return gathered.view(*slots.shape, num_kv_heads, head_size).float()
-
-
-def _decode_reference(
-    key_cache: Tensor,
-    value_cache: Tensor,
-    rows: Tensor,
-    seq_lens: Tensor,
-    block_tables: Tensor,
-    scale: float,
-) -> Tensor:
-    """Attention of single query rows [B, Hq, D] over their sequences' whole context.
-
-    The keys of all B sequences are gathered slot by slot into [B, width, Hkv, D], width
-    being the longest context; a length mask hides each sequence's tail.
-    """
-    block_size = key_cache.shape[1]
-    width = int(seq_lens.max())
-    positions = torch.arange(width, device=rows.device)
-    valid = positions < seq_lens[:, None]  # [B, width]
-    # Masked positions re-read position 0, which always holds real data: the slots and
-    # table entries past a sequence may hold anything, NaN included, and a NaN would
-    # survive the mask (0 * NaN).
-    positions = torch.where(valid, positions, 0)
-    slots = block_tables.gather(1, positions // block_size).long() * block_size
-    slots += positions % block_size
-    keys = _gather_slots(key_cache, slots)  # [B, width, Hkv, D]
-    values = _gather_slots(value_cache, slots)
-    out = F.scaled_dot_product_attention(
-        rows.float().unsqueeze(2),  # [B, Hq, 1, D]
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=valid[:, None, None, :],
-        scale=scale,
-        enable_gqa=rows.shape[1] != key_cache.shape[2],
-    )
-    return out.squeeze(2)
-
-
-def _prefill_reference(
-    query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    seq_len: int,
-    block_table: Tensor,
-    scale: float,
-) -> Tensor:
-    """Causal attention of one sequence's query rows [q_len, Hq, D] over its context."""
-    query_len, num_q_heads = query.shape[:2]
-    block_size, num_kv_heads = key_cache.shape[1:3]
-    positions = torch.arange(seq_len, device=query.device)
-    slots = block_table.long()[positions // block_size] * block_size + positions % block_size
-    keys = _gather_slots(key_cache, slots)  # [seq_len, Hkv, D]
-    values = _gather_slots(value_cache, slots)
-
-    context_len = seq_len - query_len
-    visible = None
-    if context_len > 0:
-        # Query row i sits at position context_len + i: the causal mask is offset.
-        query_positions = context_len + torch.arange(query_len, device=query.device)
-        visible = positions[None, :] <= query_positions[:, None]  # [q_len, seq_len]
-    out = F.scaled_dot_product_attention(
-        query.float().transpose(0, 1).unsqueeze(0),
-        keys.transpose(0, 1).unsqueeze(0),
-        values.transpose(0, 1).unsqueeze(0),
-        attn_mask=visible,
-        is_causal=visible is None,
-        scale=scale,
-        enable_gqa=num_q_heads != num_kv_heads,
-    )
-    return out.squeeze(0).transpose(0, 1)
-
-
-def paged_attention_reference(
-    query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    query_start_loc: Tensor,
-    seq_lens: Tensor,
-    block_tables: Tensor,
-    scale: float,
-    max_query_len: int,
-    max_seq_len: int,
-    out: Tensor | None = None,
-) -> Tensor:
-    """The torch path of `paged_attention`: decodes batched, prefills one by one."""
-    _check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    starts = query_start_loc.tolist()
-    query_lens = query_start_loc.diff().tolist()
-
-    decodes = [b for b, n in enumerate(query_lens) if n == 1]
-    for first in range(0, len(decodes), DECODE_GROUP):
-        seqs = torch.tensor(decodes[first : first + DECODE_GROUP], device=query.device)
-        rows = query_start_loc[seqs].long()
-        decoded = _decode_reference(
-            key_cache, value_cache, query[rows], seq_lens[seqs], block_tables[seqs], scale
-        )
-        out.index_copy_(0, rows, decoded.to(out.dtype))
-
-    if max_query_len > 1:
-        lens = seq_lens.tolist()
-        for b, query_len in enumerate(query_lens):
-            if query_len > 1:
-                start, end = starts[b], starts[b] + query_len
-                out[start:end] = _prefill_reference(
-                    query[start:end], key_cache, value_cache, lens[b], block_tables[b], scale
-                ).to(out.dtype)
-    return out
-
-
 def paged_attention(
     query: Tensor,
     key_cache: Tensor,
@@ -545,13 +399,15 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     out: Tensor | None = None,
+    reference_plan: ReferencePlan | None = None,
 ) -> Tensor:
     """Causal attention of the step's query rows over their sequences' paged KV cache.
 
     query [T, Hq, D]; key_cache/value_cache [num_blocks, block_size, Hkv, D];
     query_start_loc int32 [B+1]; seq_lens int32 [B] (context including the new tokens);
     block_tables int32 [B, max_blocks_per_seq]. Returns [T, Hq, D] in query's dtype,
-    written into `out` when given.
+    written into `out` when given. `reference_plan`, the step's plan for the torch path
+    (shared by all layers), is only read when that path runs.
     """
     if dispatch.use_triton():
         return paged_attention_triton(
@@ -577,4 +433,5 @@ def paged_attention(
         max_query_len,
         max_seq_len,
         out,
+        reference_plan,
     )

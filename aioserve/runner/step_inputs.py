@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from aioserve.engine.scheduler import SchedulerOutput
+from aioserve.kernels import dispatch
+from aioserve.kernels.attention_reference import plan_reference_attention
 from aioserve.models.attention_metadata import AttentionMetadata
 
 
@@ -76,6 +78,10 @@ def build_step_inputs(
         max_query_len=int(query_lens.max()),
         max_seq_len=int(seq_lens.max()),
     )
+    if not dispatch.use_triton():
+        attention.reference_plan = plan_reference_attention(
+            attention.query_start_loc, attention.seq_lens, attention.block_tables, block_size
+        )
     return StepInputs(
         input_ids=to_device(input_ids, torch.int64),
         positions=to_device(positions, torch.int64),

@@ -15,11 +15,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from aioserve.kernels.attention import (
-    DECODE_GROUP,
-    paged_attention,
-    paged_attention_reference,
-)
+from aioserve.kernels.attention import paged_attention
+from aioserve.kernels.attention_reference import DECODE_GROUP, paged_attention_reference
 
 _TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=1e-5),

@@ -1,0 +1,245 @@
+"""The torch path of paged attention: the CPU production path and the Triton kernels' oracle.
+
+What a step's attention reads does not change from layer to layer, so it is planned once
+per step (`plan_reference_attention`: which rows decode, which KV blocks each sequence
+reads, which gathered slots are padding) and every layer reuses the plan. Per layer,
+`paged_attention_reference` then gathers blocks and runs torch's scaled_dot_product_attention
+in float32:
+
+- Decode rows (q_len == 1) go in groups of DECODE_GROUP sequences. A group's KV blocks are
+  gathered whole, one index_select row per block, into [n, width, Hkv, D], width being its
+  longest context rounded up to a block; groups keep the gathered keys and values in the
+  CPU's cache between the gather and SDPA (64 sequences at 320 tokens gather 31 MB per
+  layer, more than the 32 MB L3 holds with the weights streaming through). Table entries
+  past a sequence's blocks re-read its own first block, and gathered slots past its length
+  are zeroed: the length mask hides them, but a NaN left in a free slot would survive the
+  mask (0 * NaN). The GQA group of query heads rides in SDPA's query-length axis
+  ([n, Hkv, group, D]), so each kv head's keys are read once for all of its query heads.
+- Prefill rows go sequence by sequence, causal, the mask offset by the cached prefix.
+
+Unlike the Triton path it is not bitwise batch invariant: the padded width of a decode
+group can change the last bits of a row's result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+DECODE_GROUP = 16
+
+
+@dataclass
+class DecodeGroup:
+    """Up to DECODE_GROUP decoding sequences, attended together."""
+
+    rows: Tensor  # [n] int64: each sequence's query row
+    blocks: Tensor  # [n * width // block_size] int64: the blocks to gather, row by row
+    padding: Tensor  # int64: gathered slots (of n * width) past their sequence's length
+    mask: Tensor  # [n, 1, 1, width] bool: True where a gathered slot is context
+    width: int
+
+
+@dataclass
+class PrefillSequence:
+    """One sequence with several query rows: a prompt or a chunk of one."""
+
+    start: int  # its query rows are start:end
+    end: int
+    blocks: Tensor  # [ceil(seq_len / block_size)] int64
+    seq_len: int
+    mask: Tensor | None  # [q_len, seq_len] bool with a cached prefix; None: plain causal
+
+
+@dataclass
+class ReferencePlan:
+    decode_groups: list[DecodeGroup]
+    prefills: list[PrefillSequence]
+    # Where every layer's decode gathers land: allocated once per step, because a fresh
+    # multi-megabyte tensor per group and layer costs page faults on each allocation.
+    gather_buffers: tuple[Tensor, Tensor] | None = None
+
+    def decode_gather_buffers(self, cache: Tensor) -> tuple[Tensor, Tensor]:
+        """Two [most blocks in a group, block elements] buffers shaped after `cache`."""
+        if self.gather_buffers is None:
+            shape = (max(g.blocks.numel() for g in self.decode_groups), cache[0].numel())
+            self.gather_buffers = (cache.new_empty(shape), cache.new_empty(shape))
+        return self.gather_buffers
+
+
+def check_shapes(
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, max_seq_len: int
+) -> None:
+    """Raise ValueError when the cache, query and block tables do not fit together."""
+    num_q_heads, head_size = query.shape[1:]
+    _, block_size, num_kv_heads, cache_head_size = key_cache.shape
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"value_cache {value_cache.shape} != key_cache {key_cache.shape}")
+    if cache_head_size != head_size:
+        raise ValueError(f"cache head size {cache_head_size} != query head size {head_size}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} kv heads")
+    if block_tables.shape[1] * block_size < max_seq_len:
+        raise ValueError(
+            f"block_tables holds {block_tables.shape[1]} blocks of {block_size} slots, "
+            f"fewer than max_seq_len={max_seq_len}"
+        )
+
+
+def plan_reference_attention(
+    query_start_loc: Tensor, seq_lens: Tensor, block_tables: Tensor, block_size: int
+) -> ReferencePlan:
+    """Everything about a step's attention that is the same in every layer."""
+    device = block_tables.device
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    tables = block_tables.cpu().numpy().astype(np.int64)
+    query_lens = np.diff(starts).tolist()
+
+    def on_device(array: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+    decodes = [b for b, n in enumerate(query_lens) if n == 1]
+    groups = []
+    for first in range(0, len(decodes), DECODE_GROUP):
+        seqs = decodes[first : first + DECODE_GROUP]
+        group_lens = np.array([lens[b] for b in seqs])
+        blocks_per_seq = -(-group_lens // block_size)
+        width_blocks = int(blocks_per_seq.max())
+        table = tables[seqs, :width_blocks]
+        table = np.where(np.arange(width_blocks) < blocks_per_seq[:, None], table, table[:, :1])
+        width = width_blocks * block_size
+        valid = np.arange(width) < group_lens[:, None]
+        groups.append(
+            DecodeGroup(
+                rows=on_device(np.array([starts[b] for b in seqs])),
+                blocks=on_device(table.reshape(-1)),
+                padding=on_device(np.flatnonzero(~valid)),
+                mask=on_device(valid)[:, None, None, :],
+                width=width,
+            )
+        )
+
+    prefills = []
+    for b, query_len in enumerate(query_lens):
+        if query_len < 2:
+            continue
+        seq_len = lens[b]
+        context_len = seq_len - query_len
+        mask = None
+        if context_len > 0:
+            # Query row i sits at position context_len + i.
+            query_positions = context_len + np.arange(query_len)
+            mask = on_device(np.arange(seq_len)[None, :] <= query_positions[:, None])
+        prefills.append(
+            PrefillSequence(
+                start=starts[b],
+                end=starts[b] + query_len,
+                blocks=on_device(tables[b, : -(-seq_len // block_size)]),
+                seq_len=seq_len,
+                mask=mask,
+            )
+        )
+    return ReferencePlan(groups, prefills)
+
+
+def _gather_blocks(
+    cache: Tensor, blocks: Tensor, padding: Tensor | None = None, buffer: Tensor | None = None
+) -> Tensor:
+    """cache [num_blocks, block_size, Hkv, D] at `blocks`, as float32 [slots, Hkv, D].
+
+    Whole blocks are contiguous rows of the cache, so index_select copies long runs; they
+    land in `buffer` when given.
+    """
+    num_blocks, _, num_kv_heads, head_size = cache.shape
+    rows = cache.view(num_blocks, -1)
+    if buffer is None:
+        gathered = rows.index_select(0, blocks)
+    else:
+        gathered = torch.index_select(rows, 0, blocks, out=buffer[: blocks.numel()])
+    slots = gathered.view(-1, num_kv_heads, head_size)
+    if padding is not None and padding.numel():
+        slots.index_fill_(0, padding, 0)
+    return slots.float()
+
+
+def _attend_decode_group(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    group: DecodeGroup,
+    scale: float,
+    buffers: tuple[Tensor, Tensor],
+) -> Tensor:
+    """Attention of the group's query rows over their contexts: [n, Hq, D] float32."""
+    num_q_heads, head_size = query.shape[1:]
+    num_kv_heads = key_cache.shape[2]
+    n = group.rows.numel()
+    keys = _gather_blocks(key_cache, group.blocks, group.padding, buffers[0])
+    values = _gather_blocks(value_cache, group.blocks, group.padding, buffers[1])
+    rows = query.index_select(0, group.rows).float()
+    out = F.scaled_dot_product_attention(
+        rows.view(n, num_kv_heads, num_q_heads // num_kv_heads, head_size),
+        keys.view(n, group.width, num_kv_heads, head_size).transpose(1, 2),
+        values.view(n, group.width, num_kv_heads, head_size).transpose(1, 2),
+        attn_mask=group.mask,
+        scale=scale,
+    )
+    return out.view(n, num_q_heads, head_size)
+
+
+def _attend_prefill(
+    query: Tensor, key_cache: Tensor, value_cache: Tensor, seq: PrefillSequence, scale: float
+) -> Tensor:
+    """Causal attention of one sequence's query rows: [q_len, Hq, D] float32."""
+    num_q_heads = query.shape[1]
+    num_kv_heads = key_cache.shape[2]
+    keys = _gather_blocks(key_cache, seq.blocks)[: seq.seq_len]  # [seq_len, Hkv, D]
+    values = _gather_blocks(value_cache, seq.blocks)[: seq.seq_len]
+    out = F.scaled_dot_product_attention(
+        query[seq.start : seq.end].float().transpose(0, 1).unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        attn_mask=seq.mask,
+        is_causal=seq.mask is None,
+        scale=scale,
+        enable_gqa=num_q_heads != num_kv_heads,
+    )
+    return out.squeeze(0).transpose(0, 1)
+
+
+def paged_attention_reference(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    block_tables: Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: Tensor | None = None,
+    plan: ReferencePlan | None = None,
+) -> Tensor:
+    """The torch path of `paged_attention`, with its arguments; `plan` is built when not given.
+
+    max_query_len is not needed here (the plan sorts the rows), only taken so that both
+    paths have one signature.
+    """
+    check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
+    if plan is None:
+        plan = plan_reference_attention(query_start_loc, seq_lens, block_tables, key_cache.shape[1])
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    for group in plan.decode_groups:
+        buffers = plan.decode_gather_buffers(key_cache)
+        attended = _attend_decode_group(query, key_cache, value_cache, group, scale, buffers)
+        out.index_copy_(0, group.rows, attended.to(out.dtype))
+    for seq in plan.prefills:
+        attended = _attend_prefill(query, key_cache, value_cache, seq, scale)
+        out[seq.start : seq.end] = attended.to(out.dtype)
+    return out
