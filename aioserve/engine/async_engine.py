@@ -3,7 +3,7 @@
 `generate()` registers a request and returns an async iterator over its outputs. One
 coroutine per engine, started on first use in the running event loop, repeats:
 
-    schedule (CPU) -> prepare inputs (CPU) -> run the model step on the executor thread
+    schedule (CPU) -> prepare inputs (CPU) -> run the model step on the model thread
     -> record sampled tokens, stop checks, free blocks -> detokenize and deliver outputs
 
 The model step is the only thing that leaves the event loop, so HTTP handlers keep
@@ -25,12 +25,12 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
 from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
 from aioserve.engine.outputs import RequestMetrics, RequestOutput
 from aioserve.engine.request import Request, RequestStatus
@@ -53,7 +53,7 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, parts: EngineParts) -> None:
+    def __init__(self, parts: EngineParts, model_thread: ModelThread | None = None) -> None:
         self.settings = parts.settings
         self.tokenizer = parts.tokenizer
         self.hf_config = parts.hf_config
@@ -74,7 +74,7 @@ class AsyncEngine:
         self._states: dict[str, RequestState] = {}  # user request id -> state
         self._queues: dict[str, asyncio.Queue] = {}
         self._sample_of: dict[str, tuple[RequestState, int]] = {}  # sequence id -> (state, index)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aioserve-model")
+        self._model_thread = model_thread or ModelThread()
         self._loop_task: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._dead: BaseException | None = None
@@ -84,7 +84,14 @@ class AsyncEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(build_engine(config))
+        """Build the engine's parts on its model thread (see model_thread.py for why)."""
+        model_thread = ModelThread()
+        try:
+            parts = model_thread.submit(build_engine, config).result()
+        except BaseException:
+            model_thread.shutdown(wait=False)
+            raise
+        return cls(parts, model_thread)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -277,7 +284,9 @@ class AsyncEngine:
                 self._mark_scheduled(output)
                 step = self.runner.prepare(output, self.kv_cache.block_table)
                 try:
-                    result = await loop.run_in_executor(self._executor, self.runner.execute, step)
+                    result = await loop.run_in_executor(
+                        self._model_thread, self.runner.execute, step
+                    )
                 except Exception as error:  # a failed step fails its requests, not the engine
                     logger.exception("model step failed")
                     self._fail_requests(output, error)
@@ -446,4 +455,4 @@ class AsyncEngine:
         for request_id in list(self._states):
             self.abort(request_id)
         await self.stop_loop()
-        self._executor.shutdown(wait=True)
+        self._model_thread.shutdown(wait=True)
