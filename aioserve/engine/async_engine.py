@@ -415,13 +415,17 @@ class AsyncEngine:
             for c in output.chunks
             if c.request.request_id in self._sample_of
         }
+        now = time.monotonic()
         for state in failed.values():
             sequence_ids = [s.request.request_id for s in state.samples]
             self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ERROR)
             queue = self._queues.get(state.request_id)
             if queue is not None:
                 queue.put_nowait(RuntimeError(f"the model step failed: {error}"))
+            if self.stat_loggers:
+                self._finished_stats.append(finished_request_stats(state, now, "error"))
             self._forget(state)
+        self._record_stats()
 
     def _forget(self, state: RequestState) -> None:
         self._states.pop(state.request_id, None)

@@ -83,10 +83,18 @@ class StatLogger(Protocol):
     def record(self, stats: StepStats) -> None: ...
 
 
-def finished_request_stats(state: RequestState, now: float) -> FinishedRequestStats:
-    """The statistics of a request whose samples have all finished at `now`."""
+def finished_request_stats(
+    state: RequestState, now: float, finish_reason: str | None = None
+) -> FinishedRequestStats:
+    """The statistics of a request whose samples have all finished at `now`.
+
+    The finish reason is the samples' own ("abort" if any was aborted), unless given:
+    "error" for a request ended by a failed model step.
+    """
     m = state.metrics
     reasons = [s.finish_reason or "abort" for s in state.samples]
+    if finish_reason is None:
+        finish_reason = "abort" if "abort" in reasons else reasons[0]
     scheduled = m.first_scheduled_time if m.first_scheduled_time is not None else now
     first_token = m.first_token_time if m.first_token_time is not None else now
     last_token = m.last_token_time if m.last_token_time is not None else first_token
@@ -94,7 +102,7 @@ def finished_request_stats(state: RequestState, now: float) -> FinishedRequestSt
     decode_time = last_token - first_token
     per_sample = max(s.request.num_output_tokens for s in state.samples)
     return FinishedRequestStats(
-        finish_reason="abort" if "abort" in reasons else reasons[0],
+        finish_reason=finish_reason,
         num_prompt_tokens=len(state.prompt_token_ids),
         num_generation_tokens=num_generated,
         max_tokens_param=state.params.max_tokens,

@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 # vLLM labels every series with its engine index; aioserve runs one engine per process.
 ENGINE_INDEX = "0"
 LABELS = ("model_name", "engine")
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
 """The finish reasons the engine reports, exposed at 0 from the start so rate() works."""
 
 # Bucket boundaries as vLLM 0.32 uses them (24_metrics.txt).

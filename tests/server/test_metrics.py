@@ -495,3 +495,38 @@ def test_metrics_endpoint_counts_real_requests(engine):
     (info,) = m["vllm:cache_config_info"].samples
     assert info.labels["block_size"] == str(engine.settings.block_size)
     assert info.labels["num_gpu_blocks"] == str(engine.kv_cache.num_blocks)
+
+
+@pytest.mark.slow
+def test_a_failed_model_step_counts_its_requests_as_errors(engine, monkeypatch):
+    stat_logger = PrometheusStatLogger(MODEL, max_model_len=512)
+    execute = engine.runner.execute
+    calls = 0
+
+    def fail_on_second_step(step):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("injected step failure")
+        return execute(step)
+
+    monkeypatch.setattr(engine.runner, "execute", fail_on_second_step)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    async def scenario():
+        engine.stat_loggers.append(stat_logger)
+        try:
+            with pytest.raises(RuntimeError, match="injected step failure"):
+                async for _ in engine.generate("Once upon a time", params, "doomed"):
+                    pass
+        finally:
+            engine.stat_loggers.remove(stat_logger)
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+    m = exposition(stat_logger)
+    assert value(m, "vllm:request_success_total", finished_reason="error") == 1
+    for reason in ("stop", "length", "abort"):
+        assert value(m, "vllm:request_success_total", finished_reason=reason) == 0
+    assert value(m, "vllm:e2e_request_latency_seconds_count") == 1
+    assert value(m, "vllm:num_requests_running") == 0
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
