@@ -36,6 +36,10 @@ from aioserve.server.routes import add_routes
 from aioserve.server.state import STATE, ServerState
 
 
+async def _stop_text_thread(app: web.Application) -> None:
+    app[STATE].text_thread.shutdown(wait=False, cancel_futures=True)
+
+
 def build_app(state: ServerState) -> web.Application:
     """The app serving `state.engine` with the frontend options in `state.options`.
 
@@ -68,6 +72,7 @@ def build_app(state: ServerState) -> web.Application:
 
     app = web.Application(middlewares=middlewares, client_max_size=MAX_REQUEST_BODY_BYTES)
     app[STATE] = state
+    app.on_cleanup.append(_stop_text_thread)
     app[IN_FLIGHT] = in_flight
     app.on_response_prepare.append(cors_response_hook(cors))
     if options["enable_request_id_headers"]:

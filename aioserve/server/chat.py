@@ -39,7 +39,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     check_serving(state, body)
     parsed = parse_chat_request(state, body)
     engine = state.engine
-    text, token_ids = render_chat(
+    text, token_ids = await state.off_loop(
+        render_chat,
         state,
         parsed.messages,
         add_generation_prompt=parsed.add_generation_prompt,

@@ -47,7 +47,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     check_serving(state, body)
     parsed = parse_completion_request(state, body)
     engine = state.engine
-    prompts = [_tokenize(engine, prompt) for prompt in parsed.prompts]
+    prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
     for prompt in prompts:
         check_prompt_tokens(prompt.token_ids, engine.hf_config.vocab_size)
         check_context(
@@ -59,7 +59,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     if parsed.echo:
         for prompt in prompts:
             if prompt.text is None:
-                prompt.text = _decode(engine, prompt.token_ids)
+                prompt.text = await state.off_loop(_decode, engine, prompt.token_ids)
     head = ResponseHead.new(f"cmpl-{parsed.request_id}", "text_completion", state.model_name)
     streams = [
         engine_outputs(

@@ -124,7 +124,8 @@ async def tokenize(request: web.Request) -> web.Response:
                 shown_value(chat_template_kwargs),
                 "chat_template_kwargs must be an object",
             )
-        text, tokens = render_chat(
+        text, tokens = await state.off_loop(
+            render_chat,
             state,
             messages,
             add_generation_prompt=_optional_bool(body, "add_generation_prompt", True),
@@ -132,7 +133,7 @@ async def tokenize(request: web.Request) -> web.Response:
             chat_template_kwargs=chat_template_kwargs,
         )
         if _optional_bool(body, "add_special_tokens", False):
-            tokens = tokenizer(text, add_special_tokens=True).input_ids
+            tokens = (await state.off_loop(tokenizer, text, add_special_tokens=True)).input_ids
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -142,7 +143,8 @@ async def tokenize(request: web.Request) -> web.Response:
                 "prompt must be a string (or send messages instead)",
             )
         add_special_tokens = _optional_bool(body, "add_special_tokens", True)
-        tokens = tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+        encoded = await state.off_loop(tokenizer, prompt, add_special_tokens=add_special_tokens)
+        tokens = encoded.input_ids
     token_strs = None
     if _optional_bool(body, "return_token_strs", False):
         token_strs = tokenizer.convert_ids_to_tokens(tokens)
@@ -175,7 +177,7 @@ async def detokenize(request: web.Request) -> web.Response:
                 token,
                 f"token id {token} is out of vocabulary (the model has {vocab_size} tokens)",
             )
-    return web.json_response({"prompt": tokenizer.decode(tokens)})
+    return web.json_response({"prompt": await state.off_loop(tokenizer.decode, tokens)})
 
 
 def add_routes(app: web.Application, *, load_tracking: bool) -> None:

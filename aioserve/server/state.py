@@ -5,12 +5,18 @@ One `ServerState` per app, stored under `STATE` (`request.app[STATE]`).
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from aioserve.engine.async_engine import AsyncEngine
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -22,6 +28,21 @@ class ServerState:
     """Frontend options by argparse dest (chat_template, response_role, max_log_len, ...)."""
     draining: bool = False
     """Set on SIGTERM/SIGINT: new requests get 503 while in-flight ones finish."""
+    text_thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="aioserve-text"),
+        repr=False,
+    )
+    """Where prompts are tokenized and chat templates rendered (see `off_loop`)."""
+
+    async def off_loop(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` on the text thread, awaited.
+
+        Tokenizing a long prompt or rendering a long conversation takes far more than the
+        few milliseconds the event loop may be blocked: on the loop it would stall every
+        stream and /health. The tokenizer's Rust core releases the GIL while it encodes.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.text_thread, functools.partial(fn, *args, **kwargs))
 
     @property
     def model_name(self) -> str:

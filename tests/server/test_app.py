@@ -16,7 +16,9 @@ import re
 import shutil
 import ssl
 import subprocess
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -192,6 +194,32 @@ def test_tokenize_messages_with_the_chat_template(server, hf_tokenizer):
         assert reply.json()["tokens"] == expected
         assert reply.json()["count"] == len(expected)
     assert expected == VLLM_CHAT_TOKENS[:-4]  # without "<|im_start|>assistant\n"
+
+
+def test_a_prompt_being_tokenized_does_not_stall_the_loop(server, engine, monkeypatch):
+    # The tokenizer is held inside a completion request until /health has been answered:
+    # on the event loop, that would never happen.
+    entered, release = threading.Event(), threading.Event()
+    tokenize_prompt = engine.tokenize_prompt
+    tokenized_on = []
+
+    def held_tokenize(prompt):
+        if isinstance(prompt, str):  # the engine's own call gets the handler's token ids
+            tokenized_on.append(threading.current_thread())
+            entered.set()
+            assert release.wait(timeout=60)
+        return tokenize_prompt(prompt)
+
+    monkeypatch.setattr(engine, "tokenize_prompt", held_tokenize)
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
+    with ThreadPoolExecutor(1) as pool:
+        completion = pool.submit(fetch, "POST", server.url + "/v1/completions", json=body)
+        assert entered.wait(timeout=60)
+        health = fetch("GET", server.url + "/health")
+        release.set()
+        assert completion.result(timeout=120).status == 200
+    assert health.status == 200
+    assert [t.name for t in tokenized_on] == ["aioserve-text_0"]
 
 
 def test_detokenize_round_trip(server):
