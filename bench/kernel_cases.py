@@ -1,0 +1,588 @@
+"""The cases of bench/kernel_bandwidth.py: each kernel's inputs, its minimum traffic, its check.
+
+A `Case` is one Triton kernel (called through its `*_triton` launcher, so the kernel
+backend setting does not matter) at one shape and dtype, on fresh random inputs (never
+zeros: they hide unwritten outputs and run faster than real data). It carries:
+
+- `bytes`: the fewest bytes the call must move through device memory, every input read
+  once and every output written once. The formula sits next to each builder below and
+  in FORMULAS, in the notation of `ModelShape` (e = bytes per element of the dtype);
+- `flops`: for attention, the useful floating-point operations (causal: a query row at
+  position p sees p + 1 keys; 2·D for q·k and 2·D for p·v per visible key and head);
+- `run`: the call that is timed;
+- `check`: compares the Triton output with the kernel's torch reference on the same
+  inputs and returns None when they agree, else what differs.
+
+This module imports triton (through aioserve's kernels), so TRITON_INTERPRET must be set
+before it is imported when the kernels are to be interpreted on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from aioserve.kernels.activation import silu_and_mul_reference, silu_and_mul_triton
+from aioserve.kernels.attention import paged_attention_triton
+from aioserve.kernels.attention_reference import paged_attention_reference
+from aioserve.kernels.kv_cache import write_kv_cache_reference, write_kv_cache_triton
+from aioserve.kernels.rms_norm import rms_norm_reference, rms_norm_triton
+from aioserve.kernels.rotary import (
+    apply_rotary_reference,
+    apply_rotary_triton,
+    build_cos_sin_cache,
+)
+from aioserve.kernels.sampling import make_sampling_batch
+from aioserve.kernels.sampling.logprobs import (
+    compute_logprobs_reference,
+    compute_logprobs_triton,
+)
+from aioserve.kernels.sampling.masks import apply_sampling_masks_reference
+from aioserve.kernels.sampling.penalties import (
+    apply_bias_and_penalties_reference,
+    apply_bias_and_penalties_triton,
+)
+from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+# Largest ‖triton − reference‖ / ‖reference‖ accepted: a few units of the output's
+# rounding (bf16 keeps 8 bits, fp16 11), float32 a little above its rounding.
+_RELATIVE_TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 2e-5}
+# The random sampling case: least share of rows where the Triton kernels draw the
+# reference's token. A GPU's exp differs from torch's in the last bits, which can flip
+# a near-tie (aioserve/kernels/sampling/__init__.py), so not every row must agree.
+_MIN_DRAW_AGREEMENT = 0.95
+_EPS = 1e-5
+_ROPE_BASE = 500_000.0
+_MAX_POSITION = 8192
+_NUM_LOGPROBS = 5
+
+# The minimum bytes of each kernel, as the builders below compute them. N rows or tokens,
+# H hidden, I intermediate, Hq/Hkv query/kv heads, D head size, B sequences or sampled
+# rows, V vocabulary, T query tokens, L_b a sequence's length (context + new tokens),
+# bs block size, e bytes per element.
+FORMULAS = {
+    "rms_norm": "x read + out written + weight: 2·N·H·e + H·e",
+    "rms_norm+residual": "x, residual read + out, residual_out written + weight: 4·N·H·e + H·e",
+    "rotary neox": "q, k read and written + positions + a cos/sin row per token: "
+    "2·N·(Hq+Hkv)·D·e + 8·N + 4·N·D",
+    "rotary gptj": "as rotary neox",
+    "silu_and_mul": "gate|up read + out written: 3·N·I·e",
+    "write_kv_cache": "key, value read + written into the cache + slot ids: 4·N·Hkv·D·e + 8·N",
+    "paged_attention": "q read + out written + each sequence's K and V once + its block table "
+    "+ lengths: 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1)",
+    "sample greedy": "float32 logits read + token ids written: 4·B·V + 8·B",
+    "sample top-k/top-p": "as sample greedy (mask and draw passes are extra traffic)",
+    "bias+penalties": "float32 logits, int32 counts, bool prompt mask read + float32 out "
+    "written: 13·B·V (+ the bias pairs)",
+    "logprobs": f"float32 logits read + ids + n={_NUM_LOGPROBS} top (id, logprob) written: "
+    "4·B·V + 8·B + 12·B + 12·n·B",
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of one model that the kernels see."""
+
+    name: str
+    hidden: int  # H
+    q_heads: int  # Hq
+    kv_heads: int  # Hkv
+    head: int  # D
+    intermediate: int  # I
+    vocab: int  # V
+
+
+SMOLLM2_135M = ModelShape("smollm2-135m", 576, 9, 3, 64, 1536, 49152)
+LLAMA3_8B = ModelShape("llama3-8b", 4096, 32, 8, 128, 14336, 128256)
+TINY = ModelShape("tiny", 64, 4, 2, 32, 96, 512)
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """The rows of a per-token kernel: one token of each of n sequences, or one prompt."""
+
+    label: str
+    n: int  # N
+    is_prefill: bool
+
+    @classmethod
+    def decode(cls, n: int) -> TokenBatch:
+        return cls(f"decode {n}", n, False)
+
+    @classmethod
+    def prefill(cls, n: int) -> TokenBatch:
+        return cls(f"prefill {n}", n, True)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Which shapes to run: serving shapes on a GPU, tiny ones under the interpreter."""
+
+    models: tuple[ModelShape, ...]
+    token_batches: tuple[TokenBatch, ...]
+    attention_batches: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # (label, (q_len, L))
+    sample_rows: tuple[int, ...]  # B of the sampling kernels
+    block_size: int = 16
+
+
+def _decodes(batch: int, context: int) -> tuple[str, tuple[tuple[int, int], ...]]:
+    return f"decode {batch}x{context}", ((1, context),) * batch
+
+
+SERVING = Workload(
+    models=(SMOLLM2_135M, LLAMA3_8B),
+    token_batches=(
+        TokenBatch.decode(1),
+        TokenBatch.decode(64),
+        TokenBatch.decode(256),
+        TokenBatch.prefill(2048),
+    ),
+    attention_batches=(
+        _decodes(1, 1024),
+        _decodes(64, 1024),
+        _decodes(256, 1024),
+        _decodes(1, 4096),
+        _decodes(64, 4096),
+        _decodes(256, 4096),
+        ("prefill 2048", ((2048, 2048),)),
+        ("chunk 2048 after 2048", ((2048, 4096),)),
+        ("prefill 2048 + 64 decodes x1024", ((2048, 2048),) + ((1, 1024),) * 64),
+    ),
+    sample_rows=(1, 256),
+)
+
+TINY_CHECKS = Workload(
+    models=(TINY,),
+    token_batches=(TokenBatch.decode(3), TokenBatch.prefill(19)),
+    attention_batches=(
+        _decodes(3, 40),
+        ("prefill 19", ((19, 19),)),
+        ("chunk 12 after 20 + 2 decodes", ((12, 32), (1, 17), (1, 5))),
+    ),
+    sample_rows=(1, 6),
+)
+
+
+@dataclass
+class Case:
+    """One kernel call to check and time."""
+
+    kernel: str
+    model: str
+    shape: str
+    dtype: torch.dtype
+    bytes: int
+    flops: int
+    run: Callable[[], object]
+    check: Callable[[], str | None]
+
+
+class _Random:
+    """Fresh random tensors on one device, from one seeded generator per case."""
+
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> Tensor:
+        values = torch.randn(shape, generator=self.generator, device=self.device, dtype=dtype)
+        return values.mul_(scale) if scale != 1.0 else values
+
+    def integers(self, low: int, high: int, *shape: int, dtype=torch.int64) -> Tensor:
+        return torch.randint(
+            low, high, shape, generator=self.generator, device=self.device, dtype=dtype
+        )
+
+    def permutation(self, n: int) -> Tensor:
+        return torch.randperm(n, generator=self.generator, device=self.device)
+
+    def uniform(self, *shape: int) -> Tensor:
+        return torch.rand(shape, generator=self.generator, device=self.device)
+
+
+def compare(out: Tensor, reference: Tensor, dtype: torch.dtype) -> str | None:
+    """None when `out` matches `reference` to the dtype's relative tolerance; else why not."""
+    if out.shape != reference.shape:
+        return f"shape {tuple(out.shape)} != reference {tuple(reference.shape)}"
+    out64, ref64 = out.double(), reference.double()
+    if not torch.isfinite(out64).all():
+        return "non-finite values in the Triton output"
+    error = ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+    tolerance = _RELATIVE_TOLERANCE[dtype]
+    return None if error <= tolerance else f"relative error {error:.2e} > {tolerance:.0e}"
+
+
+def _first_failure(*results: str | None) -> str | None:
+    return next((r for r in results if r is not None), None)
+
+
+def rms_norm_case(
+    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, with_residual: bool
+) -> Case:
+    """rms_norm of N rows of H, with or without the fused residual add."""
+    n = batch.n
+    x = rand.normal(n, model.hidden, dtype=dtype, scale=3.0)
+    weight = rand.normal(model.hidden, dtype=dtype)
+    residual = rand.normal(n, model.hidden, dtype=dtype) if with_residual else None
+    e = x.element_size()
+    # 2·N·H·e + H·e, plus 2·N·H·e for the residual read and residual_out written.
+    traffic = (4 if with_residual else 2) * n * model.hidden * e + model.hidden * e
+
+    def check() -> str | None:
+        out = rms_norm_triton(x, weight, _EPS, residual)
+        expected = rms_norm_reference(x, weight, _EPS, residual)
+        if not with_residual:
+            return compare(out, expected, dtype)
+        return _first_failure(
+            compare(out[0], expected[0], dtype), compare(out[1], expected[1], dtype)
+        )
+
+    return Case(
+        "rms_norm+residual" if with_residual else "rms_norm",
+        model.name,
+        batch.label,
+        dtype,
+        traffic,
+        0,
+        lambda: rms_norm_triton(x, weight, _EPS, residual),
+        check,
+    )
+
+
+def rotary_case(
+    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, is_neox: bool
+) -> Case:
+    """RoPE over q and k, views into a fused qkv row, full rotary dimension."""
+    n, d = batch.n, model.head
+    cache = build_cos_sin_cache(d, _MAX_POSITION, _ROPE_BASE, None, torch.float32, rand.device)
+    if batch.is_prefill:  # one prompt: consecutive positions
+        positions = torch.arange(n, device=rand.device)
+    else:  # one token of each of n sequences, at unrelated positions
+        positions = rand.integers(0, _MAX_POSITION, n)
+    # q and k are views into the fused qkv projection output, as the model passes them.
+    q_size, kv_size = model.q_heads * d, model.kv_heads * d
+    qkv = rand.normal(n, q_size + 2 * kv_size, dtype=dtype)
+    query = qkv[:, :q_size].view(n, model.q_heads, d)
+    key = qkv[:, q_size : q_size + kv_size].view(n, model.kv_heads, d)
+    # 2·N·(Hq+Hkv)·D·e + 8·N (int64 positions) + 4·N·D (a float32 cos/sin row per token).
+    traffic = 2 * n * (model.q_heads + model.kv_heads) * d * qkv.element_size() + 8 * n + 4 * n * d
+
+    def check() -> str | None:
+        q, k = apply_rotary_triton(positions, query, key, cache, is_neox)
+        expected_q, expected_k = apply_rotary_reference(positions, query, key, cache, is_neox)
+        return _first_failure(compare(q, expected_q, dtype), compare(k, expected_k, dtype))
+
+    return Case(
+        "rotary neox" if is_neox else "rotary gptj",
+        model.name,
+        batch.label,
+        dtype,
+        traffic,
+        0,
+        lambda: apply_rotary_triton(positions, query, key, cache, is_neox),
+        check,
+    )
+
+
+def silu_and_mul_case(
+    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype
+) -> Case:
+    """SiLU-and-multiply of N rows of the gate|up projection (2·I wide)."""
+    x = rand.normal(batch.n, 2 * model.intermediate, dtype=dtype, scale=2.0)
+    traffic = 3 * batch.n * model.intermediate * x.element_size()  # 3·N·I·e
+
+    def check() -> str | None:
+        return compare(silu_and_mul_triton(x), silu_and_mul_reference(x), dtype)
+
+    return Case(
+        "silu_and_mul",
+        model.name,
+        batch.label,
+        dtype,
+        traffic,
+        0,
+        lambda: silu_and_mul_triton(x),
+        check,
+    )
+
+
+def write_kv_cache_case(
+    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, block_size: int
+) -> Case:
+    """N tokens' keys and values written into the paged cache through a slot mapping."""
+    n, heads, d = batch.n, model.kv_heads, model.head
+    if batch.is_prefill:  # one prompt: consecutive slots over shuffled blocks
+        num_blocks = math.ceil(n / block_size) + 1
+        tokens = torch.arange(n, device=rand.device)
+        blocks = rand.permutation(num_blocks)[tokens // block_size]
+        slots = blocks * block_size + tokens % block_size
+    else:  # one token of each of n sequences: each in its own block, at any offset
+        num_blocks = n + 1
+        slots = rand.permutation(num_blocks)[:n] * block_size + rand.integers(0, block_size, n)
+    key = rand.normal(n, heads, d, dtype=dtype)
+    value = rand.normal(n, heads, d, dtype=dtype)
+    key_cache = rand.normal(num_blocks, block_size, heads, d, dtype=dtype)
+    value_cache = rand.normal(num_blocks, block_size, heads, d, dtype=dtype)
+    traffic = 4 * n * heads * d * key.element_size() + 8 * n  # 4·N·Hkv·D·e + 8·N
+
+    def check() -> str | None:
+        expected_keys, expected_values = key_cache.clone(), value_cache.clone()
+        write_kv_cache_reference(key, value, expected_keys, expected_values, slots)
+        write_kv_cache_triton(key, value, key_cache, value_cache, slots)
+        if torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values):
+            return None
+        return "the cache differs from the reference's (the copy must be exact)"
+
+    return Case(
+        "write_kv_cache",
+        model.name,
+        batch.label,
+        dtype,
+        traffic,
+        0,
+        lambda: write_kv_cache_triton(key, value, key_cache, value_cache, slots),
+        check,
+    )
+
+
+def attention_case(
+    rand: _Random,
+    model: ModelShape,
+    label: str,
+    seqs: tuple[tuple[int, int], ...],
+    dtype: torch.dtype,
+    block_size: int,
+) -> Case:
+    """Paged attention over `seqs`, (q_len, seq_len) pairs, in shuffled physical blocks."""
+    device, d = rand.device, model.head
+    query_lens = [q for q, _ in seqs]
+    seq_lens = [s for _, s in seqs]
+    blocks_per_seq = [math.ceil(s / block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 1
+    physical = rand.permutation(num_blocks).to(torch.int32)
+    block_tables = torch.zeros(len(seqs), max(blocks_per_seq), dtype=torch.int32, device=device)
+    first = 0
+    for b, count in enumerate(blocks_per_seq):
+        block_tables[b, :count] = physical[first : first + count]
+        first += count
+    cache_shape = (num_blocks, block_size, model.kv_heads, d)
+    key_cache = rand.normal(*cache_shape, dtype=dtype)
+    value_cache = rand.normal(*cache_shape, dtype=dtype)
+    num_tokens = sum(query_lens)
+    query = rand.normal(num_tokens, model.q_heads, d, dtype=dtype)
+    query_start_loc = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
+    args = (
+        query,
+        key_cache,
+        value_cache,
+        query_start_loc.to(device),
+        torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables,
+        d**-0.5,
+        max(query_lens),
+        max(seq_lens),
+    )
+    e = query.element_size()
+    # 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1)
+    traffic = (
+        2 * num_tokens * model.q_heads * d * e
+        + sum(2 * s * model.kv_heads * d * e + 4 * math.ceil(s / block_size) for s in seq_lens)
+        + 4 * (2 * len(seqs) + 1)
+    )
+    # Query row i of a sequence sits at position L - q_len + i and sees L - q_len + i + 1
+    # keys: Σ over rows is q_len·(L - q_len) + q_len·(q_len + 1)/2.
+    visible = sum(q * (s - q) + q * (q + 1) // 2 for q, s in seqs)
+    flops = 4 * d * model.q_heads * visible
+
+    def check() -> str | None:
+        # Poisoned output: a row the kernels do not write stays NaN and fails the check.
+        out = torch.full_like(query, float("nan"))
+        paged_attention_triton(*args, out=out)
+        return compare(out, paged_attention_reference(*args), dtype)
+
+    return Case(
+        "paged_attention",
+        model.name,
+        label,
+        dtype,
+        traffic,
+        flops,
+        lambda: paged_attention_triton(*args),
+        check,
+    )
+
+
+def _rows_label(rows: int) -> str:
+    return "1 row" if rows == 1 else f"{rows} rows"
+
+
+def _logits(rand: _Random, rows: int, vocab: int) -> Tensor:
+    # float32, as the model's compute_logits hands them to the sampler.
+    return rand.normal(rows, vocab, scale=3.0)
+
+
+def sample_greedy_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+    """The whole Triton sampler, every row greedy: one argmax pass."""
+    logits = _logits(rand, rows, model.vocab)
+    batch = make_sampling_batch(rows, device=rand.device, temperature=0.0)
+    traffic = 4 * rows * model.vocab + 8 * rows  # 4·B·V + 8·B
+
+    def check() -> str | None:
+        tokens = sample_triton(logits, batch).token_ids
+        if torch.equal(tokens, sample_reference(logits, batch).token_ids):
+            return None
+        return "greedy tokens differ from the reference's argmax"
+
+    return Case(
+        "sample greedy",
+        model.name,
+        _rows_label(rows),
+        torch.float32,
+        traffic,
+        0,
+        lambda: sample_triton(logits, batch),
+        check,
+    )
+
+
+def sample_random_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+    """The whole Triton sampler with temperature, top-k and top-p: masks, then the draw."""
+    logits = _logits(rand, rows, model.vocab)
+    settings = dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.0)
+    seeds = rand.integers(0, 2**62, rows).tolist()
+    batch = make_sampling_batch(rows, device=rand.device, seeds=seeds, steps=7, **settings)
+    traffic = 4 * rows * model.vocab + 8 * rows  # 4·B·V + 8·B
+
+    def check() -> str | None:
+        tokens = sample_triton(logits, batch).token_ids
+        expected = sample_reference(logits, batch).token_ids
+        masks = (batch.temperature, batch.top_k, batch.top_p, batch.min_p)
+        kept = apply_sampling_masks_reference(logits, *masks) > float("-inf")
+        if not bool(kept.gather(1, tokens[:, None]).all()):
+            return "a drawn token is one that top-k/top-p drop"
+        agreement = (tokens == expected).float().mean().item()
+        if agreement < _MIN_DRAW_AGREEMENT:
+            return f"only {agreement:.0%} of rows drew the reference's token"
+        return None
+
+    return Case(
+        "sample top-k/top-p",
+        model.name,
+        _rows_label(rows),
+        torch.float32,
+        traffic,
+        0,
+        lambda: sample_triton(logits, batch),
+        check,
+    )
+
+
+def bias_and_penalties_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+    """Logit bias, then repetition, frequency and presence penalties, on every row."""
+    vocab = model.vocab
+    logits = _logits(rand, rows, vocab)
+    bias_ids = rand.integers(0, vocab, rows, 2).tolist()
+    batch = make_sampling_batch(
+        rows,
+        device=rand.device,
+        presence_penalty=0.3,
+        frequency_penalty=0.2,
+        repetition_penalty=1.2,
+        output_token_counts=rand.integers(0, 3, rows, vocab, dtype=torch.int32),
+        prompt_token_mask=rand.uniform(rows, vocab) < 0.01,
+        logit_bias=[{ids[0]: float("-inf"), ids[1]: 5.0} for ids in bias_ids],
+    )
+    traffic = 13 * rows * vocab  # (4 + 4 + 1) read + 4 written per (row, token)
+
+    def check() -> str | None:
+        out = apply_bias_and_penalties_triton(logits, batch)
+        if torch.equal(out, apply_bias_and_penalties_reference(logits, batch)):
+            return None
+        return "penalized logits differ from the reference's (they must be exact)"
+
+    return Case(
+        "bias+penalties",
+        model.name,
+        _rows_label(rows),
+        torch.float32,
+        traffic,
+        0,
+        lambda: apply_bias_and_penalties_triton(logits, batch),
+        check,
+    )
+
+
+def logprobs_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+    """Raw logprobs of given tokens, their rank and the top n."""
+    logits = _logits(rand, rows, model.vocab)
+    token_ids = rand.integers(0, model.vocab, rows)
+    n = _NUM_LOGPROBS
+    traffic = 4 * rows * model.vocab + 8 * rows + 12 * rows + 12 * n * rows
+
+    def check() -> str | None:
+        out = compute_logprobs_triton(logits, token_ids, n)
+        expected = compute_logprobs_reference(logits, token_ids, n)
+        if not torch.equal(out.top_token_ids, expected.top_token_ids):
+            return "top token ids differ"
+        if not torch.equal(out.sampled_rank, expected.sampled_rank):
+            return "sampled ranks differ"
+        for name in ("top_logprobs", "sampled_logprob"):
+            error = (getattr(out, name) - getattr(expected, name)).abs().max().item()
+            if not error <= 1e-4:
+                return f"{name} off by {error:.1e} (> 1e-4)"
+        return None
+
+    return Case(
+        "logprobs",
+        model.name,
+        _rows_label(rows),
+        torch.float32,
+        traffic,
+        0,
+        lambda: compute_logprobs_triton(logits, token_ids, n),
+        check,
+    )
+
+
+def build_cases(
+    workload: Workload, dtypes: tuple[torch.dtype, ...], device: torch.device
+) -> Iterator[Case]:
+    """Every case of `workload`, built one at a time (each one's inputs freed after it).
+
+    The per-token kernels and attention run in each of `dtypes`; the sampling kernels run
+    once, on float32 logits, as the engine calls them.
+    """
+    seeds = itertools.count(1)
+
+    def rand() -> _Random:
+        return _Random(device, next(seeds))
+
+    per_token = [
+        functools.partial(rms_norm_case, with_residual=False),
+        functools.partial(rms_norm_case, with_residual=True),
+        functools.partial(rotary_case, is_neox=True),
+        functools.partial(rotary_case, is_neox=False),
+        silu_and_mul_case,
+        functools.partial(write_kv_cache_case, block_size=workload.block_size),
+    ]
+    sampling = [sample_greedy_case, sample_random_case, bias_and_penalties_case, logprobs_case]
+    for model in workload.models:
+        for build in per_token:
+            for batch in workload.token_batches:
+                for dtype in dtypes:
+                    yield build(rand(), model, batch, dtype)
+        for label, seqs in workload.attention_batches:
+            for dtype in dtypes:
+                yield attention_case(rand(), model, label, seqs, dtype, workload.block_size)
+        for build_sampling in sampling:
+            for rows in workload.sample_rows:
+                yield build_sampling(rand(), model, rows)
