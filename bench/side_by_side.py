@@ -29,6 +29,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -295,6 +296,9 @@ def write_results_md(section: str, path: Path) -> None:
 
 
 def main() -> None:
+    # A SIGTERM (e.g. `pkill -f side_by_side.py`) unwinds like Ctrl-C, so the `finally`
+    # that stops the aioserve server it started still runs.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
