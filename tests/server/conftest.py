@@ -123,6 +123,21 @@ def start_openai_server(
         yield start
 
 
+def fail_model_step(monkeypatch: pytest.MonkeyPatch, engine: AsyncEngine, on_call: int) -> None:
+    """Make the engine's `on_call`-th model step from now raise "injected step failure"."""
+    execute = engine.runner.execute
+    calls = 0
+
+    def fail_once(step):
+        nonlocal calls
+        calls += 1
+        if calls == on_call:
+            raise RuntimeError("injected step failure")
+        return execute(step)
+
+    monkeypatch.setattr(engine.runner, "execute", fail_once)
+
+
 def wait_until_idle(engine: AsyncEngine, server_loop: BackgroundLoop, limit: float = 10) -> None:
     """Wait (up to `limit` seconds) until no request runs and every KV block is free."""
 

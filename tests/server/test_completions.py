@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from aioserve.engine.sampling_params import SamplingParams
-from tests.server.conftest import MODEL, wait_until_idle
+from tests.server.conftest import MODEL, fail_model_step, wait_until_idle
 from tests.server.openai_helpers import (
     TIMEOUT,
     client,
@@ -392,17 +392,7 @@ def test_engine_refusal_before_the_stream_starts_is_a_json_error(
 def test_engine_failure_mid_stream_is_an_error_event(
     openai_server, engine, server_loop, monkeypatch
 ):
-    execute = engine.runner.execute
-    calls = 0
-
-    def fail_on_third_step(step):
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise RuntimeError("injected step failure")
-        return execute(step)
-
-    monkeypatch.setattr(engine.runner, "execute", fail_on_third_step)
+    fail_model_step(monkeypatch, engine, on_call=3)
     reply = post(openai_server, "/v1/completions", {**LONG_REQUEST, "stream": True})
     assert reply.status == 200
     *chunks, error = sse_events(reply.body)

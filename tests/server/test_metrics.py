@@ -34,6 +34,7 @@ from aioserve.server.metrics import (
 )
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.stats_log import StatsLine
+from tests.server.conftest import fail_model_step
 
 VLLM_METRICS = Path(__file__).parent / "vllm_samples" / "24_metrics.txt"
 MODEL = "m"
@@ -500,17 +501,7 @@ def test_metrics_endpoint_counts_real_requests(engine):
 @pytest.mark.slow
 def test_a_failed_model_step_counts_its_requests_as_errors(engine, monkeypatch):
     stat_logger = PrometheusStatLogger(MODEL, max_model_len=512)
-    execute = engine.runner.execute
-    calls = 0
-
-    def fail_on_second_step(step):
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise RuntimeError("injected step failure")
-        return execute(step)
-
-    monkeypatch.setattr(engine.runner, "execute", fail_on_second_step)
+    fail_model_step(monkeypatch, engine, on_call=2)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
     async def scenario():
