@@ -9,15 +9,11 @@ configuration objects.
 
 from __future__ import annotations
 
-import copy
-import json
-import math
-import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Literal
+
+from aioserve import argument_values as values
 
 # The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
 # (a test checks); it is repeated here so that `--help` does not import the model code.
@@ -29,185 +25,6 @@ DEFAULT_CPU_KVCACHE_SPACE_GIB = 4.0
 
 class ConfigError(ValueError):
     """A configuration value that aioserve cannot accept; the message names the argument."""
-
-
-# ---------------------------------------------------------------------------------------
-# Value converters. Each takes a raw value (a string from the command line, or a Python
-# value from a keyword argument) and returns the typed value, or raises ValueError with a
-# message that reads well after the argument's name: "must be at least 1, got 0".
-# ---------------------------------------------------------------------------------------
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, got {value!r}")
-    return value
-
-
-def _integer(value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
-    raise ValueError(f"must be an integer, got {value!r}")
-
-
-def _integer_at_least(minimum: int) -> Callable[[Any], int]:
-    def convert(value: Any) -> int:
-        number = _integer(value)
-        if number < minimum:
-            raise ValueError(f"must be at least {minimum}, got {number}")
-        return number
-
-    return convert
-
-
-_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def _token_count(value: Any) -> int:
-    """A positive token count, also in vLLM's human-readable forms.
-
-    Lower-case suffixes are powers of ten and take decimals ("25.6k" = 25600); upper-case
-    ones are powers of two and take whole numbers only ("1K" = 1024).
-    """
-    if isinstance(value, str):
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgKMG])", value.strip())
-        if match:
-            number, suffix = match.groups()
-            if suffix in _BINARY_SUFFIXES and "." in number:
-                raise ValueError(
-                    f"takes whole numbers with the binary suffix {suffix!r}, got {value!r} "
-                    f"(did you mean {number}{suffix.lower()}?)"
-                )
-            tokens = Decimal(number) * (_DECIMAL_SUFFIXES | _BINARY_SUFFIXES)[suffix]
-            if tokens != tokens.to_integral_value():
-                raise ValueError(f"must be a whole number of tokens, got {value!r}")
-            value = int(tokens)
-        elif not re.fullmatch(r"\s*[+-]?\d+\s*", value):
-            raise ValueError(
-                f"must be an integer, optionally with a k/m/g (powers of 10) or K/M/G "
-                f"(powers of 2) suffix such as 4k or 32K, got {value!r}"
-            )
-    return _integer_at_least(1)(value)
-
-
-def _fraction(value: Any) -> float:
-    """A number in (0, 1]."""
-    number: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-    if number is None or not 0.0 < number <= 1.0:
-        raise ValueError(f"must be a number greater than 0 and at most 1, got {value!r}")
-    return number
-
-
-def _json_object(value: Any) -> dict[str, Any]:
-    """A JSON object, given as a dict or as JSON text; the result is a private copy."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"must be a JSON object, got {value!r} ({error})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a JSON object, got {value!r}")
-    return copy.deepcopy(value)
-
-
-def _names(value: Any) -> list[str]:
-    """One name or several (the command line gives a list, a keyword may give a string)."""
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, (list, tuple)) or not names:
-        raise ValueError(f"must be one or more names, got {value!r}")
-    if not all(isinstance(name, str) and name for name in names):
-        raise ValueError(f"must be non-empty strings, got {value!r}")
-    return list(names)
-
-
-def _generation_config(value: Any) -> str:
-    text = _text(value)
-    if text not in ("auto", "vllm") and not os.path.isdir(text):
-        raise ValueError(f"must be 'auto', 'vllm' or an existing folder, got {text!r}")
-    return text
-
-
-def _port(value: Any) -> int:
-    number = _integer(value)
-    if not 0 <= number <= 65535:
-        raise ValueError(f"must be a TCP port from 0 to 65535, got {number}")
-    return number
-
-
-def _seconds(value: Any) -> float:
-    """A non-negative number of seconds."""
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
-    if not (math.isfinite(number) and number >= 0):
-        raise ValueError(f"must be a number of seconds, 0 or more, got {value!r}")
-    return number
-
-
-def _json_names(value: Any) -> list[str]:
-    """A list of strings, given as a list or as JSON text: '["GET", "POST"]'."""
-    names = value
-    if isinstance(value, str):
-        try:
-            names = json.loads(value)
-        except json.JSONDecodeError:
-            names = None
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-        raise ValueError(f'must be a JSON list of strings such as ["a", "b"], got {value!r}')
-    return list(names)
-
-
-_CERT_REQS = {"CERT_NONE": 0, "CERT_OPTIONAL": 1, "CERT_REQUIRED": 2}
-
-
-def _cert_reqs(value: Any) -> int:
-    """Python's ssl.CERT_NONE/OPTIONAL/REQUIRED, as 0/1/2 or by name."""
-    if isinstance(value, str) and value.strip().upper() in _CERT_REQS:
-        return _CERT_REQS[value.strip().upper()]
-    try:
-        number = _integer(value)
-    except ValueError:
-        number = -1
-    if number not in _CERT_REQS.values():
-        raise ValueError(
-            f"must be 0, 1 or 2 (CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED), got {value!r}"
-        )
-    return number
-
-
-def _root_path(value: Any) -> str:
-    text = _text(value)
-    if not text.startswith("/"):
-        raise ValueError(f"must start with '/', got {text!r}")
-    return text.rstrip("/")
-
-
-def _import_paths(value: Any) -> list[str]:
-    """Dotted import paths such as "package.module.name" (checked when the server imports them)."""
-    paths = _names(value)
-    for path in paths:
-        if "." not in path.strip("."):
-            raise ValueError(f"must be import paths such as package.module.name, got {path!r}")
-    return paths
 
 
 # ---------------------------------------------------------------------------------------
@@ -328,95 +145,95 @@ _VLLM_LOAD_FORMATS = (
 ARGUMENTS: tuple[Argument, ...] = (
     # --- Frontend (the HTTP server, aioserve.server) -----------------------------------------
     Argument("host", FRONTEND, None, "Address the HTTP server binds to. Default: all interfaces.",
-             convert=_text),
+             convert=values.string),
     Argument("port", FRONTEND, 8000, "TCP port of the HTTP server (0: any free port).",
-             convert=_port),
+             convert=values.port),
     Argument("uvicorn-log-level", FRONTEND, "info",
              "Log level of the HTTP layer (aiohttp and the access log); trace means debug.",
-             convert=_text, choices=("debug", "info", "warning", "error", "critical", "trace")),
+             convert=values.string, choices=("debug", "info", "warning", "error", "critical", "trace")),
     Argument("disable-uvicorn-access-log", FRONTEND, False,
-             "Do not log one line per HTTP request.", "flag", convert=_boolean),
+             "Do not log one line per HTTP request.", "flag", convert=values.boolean),
     Argument("allow-credentials", FRONTEND, False,
-             "CORS: allow cookies and authorization headers.", "flag", convert=_boolean),
+             "CORS: allow cookies and authorization headers.", "flag", convert=values.boolean),
     Argument("allowed-origins", FRONTEND, ["*"], "CORS: allowed origins (a JSON list).",
-             convert=_json_names),
+             convert=values.json_names),
     Argument("allowed-methods", FRONTEND, ["*"], "CORS: allowed HTTP methods (a JSON list).",
-             convert=_json_names),
+             convert=values.json_names),
     Argument("allowed-headers", FRONTEND, ["*"], "CORS: allowed request headers (a JSON list).",
-             convert=_json_names),
+             convert=values.json_names),
     Argument("api-key", FRONTEND, None,
              "Require 'Authorization: Bearer <key>' on the /v1 routes (the environment "
-             "variable VLLM_API_KEY does the same when this is not given).", convert=_text),
+             "variable VLLM_API_KEY does the same when this is not given).", convert=values.string),
     _vllm("lora-modules", FRONTEND, None,
           "LoRA adapters loaded at start, as name=path or JSON, each served under its own model name.", "list"),
     _vllm("prompt-adapters", FRONTEND, None, "Prompt adapters loaded at start, as name=path.", "list"),
     Argument("chat-template", FRONTEND, None,
              "Chat template file, or the template itself on one line. Default: the tokenizer's.",
-             convert=_text),
+             convert=values.string),
     Argument("chat-template-content-format", FRONTEND, "auto",
              "Give message content to the template as a string or as a list of OpenAI parts.",
-             convert=_text, choices=("auto", "string", "openai")),
+             convert=values.string, choices=("auto", "string", "openai")),
     Argument("response-role", FRONTEND, "assistant",
-             "Role of the reply when the request sets add_generation_prompt.", convert=_text),
-    Argument("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM).", convert=_text),
+             "Role of the reply when the request sets add_generation_prompt.", convert=values.string),
+    Argument("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM).", convert=values.string),
     Argument("ssl-certfile", FRONTEND, None,
-             "TLS certificate file (PEM); serves HTTPS when given.", convert=_text),
+             "TLS certificate file (PEM); serves HTTPS when given.", convert=values.string),
     Argument("ssl-ca-certs", FRONTEND, None,
-             "CA certificates for checking client certificates.", convert=_text),
+             "CA certificates for checking client certificates.", convert=values.string),
     Argument("ssl-cert-reqs", FRONTEND, 0,
              "Whether clients must present a certificate: 0 (CERT_NONE), 1 (CERT_OPTIONAL) or "
-             "2 (CERT_REQUIRED), as Python's ssl constants.", convert=_cert_reqs),
+             "2 (CERT_REQUIRED), as Python's ssl constants.", convert=values.cert_reqs),
     _vllm("enable-ssl-refresh", FRONTEND, False, "Reload TLS files when they change.", "flag"),
     Argument("root-path", FRONTEND, None,
              "URL prefix when served behind a path-routing proxy: every route answers with "
-             "and without it, and the OpenAPI schema names it.", convert=_root_path),
+             "and without it, and the OpenAPI schema names it.", convert=values.root_path),
     Argument("middleware", FRONTEND, [],
              "Extra HTTP middleware, as the import path of an aiohttp middleware "
              "(async (request, handler) -> response); repeatable.", "append",
-             convert=_import_paths),
+             convert=values.import_paths),
     Argument("return-tokens-as-token-ids", FRONTEND, False,
              "Write logprob tokens as 'token_id:{id}' so that any token can be identified.", "flag",
-             convert=_boolean),
+             convert=values.boolean),
     Argument("disable-frontend-multiprocessing", FRONTEND, False,
              "Run the API server in the engine's process; aioserve always does.", "flag",
-             convert=_boolean),
+             convert=values.boolean),
     Argument("enable-request-id-headers", FRONTEND, False,
              "Add an X-Request-Id header to every response: the client's, or a new one.", "flag",
-             convert=_boolean),
+             convert=values.boolean),
     _vllm("enable-auto-tool-choice", FRONTEND, False,
           "Allow tool_choice='auto' (needs --tool-call-parser).", "flag"),
     _vllm("tool-call-parser", FRONTEND, None,
           "Parser that turns model output into OpenAI tool calls, e.g. hermes, llama3_json, mistral."),
     _vllm("tool-parser-plugin", FRONTEND, "", "Python file that registers more tool-call parsers."),
     Argument("enable-prompt-tokens-details", FRONTEND, False,
-             "Report prompt_tokens_details in the usage block.", "flag", convert=_boolean),
+             "Report prompt_tokens_details in the usage block.", "flag", convert=values.boolean),
     Argument("enable-server-load-tracking", FRONTEND, False,
              "Count the requests in flight and report them at GET /load.", "flag",
-             convert=_boolean),
+             convert=values.boolean),
     Argument("disable-fastapi-docs", FRONTEND, False,
              "Hide the OpenAPI schema (/openapi.json) and the documentation page (/docs).", "flag",
-             convert=_boolean),
+             convert=values.boolean),
     Argument("max-log-len", FRONTEND, None,
              "Cut logged requests to this many characters. Default: no limit.",
-             convert=_integer_at_least(0)),
+             convert=values.integer_at_least(0)),
     Argument("disable-log-stats", FRONTEND, False,
-             "Do not log engine statistics periodically.", "flag", keyword=True, convert=_boolean),
+             "Do not log engine statistics periodically.", "flag", keyword=True, convert=values.boolean),
     Argument("disable-log-requests", FRONTEND, False,
              "Deprecated in vLLM: do not log requests (they are logged only with "
              "--enable-log-requests).",
-             "bool", convert=_boolean),
-    Argument("enable-log-requests", FRONTEND, False, "Log each request.", "bool", convert=_boolean),
+             "bool", convert=values.boolean),
+    Argument("enable-log-requests", FRONTEND, False, "Log each request.", "bool", convert=values.boolean),
     Argument("shutdown-timeout", FRONTEND, 30.0,
              "On SIGTERM or SIGINT, answer new requests with 503 and let the requests in flight "
              "finish for up to this many seconds before exiting; 0 aborts them at once "
-             "(vLLM's default). A second signal stops at once.", convert=_seconds),
+             "(vLLM's default). A second signal stops at once.", convert=values.seconds),
     _vllm("headless", FRONTEND, False,
           "Run the engine without an API server (secondary data-parallel node).", "flag"),
     _vllm("use-v2-block-manager", FRONTEND, True, "Deprecated in vLLM; has no effect.", "flag"),
     # --- ModelConfig -----------------------------------------------------------------------
     Argument("model", MODEL, DEFAULT_MODEL,
              "Hugging Face model id, local folder or .gguf file to serve; also the name in "
-             "metrics when --served-model-name is not given.", convert=_text),
+             "metrics when --served-model-name is not given.", convert=values.string),
     _vllm("runner", MODEL, "auto", "Model runner: text generation, pooling or draft.",
           choices=("auto", "draft", "generate", "pooling")),
     _vllm("convert", MODEL, "auto", "Adapt a generative model to a pooling task.",
@@ -425,19 +242,19 @@ ARGUMENTS: tuple[Argument, ...] = (
           choices=("auto", "generate", "embedding", "embed", "classify", "score", "reward",
                    "transcription", "draft")),
     Argument("tokenizer", MODEL, None, "Tokenizer id or folder, when it differs from the model.",
-             convert=_text),
+             convert=values.string),
     Argument("tokenizer-mode", MODEL, "auto",
              "auto uses the fast tokenizer when there is one; slow always uses the slow one.",
-             convert=_text, choices=("auto", "slow"), vllm_choices=("mistral", "custom"),
+             convert=values.string, choices=("auto", "slow"), vllm_choices=("mistral", "custom"),
              choice_noun="tokenizer mode"),
     Argument("trust-remote-code", MODEL, False,
              "Accepted for compatibility. aioserve never runs code shipped with a model: it "
-             "implements each architecture itself.", "bool", convert=_boolean),
+             "implements each architecture itself.", "bool", convert=values.boolean),
     Argument("dtype", MODEL, "auto",
              "Precision of weights and activations. auto: float16 for float32 and float16 "
              "models, bfloat16 for bfloat16 models; half = float16, float = float32.",
-             convert=_text, choices=_DTYPES),
-    Argument("seed", MODEL, 0, "Random seed for sampling.", convert=_integer),
+             convert=values.string, choices=_DTYPES),
+    Argument("seed", MODEL, 0, "Random seed for sampling.", convert=values.integer),
     _vllm("hf-config-path", MODEL, None, "Take the HF config from this id or folder."),
     _vllm("allowed-local-media-path", MODEL, "",
           "Folder from which requests may read local images and videos."),
@@ -450,37 +267,37 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("max-model-len", MODEL, None,
              "Longest context (prompt plus output), in tokens; k/m/g multiply by powers of 10 "
              "and K/M/G by powers of 2 (1k = 1000, 1K = 1024, 25.6k = 25600). Default: the "
-             "model's own limit.", convert=_token_count),
+             "model's own limit.", convert=values.token_count),
     Argument("quantization", MODEL, None,
              "Weight quantization method. Default: read from the model (a .gguf file means "
              "gguf). vLLM's other methods are refused by name.",
-             convert=_text, choices=("gguf",), vllm_choices=_VLLM_QUANTIZATIONS,
+             convert=values.string, choices=("gguf",), vllm_choices=_VLLM_QUANTIZATIONS,
              choice_noun="quantization method", aliases=("-q",)),
     Argument("enforce-eager", MODEL, False,
              "Run every step eagerly, without CUDA/HIP graphs (less memory, slower).", "bool",
-             convert=_boolean),
+             convert=values.boolean),
     _vllm("max-seq-len-to-capture", MODEL, 8192, "Longest sequence covered by CUDA graphs."),
     Argument("max-logprobs", MODEL, 20,
              "Most log probabilities a request may ask for; -1 means no limit.",
-             convert=_integer_at_least(-1)),
+             convert=values.integer_at_least(-1)),
     _vllm("logprobs-mode", MODEL, "raw_logprobs", "Return logprobs before or after logits processing.",
           choices=("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")),
     _vllm("disable-sliding-window", MODEL, False, "Turn sliding-window attention off.", "bool"),
     _vllm("disable-cascade-attn", MODEL, False, "Turn cascade attention off.", "bool"),
     Argument("skip-tokenizer-init", MODEL, False,
              "Load no tokenizer: requests must send token ids and get token ids back.", "bool",
-             convert=_boolean),
+             convert=values.boolean),
     _vllm("enable-prompt-embeds", MODEL, False, "Accept prompt embeddings as input.", "bool"),
     Argument("served-model-name", MODEL, None,
              "Name(s) the API answers to; the first one appears in responses and metrics. "
-             "Default: the --model value.", "list", convert=_names),
+             "Default: the --model value.", "list", convert=values.names),
     _vllm("disable-async-output-proc", MODEL, False,
           "Do not overlap output processing with the model step.", "flag"),
     _vllm("config-format", MODEL, "auto", "Format of the model config.", choices=("auto", "hf", "mistral")),
     _vllm("hf-token", MODEL, None,
           "Hugging Face token; the bare flag uses the token stored by huggingface-cli login.", "optional"),
     Argument("hf-overrides", MODEL, {}, "Keys forced into the model's HF config (JSON object).",
-             "json", convert=_json_object),
+             "json", convert=values.json_object),
     _vllm("override-neuron-config", MODEL, {}, "Overrides for AWS Neuron devices.", "json"),
     _vllm("override-pooler-config", MODEL, None, "Override pooling and normalisation of pooling models.",
           "json"),
@@ -490,10 +307,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("generation-config", MODEL, "auto",
              "Default sampling settings: auto reads the model's generation_config.json, vllm "
              "uses built-in defaults, a folder path reads that folder's file. A max_new_tokens "
-             "there caps every request.", convert=_generation_config),
+             "there caps every request.", convert=values.generation_config),
     Argument("override-generation-config", MODEL, {},
              "Sampling defaults to add or override (JSON object), e.g. {\"temperature\": 0.5}.",
-             "json", convert=_json_object),
+             "json", convert=values.json_object),
     _vllm("enable-sleep-mode", MODEL, False, "Let the engine release and regain device memory.", "bool"),
     _vllm("model-impl", MODEL, "auto", "Use vLLM's model code or the Transformers one.",
           choices=("auto", "vllm", "transformers")),
@@ -503,11 +320,11 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("load-format", LOAD, "auto",
              "Weight format: auto tries safetensors, then PyTorch .bin files (and a .gguf path "
              "means gguf); dummy uses random weights, for benchmarks.",
-             convert=_text, choices=("auto", "safetensors", "pt", "gguf", "dummy"),
+             convert=values.string, choices=("auto", "safetensors", "pt", "gguf", "dummy"),
              vllm_choices=_VLLM_LOAD_FORMATS, choice_noun="load format"),
     Argument("download-dir", LOAD, None,
              "Folder to download weights to and load them from. Default: the HF cache.",
-             convert=_text),
+             convert=values.string),
     _vllm("model-loader-extra-config", LOAD, {}, "Options for the weight loader.", "json"),
     _vllm("ignore-patterns", LOAD, None, "Weight files to skip (globs).", "list"),
     _vllm("use-tqdm-on-load", LOAD, True, "Show a progress bar while loading weights.", "bool"),
@@ -568,20 +385,20 @@ ARGUMENTS: tuple[Argument, ...] = (
     # --- CacheConfig -----------------------------------------------------------------------
     Argument("block-size", CACHE, None,
              "Tokens per KV-cache block. Default: 16, picked by the engine.",
-             convert=_integer, choices=(1, 8, 16, 32, 64, 128)),
+             convert=values.integer, choices=(1, 8, 16, 32, 64, 128)),
     Argument("gpu-memory-utilization", CACHE, 0.9,
              "Share of device memory (greater than 0, at most 1) this instance may use for "
              "weights, activations and KV cache. On the CPU the KV cache size comes from "
              f"{CPU_KVCACHE_SPACE_ENV} (GiB, default {DEFAULT_CPU_KVCACHE_SPACE_GIB:g}).",
-             convert=_fraction),
+             convert=values.fraction),
     _vllm("swap-space", CACHE, 4, "CPU swap space per GPU, in GiB."),
     _vllm("kv-cache-dtype", CACHE, "auto", "Storage type of the KV cache.",
           choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")),
     Argument("num-gpu-blocks-override", CACHE, None,
              "Use this many KV-cache blocks instead of the number that fits in memory (for tests).",
-             convert=_integer_at_least(1)),
+             convert=values.integer_at_least(1)),
     Argument("enable-prefix-caching", CACHE, None,
-             "Reuse the KV cache of shared prompt prefixes. Default: on.", "bool", convert=_boolean),
+             "Reuse the KV cache of shared prompt prefixes. Default: on.", "bool", convert=values.boolean),
     _vllm("prefix-caching-hash-algo", CACHE, "builtin", "Hash of prefix-cache blocks.",
           choices=("builtin", "sha256", "sha256_cbor_64bit")),
     _vllm("cpu-offload-gb", CACHE, 0, "GiB of weights per GPU kept in CPU memory."),
@@ -649,10 +466,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     # --- SchedulerConfig -------------------------------------------------------------------
     Argument("max-num-batched-tokens", SCHEDULER, None,
              "Token budget of one scheduler step. Default: picked by the engine.",
-             convert=_integer_at_least(1)),
+             convert=values.integer_at_least(1)),
     Argument("max-num-seqs", SCHEDULER, None,
              "Most sequences in one step. Default: 256, picked by the engine.",
-             convert=_integer_at_least(1)),
+             convert=values.integer_at_least(1)),
     _vllm("max-num-partial-prefills", SCHEDULER, 1, "Most prompts prefilled in chunks at once."),
     _vllm("max-long-partial-prefills", SCHEDULER, 1, "Most long prompts prefilled in chunks at once."),
     _vllm("long-prefill-token-threshold", SCHEDULER, 0, "Prompt length from which a prefill is long."),
@@ -666,10 +483,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("multi-step-stream-outputs", SCHEDULER, True, "With multi-step, stream after every step.", "bool"),
     Argument("scheduling-policy", SCHEDULER, "fcfs",
              "fcfs serves requests in arrival order; priority serves lower priority values "
-             "first, ties in arrival order.", convert=_text, choices=("fcfs", "priority")),
+             "first, ties in arrival order.", convert=values.string, choices=("fcfs", "priority")),
     Argument("enable-chunked-prefill", SCHEDULER, None,
              "Split long prompts into chunks batched with decodes. Default: on.", "bool",
-             convert=_boolean),
+             convert=values.boolean),
     _vllm("disable-chunked-mm-input", SCHEDULER, False, "Never split one multimodal item.", "bool"),
     _vllm("scheduler-cls", SCHEDULER, "vllm.core.scheduler.Scheduler", "Scheduler class."),
     _vllm("disable-hybrid-kv-cache-manager", SCHEDULER, False,

@@ -1,0 +1,189 @@
+"""The value converters of aioserve/arguments.py's declarations.
+
+Each takes a raw value (a string from the command line, or a Python value from a keyword
+argument) and returns the typed value, or raises ValueError with a message that reads well
+after the argument's name: "must be at least 1, got 0".
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+
+def string(value: Any) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def integer(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise ValueError(f"must be an integer, got {value!r}")
+
+
+def integer_at_least(minimum: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        number = integer(value)
+        if number < minimum:
+            raise ValueError(f"must be at least {minimum}, got {number}")
+        return number
+
+    return convert
+
+
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def token_count(value: Any) -> int:
+    """A positive token count, also in vLLM's human-readable forms.
+
+    Lower-case suffixes are powers of ten and take decimals ("25.6k" = 25600); upper-case
+    ones are powers of two and take whole numbers only ("1K" = 1024).
+    """
+    if isinstance(value, str):
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgKMG])", value.strip())
+        if match:
+            number, suffix = match.groups()
+            if suffix in _BINARY_SUFFIXES and "." in number:
+                raise ValueError(
+                    f"takes whole numbers with the binary suffix {suffix!r}, got {value!r} "
+                    f"(did you mean {number}{suffix.lower()}?)"
+                )
+            tokens = Decimal(number) * (_DECIMAL_SUFFIXES | _BINARY_SUFFIXES)[suffix]
+            if tokens != tokens.to_integral_value():
+                raise ValueError(f"must be a whole number of tokens, got {value!r}")
+            value = int(tokens)
+        elif not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            raise ValueError(
+                f"must be an integer, optionally with a k/m/g (powers of 10) or K/M/G "
+                f"(powers of 2) suffix such as 4k or 32K, got {value!r}"
+            )
+    return integer_at_least(1)(value)
+
+
+def fraction(value: Any) -> float:
+    """A number in (0, 1]."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if number is None or not 0.0 < number <= 1.0:
+        raise ValueError(f"must be a number greater than 0 and at most 1, got {value!r}")
+    return number
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    """A JSON object, given as a dict or as JSON text; the result is a private copy."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"must be a JSON object, got {value!r} ({error})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, got {value!r}")
+    return copy.deepcopy(value)
+
+
+def names(value: Any) -> list[str]:
+    """One name or several (the command line gives a list, a keyword may give a string)."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names:
+        raise ValueError(f"must be one or more names, got {value!r}")
+    if not all(isinstance(name, str) and name for name in names):
+        raise ValueError(f"must be non-empty strings, got {value!r}")
+    return list(names)
+
+
+def generation_config(value: Any) -> str:
+    text = string(value)
+    if text not in ("auto", "vllm") and not os.path.isdir(text):
+        raise ValueError(f"must be 'auto', 'vllm' or an existing folder, got {text!r}")
+    return text
+
+
+def port(value: Any) -> int:
+    number = integer(value)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"must be a TCP port from 0 to 65535, got {number}")
+    return number
+
+
+def seconds(value: Any) -> float:
+    """A non-negative number of seconds."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"must be a number of seconds, 0 or more, got {value!r}")
+    return number
+
+
+def json_names(value: Any) -> list[str]:
+    """A list of strings, given as a list or as JSON text: '["GET", "POST"]'."""
+    names = value
+    if isinstance(value, str):
+        try:
+            names = json.loads(value)
+        except json.JSONDecodeError:
+            names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise ValueError(f'must be a JSON list of strings such as ["a", "b"], got {value!r}')
+    return list(names)
+
+
+_CERT_REQS = {"CERT_NONE": 0, "CERT_OPTIONAL": 1, "CERT_REQUIRED": 2}
+
+
+def cert_reqs(value: Any) -> int:
+    """Python's ssl.CERT_NONE/OPTIONAL/REQUIRED, as 0/1/2 or by name."""
+    if isinstance(value, str) and value.strip().upper() in _CERT_REQS:
+        return _CERT_REQS[value.strip().upper()]
+    try:
+        number = integer(value)
+    except ValueError:
+        number = -1
+    if number not in _CERT_REQS.values():
+        raise ValueError(
+            f"must be 0, 1 or 2 (CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED), got {value!r}"
+        )
+    return number
+
+
+def root_path(value: Any) -> str:
+    text = string(value)
+    if not text.startswith("/"):
+        raise ValueError(f"must start with '/', got {text!r}")
+    return text.rstrip("/")
+
+
+def import_paths(value: Any) -> list[str]:
+    """Dotted import paths such as "package.module.name" (checked when the server imports them)."""
+    paths = names(value)
+    for path in paths:
+        if "." not in path.strip("."):
+            raise ValueError(f"must be import paths such as package.module.name, got {path!r}")
+    return paths
