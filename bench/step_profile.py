@@ -23,10 +23,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from torch import nn
-
 import aioserve.models.llama as llama
 from aioserve import LLM, SamplingParams
+from aioserve.models.linear import Linear
 from aioserve.runner import model_runner
 
 KERNELS = ("rms_norm", "apply_rotary", "write_kv_cache", "paged_attention", "silu_and_mul")
@@ -67,7 +66,7 @@ class StepClock:
 def instrument(clock: StepClock, decode_rows: int, prefill_tokens: int) -> None:
     for name in KERNELS:
         setattr(llama, name, clock.timed(name, getattr(llama, name)))
-    nn.Linear.forward = clock.timed("linear layers", nn.Linear.forward)
+    Linear.forward = clock.timed("linear layers", Linear.forward)
     llama.LlamaForCausalLM.compute_logits = clock.timed(
         "output head", llama.LlamaForCausalLM.compute_logits
     )
