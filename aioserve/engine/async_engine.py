@@ -48,6 +48,11 @@ logger = logging.getLogger("aioserve")
 PromptType = str | dict[str, Any] | list[int]
 
 
+def _sibling_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a seeded request: seed + index, kept in int64."""
+    return (seed + index + 2**63) % 2**64 - 2**63
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop stopped after an unexpected error; no request can run."""
 
@@ -122,15 +127,15 @@ class AsyncEngine:
         s = self.settings
         if not prompt_ids:
             raise ValueError("the prompt cannot be empty")
-        vocab = self.hf_config.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
         if len(prompt_ids) >= s.max_model_len:
             raise ValueError(
                 f"The decoder prompt (length {len(prompt_ids)}) is longer than the maximum model "
                 f"length of {s.max_model_len}. Make sure that `max_model_len` is no smaller than "
                 "the number of text tokens plus one output token."
             )
+        vocab = self.hf_config.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
         if (
             params.logprobs is not None
             and s.max_logprobs != -1
@@ -138,6 +143,12 @@ class AsyncEngine:
         ):
             raise ValueError(
                 f"Requested sample logprobs of {params.logprobs}, which is greater than max allowed: {s.max_logprobs}"
+            )
+        if params.logprobs is not None and params.logprobs > vocab:
+            # Reachable with --max-logprobs -1 (no limit); a top-n cannot exceed the vocabulary.
+            raise ValueError(
+                f"Requested sample logprobs of {params.logprobs}, which is greater than the "
+                f"vocabulary size of {vocab}"
             )
         if params.stop and self.tokenizer is None:
             raise ValueError(
@@ -184,13 +195,20 @@ class AsyncEngine:
             samples=[],
             metrics=RequestMetrics(arrival_time=now),
         )
+        sequence_ids = (
+            [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
+        )
+        for sequence_id in sequence_ids:
+            # A sibling of an n > 1 request is named "<id>#<index>": another client's id
+            # may not take one of those names, nor give them to its own siblings.
+            if sequence_id in self._sample_of:
+                raise ValueError(f"request id {sequence_id!r} is already running")
         arrival = next(self._arrivals)
-        for index in range(params.n):
+        for index, sequence_id in enumerate(sequence_ids):
             if params.seed is not None:
-                seed = params.seed + index
+                seed = _sibling_seed(params.seed, index)
             else:
                 seed = self._seed_rng.getrandbits(63)
-            sequence_id = request_id if params.n == 1 else f"{request_id}#{index}"
             request = Request(
                 request_id=sequence_id,
                 prompt_token_ids=prompt_ids,
@@ -247,9 +265,11 @@ class AsyncEngine:
         state = self._states.get(request_id)
         if state is None:
             return
-        sequence_ids = [s.request.request_id for s in state.samples if s.finish_reason is None]
-        self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
-        for sample in state.samples:
+        unfinished = [s for s in state.samples if s.finish_reason is None]
+        self.scheduler.finish_requests(
+            [s.request.request_id for s in unfinished], RequestStatus.FINISHED_ABORTED
+        )
+        for sample in unfinished:  # a sibling that already ended has said so once
             self.output_processor.finish_sample(sample)
             state.changed.add(sample.index)
         self._deliver(state)
@@ -282,8 +302,8 @@ class AsyncEngine:
                         "the scheduler found nothing to run although requests are waiting"
                     )
                 self._mark_scheduled(output)
-                step = self.runner.prepare(output, self.kv_cache.block_table)
                 try:
+                    step = self.runner.prepare(output, self.kv_cache.block_table)
                     result = await loop.run_in_executor(
                         self._model_thread, self.runner.execute, step
                     )
@@ -327,7 +347,8 @@ class AsyncEngine:
                 continue
             state, index = entry
             sample = state.samples[index]
-            if sample.finish_reason is not None:
+            # An aborted request's id may already belong to a new request: match by object.
+            if sample.request is not request or sample.finish_reason is not None:
                 continue
             # The scheduler may have stopped before taking every sampled token.
             appended = request.output_token_ids[len(request.output_token_ids) - len(new_tokens) :]
@@ -408,13 +429,11 @@ class AsyncEngine:
 
     def _fail_requests(self, output: SchedulerOutput, error: Exception) -> None:
         """End every request that had a sequence in the failed step, with the error."""
-        failed = {
-            self._sample_of[c.request.request_id][0].request_id: self._sample_of[
-                c.request.request_id
-            ][0]
-            for c in output.chunks
-            if c.request.request_id in self._sample_of
-        }
+        failed: dict[str, RequestState] = {}
+        for chunk in output.chunks:
+            entry = self._sample_of.get(chunk.request.request_id)
+            if entry is not None and entry[0].samples[entry[1]].request is chunk.request:
+                failed[entry[0].request_id] = entry[0]
         now = time.monotonic()
         for state in failed.values():
             sequence_ids = [s.request.request_id for s in state.samples]

@@ -83,7 +83,9 @@ def build_sampling_batch(
     requested = [p.logprobs for p in params if p.logprobs is not None]
     return SamplingBatch(
         temperature=row_tensor(temperature, torch.float32),
-        top_k=row_tensor([p.top_k for p in params], torch.int32),
+        # A top_k of the vocabulary or more keeps every token: the same as no top_k, and
+        # an int32 cannot hold every top_k a request may ask for.
+        top_k=row_tensor([p.top_k if p.top_k < vocab_size else -1 for p in params], torch.int32),
         top_p=row_tensor([p.top_p for p in params], torch.float32),
         min_p=row_tensor([p.min_p for p in params], torch.float32),
         seeds=row_tensor([r.seed for r in requests], torch.int64),

@@ -1,0 +1,175 @@
+"""One request's odd settings or id must not end, stall or corrupt another request.
+
+Each case here used to take the whole engine down or leave another request hanging: a
+top_k too large for an int32, a seed that overflows when n > 1 adds the sample index, a
+request id equal to another request's sibling name, an input-building error outside the
+step's error handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from aioserve import AsyncEngine, RequestOutputKind, SamplingParams
+from aioserve.config import engine_config_from_kwargs
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_gguf):
+    engine = AsyncEngine.from_config(
+        engine_config_from_kwargs(
+            model=str(smollm2_gguf), dtype="float32", seed=0, max_model_len=1024
+        )
+    )
+    yield engine
+    asyncio.run(engine.shutdown())
+
+
+async def collect(engine, prompt, params, request_id):
+    return [out async for out in engine.generate(prompt, params, request_id)]
+
+
+def final_token_ids(engine, params, request_id) -> list[list[int]]:
+    outputs = asyncio.run(collect(engine, PROMPT, params, request_id))
+    return [sample.token_ids for sample in outputs[-1].outputs]
+
+
+def assert_idle(engine) -> None:
+    assert not engine.is_dead
+    assert engine.num_unfinished_requests == 0
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_top_k_beyond_the_vocabulary_means_no_top_k(engine):
+    sampled = dict(temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
+    huge = final_token_ids(engine, SamplingParams(top_k=2**31, **sampled), "huge-top-k")
+    unlimited = final_token_ids(engine, SamplingParams(top_k=-1, **sampled), "no-top-k")
+    assert huge == unlimited
+    assert_idle(engine)
+
+
+def test_sibling_seeds_wrap_around_int64(engine):
+    sampled = dict(temperature=1.0, max_tokens=8, ignore_eos=True)
+    top = final_token_ids(engine, SamplingParams(n=2, seed=2**63 - 1, **sampled), "top-seed")
+    # Sample 1 of seed 2**63 - 1 is seeded with 2**63, which wraps to -2**63.
+    bottom = final_token_ids(engine, SamplingParams(seed=-(2**63), **sampled), "bottom-seed")
+    assert top[1] == bottom[0]
+    assert_idle(engine)
+
+
+def test_a_request_id_cannot_take_a_running_siblings_name(engine):
+    async def scenario():
+        params = SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=8, ignore_eos=True)
+        stream = engine.generate(PROMPT, params, "family")
+        first = await anext(stream)
+        with pytest.raises(ValueError, match="'family#1' is already running"):
+            engine.add_request("family#1", PROMPT, SamplingParams(max_tokens=2))
+        rest = [out async for out in stream]
+        # The other way round: siblings may not take the name of a running request.
+        single = engine.generate(PROMPT, SamplingParams(max_tokens=8), "solo#0")
+        await anext(single)
+        with pytest.raises(ValueError, match="'solo#0' is already running"):
+            engine.add_request("solo", PROMPT, SamplingParams(n=2, max_tokens=2))
+        await single.aclose()
+        return [first, *rest]
+
+    outputs = asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    final = outputs[-1]
+    assert final.finished
+    assert [s.finish_reason for s in final.outputs] == ["length", "length"]
+    assert all(len(s.token_ids) == 8 for s in final.outputs)
+    assert_idle(engine)
+
+
+def test_a_failure_while_building_inputs_fails_only_that_step(engine, monkeypatch):
+    prepare = engine.runner.prepare
+    calls = 0
+
+    def fail_first(output, block_table_of):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("injected input failure")
+        return prepare(output, block_table_of)
+
+    monkeypatch.setattr(engine.runner, "prepare", fail_first)
+    with pytest.raises(RuntimeError, match="injected input failure"):
+        final_token_ids(engine, SamplingParams(max_tokens=4), "fails")
+    assert_idle(engine)
+    assert len(final_token_ids(engine, SamplingParams(max_tokens=4), "after")[0]) == 4
+
+
+def test_logprobs_beyond_the_vocabulary_are_refused_without_a_limit(engine, monkeypatch):
+    monkeypatch.setattr(engine, "settings", dataclasses.replace(engine.settings, max_logprobs=-1))
+    vocab = engine.hf_config.vocab_size
+    with pytest.raises(ValueError, match=f"greater than the vocabulary size of {vocab}"):
+        engine.add_request("greedy-logprobs", PROMPT, SamplingParams(logprobs=vocab + 1))
+    assert_idle(engine)
+
+
+def test_an_abort_does_not_end_a_finished_sibling_twice(engine):
+    """n=2 in DELTA mode: a sibling that stopped says so once, the abort ends only the other."""
+    tokenizer = engine.tokenizer
+    word, stop = tokenizer.encode(" yes")[0], tokenizer.encode(" no")[0]
+
+    async def one_sibling_stops_then_abort(seed: int) -> list | None:
+        params = SamplingParams(
+            n=2,
+            temperature=50.0,  # near even odds between the two allowed tokens
+            seed=seed,
+            max_tokens=64,
+            allowed_token_ids=[word, stop],
+            stop_token_ids=[stop],
+            output_kind=RequestOutputKind.DELTA,
+        )
+        request_id = f"abort-after-stop-{seed}"
+        queue = engine.add_request(request_id, PROMPT, params)
+        outputs, ended = [], set()
+        while True:
+            output = await asyncio.wait_for(queue.get(), timeout=60)
+            outputs.append(output)
+            ended |= {s.index for s in output.outputs if s.finish_reason is not None}
+            if output.finished:
+                return None  # both siblings ended in the same step: no case to test
+            if ended:
+                engine.abort(request_id)
+                while not queue.empty():
+                    outputs.append(queue.get_nowait())
+                return outputs
+
+    for seed in range(20):
+        outputs = asyncio.run(one_sibling_stops_then_abort(seed))
+        if outputs is not None:
+            break
+    else:
+        pytest.fail("no seed made one sibling stop before the other")
+    assert outputs[-1].finished
+    reasons = [(s.index, s.finish_reason) for o in outputs for s in o.outputs if s.finish_reason]
+    assert sorted(reasons) in ([(0, "stop"), (1, "abort")], [(0, "abort"), (1, "stop")])
+    assert_idle(engine)
+
+
+def test_an_id_reused_while_its_aborted_request_is_in_a_step_gets_only_its_own_tokens(engine):
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    other_prompt = "Water boils at a temperature of"
+    expected = asyncio.run(collect(engine, other_prompt, greedy, "reference"))[-1].outputs[0]
+
+    async def scenario():
+        first = engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=50), "reused")
+        await anext(first)  # the engine loop has already started the next step with it
+        engine.abort("reused")
+        second = [out async for out in engine.generate(other_prompt, greedy, "reused")]
+        await first.aclose()
+        return second[-1].outputs[0]
+
+    again = asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    assert again.token_ids == expected.token_ids
+    assert again.text == expected.text
+    assert_idle(engine)
