@@ -15,16 +15,21 @@ The device memory itself lives in the model runner; this module only hands out b
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aioserve.engine.request import Request
 
+# The parent of every first block: random per process, as vLLM's "builtin" hash does, so
+# that a prompt cannot be crafted offline to collide with another user's cached prefix.
+_ROOT_HASH = int.from_bytes(os.urandom(8), "little")
+
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
     """The prefix-cache key of a full block: its tokens, chained to the block before."""
-    return hash((parent_hash, tuple(token_ids)))
+    return hash((_ROOT_HASH if parent_hash is None else parent_hash, tuple(token_ids)))
 
 
 @dataclass

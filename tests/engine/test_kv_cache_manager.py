@@ -1,4 +1,4 @@
-"""The KV block pool under random admit / step / finish / abort / preempt sequences.
+"""The KV block pool: random admit / step / finish / abort / preempt sequences, and prefix hashes.
 
 A hypothesis state machine drives the real Scheduler and KVCacheManager (no model: sampled
 tokens are drawn at random) with a pool small enough that preemption happens, and checks
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import subprocess
+import sys
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -208,3 +210,20 @@ def test_priority_policy_admits_and_preempts_by_priority_then_arrival():
     second = scheduler.schedule()
     assert [r.request_id for r in second.preempted] == ["late-low"]
     assert [c.request.request_id for c in second.chunks] == ["urgent", "normal"]
+
+
+def test_block_hashes_start_from_a_random_root_in_each_process():
+    # Chained hashes are only as unguessable as their root: with a fixed root, a prompt could
+    # be crafted offline to collide with another user's cached prefix.
+    script = (
+        "from aioserve.engine.kv_cache_manager import hash_block_tokens as h; "
+        "print(h(None, [1, 2, 3, 4]))"
+    )
+    roots = {
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+        ).stdout
+        for _ in range(2)
+    }
+    assert len(roots) == 2
+    assert hash_block_tokens(None, [1, 2, 3, 4]) == hash_block_tokens(None, [1, 2, 3, 4])
