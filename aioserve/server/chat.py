@@ -47,13 +47,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         continue_final_message=parsed.continue_final_message,
         chat_template_kwargs=parsed.chat_template_kwargs,
     )
-    check_prompt_tokens(token_ids, engine.hf_config.vocab_size, param="messages")
     check_context(
         len(token_ids),
         parsed.params.max_tokens,
         engine.settings.max_model_len,
         parsed.max_tokens_field,
     )
+    check_prompt_tokens(token_ids, engine.hf_config.vocab_size, param="messages")
     if parsed.add_generation_prompt:
         role = state.options.get("response_role") or "assistant"
     else:

@@ -49,13 +49,14 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
     for prompt in prompts:
-        check_prompt_tokens(prompt.token_ids, engine.hf_config.vocab_size)
+        # The length first: a prompt too long for the context is refused without a scan.
         check_context(
             len(prompt.token_ids),
             parsed.params.max_tokens,
             engine.settings.max_model_len,
             parsed.max_tokens_field,
         )
+        check_prompt_tokens(prompt.token_ids, engine.hf_config.vocab_size)
     if parsed.echo:
         for prompt in prompts:
             if prompt.text is None:
