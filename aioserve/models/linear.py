@@ -1,10 +1,11 @@
 """Dense layers, y = x Wᵀ + b, through torch's GEMM with the operands ordered for the CPU.
 
-MKL's float32 GEMM on this project's CPUs is up to 1.5× faster on a decode-sized batch when
+MKL's float32 GEMM on this project's CPUs is up to 1.4× faster on a decode-sized batch when
 the weight's many rows are the product's long side: Wᵀ computed as W @ xᵀ and transposed
-back, rather than x @ Wᵀ (measured on the SmolLM2 shapes at 64 rows: 77 → 120 GFLOPS for
-576×576, 68 → 106 for the 49152-row output head). From a few hundred rows up, x @ Wᵀ is
-as fast or faster, and GPUs get F.linear as it is.
+back, rather than x @ Wᵀ. At 64 rows, with the weights coming from memory as in a model
+step (`python bench/linear_orientation.py`): gate/up 60 → 86 GFLOPS, qkv 73 → 94, the
+output head 49 → 61, o and down within 5%. From a few hundred rows up x @ Wᵀ is as fast
+or faster, and GPUs get F.linear as it is.
 """
 
 from __future__ import annotations
