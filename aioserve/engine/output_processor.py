@@ -123,12 +123,12 @@ class OutputProcessor:
             # Ended by EOS or a stop token id: its text is not part of the output (vLLM).
             tokens = tokens[:-1]
         piece = sample.detokenizer.add_tokens(tokens) if tokens else ""
-        if (
-            sample.stop_matcher is None
-            or request.num_output_tokens <= request.sampling_params.min_tokens
-        ):
-            # Like vLLM, stop strings are only looked for once min_tokens are out.
+        if sample.stop_matcher is None:
             sample.text += piece
+            return False
+        if request.num_output_tokens <= request.sampling_params.min_tokens:
+            # Like vLLM, stop strings are only looked for once min_tokens are out.
+            sample.text += sample.stop_matcher.emit_unchecked(piece)
             return False
         safe, matched = sample.stop_matcher.process(piece)
         sample.text += safe

@@ -20,6 +20,10 @@ Semantics (vLLM's, which are the specification):
   not on how it was split into pieces. vLLM instead takes the first in list order among
   those found in a step's new text, which can depend on how many tokens a step produced.
 - Empty strings in `stop` are ignored (they would match before any output).
+- Text produced before `min_tokens` are out is emitted unchecked (`emit_unchecked`), but
+  its end stays in view: a stop string that starts there and ends in checked text still
+  stops the request, as vLLM's look-back does. The part of it already emitted stays
+  emitted.
 """
 
 from __future__ import annotations
@@ -33,10 +37,18 @@ class StopStringMatcher:
         self._include = include_stop_str_in_output
         # A stop string not yet complete can only have started in the last `context` chars.
         self._context = max((len(s) for s in self._stop), default=1) - 1
-        # The last `context` characters fed in: already emitted with
-        # include_stop_str_in_output, held back without it.
+        # The last `context` characters fed in. The first `_sent` of them were emitted
+        # already (all of them with include_stop_str_in_output); the rest are held back.
         self._tail = ""
+        self._sent = 0
         self._stopped = False
+
+    def emit_unchecked(self, new_text: str) -> str:
+        """Take text that may not stop the request (before min_tokens): all of it is safe."""
+        if self._stop and not self._stopped:
+            self._tail = (self._tail + new_text)[-self._context :] if self._context else ""
+            self._sent = len(self._tail)
+        return new_text
 
     def process(self, new_text: str) -> tuple[str, str | None]:
         """Feed the detokenizer's newest piece.
@@ -49,30 +61,37 @@ class StopStringMatcher:
         if not self._stop:
             return new_text, None
         text = self._tail + new_text
-        first_unsent = len(self._tail) if self._include else 0
-        match = self._first_match(text)
+        first_unsent = self._sent
+        match = self._first_match(text, len(self._tail))
         if match is not None:
             start, stop_str = match
             end = start + len(stop_str) if self._include else start
             self._stopped = True
-            self._tail = ""
-            return text[first_unsent:end], stop_str
+            self._tail, self._sent = "", 0
+            return text[first_unsent : max(first_unsent, end)], stop_str
         self._tail = text[-self._context :] if self._context else ""
         if self._include:
+            self._sent = len(self._tail)
             return new_text, None
-        return text[: len(text) - len(self._tail)], None
+        safe_end = len(text) - len(self._tail)
+        self._sent = max(0, first_unsent - safe_end)
+        return text[min(first_unsent, safe_end) : safe_end], None
 
     def flush(self) -> str:
         """The held-back text, at the end of a request that no stop string ended."""
-        held = "" if self._include else self._tail
-        self._tail = ""
+        held = self._tail[self._sent :]
+        self._tail, self._sent = "", 0
         return held
 
-    def _first_match(self, text: str) -> tuple[int, str] | None:
-        """(start, stop string) of the occurrence that ends first, the longest on a tie."""
+    def _first_match(self, text: str, new_from: int) -> tuple[int, str] | None:
+        """(start, stop string) of the occurrence that ends first, the longest on a tie.
+
+        Only occurrences that end in the new text (at or after `new_from`) count: one wholly
+        inside the tail was either seen already or came before min_tokens.
+        """
         found = []
         for stop_str in self._stop:
-            start = text.find(stop_str)
+            start = text.find(stop_str, max(0, new_from - len(stop_str) + 1))
             if start >= 0:
                 found.append((start + len(stop_str), start, stop_str))
         if not found:

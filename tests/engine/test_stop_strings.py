@@ -176,3 +176,58 @@ def test_any_split_emits_what_the_whole_text_gives(text, stop, include, cuts):
     else:
         emitted += matcher.flush()
     assert emitted == expected_text
+
+
+@pytest.mark.parametrize("include, emitted", [(False, ""), (True, "ld")])
+def test_a_stop_string_may_start_in_text_from_before_min_tokens(include, emitted):
+    matcher = StopStringMatcher(["world"], include)
+    assert matcher.emit_unchecked("Hello wor") == "Hello wor"
+    assert matcher.process("ld and more") == (emitted, "world")
+
+
+def test_a_stop_string_wholly_before_min_tokens_does_not_stop():
+    matcher = StopStringMatcher(["ab", "xyzzy"], include_stop_str_in_output=False)
+    out = matcher.emit_unchecked("--ab")
+    safe, matched = matcher.process("cd")
+    assert matched is None
+    assert out + safe + matcher.flush() == "--abcd"
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(_ALPHABET, max_size=30),
+    stop=st.lists(st.text(_ALPHABET, min_size=1, max_size=4), min_size=1, max_size=3),
+    include=st.booleans(),
+    unchecked=st.integers(0, 30),
+    cuts=st.lists(st.integers(0, 30), max_size=12),
+)
+def test_text_before_min_tokens_is_emitted_and_only_later_endings_stop(
+    text, stop, include, unchecked, cuts
+):
+    """vLLM's look-back: a stop string counts if it ends after the unchecked text."""
+    unchecked = min(unchecked, len(text))
+    bounds = sorted({0, unchecked, len(text), *(c for c in cuts if c <= len(text))})
+    pieces = [text[i:j] for i, j in pairwise(bounds)]
+    expected_stop, expected_text = None, text
+    for end in range(unchecked + 1, len(text) + 1):
+        ending_here = [s for s in stop if text[:end].endswith(s)]
+        if ending_here:
+            expected_stop = max(ending_here, key=len)
+            cut = end if include else end - len(expected_stop)
+            expected_text = text[: max(cut, unchecked)]  # what was emitted stays emitted
+            break
+
+    matcher = StopStringMatcher(stop, include)
+    emitted, matched, position = "", None, 0
+    for piece in pieces:
+        if position < unchecked:
+            emitted += matcher.emit_unchecked(piece)
+        else:
+            safe, matched = matcher.process(piece)
+            emitted += safe
+            if matched is not None:
+                break
+        position += len(piece)
+    else:
+        emitted += matcher.flush()
+    assert (emitted, matched) == (expected_text, expected_stop)
