@@ -257,7 +257,8 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
         finally:
-            if not finished:
+            # Unless the request ended, or was aborted and its id is now another request's.
+            if not finished and self._queues.get(request_id) is queue:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:

@@ -165,9 +165,11 @@ def test_an_id_reused_while_its_aborted_request_is_in_a_step_gets_only_its_own_t
         first = engine.generate(PROMPT, SamplingParams(temperature=0, max_tokens=50), "reused")
         await anext(first)  # the engine loop has already started the next step with it
         engine.abort("reused")
-        second = [out async for out in engine.generate(other_prompt, greedy, "reused")]
-        await first.aclose()
-        return second[-1].outputs[0]
+        second = engine.generate(other_prompt, greedy, "reused")
+        outputs = [await anext(second)]
+        await first.aclose()  # the old consumer leaving must not abort the new request
+        outputs += [out async for out in second]
+        return outputs[-1].outputs[0]
 
     again = asyncio.run(asyncio.wait_for(scenario(), timeout=120))
     assert again.token_ids == expected.token_ids
