@@ -1,4 +1,4 @@
-"""Prompts and a transformers reference for end-to-end tests on the default model.
+"""Prompts, a transformers reference and an engine for end-to-end tests on the default model.
 
 The reference is transformers itself, on the same GGUF file, float32, greedy decoding
 written as a plain loop over its KV cache (so EOS does not end it early: our requests use
@@ -10,6 +10,9 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from aioserve import AsyncEngine
+from aioserve.config import engine_config_from_kwargs
 
 NEW_TOKENS = 64
 
@@ -87,3 +90,17 @@ def hf_greedy(gguf_path: str, prompt_ids: list[int], new_tokens: int = NEW_TOKEN
         out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
         past = out.past_key_values
     return generated
+
+
+def float32_engine(model_path, max_model_len: int) -> AsyncEngine:
+    """An AsyncEngine on the default model's GGUF: float32, seed 0, `max_model_len` context."""
+    return AsyncEngine.from_config(
+        engine_config_from_kwargs(
+            model=str(model_path), dtype="float32", seed=0, max_model_len=max_model_len
+        )
+    )
+
+
+async def collect(engine: AsyncEngine, prompt, params, request_id: str) -> list:
+    """Every RequestOutput of one request, in order."""
+    return [out async for out in engine.generate(prompt, params, request_id)]

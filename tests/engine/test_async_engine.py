@@ -10,23 +10,16 @@ import torch
 
 from aioserve import AsyncEngine, RequestOutputKind, SamplingParams
 from aioserve.config import engine_config_from_kwargs
+from tests.engine.smollm2 import collect, float32_engine
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_gguf):
-    engine = AsyncEngine.from_config(
-        engine_config_from_kwargs(
-            model=str(smollm2_gguf), dtype="float32", seed=0, max_model_len=2048
-        )
-    )
+    engine = float32_engine(smollm2_gguf, max_model_len=2048)
     yield engine
     asyncio.run(engine.shutdown())
-
-
-async def collect(engine, prompt, params, request_id):
-    return [out async for out in engine.generate(prompt, params, request_id)]
 
 
 def run(coro):

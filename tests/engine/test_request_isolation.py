@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from aioserve import AsyncEngine, RequestOutputKind, SamplingParams
-from aioserve.config import engine_config_from_kwargs
+from aioserve import RequestOutputKind, SamplingParams
+from tests.engine.smollm2 import collect, float32_engine
 
 pytestmark = pytest.mark.slow
 
@@ -23,17 +23,9 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def engine(smollm2_gguf):
-    engine = AsyncEngine.from_config(
-        engine_config_from_kwargs(
-            model=str(smollm2_gguf), dtype="float32", seed=0, max_model_len=1024
-        )
-    )
+    engine = float32_engine(smollm2_gguf, max_model_len=1024)
     yield engine
     asyncio.run(engine.shutdown())
-
-
-async def collect(engine, prompt, params, request_id):
-    return [out async for out in engine.generate(prompt, params, request_id)]
 
 
 def final_token_ids(engine, params, request_id) -> list[list[int]]:

@@ -22,10 +22,10 @@ from aiohttp import web
 from transformers import AutoTokenizer
 
 from aioserve import AsyncEngine
-from aioserve.config import engine_config_from_kwargs
 from aioserve.server.errors import error_middleware
 from aioserve.server.openai_routes import add_openai_routes
 from aioserve.server.state import STATE, ServerState
+from tests.engine.smollm2 import float32_engine
 from tests.server.openai_helpers import client
 
 if TYPE_CHECKING:
@@ -67,11 +67,7 @@ def server_loop() -> Iterator[BackgroundLoop]:
 @pytest.fixture(scope="session")
 def engine(smollm2_gguf, server_loop: BackgroundLoop) -> Iterator[AsyncEngine]:
     """The default model at float32 with a 2048-token context, seeded."""
-    engine = AsyncEngine.from_config(
-        engine_config_from_kwargs(
-            model=str(smollm2_gguf), dtype="float32", seed=0, max_model_len=2048
-        )
-    )
+    engine = float32_engine(smollm2_gguf, max_model_len=2048)
     yield engine
     server_loop.run(engine.shutdown())
 

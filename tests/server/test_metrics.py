@@ -22,8 +22,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aioserve import AsyncEngine, SamplingParams
-from aioserve.config import engine_config_from_kwargs
+from aioserve import SamplingParams
 from aioserve.engine.stats import FinishedRequestStats, StepStats
 from aioserve.server.errors import error_middleware
 from aioserve.server.metrics import (
@@ -34,6 +33,7 @@ from aioserve.server.metrics import (
 )
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.stats_log import StatsLine
+from tests.engine.smollm2 import float32_engine
 from tests.server.conftest import fail_model_step
 
 VLLM_METRICS = Path(__file__).parent / "vllm_samples" / "24_metrics.txt"
@@ -432,11 +432,7 @@ def test_stats_line_is_logged_periodically(caplog):
 
 @pytest.fixture(scope="module")
 def engine(smollm2_gguf):
-    engine = AsyncEngine.from_config(
-        engine_config_from_kwargs(
-            model=str(smollm2_gguf), dtype="float32", seed=0, max_model_len=512
-        )
-    )
+    engine = float32_engine(smollm2_gguf, max_model_len=512)
     yield engine
     asyncio.run(engine.shutdown())
 
