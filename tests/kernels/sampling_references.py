@@ -133,6 +133,21 @@ STAT_CONFIGS = [
 ]
 
 
+def frequency_batch(config, draws: int, device: torch.device):
+    """A batch of `draws` rows with one STAT_CONFIGS setting, each row its own draw."""
+    temperature, top_k, top_p, min_p = config
+    return make_sampling_batch(
+        draws,
+        device=device,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seeds=2024,
+        steps=list(range(draws)),
+    )
+
+
 def assert_frequencies(tokens, config, draws):
     probs, keep = expected_distribution(torch.tensor(STAT_LOGITS), *config)
     counts = torch.bincount(tokens, minlength=len(STAT_LOGITS)).double()

@@ -32,6 +32,7 @@ from tests.kernels.sampling_references import (
     STAT_LOGITS,
     assert_frequencies,
     expected_keep,
+    frequency_batch,
     mixed_batch,
     penalized_by_loop,
     random_logits,
@@ -286,20 +287,9 @@ def test_gpu_penalties_and_bias_are_exact(triton_backend):
 def test_gpu_draw_frequencies_match_the_distribution(config, triton_backend):
     device = torch.device("cuda")
     draws = 20_000
-    temperature, top_k, top_p, min_p = config
     padded = STAT_LOGITS + [-INF] * (4096 - len(STAT_LOGITS))  # a vocabulary wider than 10
     logits = torch.tensor(padded, device=device).expand(draws, -1).contiguous()
-    batch = make_sampling_batch(
-        draws,
-        device=device,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seeds=2024,
-        steps=list(range(draws)),
-    )
-    tokens = sample_triton(logits, batch).token_ids.cpu()
+    tokens = sample_triton(logits, frequency_batch(config, draws, device)).token_ids.cpu()
     assert tokens.max() < len(STAT_LOGITS)
     assert_frequencies(tokens, config, draws)
 

@@ -24,6 +24,7 @@ from tests.kernels.sampling_references import (
     STAT_CONFIGS,
     STAT_LOGITS,
     assert_frequencies,
+    frequency_batch,
     mixed_batch,
     random_logits,
     select_rows,
@@ -196,19 +197,8 @@ def test_the_race_cutoff_skips_only_tokens_that_cannot_win(device):
 @pytest.mark.parametrize("config", STAT_CONFIGS)
 def test_draw_frequencies_match_the_distribution(config, device):
     draws = 20_000
-    temperature, top_k, top_p, min_p = config
     logits = torch.tensor(STAT_LOGITS, device=device).expand(draws, -1)
-    batch = make_sampling_batch(
-        draws,
-        device=device,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seeds=2024,
-        steps=list(range(draws)),
-    )
-    tokens = sample_reference(logits, batch).token_ids.cpu()
+    tokens = sample_reference(logits, frequency_batch(config, draws, device)).token_ids.cpu()
     assert_frequencies(tokens, config, draws)
 
 
