@@ -186,6 +186,18 @@ class Case:
     check: Callable[[], str | None]
 
 
+def _sampler_case(
+    kernel: str,
+    model: ModelShape,
+    rows: int,
+    traffic: int,
+    run: Callable[[], object],
+    check: Callable[[], str | None],
+) -> Case:
+    """A sampler kernel's case: float32 logits of `rows` rows, memory-bound (no FLOPs)."""
+    return Case(kernel, model.name, _rows_label(rows), torch.float32, traffic, 0, run, check)
+
+
 class _Random:
     """Fresh random tensors on one device, from one seeded generator per case."""
 
@@ -442,15 +454,8 @@ def sample_greedy_case(rand: _Random, model: ModelShape, rows: int) -> Case:
             return None
         return "greedy tokens differ from the reference's argmax"
 
-    return Case(
-        "sample greedy",
-        model.name,
-        _rows_label(rows),
-        torch.float32,
-        traffic,
-        0,
-        lambda: sample_triton(logits, batch),
-        check,
+    return _sampler_case(
+        "sample greedy", model, rows, traffic, lambda: sample_triton(logits, batch), check
     )
 
 
@@ -474,15 +479,8 @@ def sample_random_case(rand: _Random, model: ModelShape, rows: int) -> Case:
             return f"only {agreement:.0%} of rows drew the reference's token"
         return None
 
-    return Case(
-        "sample top-k/top-p",
-        model.name,
-        _rows_label(rows),
-        torch.float32,
-        traffic,
-        0,
-        lambda: sample_triton(logits, batch),
-        check,
+    return _sampler_case(
+        "sample top-k/top-p", model, rows, traffic, lambda: sample_triton(logits, batch), check
     )
 
 
@@ -509,13 +507,11 @@ def bias_and_penalties_case(rand: _Random, model: ModelShape, rows: int) -> Case
             return None
         return "penalized logits differ from the reference's (they must be exact)"
 
-    return Case(
+    return _sampler_case(
         "bias+penalties",
-        model.name,
-        _rows_label(rows),
-        torch.float32,
+        model,
+        rows,
         traffic,
-        0,
         lambda: apply_bias_and_penalties_triton(logits, batch),
         check,
     )
@@ -541,13 +537,11 @@ def logprobs_case(rand: _Random, model: ModelShape, rows: int) -> Case:
                 return f"{name} off by {error:.1e} (> 1e-4)"
         return None
 
-    return Case(
+    return _sampler_case(
         "logprobs",
-        model.name,
-        _rows_label(rows),
-        torch.float32,
+        model,
+        rows,
         traffic,
-        0,
         lambda: compute_logprobs_triton(logits, token_ids, n),
         check,
     )
