@@ -68,14 +68,14 @@ class StopStringMatcher:
             end = start + len(stop_str) if self._include else start
             self._stopped = True
             self._tail, self._sent = "", 0
-            return text[first_unsent : max(first_unsent, end)], stop_str
+            return text[first_unsent:end], stop_str  # empty if it ends in sent text
         self._tail = text[-self._context :] if self._context else ""
         if self._include:
             self._sent = len(self._tail)
             return new_text, None
         safe_end = len(text) - len(self._tail)
         self._sent = max(0, first_unsent - safe_end)
-        return text[min(first_unsent, safe_end) : safe_end], None
+        return text[first_unsent:safe_end], None
 
     def flush(self) -> str:
         """The held-back text, at the end of a request that no stop string ended."""
