@@ -491,7 +491,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("scheduler-cls", SCHEDULER, "vllm.core.scheduler.Scheduler", "Scheduler class."),
     _vllm("disable-hybrid-kv-cache-manager", SCHEDULER, False,
           "Same KV allocation for every layer type.", "bool"),
-    _vllm("async-scheduling", SCHEDULER, False, "Schedule asynchronously.", "bool"),
+    Argument("async-scheduling", SCHEDULER, None,
+             "Schedule and prepare step N+1 while step N runs, so that the device never waits "
+             "for the host; outputs reach the host one step later. Default: on.", "bool",
+             convert=values.boolean),
     # --- VllmConfig ------------------------------------------------------------------------
     _vllm("compilation-config", VLLM, {},
           "torch.compile and CUDA-graph settings: a level 0-3 (-O3) or JSON.", "json", aliases=("-O",)),

@@ -22,7 +22,8 @@ or, for keywords, the keyword (`max_num_seqs must be ...`).
 
 The engine resolves some fields later; None there means "the engine decides":
 block_size (16), max_model_len (from the model), max_num_seqs (256),
-max_num_batched_tokens, enable_prefix_caching (on) and enable_chunked_prefill (on).
+max_num_batched_tokens, enable_prefix_caching (on), enable_chunked_prefill (on) and
+async_scheduling (on).
 
 Besides arguments, the CPU KV-cache size comes from vLLM's environment variable
 VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`.
@@ -96,6 +97,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None
     enable_chunked_prefill: bool | None
     scheduling_policy: str
+    async_scheduling: bool | None
 
 
 @dataclass(frozen=True)

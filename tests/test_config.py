@@ -66,6 +66,7 @@ def test_defaults():
     assert config.scheduler.max_num_seqs is None
     assert config.scheduler.max_num_batched_tokens is None
     assert config.scheduler.enable_chunked_prefill is None
+    assert config.scheduler.async_scheduling is None
     assert config.scheduler.scheduling_policy == "fcfs"
     assert _config() == config
 
@@ -106,6 +107,8 @@ SUPPORTED_FLAGS = [
     (["--max-num-batched-tokens", "512"], "scheduler.max_num_batched_tokens", 512),
     (["--enable-chunked-prefill"], "scheduler.enable_chunked_prefill", True),
     (["--no-enable-chunked-prefill"], "scheduler.enable_chunked_prefill", False),
+    (["--async-scheduling"], "scheduler.async_scheduling", True),
+    (["--no-async-scheduling"], "scheduler.async_scheduling", False),
     (["--scheduling-policy", "priority"], "scheduler.scheduling_policy", "priority"),
 ]  # fmt: skip
 

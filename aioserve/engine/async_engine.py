@@ -3,18 +3,23 @@
 `generate()` registers a request and returns an async iterator over its outputs. One
 coroutine per engine, started on first use in the running event loop, repeats:
 
-    schedule (CPU) -> prepare inputs (CPU) -> run the model step on the model thread
-    -> record sampled tokens, stop checks, free blocks -> detokenize and deliver outputs
+    schedule (CPU) -> prepare inputs (CPU) -> hand the step to the model thread
+    -> await the oldest step in flight -> record its sampled tokens, stop checks, free
+    blocks -> detokenize and deliver outputs
 
 The model step is the only thing that leaves the event loop, so HTTP handlers keep
 running while the device computes. A request whose consumer goes away (the iterator is
 closed or cancelled) is aborted and its KV blocks return to the pool before the next
 step is scheduled.
 
-Not yet done (DESIGN.md's overlap): preparing step N+1 while step N runs, with decode
-inputs taken from the device's sampled tokens. Today the loop prepares a step only after
-the previous one returned. On the CPU this costs little, since the model step keeps both
-cores busy and host work would only compete with it; on a GPU it is the next step.
+With asynchronous scheduling (`async_scheduling`, vLLM's --async-scheduling) two steps are
+in flight: step N+1 is scheduled, prepared and queued on the model thread before step N's
+tokens reach the host, so the device goes from one step to the next without waiting for
+the host; the host learns step N's tokens while N+1 runs, one step late. Decodes in N+1 of
+tokens sampled in N take them from the runner's device-side record. A request that step
+N ends (EOS, a stop string, an abort) may still have a row in N+1: that token is dropped.
+Without it, one step is in flight and the host works between steps. `host_gap` in each
+StepStats is how long the model thread waited for the host before a step.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ import itertools
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from aioserve.config import EngineConfig
@@ -42,6 +50,8 @@ from aioserve.engine.stats import (
     StepStats,
     finished_request_stats,
 )
+from aioserve.runner.model_runner import PreparedStep, StepOutput
+from aioserve.runner.step_plan import StepResult
 
 logger = logging.getLogger("aioserve")
 
@@ -55,6 +65,21 @@ def _sibling_seed(seed: int, index: int) -> int:
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped after an unexpected error; no request can run."""
+
+
+@dataclass
+class _ExecutedStep:
+    """A step back from the model thread, with when it started and ended there."""
+
+    output: StepOutput
+    started: float
+    ended: float
+
+
+@dataclass
+class _StepInFlight:
+    scheduled: SchedulerOutput
+    future: asyncio.Future  # of an _ExecutedStep
 
 
 class AsyncEngine:
@@ -80,6 +105,8 @@ class AsyncEngine:
         self._queues: dict[str, asyncio.Queue] = {}
         self._sample_of: dict[str, tuple[RequestState, int]] = {}  # sequence id -> (state, index)
         self._model_thread = model_thread or ModelThread()
+        self._waiter: ThreadPoolExecutor | None = None  # waits for a GPU step, off the loop
+        self._last_step_end: float | None = None  # when the model thread last went idle
         self._loop_task: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._dead: BaseException | None = None
@@ -290,36 +317,74 @@ class AsyncEngine:
         self._loop_task = loop.create_task(self._engine_loop(), name="aioserve-engine-loop")
 
     async def _engine_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        depth = 2 if self.settings.async_scheduling else 1
+        in_flight: deque[_StepInFlight] = deque()
+        self._last_step_end = None
         try:
             while True:
-                if not self.scheduler.has_unfinished():
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                if len(in_flight) < depth and self.scheduler.has_unfinished():
+                    output = self.scheduler.schedule()
+                    if not output.is_empty:
+                        step = self._launch_step(output)
+                        if step is not None:  # else preparing it failed its requests
+                            in_flight.append(step)
+                        continue
+                if in_flight:
+                    await self._finish_step(in_flight.popleft())
                     continue
-                output = self.scheduler.schedule()
-                if output.is_empty:
+                if self.scheduler.has_unfinished():
                     raise RuntimeError(
                         "the scheduler found nothing to run although requests are waiting"
                     )
-                self._mark_scheduled(output)
-                try:
-                    step = self.runner.prepare(output, self.kv_cache.block_table)
-                    result = await loop.run_in_executor(
-                        self._model_thread, self.runner.execute, step
-                    )
-                except Exception as error:  # a failed step fails its requests, not the engine
-                    logger.exception("model step failed")
-                    self._fail_requests(output, error)
-                    continue
-                finished = self.scheduler.update(output, result.sampled)
-                self._process_step(output, result, finished)
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                self._last_step_end = None  # the model thread was idle for lack of work
         except Exception as error:
             logger.exception("engine loop died")
             self._dead = error
             for request_id in list(self._queues):
                 self._queues[request_id].put_nowait(EngineDeadError("the engine loop died"))
             raise
+
+    def _launch_step(self, output: SchedulerOutput) -> _StepInFlight | None:
+        """Prepare a scheduled step and queue it on the model thread (None if preparing failed)."""
+        self._mark_scheduled(output)
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = self.runner.prepare(output.plan)
+        except Exception as error:  # a failed step fails its requests, not the engine
+            logger.exception("preparing a model step failed")
+            self._fail_requests(output, error)
+            return None
+        future = loop.run_in_executor(self._model_thread, self._execute, prepared)
+        return _StepInFlight(output, future)
+
+    def _execute(self, prepared: PreparedStep) -> _ExecutedStep:
+        """On the model thread: run the step, noting when it started and ended."""
+        started = time.monotonic()
+        output = self.runner.execute(prepared)
+        return _ExecutedStep(output, started, time.monotonic())
+
+    async def _finish_step(self, step: _StepInFlight) -> None:
+        """Wait for a step's tokens, then record them and deliver the outputs."""
+        try:
+            executed = await step.future
+            if not executed.output.is_ready():
+                if self._waiter is None:
+                    self._waiter = ThreadPoolExecutor(1, thread_name_prefix="aioserve-wait")
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._waiter, executed.output.wait)
+            result = self.runner.collect(executed.output)
+        except Exception as error:  # a failed step fails its requests, not the engine
+            logger.exception("model step failed")
+            self._fail_requests(step.scheduled, error)
+            return
+        host_gap = None
+        if self._last_step_end is not None:
+            host_gap = max(0.0, executed.started - self._last_step_end)
+        self._last_step_end = executed.ended
+        finished = self.scheduler.update(step.scheduled, result.sampled)
+        self._process_step(step.scheduled, result, finished, host_gap)
 
     def _mark_scheduled(self, output: SchedulerOutput) -> None:
         now = time.monotonic()
@@ -329,7 +394,13 @@ class AsyncEngine:
                 state.metrics.first_scheduled_time = now
                 state.num_cached_tokens = chunk.request.num_cached_prompt_tokens
 
-    def _process_step(self, output: SchedulerOutput, result, finished: list[Request]) -> None:
+    def _process_step(
+        self,
+        output: SchedulerOutput,
+        result: StepResult,
+        finished: list[Request],
+        host_gap: float | None,
+    ) -> None:
         touched: dict[str, RequestState] = {}
         stopped_by_text: list[str] = []
         now = time.monotonic()
@@ -374,7 +445,7 @@ class AsyncEngine:
         for state in touched.values():
             self._deliver(state)
         self._record_stats(
-            num_prompt_tokens, num_generated, first_token_latencies, inter_token_latencies
+            num_prompt_tokens, num_generated, first_token_latencies, inter_token_latencies, host_gap
         )
 
     def _deliver(self, state: RequestState) -> None:
@@ -399,6 +470,7 @@ class AsyncEngine:
         num_generation_tokens: int = 0,
         time_to_first_tokens: list[float] | None = None,
         inter_token_latencies: list[float] | None = None,
+        host_gap: float | None = None,
     ) -> None:
         """Tell every stat logger what the last step (or abort) did."""
         if not self.stat_loggers:
@@ -423,6 +495,7 @@ class AsyncEngine:
             time_to_first_tokens=time_to_first_tokens or [],
             inter_token_latencies=inter_token_latencies or [],
             finished=self._finished_stats,
+            host_gap=host_gap,
         )
         self._finished_stats = []
         for stat_logger in self.stat_loggers:
@@ -480,3 +553,5 @@ class AsyncEngine:
             self.abort(request_id)
         await self.stop_loop()
         self._model_thread.shutdown(wait=True)
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)

@@ -10,6 +10,7 @@ here, once, with the model's config at hand:
   the attention kernels do not implement yet);
 - block size 16, max_num_seqs 256, chunked prefill and prefix caching on (vLLM V1's
   defaults), max_num_batched_tokens 8192 on a GPU and 4096 on the CPU;
+- asynchronous scheduling on (see async_engine.py);
 - KV blocks: --num-gpu-blocks-override, else VLLM_CPU_KVCACHE_SPACE on the CPU, else
   what --gpu-memory-utilization leaves after the weights and a profiled peak step.
 """
@@ -22,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from aioserve.config import EngineConfig
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.loader import load_model
 from aioserve.platform import current_platform, device
-from aioserve.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
+from aioserve.runner.kv_memory import num_kv_blocks
+from aioserve.runner.model_runner import ModelRunner
 
 logger = logging.getLogger("aioserve")
 
@@ -60,6 +61,7 @@ class EngineSettings:
     enable_chunked_prefill: bool
     enable_prefix_caching: bool
     scheduling_policy: str
+    async_scheduling: bool
     max_logprobs: int
     seed: int
     eos_token_ids: frozenset[int]
@@ -143,63 +145,6 @@ def _eos_token_ids(
     return frozenset(ids)
 
 
-def _num_kv_blocks(
-    config: EngineConfig, hf_config, block_size: int, dtype: torch.dtype, runner_probe
-) -> int:
-    if config.cache.num_gpu_blocks_override is not None:
-        return config.cache.num_gpu_blocks_override
-    per_block = kv_cache_bytes_per_block(hf_config, block_size, dtype)
-    if current_platform() == "cpu":
-        return max(1, config.cache.cpu_kvcache_space_bytes // per_block)
-    free, total = torch.cuda.mem_get_info()
-    peak_step_bytes = runner_probe()
-    in_use = total - free
-    budget = int(total * config.cache.gpu_memory_utilization) - in_use - peak_step_bytes
-    if budget < per_block:
-        raise ValueError(
-            f"no memory left for the KV cache: --gpu-memory-utilization "
-            f"{config.cache.gpu_memory_utilization} of {total / 2**30:.1f} GiB is taken by the weights "
-            f"({in_use / 2**30:.1f} GiB in use) and a step's activations"
-        )
-    return budget // per_block
-
-
-def _profile_peak_step(
-    model: nn.Module, max_num_batched_tokens: int, max_num_seqs: int, dtype
-) -> int:
-    """Bytes a step of max_num_batched_tokens tokens needs beyond the weights (GPU only)."""
-    from aioserve.models.attention_metadata import AttentionMetadata
-    from aioserve.runner.model_runner import kv_cache_shape
-
-    dev = device()
-    shape = kv_cache_shape(model.config, 1, 1)
-    kv = [
-        (torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
-        for _ in range(model.config.num_hidden_layers)
-    ]
-    tokens = max_num_batched_tokens
-    meta = AttentionMetadata(
-        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=dev),
-        query_start_loc=torch.arange(tokens + 1, dtype=torch.int32, device=dev),
-        seq_lens=torch.ones(tokens, dtype=torch.int32, device=dev),
-        block_tables=torch.zeros((tokens, 1), dtype=torch.int32, device=dev),
-        max_query_len=1,
-        max_seq_len=1,
-    )
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    with torch.inference_mode():
-        ids = torch.zeros(tokens, dtype=torch.int64, device=dev)
-        hidden = model(ids, torch.zeros_like(ids), kv, meta)
-        model.compute_logits(hidden[: min(max_num_seqs, tokens)])
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del kv, hidden
-    torch.cuda.empty_cache()
-    return peak
-
-
 def build_engine(config: EngineConfig) -> EngineParts:
     model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
     checkpoint = open_checkpoint(
@@ -240,12 +185,15 @@ def build_engine(config: EngineConfig) -> EngineParts:
         dummy=config.load.load_format == "dummy",
         seed=model_cfg.seed,
     )
-    num_blocks = _num_kv_blocks(
-        config,
-        hf_config,
-        block_size,
-        dtype,
-        lambda: _profile_peak_step(model, max_tokens, max_num_seqs, dtype),
+    num_blocks = num_kv_blocks(
+        model,
+        block_size=block_size,
+        dtype=dtype,
+        num_blocks_override=cache_cfg.num_gpu_blocks_override,
+        cpu_kvcache_space_bytes=cache_cfg.cpu_kvcache_space_bytes,
+        gpu_memory_utilization=cache_cfg.gpu_memory_utilization,
+        max_num_batched_tokens=max_tokens,
+        max_num_seqs=max_num_seqs,
     )
     if num_blocks * block_size < max_model_len:
         raise ValueError(
@@ -255,7 +203,13 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "or lower --max-model-len"
         )
     runner = ModelRunner(
-        model, num_blocks=num_blocks, block_size=block_size, dtype=dtype, device=dev
+        model,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        device=dev,
     )
 
     generation = _generation_defaults(config, checkpoint)
@@ -276,6 +230,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         if cache_cfg.enable_prefix_caching is None
         else cache_cfg.enable_prefix_caching,
         scheduling_policy=sched_cfg.scheduling_policy,
+        async_scheduling=True if sched_cfg.async_scheduling is None else sched_cfg.async_scheduling,
         max_logprobs=model_cfg.max_logprobs,
         seed=model_cfg.seed if model_cfg.seed is not None else 0,
         eos_token_ids=_eos_token_ids(tokenizer, generation, hf_config),
@@ -297,3 +252,43 @@ def build_engine(config: EngineConfig) -> EngineParts:
 def default_sampling_params(settings: EngineSettings) -> SamplingParams:
     """vLLM's `get_default_sampling_params`: the generation config's defaults, if any."""
     return SamplingParams(**settings.default_sampling)
+
+
+def engine_parts_around(
+    runner,
+    *,
+    vocab_size: int,
+    num_blocks: int,
+    max_model_len: int,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 4096,
+    async_scheduling: bool = True,
+    enable_prefix_caching: bool = True,
+    eos_token_ids: frozenset[int] = frozenset(),
+) -> EngineParts:
+    """An engine's parts around a runner built elsewhere (a stand-in runner in tests and in
+    the host-overhead benchmark), with these settings and vLLM's defaults for the rest."""
+    settings = EngineSettings(
+        model_name="stand-in",
+        served_model_names=["stand-in"],
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=enable_prefix_caching,
+        scheduling_policy="fcfs",
+        async_scheduling=async_scheduling,
+        max_logprobs=20,
+        seed=0,
+        eos_token_ids=eos_token_ids,
+        default_sampling={},
+        max_new_tokens_cap=None,
+    )
+    hf_config = PretrainedConfig(vocab_size=vocab_size, max_position_embeddings=max_model_len)
+    return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)

@@ -155,7 +155,10 @@ class KVCacheManager:
             return
         self.update_block_hashes(request)
         table = self._block_tables.get(request.request_id, [])
-        n_computed_full = min(request.num_computed_tokens // self.block_size, len(table))
+        # Computed and known: with asynchronous scheduling a block may be computed (or
+        # being computed) before the host knows its last token.
+        num_known = min(request.num_computed_tokens, request.num_tokens)
+        n_computed_full = min(num_known // self.block_size, len(table))
         for i in range(n_computed_full):
             block = self._blocks[table[i]]
             if block.block_hash is not None:

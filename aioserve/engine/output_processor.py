@@ -16,7 +16,7 @@ from aioserve.engine.outputs import CompletionOutput, Logprob, RequestMetrics, R
 from aioserve.engine.request import Request
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.stop_strings import StopStringMatcher
-from aioserve.runner.model_runner import TokenLogprobs
+from aioserve.runner.step_plan import TokenLogprobs
 
 
 @dataclass(eq=False)

@@ -58,6 +58,12 @@ class Request:
     num_preemptions: int = 0
     block_hashes: list[int] = field(default_factory=list)
     """Chained hashes of this sequence's full blocks, extended as tokens are appended."""
+    num_pending_tokens: int = 0
+    """Tokens sampled by scheduled steps whose results the host has not seen yet."""
+    in_runner: bool = False
+    """The runner holds this sequence (it was admitted and has not left since)."""
+    num_blocks_sent: int = 0
+    """How many blocks of its table the runner has been told about."""
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -70,6 +76,11 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def num_planned_tokens(self) -> int:
+        """Prompt, output and pending tokens: where the sequence will be once its steps end."""
+        return self.num_tokens + self.num_pending_tokens
 
     def token_ids_range(self, start: int, end: int) -> list[int]:
         """Tokens start..end of prompt + output, without building the whole list."""

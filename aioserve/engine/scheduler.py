@@ -12,6 +12,16 @@ the waiting queue, to be prefilled again (its prefix may still hit the cache). N
 is ever dropped.
 
 Policies: "fcfs" ranks by arrival; "priority" by (priority, arrival), lower first.
+
+A step may be scheduled before the previous one has returned (asynchronous scheduling):
+a sequence's progress (`num_computed_tokens`) advances when its chunk is scheduled, and a
+chunk that samples leaves a pending token, which the next step can already decode (the
+runner takes it from its own record) and which `update` later turns into a known token.
+A sequence whose pending tokens will reach its max_tokens or the context limit is not
+scheduled again; its last result ends it.
+
+Each `schedule()` also describes the step in plain data for the runner (`StepPlan`):
+sequences entering the runner, the chunks, and the sequences that left it since.
 """
 
 from __future__ import annotations
@@ -22,7 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.plan_builder import new_sequence, sequence_chunk
 from aioserve.engine.request import Request, RequestStatus
+from aioserve.runner.step_plan import StepPlan
 
 
 @dataclass
@@ -32,17 +44,14 @@ class ScheduledChunk:
     request: Request
     num_computed_tokens: int
     num_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the end of the known tokens, so a token is sampled."""
-        return self.num_computed_tokens + self.num_tokens == self.request.num_tokens
+    samples: bool  # the chunk reaches the sequence's last (known or pending) token
 
 
 @dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk]
     preempted: list[Request] = field(default_factory=list)
+    plan: StepPlan | None = None  # the same step for the runner
 
     @property
     def num_tokens(self) -> int:
@@ -83,6 +92,7 @@ class Scheduler:
         self._waiting: list[tuple[tuple, int, Request]] = []
         self._tiebreak = itertools.count()
         self._requests: dict[str, Request] = {}
+        self._left_runner: list[str] = []  # sequences the next plan tells the runner to forget
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -123,7 +133,7 @@ class Scheduler:
             if request is None:
                 continue
             request.status = status
-            self.kv_cache.free(request)
+            self._release(request)
             ended.append(request)
         if ended:
             self.running = [r for r in self.running if r.request_id not in ids]
@@ -137,6 +147,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
+        admitted: list[Request] = []
 
         # Running sequences, in rank order, so that the last ranked is preempted first.
         self.running.sort(key=self._rank)
@@ -154,7 +165,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+                chunks.append(self._schedule_chunk(request, num_new))
                 budget -= num_new
                 i += 1
                 continue
@@ -165,6 +176,8 @@ class Scheduler:
             self._waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs
         ):
             request = self._waiting[0][2]
+            if request.num_pending_tokens:
+                break  # preempted while a step ran: its token must be known first
             cached = self.kv_cache.find_cached_prefix(request)
             request.num_computed_tokens = len(cached) * self.kv_cache.block_size
             num_new = self._tokens_to_compute(request, budget)
@@ -176,19 +189,56 @@ class Scheduler:
             if request.num_output_tokens == 0:
                 request.num_cached_prompt_tokens = request.num_computed_tokens
             request.status = RequestStatus.RUNNING
+            request.in_runner = True
+            request.num_blocks_sent = 0
             self.running.append(request)
-            chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+            admitted.append(request)
+            chunks.append(self._schedule_chunk(request, num_new))
             budget -= num_new
-        return SchedulerOutput(chunks, preempted)
+        if not chunks:  # no step: the runner hears of departures with the next one
+            return SchedulerOutput(chunks, preempted)
+        plan = StepPlan(
+            new_sequences=[new_sequence(r) for r in admitted],
+            chunks=[
+                sequence_chunk(
+                    c.request, c.num_computed_tokens, c.num_tokens, c.samples, self.kv_cache
+                )
+                for c in chunks
+            ],
+            finished_seq_ids=self._left_runner,
+        )
+        self._left_runner = []
+        return SchedulerOutput(chunks, preempted, plan)
+
+    def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledChunk:
+        """Count the chunk as computed; one that reaches the end leaves a pending token."""
+        start = request.num_computed_tokens
+        samples = start + num_new == request.num_planned_tokens
+        request.num_computed_tokens = start + num_new
+        if samples:
+            request.num_pending_tokens += 1
+        return ScheduledChunk(request, start, num_new, samples)
 
     def _tokens_to_compute(self, request: Request, budget: int) -> int:
-        remaining = request.num_tokens - request.num_computed_tokens
+        if request.num_pending_tokens and (
+            request.num_output_tokens + request.num_pending_tokens >= request.max_tokens
+            or request.num_planned_tokens >= self.max_model_len
+        ):
+            return 0  # its pending token is its last: the step's result will end it
+        remaining = request.num_planned_tokens - request.num_computed_tokens
         if remaining > budget and not self.enable_chunked_prefill:
             return 0
         return min(remaining, budget)
 
-    def _preempt(self, request: Request) -> None:
+    def _release(self, request: Request) -> None:
+        """Free the request's blocks; the next plan tells the runner that it left."""
         self.kv_cache.free(request)
+        if request.in_runner:
+            request.in_runner = False
+            self._left_runner.append(request.request_id)
+
+    def _preempt(self, request: Request) -> None:
+        self._release(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -196,34 +246,41 @@ class Scheduler:
         heapq.heappush(self._waiting, (self._rank(request), next(self._tiebreak), request))
 
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
-        """Record a finished step: computed tokens advance, sampled tokens are appended.
+        """Record a finished step: its sampled tokens are appended, its full blocks cached.
 
-        `sampled` maps request id to the tokens sampled for it this step. Stop conditions
-        on tokens (EOS, stop_token_ids, max_tokens, context length) end requests here;
-        text stop strings are checked by the output processor, which then calls
-        `finish_requests`. Returns the requests that finished in this update.
+        `sampled` maps request id to the tokens sampled for it this step. A request
+        preempted while the step ran keeps its token (it was sampled from a valid state);
+        one that ended meanwhile drops it. Stop conditions on tokens (EOS, stop_token_ids,
+        max_tokens, context length) end requests here; text stop strings are checked by
+        the output processor, which then calls `finish_requests`. Returns the requests
+        that finished in this update.
         """
         finished: list[Request] = []
         for chunk in output.chunks:
             request = chunk.request
-            if request.is_finished or request.status is not RequestStatus.RUNNING:
-                continue  # aborted or preempted while the step ran
-            request.num_computed_tokens = chunk.num_computed_tokens + chunk.num_tokens
+            if chunk.samples:
+                request.num_pending_tokens -= 1
+            if request.is_finished:
+                continue  # aborted or stopped while the step ran
             for token_id in sampled.get(request.request_id, ()):
                 request.output_token_ids.append(token_id)
                 status = self._check_stop(request, token_id)
                 if status is not None:
                     request.status = status
                     break
-            self.kv_cache.cache_full_blocks(request)
             if request.is_finished:
                 finished.append(request)
+            elif request.status is RequestStatus.RUNNING:
+                self.kv_cache.cache_full_blocks(request)
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]
+            if any(r.request_id in done for _, _, r in self._waiting):
+                self._waiting = [e for e in self._waiting if e[2].request_id not in done]
+                heapq.heapify(self._waiting)
             for request in finished:
                 del self._requests[request.request_id]
-                self.kv_cache.free(request)
+                self._release(request)
         return finished
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:

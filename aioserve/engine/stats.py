@@ -70,6 +70,10 @@ class StepStats:
     inter_token_latencies: list[float] = field(default_factory=list)
     """Time since the previous token, for each request that got another token."""
     finished: list[FinishedRequestStats] = field(default_factory=list)
+    host_gap: float | None = None
+    """How long the model thread waited for the host between the previous model step and
+    this one (None after an idle spell, and for aborts): the host work not hidden behind
+    the device."""
 
     @property
     def num_tokens(self) -> int:

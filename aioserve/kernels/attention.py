@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,6 +44,7 @@ from aioserve.kernels.attention_reference import (
     ReferencePlan,
     check_shapes,
     paged_attention_reference,
+    plan_reference_attention,
 )
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
@@ -399,15 +401,15 @@ def paged_attention(
     max_query_len: int,
     max_seq_len: int,
     out: Tensor | None = None,
-    reference_plan: ReferencePlan | None = None,
+    plan: ReferencePlan | None = None,
 ) -> Tensor:
     """Causal attention of the step's query rows over their sequences' paged KV cache.
 
     query [T, Hq, D]; key_cache/value_cache [num_blocks, block_size, Hkv, D];
     query_start_loc int32 [B+1]; seq_lens int32 [B] (context including the new tokens);
     block_tables int32 [B, max_blocks_per_seq]. Returns [T, Hq, D] in query's dtype,
-    written into `out` when given. `reference_plan`, the step's plan for the torch path
-    (shared by all layers), is only read when that path runs.
+    written into `out` when given. `plan` is the step's plan from `plan_attention`, shared
+    by all layers.
     """
     if dispatch.use_triton():
         return paged_attention_triton(
@@ -433,5 +435,22 @@ def paged_attention(
         max_query_len,
         max_seq_len,
         out,
-        reference_plan,
+        plan,
     )
+
+
+def plan_attention(
+    query_start_loc: np.ndarray,
+    seq_lens: np.ndarray,
+    block_tables: np.ndarray,
+    block_size: int,
+    device: torch.device,
+) -> ReferencePlan | None:
+    """What the running attention path works out once per step, from the step's host arrays.
+
+    The torch path plans which rows decode and which blocks each reads (see
+    attention_reference.py); the Triton kernels need no plan.
+    """
+    if dispatch.use_triton():
+        return None
+    return plan_reference_attention(query_start_loc, seq_lens, block_tables, block_size, device)

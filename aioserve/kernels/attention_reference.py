@@ -91,13 +91,16 @@ def check_shapes(
 
 
 def plan_reference_attention(
-    query_start_loc: Tensor, seq_lens: Tensor, block_tables: Tensor, block_size: int
+    query_start_loc: np.ndarray,
+    seq_lens: np.ndarray,
+    block_tables: np.ndarray,
+    block_size: int,
+    device: torch.device,
 ) -> ReferencePlan:
-    """Everything about a step's attention that is the same in every layer."""
-    device = block_tables.device
+    """Everything about a step's attention that is the same in every layer (host arrays in)."""
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    tables = block_tables.cpu().numpy().astype(np.int64)
+    tables = block_tables.astype(np.int64)
     query_lens = np.diff(starts).tolist()
 
     def on_device(array: np.ndarray) -> Tensor:
@@ -232,7 +235,13 @@ def paged_attention_reference(
     """
     check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
     if plan is None:
-        plan = plan_reference_attention(query_start_loc, seq_lens, block_tables, key_cache.shape[1])
+        plan = plan_reference_attention(
+            query_start_loc.cpu().numpy(),
+            seq_lens.cpu().numpy(),
+            block_tables.cpu().numpy(),
+            key_cache.shape[1],
+            query.device,
+        )
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for group in plan.decode_groups:

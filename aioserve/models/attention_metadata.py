@@ -16,8 +16,8 @@ class AttentionMetadata:
     The step's T tokens are laid out sequence after sequence: sequence b owns rows
     `query_start_loc[b]:query_start_loc[b + 1]`. Each row's K/V is written to
     `slot_mapping[row]` (block id * block size + offset) before attention reads it back
-    through `block_tables`. `reference_plan` is the same layout digested for the torch
-    attention path, built once per step when that path runs.
+    through `block_tables`. `plan` is the same layout digested by the attention path that
+    runs (`plan_attention`), built once per step.
     """
 
     slot_mapping: torch.Tensor  # [T] int64
@@ -26,4 +26,4 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32
     max_query_len: int
     max_seq_len: int
-    reference_plan: ReferencePlan | None = None
+    plan: ReferencePlan | None = None

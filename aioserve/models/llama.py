@@ -106,7 +106,7 @@ class Attention(nn.Module):
             self.scale,
             meta.max_query_len,
             meta.max_seq_len,
-            reference_plan=meta.reference_plan,
+            plan=meta.plan,
         )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 

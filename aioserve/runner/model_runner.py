@@ -1,8 +1,18 @@
-"""Runs model steps: owns the model, the KV-cache memory, and sampling.
+"""Runs model steps: owns the model, the KV-cache memory, the per-sequence slots, sampling.
 
-`prepare` is host work done on the event loop; `execute` runs on the engine's executor
-thread (torch releases the GIL while it computes) and returns plain Python results, so
-it is the one place where the host waits for the device.
+A step goes through three calls, on two threads:
+
+- `prepare(plan)` on the event loop's thread: host work only (numpy). Sequences enter and
+  leave their slots, and the step's token layout and sampling rows are built.
+- `execute(step)` on the model thread, in step order: the slot changes reach the device,
+  the inputs are copied there, the model runs and the sampler draws. It returns a
+  `StepOutput` as soon as the work is queued on the device (on the CPU, once it is done).
+- `collect(output)` on the event loop's thread, once `output.is_ready()` (else after
+  `output.wait()` off the loop): the host learns the sampled tokens.
+
+While step N executes, step N+1 can be prepared: it only touches the host halves of the
+slots, and a decode of a token step N samples reads it from the device
+(`SlotTensors.last_sampled`), never from the host.
 """
 
 from __future__ import annotations
@@ -12,45 +22,37 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from aioserve.engine.scheduler import SchedulerOutput
-from aioserve.kernels.sampling import SamplingBatch, sample
-from aioserve.runner.sampling_inputs import build_sampling_batch
-from aioserve.runner.step_inputs import StepInputs, build_step_inputs
-
-
-@dataclass
-class TokenLogprobs:
-    """Raw logprobs around one sampled token: its own, its rank, and the top-n."""
-
-    sampled_logprob: float
-    sampled_rank: int
-    top_token_ids: list[int]
-    top_logprobs: list[float]
+from aioserve.kernels.sampling import LogprobsTensors, SamplerOutput, sample
+from aioserve.runner.kv_memory import kv_cache_shape
+from aioserve.runner.sampling_inputs import HostSampling, build_host_sampling
+from aioserve.runner.sequence_slots import SequenceSlots, SlotAdmission, SlotTensors
+from aioserve.runner.step_inputs import HostStepInputs, build_host_inputs, host_to_device
+from aioserve.runner.step_plan import StepPlan, StepResult, TokenLogprobs
 
 
 @dataclass
 class PreparedStep:
-    inputs: StepInputs
-    sampling: SamplingBatch | None
-    logprobs_wanted: list[int | None]  # per sampled row: the request's `logprobs` setting
+    admissions: list[SlotAdmission]  # applied to the device state before the step
+    inputs: HostStepInputs
+    sampling: HostSampling | None
+    sampled_seq_ids: list[str]  # the sequences that sample, in logits row order
 
 
 @dataclass
-class StepResult:
-    sampled: dict[str, list[int]]  # request id -> tokens sampled this step
-    logprobs: dict[str, list[TokenLogprobs]]  # only for requests that asked
+class StepOutput:
+    """A step's sampled tokens, on their way to the host."""
 
+    sampled_seq_ids: list[str]
+    sampler: SamplerOutput | None
+    logprobs_wanted: list[int | None]
+    done: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU)
 
-def kv_cache_shape(config, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return (num_blocks, block_size, num_kv_heads, head_dim)
+    def is_ready(self) -> bool:
+        return self.done is None or self.done.query()
 
-
-def kv_cache_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:
-    _, _, num_kv_heads, head_dim = kv_cache_shape(config, 1, block_size)
-    element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * num_kv_heads * head_dim * element_size
+    def wait(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
 
 
 class ModelRunner:
@@ -60,6 +62,8 @@ class ModelRunner:
         *,
         num_blocks: int,
         block_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
@@ -75,44 +79,74 @@ class ModelRunner:
             )
             for _ in range(model.config.num_hidden_layers)
         ]
+        max_blocks_per_seq = -(-max_model_len // block_size)
+        self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
+        self.slot_tensors = SlotTensors(max_num_seqs, self.vocab_size, device)
 
-    def prepare(self, output: SchedulerOutput, block_table_of) -> PreparedStep:
-        inputs = build_step_inputs(output, block_table_of, self.block_size, self.device)
-        # Same order as the logits rows: the chunks that sample, in batch order.
-        sampled_requests = [c.request for c in output.chunks if c.samples]
+    # -- host, while earlier steps may still run -----------------------------------------------
+
+    def prepare(self, plan: StepPlan) -> PreparedStep:
+        for seq_id in plan.finished_seq_ids:
+            self.slots.forget(seq_id)
+        admissions = [self.slots.admit(seq) for seq in plan.new_sequences]
+        inputs, row_slots = build_host_inputs(plan, self.slots, self.block_size, self.device)
+        sampled_rows = [row for row, chunk in enumerate(plan.chunks) if chunk.samples]
         sampling = (
-            build_sampling_batch(sampled_requests, self.vocab_size, self.device)
-            if sampled_requests
-            else None
+            build_host_sampling(self.slots, row_slots[sampled_rows]) if sampled_rows else None
         )
         return PreparedStep(
+            admissions=admissions,
             inputs=inputs,
             sampling=sampling,
-            logprobs_wanted=[r.sampling_params.logprobs for r in sampled_requests],
+            sampled_seq_ids=[plan.chunks[row].seq_id for row in sampled_rows],
         )
 
+    # -- the model thread, in step order ------------------------------------------------------
+
     @torch.inference_mode()
-    def execute(self, step: PreparedStep) -> StepResult:
-        inputs = step.inputs
+    def execute(self, step: PreparedStep) -> StepOutput:
+        state = self.slot_tensors
+        for admission in step.admissions:
+            state.admit(admission)
+        inputs = step.inputs.to_device(self.device, state.last_sampled)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)
         if step.sampling is None:
-            return StepResult({}, {})
+            return StepOutput([], None, [])
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        out = sample(logits, step.sampling)
-        token_ids = out.token_ids.tolist()
-        ids = inputs.sampling_request_ids
-        sampled = {request_id: [token] for request_id, token in zip(ids, token_ids, strict=True)}
+        slots = host_to_device(step.sampling.slots, self.device)
+        out = sample(logits, step.sampling.to_batch(state, slots, self.device))
+        penalty_rows = step.sampling.penalty_rows
+        state.record_sampled(
+            slots,
+            out.token_ids,
+            host_to_device(penalty_rows, self.device) if penalty_rows is not None else None,
+        )
+        output = StepOutput(step.sampled_seq_ids, out, step.sampling.logprobs_wanted)
+        if self.device.type != "cpu":
+            output.sampler = _to_host(out)
+            output.done = torch.cuda.Event()
+            output.done.record()
+        return output
+
+    # -- host, once the step's tokens are ready -------------------------------------------------
+
+    def collect(self, output: StepOutput) -> StepResult:
+        if output.sampler is None:
+            return StepResult({}, {})
+        ids = output.sampled_seq_ids
+        token_ids = output.sampler.token_ids.tolist()
+        sampled = {seq_id: [token] for seq_id, token in zip(ids, token_ids, strict=True)}
         logprobs: dict[str, list[TokenLogprobs]] = {}
-        if out.logprobs is not None:
-            lp = out.logprobs
+        lp = output.sampler.logprobs
+        if lp is not None:
             sampled_logprob = lp.sampled_logprob.tolist()
             sampled_rank = lp.sampled_rank.tolist()
             top_ids = lp.top_token_ids.tolist()
             top_values = lp.top_logprobs.tolist()
-            for row, (request_id, wanted) in enumerate(zip(ids, step.logprobs_wanted, strict=True)):
+            for row, (seq_id, wanted) in enumerate(zip(ids, output.logprobs_wanted, strict=True)):
                 if wanted is None:
                     continue
-                logprobs[request_id] = [
+                logprobs[seq_id] = [
                     TokenLogprobs(
                         sampled_logprob[row],
                         sampled_rank[row],
@@ -121,3 +155,21 @@ class ModelRunner:
                     )
                 ]
         return StepResult(sampled, logprobs)
+
+
+def _to_host(out: SamplerOutput) -> SamplerOutput:
+    """The sampler's output copied to pinned host memory, asynchronously."""
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return host.copy_(t, non_blocking=True)
+
+    lp = out.logprobs
+    if lp is not None:
+        lp = LogprobsTensors(
+            copy(lp.sampled_logprob),
+            copy(lp.sampled_rank),
+            copy(lp.top_token_ids),
+            copy(lp.top_logprobs),
+        )
+    return SamplerOutput(copy(out.token_ids), lp)

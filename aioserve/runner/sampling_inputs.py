@@ -1,103 +1,137 @@
-"""Gather the sampling settings of a step's sampled sequences into device tensors.
+"""A step's sampling rows: per-slot settings gathered on the host, state read on the device.
 
-Everything per-row is built on the host in one pass and copied once. Work that only some
-requests need (penalties, logit bias, banned tokens, logprobs) is left out of the batch
-entirely when no row in it asks for it.
+`build_host_sampling` runs while the step is prepared: a few array lookups by slot and the
+step index of each row (how many tokens its sequence has sampled), all O(rows). The
+penalties' per-token counts and prompt masks stay on the device in `SlotTensors`, read in
+place by slot; a sequence's fixed logit bias was uploaded when it entered the runner, and
+only the bans of min_tokens, which end after a few tokens, are added per step.
+`HostSampling.to_batch` puts it together on the model thread as the sampler's
+`SamplingBatch`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
+from torch import Tensor
 
-from aioserve.engine.request import Request
 from aioserve.kernels.sampling import SamplingBatch
+from aioserve.runner.sequence_slots import (
+    FREQUENCY,
+    MIN_P,
+    PRESENCE,
+    REPETITION,
+    TEMPERATURE,
+    TOP_P,
+    SequenceSlots,
+    SlotTensors,
+)
+from aioserve.runner.step_inputs import host_to_device
 
 
-def _banned_tokens(request: Request, vocab_size: int) -> dict[int, float]:
-    """Token biases a request needs beyond its logit_bias: -inf bans."""
-    params = request.sampling_params
-    bias: dict[int, float] = {}
-    if params.allowed_token_ids:
-        banned = torch.ones(vocab_size, dtype=torch.bool)
-        banned[torch.tensor(params.allowed_token_ids, dtype=torch.int64)] = False
-        bias.update(dict.fromkeys(banned.nonzero().flatten().tolist(), float("-inf")))
-    if request.num_output_tokens < params.min_tokens:
-        # vLLM's min_tokens: no stop token (nor EOS, unless ignored) before the minimum.
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= request.eos_token_ids
-        bias.update((t, float("-inf")) for t in stop_ids if t < vocab_size)
-    return bias
+@dataclass
+class BiasRow:
+    """A sampling row with a logit bias this step: its fixed bias and min_tokens bans."""
+
+    row: int
+    slot: int
+    fixed: bool  # the sequence has a fixed bias (in SlotTensors.fixed_bias)
+    banned_ids: np.ndarray | None  # int64: min_tokens bans this step
 
 
-def build_sampling_batch(
-    requests: Sequence[Request], vocab_size: int, device: torch.device
-) -> SamplingBatch:
-    params = [r.sampling_params for r in requests]
-    num_rows = len(requests)
+@dataclass
+class HostSampling:
+    slots: np.ndarray  # [S] int64: each row's slot
+    float_settings: np.ndarray  # [6, S] float32, rows as in sequence_slots
+    top_k: np.ndarray  # [S] int32
+    seeds_and_steps: np.ndarray  # [2, S] int64
+    penalty_rows: np.ndarray | None  # int64: rows whose sequence uses penalties
+    bias_rows: list[BiasRow]
+    logprobs_wanted: list[int | None]  # per row: its sequence's `logprobs` setting
+    all_greedy: bool
+    all_random: bool
 
-    def row_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    @property
+    def num_logprobs(self) -> int:
+        wanted = [n for n in self.logprobs_wanted if n is not None]
+        return max(wanted) if wanted else -1
 
-    temperature = [0.0 if p.temperature < 1e-5 else p.temperature for p in params]
-    all_greedy = all(t == 0.0 for t in temperature)
+    def to_batch(self, state: SlotTensors, slots: Tensor, device: torch.device) -> SamplingBatch:
+        """The sampler's batch; `slots` is `self.slots` on the device."""
+        floats = host_to_device(self.float_settings, device)
+        seeds_and_steps = host_to_device(self.seeds_and_steps, device)
+        uses_penalties = self.penalty_rows is not None
+        bias_ids, bias_values = self._bias(state, device)
+        return SamplingBatch(
+            temperature=floats[TEMPERATURE],
+            top_k=host_to_device(self.top_k, device),
+            top_p=floats[TOP_P],
+            min_p=floats[MIN_P],
+            seeds=seeds_and_steps[0],
+            steps=seeds_and_steps[1],
+            presence_penalty=floats[PRESENCE],
+            frequency_penalty=floats[FREQUENCY],
+            repetition_penalty=floats[REPETITION],
+            output_token_counts=state.output_counts if uses_penalties else None,
+            prompt_token_mask=state.prompt_mask if uses_penalties else None,
+            state_rows=slots if uses_penalties else None,
+            bias_token_ids=bias_ids,
+            bias_values=bias_values,
+            num_logprobs=self.num_logprobs,
+            all_greedy=self.all_greedy,
+            all_random=self.all_random,
+        )
 
-    uses_penalties = any(
-        p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
-        for p in params
-    )
-    output_counts = prompt_mask = None
-    if uses_penalties:
-        output_counts = torch.zeros(num_rows, vocab_size, dtype=torch.int32)
-        prompt_mask = torch.zeros(num_rows, vocab_size, dtype=torch.bool)
-        for row, request in enumerate(requests):
-            if request.output_token_ids:
-                ids = torch.tensor(request.output_token_ids, dtype=torch.int64)
-                output_counts[row].scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
-            prompt_mask[row, torch.tensor(request.prompt_token_ids, dtype=torch.int64)] = True
-        output_counts = output_counts.to(device)
-        prompt_mask = prompt_mask.to(device)
+    def _bias(self, state: SlotTensors, device: torch.device) -> tuple[Tensor | None, ...]:
+        """[S, K] bias ids (padded with -1) and values for this step's rows with a bias."""
+        if not self.bias_rows:
+            return None, None
+        parts: list[list[tuple[Tensor, Tensor]]] = []
+        for entry in self.bias_rows:
+            row_parts = []
+            if entry.fixed:
+                row_parts.append(state.fixed_bias[entry.slot])
+            if entry.banned_ids is not None:
+                ids = host_to_device(entry.banned_ids, device)
+                row_parts.append((ids, torch.full(ids.shape, float("-inf"), device=device)))
+            parts.append(row_parts)
+        width = max(sum(ids.numel() for ids, _ in row_parts) for row_parts in parts)
+        num_rows = self.slots.size
+        bias_ids = torch.full((num_rows, width), -1, dtype=torch.int64, device=device)
+        bias_values = torch.zeros((num_rows, width), dtype=torch.float32, device=device)
+        for entry, row_parts in zip(self.bias_rows, parts, strict=True):
+            ids = torch.cat([ids for ids, _ in row_parts])
+            values = torch.cat([values for _, values in row_parts])
+            bias_ids[entry.row, : ids.numel()] = ids
+            bias_values[entry.row, : ids.numel()] = values
+        return bias_ids, bias_values
 
-    biases = []
-    for request in requests:
-        bias = dict(request.sampling_params.logit_bias or {})
-        for token_id, value in _banned_tokens(request, vocab_size).items():
-            bias[token_id] = value
-        biases.append(bias)
-    bias_ids = bias_values = None
-    width = max((len(b) for b in biases), default=0)
-    if width:
-        bias_ids = torch.full((num_rows, width), -1, dtype=torch.int64)
-        bias_values = torch.zeros((num_rows, width), dtype=torch.float32)
-        for row, bias in enumerate(biases):
-            if bias:
-                bias_ids[row, : len(bias)] = torch.tensor(list(bias.keys()), dtype=torch.int64)
-                bias_values[row, : len(bias)] = torch.tensor(
-                    list(bias.values()), dtype=torch.float32
-                )
-        bias_ids = bias_ids.to(device)
-        bias_values = bias_values.to(device)
 
-    requested = [p.logprobs for p in params if p.logprobs is not None]
-    return SamplingBatch(
-        temperature=row_tensor(temperature, torch.float32),
-        # A top_k of the vocabulary or more keeps every token: the same as no top_k, and
-        # an int32 cannot hold every top_k a request may ask for.
-        top_k=row_tensor([p.top_k if p.top_k < vocab_size else -1 for p in params], torch.int32),
-        top_p=row_tensor([p.top_p for p in params], torch.float32),
-        min_p=row_tensor([p.min_p for p in params], torch.float32),
-        seeds=row_tensor([r.seed for r in requests], torch.int64),
-        steps=row_tensor([r.num_output_tokens for r in requests], torch.int64),
-        presence_penalty=row_tensor([p.presence_penalty for p in params], torch.float32),
-        frequency_penalty=row_tensor([p.frequency_penalty for p in params], torch.float32),
-        repetition_penalty=row_tensor([p.repetition_penalty for p in params], torch.float32),
-        output_token_counts=output_counts,
-        prompt_token_mask=prompt_mask,
-        bias_token_ids=bias_ids,
-        bias_values=bias_values,
-        num_logprobs=max(requested) if requested else -1,
-        all_greedy=all_greedy,
-        all_random=all(t > 0.0 for t in temperature),
+def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSampling:
+    """The sampling rows of the slots `row_slots`; advances each one's sampled-token count."""
+    steps = slots.num_sampled[row_slots]
+    slots.num_sampled[row_slots] += 1
+    settings = [slots.settings[slot] for slot in row_slots.tolist()]
+    temperature = slots.float_settings[row_slots, TEMPERATURE]
+    penalty = [row for row, s in enumerate(settings) if s.uses_penalties]
+    bias_rows = []
+    for row, (slot, s) in enumerate(zip(row_slots.tolist(), settings, strict=True)):
+        banned = None
+        if s.min_tokens_banned_ids and steps[row] < s.min_tokens:
+            banned = np.asarray(s.min_tokens_banned_ids, dtype=np.int64)
+        fixed = bool(slots.has_fixed_bias[slot])
+        if fixed or banned is not None:
+            bias_rows.append(BiasRow(row, slot, fixed, banned))
+    return HostSampling(
+        slots=row_slots,
+        float_settings=np.ascontiguousarray(slots.float_settings[row_slots].T),
+        top_k=slots.top_k[row_slots],
+        seeds_and_steps=np.stack([slots.seeds[row_slots], steps]),
+        penalty_rows=np.asarray(penalty, dtype=np.int64) if penalty else None,
+        bias_rows=bias_rows,
+        logprobs_wanted=[s.logprobs for s in settings],
+        all_greedy=bool((temperature == 0.0).all()),
+        all_random=bool((temperature > 0.0).all()),
     )

@@ -1,23 +1,34 @@
-"""Turn a scheduler decision into the tensors of one model step (CPU work, no device sync).
+"""Turn a step plan into the tensors of one model step.
 
-The step's tokens are flattened sequence after sequence. For each sequence the chunk's
-token ids and positions are laid out, each token gets its KV-cache slot, and the
-sequences whose chunk reaches the end of their known tokens get a logits row and a
-sampling row.
+`build_host_inputs` runs while the step is prepared, on the host only (numpy): the step's
+tokens are flattened sequence after sequence, each token gets its position and KV-cache
+slot, and the sequences whose chunk samples get a logits row. A decode whose token the
+host does not know yet (sampled by the step still running) gets a placeholder row, which
+`HostStepInputs.to_device` fills from the device's record of the last sampled tokens.
+
+`to_device` runs on the model thread, in step order: on a GPU each array goes through
+pinned memory so that the copy is asynchronous; on the CPU the arrays are used in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from aioserve.engine.scheduler import SchedulerOutput
-from aioserve.kernels import dispatch
-from aioserve.kernels.attention_reference import plan_reference_attention
+from aioserve.kernels.attention import plan_attention
 from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.runner.sequence_slots import SequenceSlots
+from aioserve.runner.step_plan import StepPlan
+
+
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` on `device`; asynchronous through pinned memory on a GPU, no copy on the CPU."""
+    tensor = torch.from_numpy(array)
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
@@ -26,29 +37,69 @@ class StepInputs:
     positions: torch.Tensor  # [T] int64
     attention: AttentionMetadata
     logits_indices: torch.Tensor  # [S] int64: rows of the step whose logits are sampled
-    sampling_request_ids: list[str]  # the S sampled sequences, in logits row order
 
 
-def build_step_inputs(
-    output: SchedulerOutput,
-    block_table_of: Callable[[str], list[int]],
-    block_size: int,
-    device: torch.device,
-) -> StepInputs:
-    chunks = output.chunks
+@dataclass
+class HostStepInputs:
+    input_ids: np.ndarray  # [T] int64; 0 in placeholder rows
+    placeholder_rows: np.ndarray  # [P] int64: rows whose token is their sequence's last sample
+    placeholder_slots: np.ndarray  # [P] int64: the slots of those sequences
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    query_start_loc: np.ndarray  # [B + 1] int32
+    seq_lens: np.ndarray  # [B] int32
+    block_tables: np.ndarray  # [B, max_blocks] int32
+    logits_indices: np.ndarray  # [S] int64
+    max_query_len: int
+    max_seq_len: int
+    attention_plan: object | None  # the attention backend's own per-step plan
+
+    def to_device(self, device: torch.device, last_sampled: torch.Tensor) -> StepInputs:
+        input_ids = host_to_device(self.input_ids, device)
+        if self.placeholder_rows.size:
+            rows = host_to_device(self.placeholder_rows, device)
+            slots = host_to_device(self.placeholder_slots, device)
+            input_ids[rows] = last_sampled[slots]
+        attention = AttentionMetadata(
+            slot_mapping=host_to_device(self.slot_mapping, device),
+            query_start_loc=host_to_device(self.query_start_loc, device),
+            seq_lens=host_to_device(self.seq_lens, device),
+            block_tables=host_to_device(self.block_tables, device),
+            max_query_len=self.max_query_len,
+            max_seq_len=self.max_seq_len,
+            plan=self.attention_plan,
+        )
+        return StepInputs(
+            input_ids=input_ids,
+            positions=host_to_device(self.positions, device),
+            attention=attention,
+            logits_indices=host_to_device(self.logits_indices, device),
+        )
+
+
+def build_host_inputs(
+    plan: StepPlan, slots: SequenceSlots, block_size: int, device: torch.device
+) -> tuple[HostStepInputs, np.ndarray]:
+    """The step's inputs on the host, and the slot of each of its sequences (batch order)."""
+    chunks = plan.chunks
     num_seqs = len(chunks)
+    row_slots = np.empty(num_seqs, dtype=np.int64)
+    for row, chunk in enumerate(chunks):
+        slot = slots.slot(chunk.seq_id)
+        slots.append_blocks(slot, chunk.new_block_ids)
+        row_slots[row] = slot
     query_lens = np.fromiter((c.num_tokens for c in chunks), dtype=np.int64, count=num_seqs)
-    starts = np.fromiter((c.num_computed_tokens for c in chunks), dtype=np.int64, count=num_seqs)
+    starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=num_seqs)
     seq_lens = starts + query_lens
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(query_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
 
-    tables = [block_table_of(c.request.request_id) for c in chunks]
-    max_blocks = max(len(t) for t in tables)
-    block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
-    for row, table in enumerate(tables):
-        block_tables[row, : len(table)] = table
+    max_seq_len = int(seq_lens.max())
+    max_blocks = -(-max_seq_len // block_size)
+    block_tables = slots.block_tables[row_slots, :max_blocks]
+    if np.any(slots.num_blocks[row_slots] * block_size < seq_lens):
+        raise ValueError("a scheduled chunk reaches past its sequence's KV blocks")
 
     # Position of every token: its chunk's start plus its offset inside the chunk.
     seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
@@ -56,36 +107,42 @@ def build_step_inputs(
         np.arange(num_tokens) - np.repeat(query_start_loc[:-1], query_lens) + starts[seq_of_token]
     )
     slot_mapping = (
-        block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+        block_tables[seq_of_token, positions // block_size].astype(np.int64) * block_size
+        + positions % block_size
     )
 
-    input_ids = np.empty(num_tokens, dtype=np.int64)
-    for chunk, begin, end in zip(chunks, query_start_loc[:-1], query_start_loc[1:], strict=True):
-        start = chunk.num_computed_tokens
-        input_ids[begin:end] = chunk.request.token_ids_range(start, start + chunk.num_tokens)
+    input_ids = np.zeros(num_tokens, dtype=np.int64)
+    placeholders = []
+    for row, chunk in enumerate(chunks):
+        begin = query_start_loc[row]
+        if chunk.token_ids is None:
+            if chunk.num_tokens != 1:
+                raise ValueError("a chunk without token ids must be one decode token")
+            placeholders.append(row)
+        else:
+            if len(chunk.token_ids) != chunk.num_tokens:
+                raise ValueError(
+                    f"chunk of {chunk.seq_id!r} has {len(chunk.token_ids)} token ids "
+                    f"for {chunk.num_tokens} tokens"
+                )
+            input_ids[begin : begin + chunk.num_tokens] = chunk.token_ids
+    placeholder_rows = np.asarray(placeholders, dtype=np.int64)
 
-    sampled = [i for i, c in enumerate(chunks) if c.samples]
-    logits_indices = query_start_loc[1:][sampled] - 1
-
-    def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(array).to(device=device, dtype=dtype, non_blocking=True)
-
-    attention = AttentionMetadata(
-        slot_mapping=to_device(slot_mapping, torch.int64),
-        query_start_loc=to_device(query_start_loc, torch.int32),
-        seq_lens=to_device(seq_lens, torch.int32),
-        block_tables=to_device(block_tables, torch.int32),
+    sampled = [row for row, chunk in enumerate(chunks) if chunk.samples]
+    query_start_loc = query_start_loc.astype(np.int32)
+    seq_lens = seq_lens.astype(np.int32)
+    host = HostStepInputs(
+        input_ids=input_ids,
+        placeholder_rows=query_start_loc[placeholder_rows].astype(np.int64),
+        placeholder_slots=row_slots[placeholder_rows],
+        positions=positions,
+        slot_mapping=slot_mapping,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        block_tables=np.ascontiguousarray(block_tables),
+        logits_indices=query_start_loc[1:][sampled].astype(np.int64) - 1,
         max_query_len=int(query_lens.max()),
-        max_seq_len=int(seq_lens.max()),
+        max_seq_len=max_seq_len,
+        attention_plan=plan_attention(query_start_loc, seq_lens, block_tables, block_size, device),
     )
-    if not dispatch.use_triton():
-        attention.reference_plan = plan_reference_attention(
-            attention.query_start_loc, attention.seq_lens, attention.block_tables, block_size
-        )
-    return StepInputs(
-        input_ids=to_device(input_ids, torch.int64),
-        positions=to_device(positions, torch.int64),
-        attention=attention,
-        logits_indices=to_device(np.asarray(logits_indices, dtype=np.int64), torch.int64),
-        sampling_request_ids=[chunks[i].request.request_id for i in sampled],
-    )
+    return host, row_slots

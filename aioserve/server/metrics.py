@@ -29,7 +29,9 @@ Exposed, measured by the engine:
                 vllm:request_num_preemptions, vllm:request_prefill_kv_computed_tokens
     our own     aioserve:event_loop_lag_seconds (how late a coroutine that sleeps
                 LAG_PROBE_INTERVAL_S wakes up: time the loop spent blocked),
-                aioserve:engine_step_duration_seconds (see `_observe_step_duration`)
+                aioserve:engine_step_duration_seconds (see `_observe_step_duration`),
+                aioserve:host_gap_seconds (how long the model thread waited for the
+                host between two model steps: the host work not hidden behind a step)
 
 Older names are not exposed. vLLM renamed `vllm:gpu_cache_usage_perc` to
 `vllm:kv_cache_usage_perc`, `vllm:gpu_prefix_cache_queries`/`_hits` to
@@ -104,6 +106,10 @@ REQUEST_LATENCY_BUCKETS = [
 # Ours: under a millisecond on a healthy loop, seconds on a blocked one.
 EVENT_LOOP_LAG_BUCKETS = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+]  # fmt: skip
+# Ours: from tens of microseconds (the host hidden behind the device) to a blocked host.
+HOST_GAP_BUCKETS = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ]  # fmt: skip
 # Ours: from a millisecond step on a GPU to the half-second steps of the CPU path.
 STEP_DURATION_BUCKETS = [
@@ -290,6 +296,13 @@ class PrometheusStatLogger:
             "processing), measured between consecutive steps while requests were pending.",
             STEP_DURATION_BUCKETS,
         )
+        self.host_gap = histogram(
+            "aioserve:host_gap_seconds",
+            "Histogram of the time the model thread waited for the host between two "
+            "consecutive model steps (scheduling, input preparation and output processing "
+            "not hidden behind the previous step), in seconds.",
+            HOST_GAP_BUCKETS,
+        )
         self.event_loop_lag = Histogram(
             "aioserve:event_loop_lag_seconds",
             "Histogram of event-loop lag in seconds: how late a periodic timer fired.",
@@ -334,6 +347,8 @@ class PrometheusStatLogger:
             self.request_inference_time.observe(request.inference_time)
             if request.mean_time_per_output_token is not None:
                 self.request_time_per_output_token.observe(request.mean_time_per_output_token)
+        if stats.host_gap is not None:
+            self.host_gap.observe(stats.host_gap)
         self._observe_step_duration(stats)
 
     def _observe_step_duration(self, stats: StepStats) -> None:

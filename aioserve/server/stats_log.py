@@ -2,7 +2,11 @@
 
     Engine 000: Avg prompt throughput: 52.3 tokens/s, Avg generation throughput: 104.1
     tokens/s, Running: 4 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%, Prefix cache hit
-    rate: 12.5%
+    rate: 12.5%, Host gap: 0.04 ms/step
+
+The last field is aioserve's own: the mean time the model thread waited for the host
+between two steps over the interval (`StepStats.host_gap`), appended after vLLM's fields
+so that parsers of vLLM's line still read them.
 
 `StatsLine` is a `StatLogger`: the engine feeds it every step; `StatsLine.run` logs the line
 every `STATS_LOG_INTERVAL_S` (vLLM's VLLM_LOG_STATS_INTERVAL default). As in vLLM, an idle
@@ -41,6 +45,8 @@ class StatsLine:
         self._generation_tokens = 0
         self._latest: StepStats | None = None
         self._lookups: deque[tuple[int, int]] = deque(maxlen=PREFIX_HIT_RATE_WINDOW)
+        self._host_gaps = 0.0
+        self._num_host_gaps = 0
         self._last_throughputs = (0.0, 0.0)
 
     def record(self, stats: StepStats) -> None:
@@ -50,6 +56,9 @@ class StatsLine:
         self._latest = stats
         if stats.prefix_cache_queries:
             self._lookups.append((stats.prefix_cache_queries, stats.prefix_cache_hits))
+        if stats.host_gap is not None:
+            self._host_gaps += stats.host_gap
+            self._num_host_gaps += 1
 
     def log(self, now: float | None = None) -> None:
         """Log the line for the time since the previous one and start a new interval."""
@@ -69,15 +78,17 @@ class StatsLine:
             level,
             "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: "
             "%.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
-            "Prefix cache hit rate: %.1f%%",
+            "Prefix cache hit rate: %.1f%%, Host gap: %.2f ms/step",
             prompt_throughput,
             generation_throughput,
             running,
             waiting,
             kv_usage * 100,
             hit_rate * 100,
+            self._host_gaps / self._num_host_gaps * 1000 if self._num_host_gaps else 0.0,
         )
         self._last_log_time = now
+        self._host_gaps, self._num_host_gaps = 0.0, 0
         self._prompt_tokens = self._generation_tokens = 0
         self._last_throughputs = (prompt_throughput, generation_throughput)
 

@@ -84,12 +84,12 @@ def test_a_failure_while_building_inputs_fails_only_that_step(engine, monkeypatc
     prepare = engine.runner.prepare
     calls = 0
 
-    def fail_first(output, block_table_of):
+    def fail_first(plan):
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("injected input failure")
-        return prepare(output, block_table_of)
+        return prepare(plan)
 
     monkeypatch.setattr(engine.runner, "prepare", fail_first)
     with pytest.raises(RuntimeError, match="injected input failure"):

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.registry import model_class_for
-from aioserve.runner.model_runner import kv_cache_shape
+from aioserve.runner.kv_memory import kv_cache_shape
 
 COMMON = dict(
     vocab_size=256,

@@ -343,6 +343,17 @@ def test_step_duration_skips_idle_gaps():
     assert value(m, "aioserve:engine_step_duration_seconds_sum") == pytest.approx(0.7)
 
 
+def test_host_gaps_are_a_histogram_of_the_steps_that_had_one():
+    stat_logger = PrometheusStatLogger(MODEL, max_model_len=2048)
+    stat_logger.record(step(1.0, num_generation_tokens=1, num_running=1))  # after idle: none
+    stat_logger.record(step(1.1, num_generation_tokens=1, num_running=1, host_gap=0.0003))
+    stat_logger.record(step(1.2, num_generation_tokens=1, num_running=1, host_gap=0.02))
+    m = exposition(stat_logger)
+    assert value(m, "aioserve:host_gap_seconds_count") == 2
+    assert value(m, "aioserve:host_gap_seconds_sum") == pytest.approx(0.0203)
+    assert value(m, "aioserve:host_gap_seconds_bucket", le="0.0005") == 1
+
+
 def test_event_loop_lag_monitor_sees_a_blocked_loop():
     lags: list[float] = []
 
@@ -370,7 +381,7 @@ def test_event_loop_lag_monitor_sees_a_blocked_loop():
 STATS_LINE = re.compile(
     r"Engine 000: Avg prompt throughput: (\S+) tokens/s, Avg generation throughput: (\S+) "
     r"tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: (\S+)%, "
-    r"Prefix cache hit rate: (\S+)%"
+    r"Prefix cache hit rate: (\S+)%, Host gap: (\S+) ms/step"
 )
 
 
@@ -378,7 +389,10 @@ def test_stats_line_reports_throughput_and_engine_state(caplog):
     caplog.set_level(logging.DEBUG, logger="aioserve.stats")
     line = StatsLine(now=0.0)
     line.record(PREFILL_STEP)  # 12 prompt tokens, 2 generated; 2 running, 1 waiting
-    line.record(step(5.0, num_generation_tokens=18, num_running=2, kv_cache_usage=0.125))
+    line.record(step(4.0, num_generation_tokens=9, host_gap=0.001))
+    line.record(
+        step(5.0, num_generation_tokens=9, num_running=2, kv_cache_usage=0.125, host_gap=0.004)
+    )
     line.log(now=10.0)
     (record,) = caplog.records
     assert record.levelno == logging.INFO
@@ -389,6 +403,7 @@ def test_stats_line_reports_throughput_and_engine_state(caplog):
         "0",
         "12.5",
         "50.0",
+        "2.50",  # the mean host gap of the steps that had one
     )
 
 
@@ -423,7 +438,7 @@ def test_stats_line_is_logged_periodically(caplog):
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
     groups = STATS_LINE.fullmatch(caplog.records[0].getMessage()).groups()
-    assert groups[2:] == ("1", "3", "0.0", "0.0")
+    assert groups[2:] == ("1", "3", "0.0", "0.0", "0.00")
     assert float(groups[0]) > 0
 
 
@@ -487,6 +502,7 @@ def test_metrics_endpoint_counts_real_requests(engine):
     assert value(m, "vllm:time_to_first_token_seconds_count") == 2
     assert value(m, "vllm:inter_token_latency_seconds_count") == 2 * 4
     assert value(m, "vllm:e2e_request_latency_seconds_count") == 2
+    assert value(m, "aioserve:host_gap_seconds_count") >= 4  # every step after the first
     assert value(m, "vllm:num_requests_running") == 0
     assert value(m, "vllm:kv_cache_usage_perc") == 0.0
     (info,) = m["vllm:cache_config_info"].samples

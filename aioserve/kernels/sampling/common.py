@@ -38,13 +38,16 @@ class SamplingBatch:
     presence_penalty: Tensor  # [B] float32
     frequency_penalty: Tensor  # [B] float32
     repetition_penalty: Tensor  # [B] float32
-    output_token_counts: Tensor | None  # [B, V] int32; None when no row uses penalties
-    prompt_token_mask: Tensor | None  # [B, V] bool; None when no row uses repetition_penalty
+    output_token_counts: Tensor | None  # [R, V] int32; None when no row uses penalties
+    prompt_token_mask: Tensor | None  # [R, V] bool; None when no row uses repetition_penalty
     bias_token_ids: Tensor | None  # [B, K] int64, padded with -1
     bias_values: Tensor | None  # [B, K] float32; -inf bans the token
     num_logprobs: int  # most top logprobs asked for in the batch; 0: none; -1: no logprobs
     all_greedy: bool
     all_random: bool
+    # [B] int64: the row of output_token_counts / prompt_token_mask that each batch row
+    # reads (the runner keeps them per sequence slot). None: batch row b reads row b.
+    state_rows: Tensor | None = None
 
 
 @dataclass

@@ -44,6 +44,7 @@ def _bias_penalties_kernel(
     out_ptr,
     counts_ptr,
     prompt_mask_ptr,
+    state_rows_ptr,
     bias_ids_ptr,
     bias_values_ptr,
     presence_ptr,
@@ -58,6 +59,7 @@ def _bias_penalties_kernel(
     stride_bias,
     HAS_COUNTS: tl.constexpr,
     HAS_PROMPT_MASK: tl.constexpr,
+    HAS_STATE_ROWS: tl.constexpr,
     HAS_PENALTIES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -66,8 +68,12 @@ def _bias_penalties_kernel(
     row = tl.program_id(0).to(tl.int64)
     logits_row = logits_ptr + row * stride_logits
     out_row = out_ptr + row * stride_out
-    counts_row = counts_ptr + row * stride_counts
-    prompt_row = prompt_mask_ptr + row * stride_prompt
+    if HAS_STATE_ROWS:
+        state_row = tl.load(state_rows_ptr + row)
+    else:
+        state_row = row
+    counts_row = counts_ptr + state_row * stride_counts
+    prompt_row = prompt_mask_ptr + state_row * stride_prompt
     presence = tl.load(presence_ptr + row)
     frequency = tl.load(frequency_ptr + row)
     repetition = tl.load(repetition_ptr + row)
@@ -152,6 +158,7 @@ def apply_bias_and_penalties_triton(logits: Tensor, batch: SamplingBatch) -> Ten
         out,
         counts if counts is not None else out,
         prompt_mask if prompt_mask is not None else out,
+        batch.state_rows if batch.state_rows is not None else out,
         bias_ids if bias_ids is not None else out,
         bias_values if bias_values is not None else out,
         batch.presence_penalty,
@@ -166,6 +173,7 @@ def apply_bias_and_penalties_triton(logits: Tensor, batch: SamplingBatch) -> Ten
         bias_ids.stride(0) if bias_ids is not None else 0,
         HAS_COUNTS=counts is not None,
         HAS_PROMPT_MASK=prompt_mask is not None,
+        HAS_STATE_ROWS=batch.state_rows is not None,
         HAS_PENALTIES=counts is not None or prompt_mask is not None,
         HAS_BIAS=num_bias > 0,
         BLOCK=block,
@@ -191,6 +199,9 @@ def apply_bias_and_penalties_reference(logits: Tensor, batch: SamplingBatch) -> 
         x.index_put_((rows, ids[rows, entries]), values[rows, entries], accumulate=True)
     if counts is None and prompt_mask is None:
         return x
+    if batch.state_rows is not None:
+        counts = counts[batch.state_rows] if counts is not None else None
+        prompt_mask = prompt_mask[batch.state_rows] if prompt_mask is not None else None
     # Penalties change only the tokens seen in the prompt or the output, so only those are
     # computed (the kernel's arithmetic leaves the others as they are).
     seen = counts > 0 if counts is not None else prompt_mask

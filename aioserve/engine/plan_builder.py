@@ -1,0 +1,71 @@
+"""From the scheduler's decisions about live requests to the runner's plain `StepPlan`.
+
+The runner never sees a `Request`: a sequence entering it gets a `NewSequence` (its prompt,
+the tokens it already produced, its sampling settings) and every scheduled chunk becomes a
+`SequenceChunk` naming its tokens and the KV blocks its table gained since the last plan.
+"""
+
+from __future__ import annotations
+
+from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.request import Request
+from aioserve.runner.step_plan import NewSequence, SamplingSettings, SequenceChunk
+
+
+def sampling_settings(request: Request) -> SamplingSettings:
+    params = request.sampling_params
+    banned = set(params.stop_token_ids or ())
+    if not params.ignore_eos:
+        banned |= request.eos_token_ids
+    return SamplingSettings(
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        seed=request.seed,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        logit_bias=dict(params.logit_bias or {}),
+        allowed_token_ids=tuple(params.allowed_token_ids) if params.allowed_token_ids else None,
+        min_tokens=params.min_tokens,
+        # vLLM's min_tokens: no stop token (nor EOS, unless ignored) before the minimum.
+        min_tokens_banned_ids=tuple(sorted(banned)) if params.min_tokens else (),
+        logprobs=params.logprobs,
+    )
+
+
+def new_sequence(request: Request) -> NewSequence:
+    return NewSequence(
+        seq_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        output_token_ids=list(request.output_token_ids),
+        sampling=sampling_settings(request),
+    )
+
+
+def sequence_chunk(
+    request: Request, start: int, num_tokens: int, samples: bool, kv_cache: KVCacheManager
+) -> SequenceChunk:
+    """The chunk start..start+num_tokens of `request`; marks its new blocks as sent."""
+    table = kv_cache.block_table(request.request_id)
+    new_block_ids = table[request.num_blocks_sent :]
+    request.num_blocks_sent = len(table)
+    end = start + num_tokens
+    if end <= request.num_tokens:
+        token_ids = request.token_ids_range(start, end)
+    elif num_tokens == 1 and start == request.num_tokens:
+        token_ids = None  # sampled by the step still running: the runner has it
+    else:
+        raise AssertionError(
+            f"chunk {start}..{end} of {request.request_id!r} reaches past its known tokens "
+            f"({request.num_tokens}) by more than one pending token"
+        )
+    return SequenceChunk(
+        seq_id=request.request_id,
+        start=start,
+        num_tokens=num_tokens,
+        token_ids=token_ids,
+        new_block_ids=new_block_ids,
+        samples=samples,
+    )

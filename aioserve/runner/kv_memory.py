@@ -1,0 +1,90 @@
+"""How much device memory the paged KV cache gets, and its shape.
+
+On the CPU the pool is VLLM_CPU_KVCACHE_SPACE (vLLM's variable); on a GPU it is what
+`--gpu-memory-utilization` of the device leaves after the weights and the activations of
+the largest step, measured by running one (`profile_peak_step`).
+`--num-gpu-blocks-override` overrides both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.platform import current_platform
+
+
+def kv_cache_shape(config, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def kv_cache_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:
+    _, _, num_kv_heads, head_dim = kv_cache_shape(config, 1, block_size)
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * num_kv_heads * head_dim * element_size
+
+
+def profile_peak_step(
+    model: nn.Module, max_num_batched_tokens: int, max_num_seqs: int, dtype: torch.dtype
+) -> int:
+    """Bytes a step of max_num_batched_tokens tokens needs beyond the weights (GPU only)."""
+    dev = next(model.parameters()).device
+    shape = kv_cache_shape(model.config, 1, 1)
+    kv = [
+        (torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
+        for _ in range(model.config.num_hidden_layers)
+    ]
+    tokens = max_num_batched_tokens
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=dev),
+        query_start_loc=torch.arange(tokens + 1, dtype=torch.int32, device=dev),
+        seq_lens=torch.ones(tokens, dtype=torch.int32, device=dev),
+        block_tables=torch.zeros((tokens, 1), dtype=torch.int32, device=dev),
+        max_query_len=1,
+        max_seq_len=1,
+    )
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.inference_mode():
+        ids = torch.zeros(tokens, dtype=torch.int64, device=dev)
+        hidden = model(ids, torch.zeros_like(ids), kv, meta)
+        model.compute_logits(hidden[: min(max_num_seqs, tokens)])
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del kv, hidden
+    torch.cuda.empty_cache()
+    return peak
+
+
+def num_kv_blocks(
+    model: nn.Module,
+    *,
+    block_size: int,
+    dtype: torch.dtype,
+    num_blocks_override: int | None,
+    cpu_kvcache_space_bytes: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+) -> int:
+    """The number of KV blocks the device can hold for `model`."""
+    if num_blocks_override is not None:
+        return num_blocks_override
+    per_block = kv_cache_bytes_per_block(model.config, block_size, dtype)
+    if current_platform() == "cpu":
+        return max(1, cpu_kvcache_space_bytes // per_block)
+    free, total = torch.cuda.mem_get_info()
+    peak_step_bytes = profile_peak_step(model, max_num_batched_tokens, max_num_seqs, dtype)
+    in_use = total - free
+    budget = int(total * gpu_memory_utilization) - in_use - peak_step_bytes
+    if budget < per_block:
+        raise ValueError(
+            f"no memory left for the KV cache: --gpu-memory-utilization "
+            f"{gpu_memory_utilization} of {total / 2**30:.1f} GiB is taken by the weights "
+            f"({in_use / 2**30:.1f} GiB in use) and a step's activations"
+        )
+    return budget // per_block

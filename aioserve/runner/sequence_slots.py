@@ -1,0 +1,187 @@
+"""The runner's memory of the sequences it runs: one slot per sequence, kept between steps.
+
+A sequence takes a slot when it enters the runner (`StepPlan.new_sequences`) and gives it
+back when it leaves (`StepPlan.finished_seq_ids`). Two halves, touched by two threads:
+
+- `SequenceSlots`, on the host, read and written only while a step is prepared (the event
+  loop's thread): block tables, how many tokens each sequence has sampled (the step index
+  of seeded sampling and min_tokens), the sampling settings as per-slot arrays, so that a
+  step's sampling rows are a few array lookups.
+- `SlotTensors`, on the device, read and written only while a step executes (the model
+  thread, in step order): the token each sequence sampled last (the input of its next
+  decode when the host does not know it yet), per-token output counts and prompt masks for
+  the penalties, and each sequence's fixed logit bias. A step records the slot changes it
+  needs (`SlotAdmission`) and applies them before it computes, so a step planned while
+  an earlier one runs never writes state the earlier one reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from aioserve.kernels.sampling import SAMPLING_EPS
+from aioserve.runner.step_plan import NewSequence, SamplingSettings
+
+# Columns of SequenceSlots.float_settings.
+TEMPERATURE, TOP_P, MIN_P, PRESENCE, FREQUENCY, REPETITION = range(6)
+
+
+@dataclass
+class SlotAdmission:
+    """What the device must learn about a sequence that entered slot `slot`."""
+
+    slot: int
+    prompt_token_ids: np.ndarray  # int64
+    output_token_ids: np.ndarray  # int64
+    uses_penalties: bool
+    bias_ids: np.ndarray | None  # int64: its fixed logit bias (logit_bias, allowed_token_ids)
+    bias_values: np.ndarray | None  # float32
+
+
+def fixed_logit_bias(
+    settings: SamplingSettings, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The bias a sequence keeps for its whole life: logit_bias, and -inf outside allowed ids."""
+    bias = {int(t): float(v) for t, v in settings.logit_bias.items()}
+    if settings.allowed_token_ids is not None:
+        banned = np.ones(vocab_size, dtype=bool)
+        banned[np.asarray(settings.allowed_token_ids, dtype=np.int64)] = False
+        bias.update(dict.fromkeys(np.flatnonzero(banned).tolist(), float("-inf")))
+    if not bias:
+        return None
+    return (
+        np.fromiter(bias.keys(), dtype=np.int64, count=len(bias)),
+        np.fromiter(bias.values(), dtype=np.float32, count=len(bias)),
+    )
+
+
+class SequenceSlots:
+    """Host-side per-sequence state, indexed by slot."""
+
+    def __init__(self, max_num_seqs: int, max_blocks_per_seq: int, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._slot_of: dict[str, int] = {}
+        self._free = list(range(max_num_seqs - 1, -1, -1))  # pop() hands out slot 0 first
+        self.block_tables = np.zeros((max_num_seqs, max_blocks_per_seq), dtype=np.int32)
+        self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
+        self.num_sampled = np.zeros(max_num_seqs, dtype=np.int64)
+        self.float_settings = np.zeros((max_num_seqs, 6), dtype=np.float32)
+        self.top_k = np.zeros(max_num_seqs, dtype=np.int32)
+        self.seeds = np.zeros(max_num_seqs, dtype=np.int64)
+        self.settings: list[SamplingSettings | None] = [None] * max_num_seqs
+        self.has_fixed_bias = np.zeros(max_num_seqs, dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def slot(self, seq_id: str) -> int:
+        try:
+            return self._slot_of[seq_id]
+        except KeyError:
+            raise KeyError(f"sequence {seq_id!r} is not in the runner") from None
+
+    def forget(self, seq_id: str) -> None:
+        slot = self._slot_of.pop(seq_id, None)
+        if slot is not None:
+            self.settings[slot] = None
+            self._free.append(slot)
+
+    def admit(self, seq: NewSequence) -> SlotAdmission:
+        if seq.seq_id in self._slot_of:
+            raise ValueError(f"sequence {seq.seq_id!r} is already in the runner")
+        if not self._free:
+            raise RuntimeError("no free sequence slot: more sequences than max_num_seqs")
+        slot = self._free.pop()
+        self._slot_of[seq.seq_id] = slot
+        s = seq.sampling
+        self.num_blocks[slot] = 0
+        self.num_sampled[slot] = len(seq.output_token_ids)
+        temperature = 0.0 if s.temperature < SAMPLING_EPS else s.temperature
+        self.float_settings[slot] = (
+            temperature,
+            s.top_p,
+            s.min_p,
+            s.presence_penalty,
+            s.frequency_penalty,
+            s.repetition_penalty,
+        )
+        # A top_k of the vocabulary or more keeps every token: the same as no top_k, and
+        # an int32 cannot hold every top_k a request may ask for.
+        self.top_k[slot] = s.top_k if 0 < s.top_k < self.vocab_size else -1
+        self.seeds[slot] = s.seed
+        self.settings[slot] = s
+        bias = fixed_logit_bias(s, self.vocab_size)
+        self.has_fixed_bias[slot] = bias is not None
+        return SlotAdmission(
+            slot=slot,
+            prompt_token_ids=np.asarray(seq.prompt_token_ids, dtype=np.int64),
+            output_token_ids=np.asarray(seq.output_token_ids, dtype=np.int64),
+            uses_penalties=s.uses_penalties,
+            bias_ids=bias[0] if bias else None,
+            bias_values=bias[1] if bias else None,
+        )
+
+    def append_blocks(self, slot: int, block_ids: list[int]) -> None:
+        if not block_ids:
+            return
+        start = int(self.num_blocks[slot])
+        end = start + len(block_ids)
+        if end > self.block_tables.shape[1]:
+            raise ValueError(
+                f"a sequence was given {end} KV blocks, more than max_model_len needs "
+                f"({self.block_tables.shape[1]})"
+            )
+        self.block_tables[slot, start:end] = block_ids
+        self.num_blocks[slot] = end
+
+
+class SlotTensors:
+    """Device-side per-sequence state, indexed by slot (see the module docstring)."""
+
+    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.vocab_size = vocab_size
+        self.device = device
+        self.last_sampled = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)
+        # Allocated with the first sequence that uses penalties: [slots, vocab] each.
+        self.output_counts: Tensor | None = None
+        self.prompt_mask: Tensor | None = None
+        self.fixed_bias: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def admit(self, admission: SlotAdmission) -> None:
+        slot = admission.slot
+        self.fixed_bias.pop(slot, None)
+        if admission.bias_ids is not None:
+            self.fixed_bias[slot] = (
+                torch.from_numpy(admission.bias_ids).to(self.device),
+                torch.from_numpy(admission.bias_values).to(self.device),
+            )
+        if not admission.uses_penalties:
+            return
+        if self.output_counts is None:
+            shape = (self.max_num_seqs, self.vocab_size)
+            self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+            self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        counts = self.output_counts[slot]
+        counts.zero_()
+        if admission.output_token_ids.size:
+            ids = torch.from_numpy(admission.output_token_ids).to(self.device)
+            counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+        mask = self.prompt_mask[slot]
+        mask.zero_()
+        mask[torch.from_numpy(admission.prompt_token_ids).to(self.device)] = True
+
+    def record_sampled(self, slots: Tensor, token_ids: Tensor, penalty_rows: Tensor | None) -> None:
+        """Remember each row's sampled token; count it where the sequence uses penalties."""
+        self.last_sampled[slots] = token_ids
+        if penalty_rows is not None:
+            counts = self.output_counts
+            counts.index_put_(
+                (slots[penalty_rows], token_ids[penalty_rows]),
+                torch.ones(penalty_rows.numel(), dtype=counts.dtype, device=counts.device),
+                accumulate=True,
+            )

@@ -1,0 +1,115 @@
+"""A runner without a model, for measuring the host's share of a step and for engine tests.
+
+`StandInRunner` has the ModelRunner's interface (prepare, execute, collect) and keeps the
+same contract: it tracks which sequences it holds, refuses a chunk for a sequence it does
+not hold, and refuses a decode of "the token sampled last step" for a sequence that did not
+sample in the step before. Its step takes `step_seconds` of "device" time on the model
+thread with the GIL released (as a real device step would), then samples for each row a
+token that depends only on the sequence's seed and step index, so a run gives the same
+tokens whatever the batching; `eos_every` makes some sequences stop early on EOS.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from aioserve.runner.step_plan import StepPlan, StepResult, TokenLogprobs
+
+_SLEEP_SLACK = 0.0005  # the last half millisecond is waited for in short sleeps
+
+
+@dataclass
+class _StandInStep:
+    plan: StepPlan
+    placeholder_seqs: list[str]
+    rows: list[tuple[str, int, int, int | None]]  # seq id, seed, step index, logprobs
+
+
+@dataclass
+class _StandInOutput:
+    sampled: dict[str, list[int]]
+    logprobs: dict[str, list[TokenLogprobs]]
+
+    def is_ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+
+def stand_in_token(seed: int, step: int, vocab_size: int) -> int:
+    """The token a stand-in sequence samples at `step`: a fixed mix of seed and step."""
+    mixed = (seed * 0x9E3779B1 + (step + 1) * 0x85EBCA77) & 0xFFFFFFFF
+    mixed ^= mixed >> 15
+    return (mixed * 0x2C1B3C6D & 0xFFFFFFFF) % vocab_size
+
+
+class StandInRunner:
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        step_seconds: float = 0.0,
+        eos_token_id: int | None = None,
+        eos_every: int = 0,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.step_seconds = step_seconds
+        self.eos_token_id = eos_token_id
+        self.eos_every = eos_every  # a sequence whose seed divides by it stops at step 3 + seed % 7
+        self.num_steps = 0
+        self.num_sampled_rows = 0
+        self.device_seconds = 0.0  # total time spent in steps
+        self._seqs: dict[str, tuple[int, int]] = {}  # seq id -> (seed, tokens sampled so far)
+        self._logprobs: dict[str, int | None] = {}
+        self._sampled_last_step: set[str] = set()
+
+    def prepare(self, plan: StepPlan) -> _StandInStep:
+        for seq_id in plan.finished_seq_ids:
+            self._seqs.pop(seq_id, None)
+        for seq in plan.new_sequences:
+            if seq.seq_id in self._seqs:
+                raise ValueError(f"sequence {seq.seq_id!r} is already in the runner")
+            self._seqs[seq.seq_id] = (seq.sampling.seed, len(seq.output_token_ids))
+            self._logprobs[seq.seq_id] = seq.sampling.logprobs
+        rows = []
+        placeholders = []
+        for chunk in plan.chunks:
+            if chunk.seq_id not in self._seqs:
+                raise KeyError(f"sequence {chunk.seq_id!r} is not in the runner")
+            if chunk.token_ids is None:
+                placeholders.append(chunk.seq_id)
+            if chunk.samples:
+                seed, step = self._seqs[chunk.seq_id]
+                self._seqs[chunk.seq_id] = (seed, step + 1)
+                rows.append((chunk.seq_id, seed, step, self._logprobs[chunk.seq_id]))
+        return _StandInStep(plan, placeholders, rows)
+
+    def execute(self, step: _StandInStep) -> _StandInOutput:
+        started = time.perf_counter()
+        missing = [s for s in step.placeholder_seqs if s not in self._sampled_last_step]
+        if missing:
+            raise RuntimeError(f"decode of a token never sampled the step before: {missing}")
+        deadline = started + self.step_seconds
+        if self.step_seconds > _SLEEP_SLACK:
+            time.sleep(self.step_seconds - _SLEEP_SLACK)
+        while time.perf_counter() < deadline:
+            time.sleep(0)
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, list[TokenLogprobs]] = {}
+        for seq_id, seed, index, wanted in step.rows:
+            token = stand_in_token(seed, index, self.vocab_size)
+            if self.eos_every and seed % self.eos_every == 0 and index == 3 + seed % 7:
+                token = self.eos_token_id
+            sampled[seq_id] = [token]
+            if wanted is not None:
+                logprobs[seq_id] = [TokenLogprobs(-1.0, 1, [token] * wanted, [-1.0] * wanted)]
+        self._sampled_last_step = set(sampled)
+        self.num_steps += 1
+        self.num_sampled_rows += len(step.rows)
+        self.device_seconds += time.perf_counter() - started
+        return _StandInOutput(sampled, logprobs)
+
+    def collect(self, output: _StandInOutput) -> StepResult:
+        return StepResult(output.sampled, output.logprobs)

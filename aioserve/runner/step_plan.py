@@ -1,0 +1,94 @@
+"""The seam between engine and runner: one step described in plain data, and its result.
+
+The engine's scheduler decides a step; it hands the runner a `StepPlan` and gets back a
+`StepResult`. Nothing else crosses: the runner never sees a live request, never calls the
+KV-cache manager, and keeps what it needs from step to step (block tables, sampling
+settings, tokens sampled but not yet seen by the host) in its own per-sequence slots.
+
+A sequence enters the runner with a `NewSequence` (when admitted, or re-admitted after a
+preemption) and leaves it through `StepPlan.finished_seq_ids`. Each step lists, in batch
+order, one `SequenceChunk` per scheduled sequence: which tokens to compute and where their
+KV goes. With asynchronous scheduling the engine plans step N+1 before it knows the tokens
+step N samples; a decode of such a token says so (`token_ids=None`) and the runner takes
+it from its own record of step N's samples, on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How one sequence samples, fixed for its life in the runner."""
+
+    temperature: float  # below 1e-5: greedy
+    top_k: int  # <= 0: no top-k
+    top_p: float
+    min_p: float
+    seed: int  # every sequence has one (the engine draws it for unseeded requests)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    allowed_token_ids: tuple[int, ...] | None = None  # every other token is banned
+    min_tokens: int = 0
+    min_tokens_banned_ids: tuple[int, ...] = ()  # banned while fewer than min_tokens are out
+    logprobs: int | None = None  # top logprobs wanted per token; None: no logprobs
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+
+@dataclass
+class NewSequence:
+    """A sequence entering the runner: everything about it that does not change per step."""
+
+    seq_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # sampled before a preemption: penalties count them
+    sampling: SamplingSettings
+
+
+@dataclass
+class SequenceChunk:
+    """One sequence's share of a step: tokens start..start+num_tokens of its sequence."""
+
+    seq_id: str
+    start: int  # position of the chunk's first token (tokens before it are in the KV cache)
+    num_tokens: int
+    token_ids: list[int] | None  # None: one token, the one sampled for it in the last step
+    new_block_ids: list[int]  # KV blocks appended to the sequence's block table this step
+    samples: bool  # the chunk ends at the sequence's last token: a token is sampled
+
+
+@dataclass
+class StepPlan:
+    new_sequences: list[NewSequence]  # entering the runner before this step
+    chunks: list[SequenceChunk]  # the step's batch, in order
+    finished_seq_ids: list[str]  # left since the last plan: the runner forgets them first
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+@dataclass
+class TokenLogprobs:
+    """Raw logprobs around one sampled token: its own, its rank, and the top-n."""
+
+    sampled_logprob: float
+    sampled_rank: int
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class StepResult:
+    sampled: dict[str, list[int]]  # sequence id -> tokens sampled this step
+    logprobs: dict[str, list[TokenLogprobs]]  # only for sequences that asked

@@ -1,0 +1,169 @@
+"""Is the host hidden behind the device? Steps per second of the real engine on a stand-in
+runner whose every step takes D ms of "device" time, against the ideal 1000 / D.
+
+The engine is the real one (scheduler, KV-cache manager, output processor with incremental
+detokenization by the default model's tokenizer, streaming to one consumer per request in
+DELTA mode, as the server streams); only the model is replaced by `StandInRunner`, whose
+step waits D ms on the model thread with the GIL released, as a device step would. For each
+D and each batch of B decoding sequences it measures, with asynchronous scheduling on and
+off:
+
+- steps/s over `--steps` decode steps once all B sequences decode, and its share of the
+  ideal 1000 / D;
+- host ms per step: CPU time of the event loop's thread per step (scheduling, input
+  preparation, output processing, the consumers);
+- the mean host gap (how long the model thread waited for the host between steps, the
+  engine's own `host_gap`) and the event loop's lag p99 (a 1 ms timer's lateness).
+
+    python bench/host_overhead.py                       # D = 2, 5, 10 ms; B = 1, 64, 256
+    python bench/host_overhead.py --device-ms 6 --batch 64 --steps 400
+
+The figure carries over to a GPU: there a Llama-3-8B decode step takes ~6 ms, and any
+host time not hidden behind it is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+from aioserve.engine.async_engine import AsyncEngine
+from aioserve.engine.build import engine_parts_around
+from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.engine.stats import StepStats
+from aioserve.models.checkpoint import open_checkpoint
+from aioserve.models.resolve import DEFAULT_MODEL, resolve_model
+from aioserve.runner.stand_in_runner import StandInRunner
+
+PROMPT_LEN = 16
+WARMUP_STEPS = 20
+
+
+@dataclass
+class Point:
+    device_ms: float
+    batch: int
+    async_scheduling: bool
+    steps_per_s: float
+    host_ms_per_step: float
+    host_gap_ms: float
+    lag_p99_ms: float
+
+    @property
+    def share_of_ideal(self) -> float:
+        return self.steps_per_s / (1000.0 / self.device_ms)
+
+
+class HostGaps:
+    """A StatLogger keeping the engine's host gaps."""
+
+    def __init__(self) -> None:
+        self.gaps: list[float] = []
+
+    def record(self, stats: StepStats) -> None:
+        if stats.host_gap is not None:
+            self.gaps.append(stats.host_gap)
+
+
+async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: bool) -> Point:
+    runner = StandInRunner(len(tokenizer), step_seconds=device_ms / 1000)
+    max_tokens = WARMUP_STEPS + steps + 10
+    engine = AsyncEngine(
+        engine_parts_around(
+            runner,
+            vocab_size=len(tokenizer),
+            tokenizer=tokenizer,
+            num_blocks=batch * (-(-(PROMPT_LEN + max_tokens) // 16)) + 16,
+            max_model_len=PROMPT_LEN + max_tokens,
+            max_num_seqs=max(batch, 1),
+            max_num_batched_tokens=max(4096, batch * PROMPT_LEN),
+            async_scheduling=overlap,
+        )
+    )
+    gaps = HostGaps()
+    engine.stat_loggers.append(gaps)
+    params = SamplingParams(
+        temperature=1.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
+    lags: list[float] = []
+    marks: dict[str, tuple[int, float, float, int]] = {}
+    loop_thread = threading.current_thread()
+
+    def mark(name: str) -> None:
+        assert threading.current_thread() is loop_thread
+        marks[name] = (runner.num_steps, time.perf_counter(), time.thread_time(), len(gaps.gaps))
+
+    async def consume(i: int) -> None:
+        prompt = {"prompt_token_ids": [(97 * i + 13 * k) % 40000 + 100 for k in range(PROMPT_LEN)]}
+        async for out in engine.generate(prompt, params, f"r{i}"):
+            tokens = len(out.outputs[0].token_ids)
+            if i == 0 and tokens and "start" not in marks and runner.num_steps >= WARMUP_STEPS:
+                mark("start")
+            if i == 0 and "start" in marks and runner.num_steps >= marks["start"][0] + steps:
+                if "end" not in marks:
+                    mark("end")
+
+    async def lag_monitor() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await asyncio.sleep(0.001)
+            lags.append(max(0.0, loop.time() - started - 0.001))
+
+    monitor = asyncio.create_task(lag_monitor())
+    await asyncio.gather(*(consume(i) for i in range(batch)))
+    monitor.cancel()
+    await engine.shutdown()
+    (s0, t0, c0, g0), (s1, t1, c1, g1) = marks["start"], marks["end"]
+    num_steps = s1 - s0
+    window_gaps = gaps.gaps[g0:g1] or [0.0]
+    return Point(
+        device_ms=device_ms,
+        batch=batch,
+        async_scheduling=overlap,
+        steps_per_s=num_steps / (t1 - t0),
+        host_ms_per_step=(c1 - c0) / num_steps * 1000,
+        host_gap_ms=statistics.fmean(window_gaps) * 1000,
+        lag_p99_ms=statistics.quantiles(lags, n=100)[98] * 1000 if len(lags) > 2 else 0.0,
+    )
+
+
+def table(points: list[Point]) -> str:
+    lines = [
+        "| D ms | batch | async scheduling | steps/s | ideal | share of ideal | host ms/step "
+        "| host gap ms | loop lag p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        lines.append(
+            f"| {p.device_ms:g} | {p.batch} | {'on' if p.async_scheduling else 'off'} "
+            f"| {p.steps_per_s:.1f} | {1000 / p.device_ms:.0f} | {p.share_of_ideal:.1%} "
+            f"| {p.host_ms_per_step:.2f} | {p.host_gap_ms:.3f} | {p.lag_p99_ms:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device-ms", type=float, nargs="+", default=[2.0, 5.0, 10.0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--steps", type=int, default=200, help="decode steps measured per point")
+    args = parser.parse_args()
+    tokenizer = open_checkpoint(str(resolve_model(DEFAULT_MODEL).path)).load_tokenizer()
+    points = []
+    for device_ms in args.device_ms:
+        for batch in args.batch:
+            for overlap in (True, False):
+                point = asyncio.run(measure(tokenizer, device_ms, batch, args.steps, overlap))
+                points.append(point)
+                print(table([point]).splitlines()[-1], flush=True)
+    print()
+    print(table(points))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Asynchronous scheduling on and off give the same outputs on the default model.
+
+Each scenario runs twice on one float32 engine, once with step N+1 planned while step N
+runs and once without, and the user-visible results are compared: token ids, text, finish
+and stop reasons, logprobs. The scenarios cover greedy and seeded sampling, n > 1,
+logprobs, penalties, min_tokens, stop strings, prefix caching, preemption (a second engine
+with a small KV pool), abort and a consumer that goes away. After each run the pool is
+whole again.
+
+Logprobs are compared to 1e-4: the two modes batch the same requests differently (with
+overlap, a request that just stopped still has a row in the step planned before its end,
+and admissions happen a step later), and a float32 matmul's last bits depend on the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+
+import pytest
+
+from aioserve import AsyncEngine, SamplingParams
+from aioserve.config import engine_config_from_kwargs
+from tests.engine.smollm2 import SHARED_PREFIX, collect, float32_engine
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_gguf):
+    engine = float32_engine(smollm2_gguf, max_model_len=1024)
+    yield engine
+    asyncio.run(engine.shutdown())
+
+
+@pytest.fixture(scope="module")
+def small_pool_engine(smollm2_gguf):
+    """40 blocks of 16 tokens: six requests of ~120 tokens cannot all stay."""
+    engine = AsyncEngine.from_config(
+        engine_config_from_kwargs(
+            model=str(smollm2_gguf),
+            dtype="float32",
+            seed=0,
+            max_model_len=256,
+            num_gpu_blocks_override=40,
+        )
+    )
+    yield engine
+    asyncio.run(engine.shutdown())
+
+
+def summary(outputs) -> list:
+    """What a user sees of each request: per sample, ids, text, reasons and logprobs."""
+    result = []
+    for out in outputs:
+        for sample in out.outputs:
+            logprobs = None
+            if sample.logprobs is not None:
+                logprobs = [
+                    {token: (lp.logprob, lp.rank) for token, lp in entry.items()}
+                    for entry in sample.logprobs
+                ]
+            result.append(
+                (
+                    out.request_id,
+                    sample.index,
+                    list(sample.token_ids),
+                    sample.text,
+                    sample.finish_reason,
+                    sample.stop_reason,
+                    logprobs,
+                )
+            )
+    return result
+
+
+def assert_same(on: list, off: list) -> None:
+    assert len(on) == len(off)
+    for a, b in zip(on, off, strict=True):
+        assert a[:6] == b[:6], f"{a[0]} sample {a[1]}"
+        if a[6] is None:
+            assert b[6] is None
+            continue
+        for entry_a, entry_b in zip(a[6], b[6], strict=True):
+            assert entry_a.keys() == entry_b.keys()
+            for token, (logprob, rank) in entry_a.items():
+                assert rank == entry_b[token][1]
+                assert math.isclose(logprob, entry_b[token][0], abs_tol=1e-4)
+
+
+def run_both_ways(engine: AsyncEngine, scenario) -> tuple[list, list]:
+    """The scenario's final outputs with asynchronous scheduling on, then off."""
+    results = []
+    for async_scheduling in (True, False):
+        engine.settings = dataclasses.replace(engine.settings, async_scheduling=async_scheduling)
+        assert engine.kv_cache.reset_prefix_cache()
+
+        async def run():
+            try:
+                return await asyncio.wait_for(scenario(engine), 300)
+            finally:
+                await engine.stop_loop()  # the next run starts a loop with the new setting
+
+        results.append(summary(asyncio.run(run())))
+        assert engine.num_unfinished_requests == 0
+        assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+    return results[0], results[1]
+
+
+async def final(engine, prompt, params, request_id):
+    return (await collect(engine, prompt, params, request_id))[-1]
+
+
+async def mixed_batch(engine):
+    return await asyncio.gather(
+        final(
+            engine,
+            "Write a short poem about the sea.",
+            SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+            "greedy",
+        ),
+        final(
+            engine,
+            "Tell me a fact:",
+            SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=24, logprobs=2),
+            "seeded-n2",
+        ),
+        final(
+            engine,
+            "List the planets of the solar system:",
+            SamplingParams(temperature=0.0, max_tokens=60, stop=["Mars", "\n\n"]),
+            "stop-string",
+        ),
+        final(
+            engine,
+            "The quick brown fox",
+            SamplingParams(
+                temperature=0.8,
+                seed=11,
+                max_tokens=30,
+                min_tokens=12,
+                presence_penalty=0.5,
+                frequency_penalty=0.4,
+                repetition_penalty=1.3,
+            ),
+            "penalties",
+        ),
+        final(
+            engine,
+            "Count: one, two,",
+            SamplingParams(temperature=0.0, max_tokens=20, logprobs=3),
+            "greedy-logprobs",
+        ),
+    )
+
+
+def test_a_mixed_batch_is_the_same_with_and_without_overlap(engine):
+    on, off = run_both_ways(engine, mixed_batch)
+    assert_same(on, off)
+    assert on[0][4] == "length" and len(on[0][2]) == 40
+
+
+async def shared_prefixes(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    questions = ["Which orbit takes one day?", "What makes sourdough rise?", "How do bees talk?"]
+    first = await final(engine, SHARED_PREFIX + questions[0], params, "prefix-0")
+    rest = await asyncio.gather(
+        *(final(engine, SHARED_PREFIX + q, params, f"prefix-{i}") for i, q in enumerate(questions))
+    )
+    assert all(out.num_cached_tokens > 0 for out in rest)  # the prefix came from the cache
+    return [first, *rest]
+
+
+def test_prefix_cache_hits_are_the_same_with_and_without_overlap(engine):
+    on, off = run_both_ways(engine, shared_prefixes)
+    assert_same(on, off)
+
+
+async def abort_and_disconnect(engine):
+    long = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    survivor = asyncio.ensure_future(final(engine, "Describe a forest at dawn.", long, "survivor"))
+
+    async def walk_away():
+        got = 0
+        async for _ in engine.generate("Write a long story about a lighthouse.", long, "leaver"):
+            got += 1
+            if got == 4:
+                break
+
+    async def aborted():
+        outputs = collect(engine, "Another long story:", long, "aborted")
+        task = asyncio.ensure_future(outputs)
+        while (
+            engine.scheduler.get("aborted") is None
+            or not engine.scheduler.get("aborted").output_token_ids
+        ):
+            await asyncio.sleep(0.005)
+        engine.abort("aborted")
+        outs = await task
+        assert outs[-1].outputs[0].finish_reason == "abort"
+
+    await asyncio.gather(walk_away(), aborted())
+    return [await survivor]
+
+
+def test_abort_and_disconnect_leave_the_others_as_they_were(engine):
+    on, off = run_both_ways(engine, abort_and_disconnect)
+    assert_same(on, off)
+    assert len(on[0][2]) == 48
+
+
+async def crowded(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
+    prompts = [f"Story {i}: once upon a time, in a land far away," for i in range(6)]
+    before = engine.scheduler.stats.num_preemptions
+    outputs = await asyncio.gather(
+        *(final(engine, p, params, f"crowd-{i}") for i, p in enumerate(prompts))
+    )
+    assert engine.scheduler.stats.num_preemptions > before
+    return outputs
+
+
+def test_preemption_is_the_same_with_and_without_overlap(small_pool_engine):
+    on, off = run_both_ways(small_pool_engine, crowded)
+    assert_same(on, off)
+    assert all(len(entry[2]) == 100 for entry in on)
