@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.build import engine_parts_around
+from aioserve.engine.gc_tuning import tune_gc_for_serving
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.stats import StepStats
 from aioserve.models.checkpoint import open_checkpoint
@@ -154,6 +155,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="decode steps measured per point")
     args = parser.parse_args()
     tokenizer = open_checkpoint(str(resolve_model(DEFAULT_MODEL).path)).load_tokenizer()
+    tune_gc_for_serving()  # as AsyncEngine.from_config does after loading
     points = []
     for device_ms in args.device_ms:
         for batch in args.batch:

@@ -37,6 +37,7 @@ from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
+from aioserve.engine.gc_tuning import tune_gc_for_serving
 from aioserve.engine.kv_cache_manager import KVCacheManager
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
@@ -123,7 +124,9 @@ class AsyncEngine:
         except BaseException:
             model_thread.shutdown(wait=False)
             raise
-        return cls(parts, model_thread)
+        engine = cls(parts, model_thread)
+        tune_gc_for_serving()
+        return engine
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -127,6 +127,10 @@ class KVCacheManager:
         yet) is shared rather than allocated. On False nothing has changed.
         """
         table = self._block_tables.get(request.request_id, [])
+        if not cached_prefix and table:
+            needed = request.num_computed_tokens + num_new_tokens
+            if needed <= len(table) * self.block_size:
+                return True  # the common decode step: room left in the last block
         if cached_prefix and table:
             raise ValueError("a cached prefix can only be taken by a request holding no blocks")
         num_computed = (
@@ -159,7 +163,7 @@ class KVCacheManager:
         # being computed) before the host knows its last token.
         num_known = min(request.num_computed_tokens, request.num_tokens)
         n_computed_full = min(num_known // self.block_size, len(table))
-        for i in range(n_computed_full):
+        for i in range(request.num_registered_blocks, n_computed_full):
             block = self._blocks[table[i]]
             if block.block_hash is not None:
                 continue
@@ -168,12 +172,14 @@ class KVCacheManager:
                 continue  # an equal block is cached already; this copy stays private
             block.block_hash = block_hash
             self._cached[block_hash] = block
+        request.num_registered_blocks = max(request.num_registered_blocks, n_computed_full)
 
     # -- release ----------------------------------------------------------------------------
 
     def free(self, request: Request) -> None:
         """Return every block the request holds. Idempotent."""
         table = self._block_tables.pop(request.request_id, None)
+        request.num_registered_blocks = 0
         if not table:
             return
         # Tail blocks first: they are the least likely to be shared, so they are evicted first.

@@ -64,6 +64,8 @@ class Request:
     """The runner holds this sequence (it was admitted and has not left since)."""
     num_blocks_sent: int = 0
     """How many blocks of its table the runner has been told about."""
+    num_registered_blocks: int = 0
+    """Leading blocks of its table already offered to the prefix cache."""
 
     @property
     def num_prompt_tokens(self) -> int:
