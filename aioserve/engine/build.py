@@ -210,7 +210,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_model_len=max_model_len,
         dtype=dtype,
         device=dev,
+        compile_model=current_platform() == "cpu" and not model_cfg.enforce_eager,
     )
+    runner.warm_up()
 
     generation = _generation_defaults(config, checkpoint)
     default_sampling = {k: generation[k] for k in _DEFAULT_SAMPLING_KEYS if k in generation}

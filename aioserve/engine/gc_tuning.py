@@ -14,6 +14,7 @@ instead of 700, and the older ones 5 and 10 times less often than by default.
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 YOUNG_THRESHOLD = 50_000
@@ -24,3 +25,6 @@ def tune_gc_for_serving() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, 50, 100)
+    # Frozen objects are never collected, not even at exit, where extension modules
+    # (Triton's nanobind bindings) would then report them as leaked.
+    atexit.register(gc.unfreeze)

@@ -214,10 +214,9 @@ def _rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) 
         x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
         out1, out2 = target[..., 0::2], target[..., 1::2]
     # Written in place, a pass per product: these run on every token of every layer.
-    torch.mul(x1, cos, out=out1)
-    out1.sub_(x2 * sin)
-    torch.mul(x2, cos, out=out2)
-    out2.add_(x1 * sin)
+    # (In-place methods rather than out= arguments, which torch.compile cannot trace.)
+    out1.copy_(x1).mul_(cos).sub_(x2 * sin)
+    out2.copy_(x2).mul_(cos).add_(x1 * sin)
     return out.to(x.dtype)
 
 

@@ -18,14 +18,10 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from aioserve.kernels.activation import silu_and_mul
-from aioserve.kernels.attention import paged_attention
-from aioserve.kernels.kv_cache import write_kv_cache
 from aioserve.kernels.rms_norm import rms_norm
 from aioserve.kernels.rotary import apply_rotary, build_cos_sin_cache
-from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.linear import Linear, dense
-
-KVCache = tuple[torch.Tensor, torch.Tensor]
+from aioserve.models.paged_attention_op import attend_layer
 
 
 class RMSNorm(nn.Module):
@@ -62,8 +58,11 @@ def _rope_theta(config: PretrainedConfig) -> float:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, cos_sin_cache: torch.Tensor) -> None:
+    def __init__(
+        self, config: PretrainedConfig, cos_sin_cache: torch.Tensor, layer_index: int
+    ) -> None:
         super().__init__()
+        self.layer_index = layer_index  # which of the step's KV caches is this layer's
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = _head_dim(config)
@@ -82,9 +81,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.cos_sin_cache = cos_sin_cache
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
@@ -94,20 +91,7 @@ class Attention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         q, k = apply_rotary(positions, q, k, self.cos_sin_cache, is_neox_style=True)
-        key_cache, value_cache = kv_cache
-        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
-        out = paged_attention(
-            q,
-            key_cache,
-            value_cache,
-            meta.query_start_loc,
-            meta.seq_lens,
-            meta.block_tables,
-            self.scale,
-            meta.max_query_len,
-            meta.max_seq_len,
-            plan=meta.plan,
-        )
+        out = attend_layer(q, k, v, self.layer_index, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -128,9 +112,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, cos_sin_cache: torch.Tensor) -> None:
+    def __init__(
+        self, config: PretrainedConfig, cos_sin_cache: torch.Tensor, layer_index: int
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, cos_sin_cache)
+        self.self_attn = Attention(config, cos_sin_cache, layer_index)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -139,16 +125,10 @@ class DecoderLayer(nn.Module):
         self,
         positions: torch.Tensor,
         hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
+        residual: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -180,25 +160,25 @@ class LlamaForCausalLM(nn.Module):
         )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, cos_sin_cache) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, cos_sin_cache, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """Hidden states [T, hidden] of the step's flat batch of tokens."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's flat batch of tokens.
+
+        Run it inside `step_context(meta, kv_caches)`: each layer's attention writes to and
+        reads from that step's KV caches.
+        """
         hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        # Zeros, not None, so that every layer runs the same code: the first layer's
+        # residual add then changes nothing, and one compiled layer serves all of them.
+        residual = torch.zeros_like(hidden)
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

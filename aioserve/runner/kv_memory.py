@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.models.step_context import step_context
 from aioserve.platform import current_platform
 
 
@@ -49,9 +50,9 @@ def profile_peak_step(
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    with torch.inference_mode():
+    with torch.inference_mode(), step_context(meta, kv):
         ids = torch.zeros(tokens, dtype=torch.int64, device=dev)
-        hidden = model(ids, torch.zeros_like(ids), kv, meta)
+        hidden = model(ids, torch.zeros_like(ids))
         model.compute_logits(hidden[: min(max_num_seqs, tokens)])
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before

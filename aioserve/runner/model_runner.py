@@ -23,6 +23,8 @@ import torch
 from torch import nn
 
 from aioserve.kernels.sampling import LogprobsTensors, SamplerOutput, sample
+from aioserve.models.step_context import step_context
+from aioserve.runner.compiled_step import ModelStep
 from aioserve.runner.kv_memory import kv_cache_shape
 from aioserve.runner.sampling_inputs import HostSampling, build_host_sampling
 from aioserve.runner.sequence_slots import SequenceSlots, SlotAdmission, SlotTensors
@@ -66,8 +68,10 @@ class ModelRunner:
         max_model_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        compile_model: bool = False,
     ) -> None:
         self.model = model
+        self.model_step = ModelStep(model, compiled=compile_model)
         self.device = device
         self.block_size = block_size
         self.vocab_size = model.config.vocab_size
@@ -82,6 +86,10 @@ class ModelRunner:
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
         self.slot_tensors = SlotTensors(max_num_seqs, self.vocab_size, device)
+
+    def warm_up(self) -> None:
+        """Compile what the model step needs before the first request (see compiled_step.py)."""
+        self.model_step.warm_up(self.kv_caches)
 
     # -- host, while earlier steps may still run -----------------------------------------------
 
@@ -109,10 +117,11 @@ class ModelRunner:
         for admission in step.admissions:
             state.admit(admission)
         inputs = step.inputs.to_device(self.device, state.last_sampled)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attention)
+        with step_context(inputs.attention, self.kv_caches):
+            hidden = self.model_step.forward(inputs.input_ids, inputs.positions)
         if step.sampling is None:
             return StepOutput([], None, [])
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        logits = self.model_step.logits(hidden[inputs.logits_indices])
         slots = host_to_device(step.sampling.slots, self.device)
         out = sample(logits, step.sampling.to_batch(state, slots, self.device))
         penalty_rows = step.sampling.penalty_rows

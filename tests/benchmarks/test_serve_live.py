@@ -43,7 +43,8 @@ def live_server(tiny_model):
     """`aioserve serve` on the tiny model, on a free port; terminated (or killed) at the end."""
     port = _free_port()
     command = [sys.executable, "-m", "aioserve", "serve", tiny_model,
-               "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]  # fmt: skip
+               "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512",
+               "--enforce-eager"]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

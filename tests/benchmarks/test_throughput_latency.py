@@ -27,7 +27,7 @@ def throughput(tiny_model, tmp_path, capsys, *options: str) -> tuple[dict, dict[
     argv = [
         "bench", "throughput", "--model", tiny_model, "--max-model-len", "512",
         "--dataset-name", "random", "--input-len", "24", "--output-len", "5",
-        "--num-prompts", "3", "--output-json", str(path), *options,
+        "--num-prompts", "3", "--output-json", str(path), "--enforce-eager", *options,
     ]  # fmt: skip
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -135,6 +135,7 @@ def test_latency(tiny_model, tmp_path, capsys):
         "bench", "latency", "--model", tiny_model, "--max-model-len", "512",
         "--input-len", "16", "--output-len", "4", "--batch-size", "2",
         "--num-iters-warmup", "1", "--num-iters", "2", "--output-json", str(path),
+        "--enforce-eager",
     ]  # fmt: skip
     assert cli.main(argv) == 0
     result = json.loads(path.read_text())

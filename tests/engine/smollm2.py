@@ -93,10 +93,15 @@ def hf_greedy(gguf_path: str, prompt_ids: list[int], new_tokens: int = NEW_TOKEN
 
 
 def float32_engine(model_path, max_model_len: int) -> AsyncEngine:
-    """An AsyncEngine on the default model's GGUF: float32, seed 0, `max_model_len` context."""
+    """An AsyncEngine on the default model's GGUF: float32, seed 0, `max_model_len` context,
+    run eagerly (tests/engine/test_smollm2_greedy.py covers the compiled step)."""
     return AsyncEngine.from_config(
         engine_config_from_kwargs(
-            model=str(model_path), dtype="float32", seed=0, max_model_len=max_model_len
+            model=str(model_path),
+            dtype="float32",
+            seed=0,
+            max_model_len=max_model_len,
+            enforce_eager=True,
         )
     )
 

@@ -265,7 +265,11 @@ def test_allowed_token_ids_restrict_every_sampled_token(engine):
 def test_skip_tokenizer_init_takes_and_returns_token_ids_only(smollm2_gguf):
     bare = AsyncEngine.from_config(
         engine_config_from_kwargs(
-            model=str(smollm2_gguf), dtype="float32", skip_tokenizer_init=True, max_model_len=512
+            model=str(smollm2_gguf),
+            dtype="float32",
+            skip_tokenizer_init=True,
+            max_model_len=512,
+            enforce_eager=True,
         )
     )
     try:

@@ -69,7 +69,9 @@ def test_engine_builds_and_steps_on_its_model_thread(monkeypatch, smollm2_gguf):
     monkeypatch.setattr(async_engine, "build_engine", build)
     monkeypatch.setattr(ModelRunner, "execute", execute)
     engine = AsyncEngine.from_config(
-        engine_config_from_kwargs(model=str(smollm2_gguf), dtype="float32", max_model_len=256)
+        engine_config_from_kwargs(
+            model=str(smollm2_gguf), dtype="float32", max_model_len=256, enforce_eager=True
+        )
     )
 
     async def generate() -> None:

@@ -3,6 +3,8 @@
 The same prompts run one at a time, all in one batch, with chunked prefill (64-token
 budget), with a KV pool small enough to force preemption, and with prefix caching over
 prompts that share a long prefix. Each configuration must reproduce transformers exactly.
+The first two run the model step compiled (the default on the CPU), the others eagerly
+(--enforce-eager), so both give transformers' tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 @pytest.fixture(scope="module")
 def llm(smollm2_gguf):
     with LLM(model=str(smollm2_gguf), dtype="float32") as engine:
+        assert engine.engine.runner.model_step.compiled
         yield engine
 
 
@@ -59,7 +62,9 @@ def test_chunked_prefill_with_a_64_token_budget(smollm2_gguf, cases):
         dtype="float32",
         max_num_batched_tokens=64,
         enable_chunked_prefill=True,
+        enforce_eager=True,
     ) as engine:
+        assert not engine.engine.runner.model_step.compiled
         names = list(cases)
         assert_all_match(names, generate_ids(engine, [cases[n][0] for n in names]), cases)
 
@@ -73,6 +78,7 @@ def test_preemption_by_recompute(smollm2_gguf, cases):
         num_gpu_blocks_override=72,
         block_size=16,
         enable_prefix_caching=False,
+        enforce_eager=True,
     ) as engine:
         names = list(cases)
         got = generate_ids(engine, [cases[n][0] for n in names])
@@ -84,7 +90,9 @@ def test_preemption_by_recompute(smollm2_gguf, cases):
 
 
 def test_prefix_caching_hits_and_keeps_outputs_exact(smollm2_gguf):
-    with LLM(model=str(smollm2_gguf), dtype="float32", enable_prefix_caching=True) as engine:
+    with LLM(
+        model=str(smollm2_gguf), dtype="float32", enable_prefix_caching=True, enforce_eager=True
+    ) as engine:
         shared = shared_prefix_prompts(engine.get_tokenizer())
         expected = [hf_greedy(str(smollm2_gguf), p) for p in shared]
         first = generate_ids(engine, shared[:1])

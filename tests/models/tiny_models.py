@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.registry import model_class_for
+from aioserve.models.step_context import step_context
 from aioserve.runner.kv_memory import kv_cache_shape
 
 COMMON = dict(
@@ -132,5 +133,6 @@ class PagedRunner:
             max_query_len=max(len(t) for _, t in chunks),
             max_seq_len=max(seq_lens),
         )
-        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv, meta)
+        with step_context(meta, self.kv):
+            hidden = self.model(torch.tensor(ids), torch.tensor(positions))
         return self.model.compute_logits(hidden)

@@ -26,6 +26,7 @@ def tiny_runner(
     num_blocks: int = 64,
     block_size: int = 4,
     max_num_seqs: int = 8,
+    compile_model: bool = False,
 ):
     """(transformers model, ModelRunner) on the same random weights, float32, CPU."""
     config = tiny_configs()[config_name]
@@ -40,6 +41,7 @@ def tiny_runner(
         max_model_len=config.max_position_embeddings,
         dtype=torch.float32,
         device=torch.device("cpu"),
+        compile_model=compile_model,
     )
     return hf, runner
 

@@ -82,7 +82,7 @@ def start_server(gguf: Path, log: Path) -> Iterator[Server]:
     port = free_port()
     argv = [sys.executable, "-m", "aioserve", "serve", str(gguf)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN)]
-    argv += ["--seed", "0", "--api-key", API_KEY]
+    argv += ["--seed", "0", "--api-key", API_KEY, "--enforce-eager"]
     argv += ["--served-model-name", MODEL]  # the name in vLLM's recorded requests
     environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     with open(log, "wb") as output:

@@ -209,6 +209,7 @@ def test_serve_answers_then_drains_on_sigterm(smollm2_gguf, tmp_path):
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     argv = ["serve", str(smollm2_gguf), "--max-model-len", "512", "--host", "127.0.0.1"]
+    argv += ["--enforce-eager"]
     argv += ["--port", str(port), "--served-model-name", "smol", "--shutdown-timeout", "60"]
     process = _aioserve(*argv, log=log)
     try:

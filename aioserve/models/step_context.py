@@ -1,0 +1,48 @@
+"""What every attention layer of the step being run shares: its KV caches and the layout of
+its tokens over them.
+
+The runner sets it around each forward pass (`with step_context(meta, kv_caches): ...`) and
+each layer's attention reads it (`current_step()`), so that the model's forward takes only
+token ids and positions. That keeps the KV write and paged attention out of the model's
+arguments, which is what lets `torch.compile` see the rest of the model as one graph: the
+attention is an opaque custom op (paged_attention_op.py) that finds its caches here, as
+vLLM's forward context does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from aioserve.models.attention_metadata import AttentionMetadata
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class StepContext:
+    meta: AttentionMetadata
+    kv_caches: list[KVCache]  # one (key cache, value cache) per layer
+
+
+_current: StepContext | None = None
+
+
+@contextmanager
+def step_context(meta: AttentionMetadata, kv_caches: list[KVCache]) -> Iterator[StepContext]:
+    """Make `meta` and `kv_caches` the current step's for the duration of a forward pass."""
+    global _current
+    previous, _current = _current, StepContext(meta, kv_caches)
+    try:
+        yield _current
+    finally:
+        _current = previous
+
+
+def current_step() -> StepContext:
+    if _current is None:
+        raise RuntimeError("no step is running: call the model inside step_context(...)")
+    return _current

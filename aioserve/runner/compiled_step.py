@@ -1,0 +1,110 @@
+"""The model's decoder layers and output head, compiled for the CPU by torch.compile.
+
+Inductor turns a decoder layer into generated C++ loops with the token count dynamic: the
+attention stays an opaque custom op (models/paged_attention_op.py), everything else
+(RMSNorm with its residual add, the dense layers, rotary, the SiLU gate) is fused where
+inductor can. For a single-token step, dense layers become multiply-reduce loops that read
+each weight once at close to memory speed (models/linear.py); the output head too.
+
+Every layer runs the same code with its own weights as inputs and its index as an
+unspecialized integer, so one compiled graph serves all of them: compiling costs one
+layer, not the whole model. Token counts: dynamo compiles 1 on its own (decode at one
+stream), and one graph for the other counts on each side of linear.SMALL_BATCH_ROWS; the
+head likewise for 1 row and for more. `warm_up` compiles all of them when the engine
+starts, so no request waits for a compile; inductor's cache on disk
+(TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>) makes later starts
+quicker. If compiling fails (no C++ compiler, an unsupported model), the step runs eagerly
+and a warning names the cause. `--enforce-eager` skips compiling altogether. GPUs run
+eagerly for now.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import torch
+from torch import Tensor, nn
+
+from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.models.linear import SMALL_BATCH_ROWS
+from aioserve.models.step_context import KVCache, step_context
+
+logger = logging.getLogger("aioserve")
+
+
+class ModelStep:
+    """`forward(input_ids, positions)` and `logits(hidden_rows)`, compiled or eager."""
+
+    def __init__(self, model: nn.Module, *, compiled: bool) -> None:
+        self.model = model
+        self.compiled = compiled
+        self._logits = model.compute_logits
+        if compiled:
+            layer_forward = _compile(type(model.layers[0]).forward)
+            for layer in model.layers:
+                layer.forward = functools.partial(layer_forward, layer)
+            self._logits = _compile(model.compute_logits)
+
+    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        return self.model(input_ids, positions)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self._logits(hidden)
+
+    def run_eagerly(self) -> None:
+        self.compiled = False
+        self._logits = self.model.compute_logits
+        for layer in self.model.layers:
+            layer.__dict__.pop("forward", None)
+
+    @torch.inference_mode()
+    def warm_up(self, kv_caches: list[KVCache]) -> None:
+        """Compile every graph a step can need; on failure, fall back to eager with a warning."""
+        if not self.compiled:
+            return
+        started = time.monotonic()
+        device = kv_caches[0][0].device
+        try:
+            for num_tokens in (1, 2, SMALL_BATCH_ROWS + 1):
+                ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+                positions = torch.zeros_like(ids)  # not `ids` itself: dynamo would guard on that
+                with step_context(_no_cache_writes(num_tokens, device), kv_caches):
+                    hidden = self.forward(ids, positions)
+                self.logits(hidden[:1])
+                self.logits(hidden[:2])
+        except Exception as error:  # noqa: BLE001 - any compile failure means: run eagerly
+            logger.warning(
+                "compiling the model step failed, running it eagerly: %s: %s",
+                type(error).__name__,
+                error,
+            )
+            self.run_eagerly()
+            return
+        logger.info("compiled the model step in %.1f s", time.monotonic() - started)
+
+
+def _compile(fn):
+    """torch.compile with dynamic sizes, and integer module attributes (a layer's index)
+    left unspecialized, so that one graph serves every layer."""
+    compiled = torch.compile(fn, dynamic=True)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            return compiled(*args, **kwargs)
+
+    return run
+
+
+def _no_cache_writes(num_tokens: int, device: torch.device) -> AttentionMetadata:
+    """A step of `num_tokens` one-token sequences that writes no KV slot (slot -1)."""
+    return AttentionMetadata(
+        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
+        query_start_loc=torch.arange(num_tokens + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.ones(num_tokens, dtype=torch.int32, device=device),
+        block_tables=torch.zeros((num_tokens, 1), dtype=torch.int32, device=device),
+        max_query_len=1,
+        max_seq_len=1,
+    )
