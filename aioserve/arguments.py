@@ -274,7 +274,9 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.string, choices=("gguf",), vllm_choices=_VLLM_QUANTIZATIONS,
              choice_noun="quantization method", aliases=("-q",)),
     Argument("enforce-eager", MODEL, False,
-             "Run every step eagerly, without CUDA/HIP graphs (less memory, slower).", "bool",
+             "Run every step eagerly: no torch.compile of the model step on the CPU (which "
+             "costs start-up time, once per process), no CUDA/HIP graphs (less memory, "
+             "slower).", "bool",
              convert=values.boolean),
     _vllm("max-seq-len-to-capture", MODEL, 8192, "Longest sequence covered by CUDA graphs."),
     Argument("max-logprobs", MODEL, 20,

@@ -3,9 +3,10 @@
 The configuration leaves some values to the engine (None in config.py); they are decided
 here, once, with the model's config at hand:
 
-- dtype "auto": float32 on the CPU (this is where CPU matmuls are fastest; half precision
-  runs several times slower there), else the checkpoint's dtype, float32 checkpoints
-  running in float16 as in vLLM;
+- dtype "auto": on the CPU bfloat16 where it runs in hardware (AMX or AVX-512-BF16, as
+  vLLM's CPU backend chooses) and float32 elsewhere (half precision runs several times
+  slower there); on a GPU the checkpoint's dtype, float32 checkpoints running in float16
+  as in vLLM;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
 - block size 16, max_num_seqs 256, chunked prefill and prefix caching on (vLLM V1's
@@ -29,7 +30,12 @@ from aioserve.config import EngineConfig
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.loader import load_model
-from aioserve.platform import current_platform, device
+from aioserve.platform import (
+    FAST_BF16_CPU_FLAGS,
+    cpu_fast_bf16_flag,
+    current_platform,
+    device,
+)
 from aioserve.runner.kv_memory import num_kv_blocks
 from aioserve.runner.model_runner import ModelRunner
 
@@ -82,6 +88,14 @@ def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
     if requested != "auto":
         return _DTYPES[requested]
     if current_platform() == "cpu":
+        flag = cpu_fast_bf16_flag()
+        if flag is not None:
+            logger.info("dtype auto: bfloat16, which this CPU computes in hardware (%s)", flag)
+            return torch.bfloat16
+        logger.info(
+            "dtype auto: float32, as this CPU has no bfloat16 arithmetic (neither %s)",
+            " nor ".join(FAST_BF16_CPU_FLAGS),
+        )
         return torch.float32
     config = checkpoint.hf_config
     stored = getattr(config, "dtype", None)

@@ -1,0 +1,45 @@
+"""dtype "auto" on the CPU: bfloat16 where the CPU computes it in hardware, float32 elsewhere."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from aioserve.engine import build
+from aioserve.platform import parse_cpu_flags
+
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+flags\t\t: fpu vme sse2 avx avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
+bugs\t\t: spectre_v1
+"""
+EPYC_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2\n"
+
+
+def test_flags_are_read_from_the_first_flags_line():
+    assert {"avx512_bf16", "amx_bf16"} <= parse_cpu_flags(SAPPHIRE_RAPIDS)
+    assert "spectre_v1" not in parse_cpu_flags(SAPPHIRE_RAPIDS)
+    assert parse_cpu_flags(EPYC_AVX2) == {"fpu", "sse2", "avx", "fma", "avx2"}
+    assert parse_cpu_flags("no flags here") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "dtype", "reason"),
+    [
+        (
+            SAPPHIRE_RAPIDS,
+            torch.bfloat16,
+            "bfloat16, which this CPU computes in hardware (amx_bf16)",
+        ),
+        (EPYC_AVX2, torch.float32, "float32, as this CPU has no bfloat16 arithmetic"),
+    ],
+)
+def test_auto_picks_by_the_cpu_and_says_why(monkeypatch, caplog, cpuinfo, dtype, reason):
+    monkeypatch.setattr(build, "current_platform", lambda: "cpu")
+    monkeypatch.setattr("aioserve.platform.cpu_flags", lambda: parse_cpu_flags(cpuinfo))
+    with caplog.at_level(logging.INFO, logger="aioserve"):
+        assert build.resolve_dtype("auto", checkpoint=None) == dtype
+    assert reason in caplog.text
+    assert build.resolve_dtype("float32", checkpoint=None) == torch.float32  # asked: kept
