@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import logging
 import random
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -36,11 +37,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aioserve.config import EngineConfig
+from aioserve.engine.admission import max_new_tokens, sibling_seed, validate_request
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
 from aioserve.engine.gc_tuning import tune_gc_for_serving
 from aioserve.engine.kv_cache_manager import KVCacheManager
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
+from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import RequestMetrics, RequestOutput
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
@@ -57,11 +60,6 @@ from aioserve.runner.step_plan import StepResult
 logger = logging.getLogger("aioserve")
 
 PromptType = str | dict[str, Any] | list[int]
-
-
-def _sibling_seed(seed: int, index: int) -> int:
-    """The seed of sample `index` of a seeded request: seed + index, kept in int64."""
-    return (seed + index + 2**63) % 2**64 - 2**63
 
 
 class EngineDeadError(RuntimeError):
@@ -81,6 +79,7 @@ class _ExecutedStep:
 class _StepInFlight:
     scheduled: SchedulerOutput
     future: asyncio.Future  # of an _ExecutedStep
+    started: threading.Event  # set by the model thread as it begins the step
 
 
 class AsyncEngine:
@@ -103,7 +102,7 @@ class AsyncEngine:
         self._seed_rng = random.Random(s.seed)
         self._arrivals = itertools.count()
         self._states: dict[str, RequestState] = {}  # user request id -> state
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._queues: dict[str, OutputStream] = {}
         self._sample_of: dict[str, tuple[RequestState, int]] = {}  # sequence id -> (state, index)
         self._model_thread = model_thread or ModelThread()
         self._waiter: ThreadPoolExecutor | None = None  # waits for a GPU step, off the loop
@@ -153,53 +152,6 @@ class AsyncEngine:
             )
         return prompt, self.tokenizer(prompt).input_ids
 
-    def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        s = self.settings
-        if not prompt_ids:
-            raise ValueError("the prompt cannot be empty")
-        if len(prompt_ids) >= s.max_model_len:
-            raise ValueError(
-                f"The decoder prompt (length {len(prompt_ids)}) is longer than the maximum model "
-                f"length of {s.max_model_len}. Make sure that `max_model_len` is no smaller than "
-                "the number of text tokens plus one output token."
-            )
-        vocab = self.hf_config.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
-        if (
-            params.logprobs is not None
-            and s.max_logprobs != -1
-            and params.logprobs > s.max_logprobs
-        ):
-            raise ValueError(
-                f"Requested sample logprobs of {params.logprobs}, which is greater than max allowed: {s.max_logprobs}"
-            )
-        if params.logprobs is not None and params.logprobs > vocab:
-            # Reachable with --max-logprobs -1 (no limit); a top-n cannot exceed the vocabulary.
-            raise ValueError(
-                f"Requested sample logprobs of {params.logprobs}, which is greater than the "
-                f"vocabulary size of {vocab}"
-            )
-        if params.stop and self.tokenizer is None:
-            raise ValueError(
-                "stop strings need the tokenizer, which is not loaded (--skip-tokenizer-init)"
-            )
-        if params.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported by aioserve yet")
-        for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
-            for token_id in getattr(params, field) or ():
-                if not 0 <= token_id < vocab:
-                    raise ValueError(
-                        f"token id {token_id} in {field} is outside the vocabulary of {vocab}"
-                    )
-
-    def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
-        room = self.settings.max_model_len - prompt_len
-        limit = room if params.max_tokens is None else min(params.max_tokens, room)
-        if self.settings.max_new_tokens_cap is not None:
-            limit = min(limit, self.settings.max_new_tokens_cap)
-        return limit
-
     def add_request(
         self,
         request_id: str,
@@ -207,14 +159,16 @@ class AsyncEngine:
         params: SamplingParams,
         *,
         priority: int = 0,
-    ) -> asyncio.Queue:
-        """Register a request; its outputs arrive on the returned queue."""
+    ) -> OutputStream:
+        """Register a request; its outputs arrive on the returned stream (one consumer)."""
         if self._dead is not None:
             raise EngineDeadError("the engine stopped after an error") from self._dead
         if request_id in self._states:
             raise ValueError(f"request id {request_id!r} is already running")
         text, prompt_ids = self.tokenize_prompt(prompt)
-        self._validate(prompt_ids, params)
+        validate_request(
+            self.settings, self.hf_config.vocab_size, self.tokenizer is not None, prompt_ids, params
+        )
         self._ensure_loop()
         now = time.monotonic()
         state = RequestState(
@@ -236,7 +190,7 @@ class AsyncEngine:
         arrival = next(self._arrivals)
         for index, sequence_id in enumerate(sequence_ids):
             if params.seed is not None:
-                seed = _sibling_seed(params.seed, index)
+                seed = sibling_seed(params.seed, index)
             else:
                 seed = self._seed_rng.getrandbits(63)
             request = Request(
@@ -245,7 +199,7 @@ class AsyncEngine:
                 sampling_params=params,
                 seed=seed,
                 eos_token_ids=self.settings.eos_token_ids,
-                max_tokens=self._max_tokens(len(prompt_ids), params),
+                max_tokens=max_new_tokens(self.settings, len(prompt_ids), params),
                 priority=priority,
                 arrival_time=now,
                 arrival_index=arrival,
@@ -261,7 +215,7 @@ class AsyncEngine:
             self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
             self._forget(state)
             raise
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = OutputStream()
         self._states[request_id] = state
         self._queues[request_id] = queue
         self._wakeup.set()
@@ -281,7 +235,9 @@ class AsyncEngine:
         finished = False
         try:
             while not finished:
-                item = await queue.get()
+                while queue.empty():
+                    await queue.wait()
+                item = queue.get_nowait()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -333,7 +289,8 @@ class AsyncEngine:
                             in_flight.append(step)
                         continue
                 if in_flight:
-                    await self._finish_step(in_flight.popleft())
+                    step = in_flight.popleft()
+                    await self._finish_step(step, in_flight[0] if in_flight else None)
                     continue
                 if self.scheduler.has_unfinished():
                     raise RuntimeError(
@@ -359,19 +316,26 @@ class AsyncEngine:
             logger.exception("preparing a model step failed")
             self._fail_requests(output, error)
             return None
-        future = loop.run_in_executor(self._model_thread, self._execute, prepared)
-        return _StepInFlight(output, future)
+        started = threading.Event()
+        future = loop.run_in_executor(self._model_thread, self._execute, prepared, started)
+        return _StepInFlight(output, future, started)
 
-    def _execute(self, prepared: PreparedStep) -> _ExecutedStep:
+    def _execute(self, prepared: PreparedStep, started_event: threading.Event) -> _ExecutedStep:
         """On the model thread: run the step, noting when it started and ended."""
         started = time.monotonic()
+        started_event.set()
         output = self.runner.execute(prepared)
         return _ExecutedStep(output, started, time.monotonic())
 
-    async def _finish_step(self, step: _StepInFlight) -> None:
+    async def _finish_step(self, step: _StepInFlight, next_step: _StepInFlight | None) -> None:
         """Wait for a step's tokens, then record them and deliver the outputs."""
         try:
             executed = await step.future
+            if next_step is not None:
+                # Let the model thread get the next step going before this thread takes the
+                # GIL for its long stretch of host work: a thread waiting for the GIL waits
+                # up to the switch interval (5 ms), so losing that race stalls the device.
+                next_step.started.wait(0.001)
             if not executed.output.is_ready():
                 if self._waiter is None:
                     self._waiter = ThreadPoolExecutor(1, thread_name_prefix="aioserve-wait")
@@ -392,10 +356,13 @@ class AsyncEngine:
     def _mark_scheduled(self, output: SchedulerOutput) -> None:
         now = time.monotonic()
         for chunk in output.chunks:
-            state, _ = self._sample_of[chunk.request.request_id]
+            request = chunk.request
+            if chunk.num_computed_tokens >= len(request.prompt_token_ids):
+                continue  # a decode: a request is first scheduled with a prompt chunk
+            state, _ = self._sample_of[request.request_id]
             if state.metrics.first_scheduled_time is None:
                 state.metrics.first_scheduled_time = now
-                state.num_cached_tokens = chunk.request.num_cached_prompt_tokens
+                state.num_cached_tokens = request.num_cached_prompt_tokens
 
     def _process_step(
         self,
@@ -410,14 +377,16 @@ class AsyncEngine:
         num_prompt_tokens = num_generated = 0
         first_token_latencies: list[float] = []
         inter_token_latencies: list[float] = []
+        sampled, logprobs = result.sampled, result.logprobs
+        process_tokens = self.output_processor.process_tokens
         for chunk in output.chunks:
             request = chunk.request
-            prompt_end = min(
-                chunk.num_computed_tokens + chunk.num_tokens, request.num_prompt_tokens
-            )
-            num_prompt_tokens += max(0, prompt_end - chunk.num_computed_tokens)
-            new_tokens = result.sampled.get(request.request_id)
-            entry = self._sample_of.get(request.request_id)
+            request_id = request.request_id
+            start, num_prompt = chunk.num_computed_tokens, len(request.prompt_token_ids)
+            if start < num_prompt:
+                num_prompt_tokens += min(start + chunk.num_tokens, num_prompt) - start
+            new_tokens = sampled.get(request_id)
+            entry = self._sample_of.get(request_id)
             if not new_tokens or entry is None:
                 continue
             state, index = entry
@@ -426,19 +395,19 @@ class AsyncEngine:
             if sample.request is not request or sample.finish_reason is not None:
                 continue
             # The scheduler may have stopped before taking every sampled token.
-            appended = request.output_token_ids[len(request.output_token_ids) - len(new_tokens) :]
-            if self.output_processor.process_tokens(
-                sample, appended, result.logprobs.get(request.request_id)
-            ):
+            output_ids = request.output_token_ids
+            appended = output_ids[len(output_ids) - len(new_tokens) :]
+            if process_tokens(sample, appended, logprobs.get(request_id) if logprobs else None):
                 request.stop_reason = sample.stop_reason
-                stopped_by_text.append(request.request_id)
+                stopped_by_text.append(request_id)
             num_generated += len(appended)
-            if state.metrics.first_token_time is None:
-                state.metrics.first_token_time = now
-                first_token_latencies.append(now - state.metrics.arrival_time)
+            metrics = state.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+                first_token_latencies.append(now - metrics.arrival_time)
             elif state.request_id not in touched:
-                inter_token_latencies.append(now - state.metrics.last_token_time)
-            state.metrics.last_token_time = now
+                inter_token_latencies.append(now - metrics.last_token_time)
+            metrics.last_token_time = now
             state.changed.add(index)
             touched[state.request_id] = state
         self.scheduler.finish_requests(stopped_by_text, RequestStatus.FINISHED_STOPPED)
@@ -455,12 +424,13 @@ class AsyncEngine:
         queue = self._queues.get(state.request_id)
         if queue is None:
             return
-        if state.finished:
+        finished = state.finished
+        if finished:
             state.metrics.finished_time = time.monotonic()
-        item = self.output_processor.make_output(state)
+        item = self.output_processor.make_output(state, finished)
         if item is not None:
             queue.put_nowait(item)
-        if state.finished:
+        if finished:
             if self.stat_loggers:
                 self._finished_stats.append(
                     finished_request_stats(state, state.metrics.finished_time)

@@ -157,11 +157,13 @@ class KVCacheManager:
         """Register the request's computed full blocks in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        self.update_block_hashes(request)
-        table = self._block_tables.get(request.request_id, [])
         # Computed and known: with asynchronous scheduling a block may be computed (or
         # being computed) before the host knows its last token.
         num_known = min(request.num_computed_tokens, request.num_tokens)
+        if num_known // self.block_size <= request.num_registered_blocks:
+            return  # no block filled up since the last call (most decode steps)
+        self.update_block_hashes(request)
+        table = self._block_tables.get(request.request_id, [])
         n_computed_full = min(num_known // self.block_size, len(table))
         for i in range(request.num_registered_blocks, n_computed_full):
             block = self._blocks[table[i]]

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from aioserve.config import EngineConfig, engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine, PromptType
+from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -147,7 +148,7 @@ class LLM:
         results: list[RequestOutput | None] = [None] * len(prompts)
         with tqdm(total=len(prompts), desc="Processed prompts", disable=not use_tqdm) as bar:
 
-            async def collect(index: int, queue: asyncio.Queue) -> None:
+            async def collect(index: int, queue: OutputStream) -> None:
                 while True:
                     item = await queue.get()
                     if isinstance(item, BaseException):

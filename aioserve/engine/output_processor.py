@@ -18,6 +18,9 @@ from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.stop_strings import StopStringMatcher
 from aioserve.runner.step_plan import TokenLogprobs
 
+# Read for every request on every step; an enum member looked up on its class costs ~90 ns.
+_DELTA, _FINAL_ONLY = RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
+
 
 @dataclass(eq=False)
 class SampleState:
@@ -37,23 +40,26 @@ class SampleState:
     stop_reason: int | str | None = None
 
     def to_output(self, delta: bool) -> CompletionOutput:
-        token_ids = self.request.output_token_ids
+        all_token_ids = self.request.output_token_ids
         text, logprobs = self.text, self.logprobs
         if delta:
-            token_ids = token_ids[self.num_sent_tokens :]
+            token_ids = all_token_ids[self.num_sent_tokens :]
             text = text[self.num_sent_chars :]
             logprobs = logprobs[self.num_sent_logprobs :] if logprobs is not None else None
-        self.num_sent_tokens = len(self.request.output_token_ids)
+        else:
+            token_ids = list(all_token_ids)
+        self.num_sent_tokens = len(all_token_ids)
         self.num_sent_chars = len(self.text)
         self.num_sent_logprobs = len(self.logprobs) if self.logprobs is not None else 0
+        # Positional: keyword arguments cost a third of a microsecond more, on every step.
         return CompletionOutput(
-            index=self.index,
-            text=text,
-            token_ids=list(token_ids),
-            cumulative_logprob=self.cumulative_logprob,
-            logprobs=logprobs,
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
+            self.index,
+            text,
+            token_ids,
+            self.cumulative_logprob,
+            logprobs,
+            self.finish_reason,
+            self.stop_reason,
         )
 
 
@@ -70,7 +76,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples)
+        for sample in self.samples:  # a plain loop: cheaper than all() for one or two
+            if sample.finish_reason is None:
+                return False
+        return True
 
 
 class OutputProcessor:
@@ -114,9 +123,9 @@ class OutputProcessor:
         if sample.detokenizer is None:
             return False
         tokens = new_token_ids
+        status = request.status
         if (
-            request.is_finished
-            and request.status.finish_reason == "stop"
+            status.finish_reason == "stop"
             and not request.sampling_params.include_stop_str_in_output
             and tokens
         ):
@@ -124,9 +133,10 @@ class OutputProcessor:
             tokens = tokens[:-1]
         piece = sample.detokenizer.add_tokens(tokens) if tokens else ""
         if sample.stop_matcher is None:
-            sample.text += piece
+            if piece:
+                sample.text += piece
             return False
-        if request.num_output_tokens <= request.sampling_params.min_tokens:
+        if len(request.output_token_ids) <= request.sampling_params.min_tokens:
             # Like vLLM, stop strings are only looked for once min_tokens are out.
             sample.text += sample.stop_matcher.emit_unchecked(piece)
             return False
@@ -136,7 +146,7 @@ class OutputProcessor:
             sample.finish_reason = "stop"
             sample.stop_reason = matched
             return True
-        if request.is_finished:
+        if status.is_finished:
             sample.text += sample.stop_matcher.flush()
         return False
 
@@ -146,25 +156,29 @@ class OutputProcessor:
             sample.finish_reason = sample.request.status.finish_reason
             sample.stop_reason = sample.request.stop_reason
 
-    def make_output(self, state: RequestState) -> RequestOutput | None:
-        """The output to deliver after a step, or None when nothing is due."""
+    def make_output(self, state: RequestState, finished: bool) -> RequestOutput | None:
+        """The output to deliver after a step, or None when nothing is due.
+
+        `finished` is `state.finished`, which the caller has just read.
+        """
         kind = state.params.output_kind
-        finished = state.finished
-        if kind is RequestOutputKind.FINAL_ONLY and not finished:
+        if kind is _FINAL_ONLY and not finished:
             return None
-        delta = kind is RequestOutputKind.DELTA
+        delta = kind is _DELTA
         samples = state.samples
-        if delta:
-            samples = [s for s in samples if s.index in state.changed]
-        state.changed.clear()
-        return RequestOutput(
-            request_id=state.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            outputs=[s.to_output(delta) for s in samples],
-            finished=finished,
-            num_cached_tokens=state.num_cached_tokens,
-            metrics=state.metrics,
+        changed = state.changed
+        if delta and len(changed) < len(samples):
+            samples = [s for s in samples if s.index in changed]
+        changed.clear()
+        return RequestOutput(  # positional, as in to_output
+            state.request_id,
+            state.prompt,
+            state.prompt_token_ids,
+            [s.to_output(delta) for s in samples],
+            finished,
+            None,  # prompt_logprobs
+            state.num_cached_tokens,
+            state.metrics,
         )
 
     def _logprob_dict(self, token_id: int, lp: TokenLogprobs) -> dict[int, Logprob]:

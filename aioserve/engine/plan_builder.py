@@ -52,20 +52,15 @@ def sequence_chunk(
     new_block_ids = table[request.num_blocks_sent :]
     request.num_blocks_sent = len(table)
     end = start + num_tokens
-    if end <= request.num_tokens:
+    num_known = len(request.prompt_token_ids) + len(request.output_token_ids)  # num_tokens
+    if end <= num_known:
         token_ids = request.token_ids_range(start, end)
-    elif num_tokens == 1 and start == request.num_tokens:
+    elif num_tokens == 1 and start == num_known:
         token_ids = None  # sampled by the step still running: the runner has it
     else:
         raise AssertionError(
             f"chunk {start}..{end} of {request.request_id!r} reaches past its known tokens "
-            f"({request.num_tokens}) by more than one pending token"
+            f"({num_known}) by more than one pending token"
         )
-    return SequenceChunk(
-        seq_id=request.request_id,
-        start=start,
-        num_tokens=num_tokens,
-        token_ids=token_ids,
-        new_block_ids=new_block_ids,
-        samples=samples,
-    )
+    # Positional: keyword arguments cost a third of a microsecond more, for every chunk.
+    return SequenceChunk(request.request_id, start, num_tokens, token_ids, new_block_ids, samples)

@@ -22,14 +22,14 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "abort"
     FINISHED_ERROR = "error"
 
-    @property
-    def is_finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+    is_finished: bool
+    finish_reason: str | None
 
-    @property
-    def finish_reason(self) -> str | None:
-        """vLLM's finish_reason string ("stop", "length", "abort"), None while unfinished."""
-        return self.value if self.is_finished else None
+    def __init__(self, value: str) -> None:
+        # Plain attributes rather than properties: read for every sequence on every step.
+        self.is_finished = self.name.startswith("FINISHED")
+        # vLLM's finish_reason string ("stop", "length", "abort"), None while unfinished.
+        self.finish_reason = value if self.is_finished else None
 
 
 @dataclass(eq=False)

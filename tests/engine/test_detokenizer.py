@@ -334,3 +334,40 @@ def test_stop_string_spanning_tokens_ends_the_text(smollm2, include):
             break
     assert matched == stop
     assert text == " The answer is 42 😀." + (stop if include else "")
+
+
+@pytest.fixture(scope="module", params=["smollm2", "llama", "metaspace"])
+def fast_tokenizer_and_pool(request):
+    """A fast tokenizer and tokens that make streaming hard: partial UTF-8 bytes, tokens that
+    decode to nothing, special tokens, an id outside the vocabulary, plain words."""
+    if request.param == "smollm2":
+        tokenizer = request.getfixturevalue("smollm2")
+    else:
+        tokenizer = _llama_style(request.param)
+    backend = tokenizer.backend_tokenizer
+    alone = {i: backend.decode([i]) for i in range(len(tokenizer))}
+    partial = [i for i, text in alone.items() if "\ufffd" in text]
+    empty = [i for i, text in alone.items() if not text]
+    plain = encode(tokenizer, "".join(TEXTS.values()))
+    pool = partial[:: max(1, len(partial) // 60)] + empty[:20] + plain + tokenizer.all_special_ids
+    return tokenizer, pool + [len(tokenizer) + 3]
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_decode_stream_gives_the_pieces_of_the_python_window(fast_tokenizer_and_pool, data):
+    # Fast tokenizers run the window in tokenizers' DecodeStream, handing back to the Python
+    # rule where the stream would differ; a tokenizer whose backend is not a
+    # `tokenizers.Tokenizer` (here the recording wrapper) only has the Python rule.
+    tokenizer, pool = fast_tokenizer_and_pool
+    output = data.draw(st.lists(st.sampled_from(pool), max_size=60))
+    if data.draw(st.booleans()):  # invalid bytes, released around MAX_PENDING_TOKENS
+        partial = [t for t in pool if "\ufffd" in tokenizer.backend_tokenizer.decode([t])]
+        run = data.draw(st.integers(MAX_PENDING_TOKENS - 1, MAX_PENDING_TOKENS + 1))
+        output = [data.draw(st.sampled_from(partial))] * run + output
+    prompt = data.draw(st.sampled_from([encode(tokenizer, PROMPT), [], pool[:7]]))
+    chunks = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=6))
+    skip = data.draw(st.booleans())
+    streamed = stream(tokenizer, prompt, output, chunks, skip_special_tokens=skip)
+    python_only = _RecordingTokenizer(tokenizer)
+    assert stream(python_only, prompt, output, chunks, skip_special_tokens=skip) == streamed
