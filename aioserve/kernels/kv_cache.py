@@ -126,12 +126,18 @@ def write_kv_cache_reference(
     key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
 ) -> None:
     """The torch path of `write_kv_cache`."""
-    block_size = key_cache.shape[1]
-    tokens = (slot_mapping >= 0).nonzero().squeeze(1)
-    slots = slot_mapping[tokens]
-    blocks, offsets = slots // block_size, slots % block_size
-    key_cache[blocks, offsets] = key[tokens].to(key_cache.dtype)
-    value_cache[blocks, offsets] = value[tokens].to(value_cache.dtype)
+    if bool((slot_mapping < 0).any()):  # only padding and warm-up steps skip tokens
+        tokens = (slot_mapping >= 0).nonzero().squeeze(1)
+        key, value, slot_mapping = key[tokens], value[tokens], slot_mapping[tokens]
+    # The cache as rows of slots: one index_copy_ each (~8 us a decode step, against ~57
+    # for block/offset indexing, and it runs in every layer).
+    num_heads, head_size = key_cache.shape[2:]
+    key_cache.view(-1, num_heads, head_size).index_copy_(
+        0, slot_mapping, key.to(key_cache.dtype)
+    )
+    value_cache.view(-1, num_heads, head_size).index_copy_(
+        0, slot_mapping, value.to(value_cache.dtype)
+    )
 
 
 def write_kv_cache(
