@@ -13,8 +13,11 @@ in float32:
   layer, more than the 32 MB L3 holds with the weights streaming through). Table entries
   past a sequence's blocks re-read its own first block, and gathered slots past its length
   are zeroed: the length mask hides them, but a NaN left in a free slot would survive the
-  mask (0 * NaN). The GQA group of query heads rides in SDPA's query-length axis
-  ([n, Hkv, group, D]), so each kv head's keys are read once for all of its query heads.
+  mask (0 * NaN). A group of one sequence (every decode at concurrency 1) skips both: its
+  gathered slots are cut to its length. The GQA group of query heads rides in SDPA's
+  query-length axis ([n, Hkv, group, D]), so each kv head's keys are read once for all of
+  its query heads. A group whose query rows are consecutive (a step of decodes only) reads
+  and writes them as slices.
 - Prefill rows go sequence by sequence, causal, the mask offset by the cached prefix.
 
 Unlike the Triton path it is not bitwise batch invariant: the padded width of a decode
@@ -39,9 +42,10 @@ class DecodeGroup:
 
     rows: Tensor  # [n] int64: each sequence's query row
     blocks: Tensor  # [n * width // block_size] int64: the blocks to gather, row by row
-    padding: Tensor  # int64: gathered slots (of n * width) past their sequence's length
-    mask: Tensor  # [n, 1, 1, width] bool: True where a gathered slot is context
-    width: int
+    padding: Tensor | None  # int64: gathered slots (of n * width) past their sequence's length
+    mask: Tensor | None  # [n, 1, 1, width] bool: True where a gathered slot is context
+    width: int  # gathered slots per sequence (cut to its length for a group of one)
+    first_row: int | None  # rows[0] when the rows are consecutive, else None
 
 
 @dataclass
@@ -115,15 +119,22 @@ def plan_reference_attention(
         width_blocks = int(blocks_per_seq.max())
         table = tables[seqs, :width_blocks]
         table = np.where(np.arange(width_blocks) < blocks_per_seq[:, None], table, table[:, :1])
-        width = width_blocks * block_size
-        valid = np.arange(width) < group_lens[:, None]
+        rows = np.array([starts[b] for b in seqs])
+        consecutive = bool((np.diff(rows) == 1).all())
+        width, padding, mask = int(group_lens[0]), None, None
+        if len(seqs) > 1:
+            width = width_blocks * block_size
+            valid = np.arange(width) < group_lens[:, None]
+            padding = on_device(np.flatnonzero(~valid))
+            mask = on_device(valid)[:, None, None, :]
         groups.append(
             DecodeGroup(
-                rows=on_device(np.array([starts[b] for b in seqs])),
+                rows=on_device(rows),
                 blocks=on_device(table.reshape(-1)),
-                padding=on_device(np.flatnonzero(~valid)),
-                mask=on_device(valid)[:, None, None, :],
+                padding=padding,
+                mask=mask,
                 width=width,
+                first_row=int(rows[0]) if consecutive else None,
             )
         )
 
@@ -182,11 +193,15 @@ def _attend_decode_group(
     num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
     n = group.rows.numel()
-    keys = _gather_blocks(key_cache, group.blocks, group.padding, buffers[0])
-    values = _gather_blocks(value_cache, group.blocks, group.padding, buffers[1])
-    rows = query.index_select(0, group.rows).float()
+    # A group of one is cut to its length: the slots past it are never read.
+    keys = _gather_blocks(key_cache, group.blocks, group.padding, buffers[0])[: n * group.width]
+    values = _gather_blocks(value_cache, group.blocks, group.padding, buffers[1])[: n * group.width]
+    if group.first_row is None:
+        rows = query.index_select(0, group.rows)
+    else:
+        rows = query[group.first_row : group.first_row + n]
     out = F.scaled_dot_product_attention(
-        rows.view(n, num_kv_heads, num_q_heads // num_kv_heads, head_size),
+        rows.float().view(n, num_kv_heads, num_q_heads // num_kv_heads, head_size),
         keys.view(n, group.width, num_kv_heads, head_size).transpose(1, 2),
         values.view(n, group.width, num_kv_heads, head_size).transpose(1, 2),
         attn_mask=group.mask,
@@ -247,7 +262,10 @@ def paged_attention_reference(
     for group in plan.decode_groups:
         buffers = plan.decode_gather_buffers(key_cache)
         attended = _attend_decode_group(query, key_cache, value_cache, group, scale, buffers)
-        out.index_copy_(0, group.rows, attended.to(out.dtype))
+        if group.first_row is None:
+            out.index_copy_(0, group.rows, attended.to(out.dtype))
+        else:
+            out[group.first_row : group.first_row + attended.shape[0]] = attended
     for seq in plan.prefills:
         attended = _attend_prefill(query, key_cache, value_cache, seq, scale)
         out[seq.start : seq.end] = attended.to(out.dtype)

@@ -132,9 +132,7 @@ def write_kv_cache_reference(
     # The cache as rows of slots: one index_copy_ each (~8 us a decode step, against ~57
     # for block/offset indexing, and it runs in every layer).
     num_heads, head_size = key_cache.shape[2:]
-    key_cache.view(-1, num_heads, head_size).index_copy_(
-        0, slot_mapping, key.to(key_cache.dtype)
-    )
+    key_cache.view(-1, num_heads, head_size).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
     value_cache.view(-1, num_heads, head_size).index_copy_(
         0, slot_mapping, value.to(value_cache.dtype)
     )

@@ -27,3 +27,16 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     plan: ReferencePlan | None = None
+
+    @classmethod
+    def without_kv_writes(cls, num_tokens: int, device: torch.device) -> AttentionMetadata:
+        """A step of `num_tokens` one-token sequences that writes no KV slot (slot -1): for
+        steps run only to compile the model or to measure its memory."""
+        return cls(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
+            query_start_loc=torch.arange(num_tokens + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.ones(num_tokens, dtype=torch.int32, device=device),
+            block_tables=torch.zeros((num_tokens, 1), dtype=torch.int32, device=device),
+            max_query_len=1,
+            max_seq_len=1,
+        )

@@ -39,14 +39,7 @@ def profile_peak_step(
         for _ in range(model.config.num_hidden_layers)
     ]
     tokens = max_num_batched_tokens
-    meta = AttentionMetadata(
-        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=dev),
-        query_start_loc=torch.arange(tokens + 1, dtype=torch.int32, device=dev),
-        seq_lens=torch.ones(tokens, dtype=torch.int32, device=dev),
-        block_tables=torch.zeros((tokens, 1), dtype=torch.int32, device=dev),
-        max_query_len=1,
-        max_seq_len=1,
-    )
+    meta = AttentionMetadata.without_kv_writes(tokens, dev)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()

@@ -158,6 +158,19 @@ def test_reference_decodes_in_several_groups_match_naive(device):
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "seq_lens",
+    [[29], [16], [1], [3 + 5 * i for i in range(DECODE_GROUP + 3)]],
+    ids=["one-mid-block", "one-full-block", "one-token", "two-groups"],
+)
+def test_reference_decode_only_steps_match_naive(device, seq_lens):
+    # Steps of decodes only: consecutive query rows (read and written as slices) and, alone,
+    # a group of one cut to its length; the NaN in the free slots past it must not leak.
+    batch = make_batch([(1, n) for n in seq_lens], 6, 2, 64, 16, torch.float32, device)
+    out = paged_attention_reference(*batch.args())
+    torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
+
+
 def test_reference_half_precision_matches_naive(device):
     batch = make_batch(MIXED, 4, 1, 64, 16, torch.float16, device)
     out = paged_attention_reference(*batch.args())
