@@ -495,7 +495,8 @@ ARGUMENTS: tuple[Argument, ...] = (
           "Same KV allocation for every layer type.", "bool"),
     Argument("async-scheduling", SCHEDULER, None,
              "Schedule and prepare step N+1 while step N runs, so that the device never waits "
-             "for the host; outputs reach the host one step later. Default: on.", "bool",
+             "for the host; outputs reach the host one step later. Default: on for a GPU, off "
+             "for the CPU (where host and model share the cores).", "bool",
              convert=values.boolean),
     # --- VllmConfig ------------------------------------------------------------------------
     _vllm("compilation-config", VLLM, {},

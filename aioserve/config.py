@@ -23,7 +23,7 @@ or, for keywords, the keyword (`max_num_seqs must be ...`).
 The engine resolves some fields later; None there means "the engine decides":
 block_size (16), max_model_len (from the model), max_num_seqs (256),
 max_num_batched_tokens, enable_prefix_caching (on), enable_chunked_prefill (on) and
-async_scheduling (on).
+async_scheduling (on for a GPU, off for the CPU).
 
 Besides arguments, the CPU KV-cache size comes from vLLM's environment variable
 VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`.
