@@ -270,9 +270,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
 def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:
     """--async-scheduling as given, else on for a GPU and off for the CPU.
 
-    On the CPU the model step and the host share the same cores: host work beside the step
-    takes a core from the step's thread pool (64 prompts at rate inf: 310 total tok/s on
-    against 360 off on a 2-core EPYC, bench/RESULTS.md), and at one stream it gains nothing.
+    On a GPU the overlap hides the host's work behind the device's (bench/host_overhead.py).
+    On the CPU the host and the model step share the cores, and on a 2-core EPYC four runs
+    each way at rate inf (64 requests) gave 310-365 total tok/s with overlap and 330-360
+    without (bench/RESULTS.md): no gain, so the CPU keeps the simpler sequential mode,
+    which also computes no token for a request that has already finished.
     """
     if requested is not None:
         return requested
