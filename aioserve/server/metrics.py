@@ -11,6 +11,8 @@ Names, types, help texts, labels and bucket boundaries are those of vLLM 0.32's 
 `model_name` (the first served model name) and `engine="0"`, as vLLM's do;
 `vllm:cache_config_info`, like vLLM's, carries only `engine` and the cache settings.
 The process, platform and GC collectors vLLM exposes (`process_*`, `python_*`) are there too.
+The page is in the Prometheus text format, as vLLM's is, whatever the scraper's Accept (see
+`serve_metrics`).
 
 Exposed, measured by the engine:
     gauges      vllm:num_requests_running, vllm:num_requests_waiting,
@@ -71,8 +73,8 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    generate_latest,
 )
-from prometheus_client.exposition import choose_encoder
 
 from aioserve.engine.stats import StepStats
 from aioserve.server.state import ServerState
@@ -391,11 +393,22 @@ async def monitor_event_loop_lag(
 METRICS: web.AppKey[PrometheusStatLogger] = web.AppKey("aioserve_metrics", PrometheusStatLogger)
 
 
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The Prometheus text format, the one /metrics serves whatever the scraper's Accept."""
+
+
 async def serve_metrics(request: web.Request) -> web.Response:
-    """GET /metrics: the registry in the exposition format the scraper's Accept asks for."""
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    body = encoder(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": content_type})
+    """GET /metrics: the registry in the Prometheus text format, as vLLM's page is.
+
+    The Accept header is not negotiated: every one Prometheus sends lists this format (and
+    `*/*`), and in it the samples keep vLLM's names. prometheus-client's OpenMetrics encoder
+    does not keep them: from 0.23 on, for an Accept without `escaping=allow-utf-8` (that of
+    Prometheus 2.x, or 3.x set to legacy names) it writes `vllm_num_requests_running`
+    samples under `# TYPE vllm:num_requests_running` lines (prometheus/client_python#1177),
+    and Prometheus stores the underscore names.
+    """
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) -> None:
