@@ -510,6 +510,11 @@ class AsyncEngine:
         """True once the engine loop stopped after an unexpected error: no request can run."""
         return self._dead is not None
 
+    @property
+    def model_step_running_since(self) -> float | None:
+        """When the model thread began the step it runs now (time.monotonic); None when idle."""
+        return self._model_thread.busy_since
+
     async def stop_loop(self) -> None:
         """Stop the scheduler coroutine; the next request starts it again."""
         task, self._loop_task = self._loop_task, None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
@@ -26,6 +27,8 @@ class ModelThread(Executor):
     def __init__(self, name: str = "aioserve-model") -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self.busy_since: float | None = None
+        """When the job now running began (time.monotonic); None while the thread waits."""
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -41,12 +44,15 @@ class ModelThread(Executor):
             future, fn, args, kwargs = job
             if not future.set_running_or_notify_cancel():
                 continue
+            self.busy_since = time.monotonic()
             try:
                 result = fn(*args, **kwargs)
             except BaseException as error:
                 future.set_exception(error)
             else:
                 future.set_result(result)
+            finally:
+                self.busy_since = None
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking jobs; the queued ones still run unless `cancel_futures`."""

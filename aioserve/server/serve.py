@@ -3,14 +3,15 @@
 Start-up, in order: the arguments are checked (an unsupported vLLM argument or a bad value
 stops here, before the model loads, with a message naming it), logging is set up, the TLS
 context, --middleware imports and --chat-template are checked, the engine loads the model
-(the default one, SmolLM2-135M-Instruct, when none is given), and the app listens on
---host/--port on a uvloop event loop.
+(the default one, SmolLM2-135M-Instruct, when none is given), one warm-up request runs
+through it, and the app listens on --host/--port on a uvloop event loop. Under systemd
+(`Type=notify`) READY=1 follows, then status and watchdog pings (systemd_notify.py).
 
-Shutdown: the first SIGTERM or SIGINT starts draining. New requests get 503 (/health too,
-so that load balancers move away; /metrics keeps answering), while the requests in flight
-run to their end for up to --shutdown-timeout seconds. Then whatever still runs is
-aborted, the listener closes, the engine stops and the process exits with status 0. A
-second signal skips the rest of the wait.
+Shutdown: the first SIGTERM or SIGINT starts draining (STOPPING=1 under systemd). New
+requests get 503 (/health too, so that load balancers move away; /metrics keeps
+answering), while the requests in flight run to their end for up to --shutdown-timeout
+seconds. Then whatever still runs is aborted, the listener closes, the engine stops and
+the process exits with status 0. A second signal skips the rest of the wait.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import signal
 import ssl
 import sys
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +31,12 @@ from aiohttp import web
 from aioserve import __version__
 from aioserve.arguments import ConfigError
 from aioserve.config import engine_config_from_args, frontend_options_from_args
+from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
+from aioserve.server.systemd_notify import SystemdService
 
 if TYPE_CHECKING:
+    from aioserve.engine.async_engine import AsyncEngine
     from aioserve.server.state import ServerState
 
 logger = logging.getLogger("aioserve")
@@ -41,7 +46,8 @@ ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
 """One line per request, as uvicorn writes them: client, request line, status, duration."""
 
 # Once draining has ended, how long aborted requests get to write their last bytes.
-_CLOSE_GRACE_S = 5.0
+CLOSE_GRACE_S = 5.0
+_WARM_UP_PROMPT_TOKENS = 8
 _SECRET_ARGUMENTS = frozenset({"api_key", "hf_token"})
 _LOG_LEVELS = {
     "trace": logging.DEBUG,
@@ -104,7 +110,7 @@ def make_runner(app: web.Application, options: dict[str, Any]) -> web.AppRunner:
         handler_cancellation=True,
         access_log=access_log,
         access_log_format=ACCESS_LOG_FORMAT,
-        shutdown_timeout=_CLOSE_GRACE_S,
+        shutdown_timeout=CLOSE_GRACE_S,
     )
 
 
@@ -161,9 +167,11 @@ async def _serve(
     app: web.Application, state: ServerState, ssl_context: ssl.SSLContext | None
 ) -> None:
     options = state.options
+    systemd = SystemdService(state.engine)
     runner = make_runner(app, options)
-    await runner.setup()
     try:
+        await _warm_up(state.engine)
+        await runner.setup()
         site = web.TCPSite(runner, options["host"], options["port"], ssl_context=ssl_context)
         try:
             await site.start()
@@ -174,14 +182,35 @@ async def _serve(
         _log_started(app, runner, options, ssl_context is not None)
         first, second = asyncio.Event(), asyncio.Event()
         _on_stop_signals(first, second)
+        systemd.ready()
         await first.wait()
+        systemd.stopping()
         state.draining = True
         await _drain(app[IN_FLIGHT], options["shutdown_timeout"], second)
         logger.info("Shutting down")
     finally:
+        await systemd.close()
         # Aborting what still runs first lets its handlers end their responses themselves.
         await state.engine.shutdown()
         await runner.cleanup()
+
+
+async def _warm_up(engine: AsyncEngine) -> None:
+    """Run one request through the engine before the port opens: a prefill and a decode step.
+
+    The first steps pay one-time costs (on a GPU, Triton compiling the kernels): here, before
+    READY=1, instead of in a client's first request, and a model that cannot run a step
+    stops the start. The fixed seed leaves the engine's draws for unseeded requests as they
+    were.
+    """
+    started = time.monotonic()
+    params = SamplingParams(
+        max_tokens=2, ignore_eos=True, temperature=0.0, seed=0, detokenize=False
+    )
+    prompt = {"prompt_token_ids": [0] * _WARM_UP_PROMPT_TOKENS}
+    async for _ in engine.generate(prompt, params, "aioserve-warm-up"):
+        pass
+    logger.info("warm-up request done in %.2f s", time.monotonic() - started)
 
 
 def _on_stop_signals(first: asyncio.Event, second: asyncio.Event) -> None:
