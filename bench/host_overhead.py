@@ -10,6 +10,8 @@ off:
 
 - steps/s over `--steps` decode steps once all B sequences decode, and its share of the
   ideal 1000 / D;
+- device ms per step: how long the stand-in's steps lasted (D, and more where the model
+  thread waited for the GIL to hand back its step);
 - host ms per step: CPU time of the event loop's thread per step (scheduling, input
   preparation, output processing, the consumers);
 - the mean host gap (how long the model thread waited for the host between steps, the
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.build import engine_parts_around
-from aioserve.engine.gc_tuning import tune_gc_for_serving
+from aioserve.engine.process_tuning import tune_process_for_serving
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.stats import StepStats
 from aioserve.models.checkpoint import open_checkpoint
@@ -50,6 +52,7 @@ class Point:
     batch: int
     async_scheduling: bool
     steps_per_s: float
+    device_ms_per_step: float
     host_ms_per_step: float
     host_gap_ms: float
     lag_p99_ms: float
@@ -91,12 +94,18 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
         temperature=1.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA
     )
     lags: list[float] = []
-    marks: dict[str, tuple[int, float, float, int]] = {}
+    marks: dict[str, tuple[int, float, float, int, float]] = {}
     loop_thread = threading.current_thread()
 
     def mark(name: str) -> None:
         assert threading.current_thread() is loop_thread
-        marks[name] = (runner.num_steps, time.perf_counter(), time.thread_time(), len(gaps.gaps))
+        marks[name] = (
+            runner.num_steps,
+            time.perf_counter(),
+            time.thread_time(),
+            len(gaps.gaps),
+            runner.device_seconds,
+        )
 
     async def consume(i: int) -> None:
         prompt = {"prompt_token_ids": [(97 * i + 13 * k) % 40000 + 100 for k in range(PROMPT_LEN)]}
@@ -119,7 +128,7 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
     await asyncio.gather(*(consume(i) for i in range(batch)))
     monitor.cancel()
     await engine.shutdown()
-    (s0, t0, c0, g0), (s1, t1, c1, g1) = marks["start"], marks["end"]
+    (s0, t0, c0, g0, d0), (s1, t1, c1, g1, d1) = marks["start"], marks["end"]
     num_steps = s1 - s0
     window_gaps = gaps.gaps[g0:g1] or [0.0]
     return Point(
@@ -127,6 +136,7 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
         batch=batch,
         async_scheduling=overlap,
         steps_per_s=num_steps / (t1 - t0),
+        device_ms_per_step=(d1 - d0) / num_steps * 1000,
         host_ms_per_step=(c1 - c0) / num_steps * 1000,
         host_gap_ms=statistics.fmean(window_gaps) * 1000,
         lag_p99_ms=statistics.quantiles(lags, n=100)[98] * 1000 if len(lags) > 2 else 0.0,
@@ -135,15 +145,15 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
 
 def table(points: list[Point]) -> str:
     lines = [
-        "| D ms | batch | async scheduling | steps/s | ideal | share of ideal | host ms/step "
-        "| host gap ms | loop lag p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| D ms | batch | async scheduling | steps/s | ideal | share of ideal | device ms/step "
+        "| host ms/step | host gap ms | loop lag p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
             f"| {p.device_ms:g} | {p.batch} | {'on' if p.async_scheduling else 'off'} "
             f"| {p.steps_per_s:.1f} | {1000 / p.device_ms:.0f} | {p.share_of_ideal:.1%} "
-            f"| {p.host_ms_per_step:.2f} | {p.host_gap_ms:.3f} | {p.lag_p99_ms:.2f} |"
+            f"| {p.device_ms_per_step:.2f} | {p.host_ms_per_step:.2f} | {p.host_gap_ms:.3f} | {p.lag_p99_ms:.2f} |"
         )
     return "\n".join(lines)
 
@@ -155,7 +165,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="decode steps measured per point")
     args = parser.parse_args()
     tokenizer = open_checkpoint(str(resolve_model(DEFAULT_MODEL).path)).load_tokenizer()
-    tune_gc_for_serving()  # as AsyncEngine.from_config does after loading
+    tune_process_for_serving()  # as AsyncEngine.from_config does after loading
     points = []
     for device_ms in args.device_ms:
         for batch in args.batch:

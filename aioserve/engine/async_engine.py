@@ -39,12 +39,12 @@ from typing import Any
 from aioserve.config import EngineConfig
 from aioserve.engine.admission import max_new_tokens, sibling_seed, validate_request
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
-from aioserve.engine.gc_tuning import tune_gc_for_serving
 from aioserve.engine.kv_cache_manager import KVCacheManager
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
 from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import RequestMetrics, RequestOutput
+from aioserve.engine.process_tuning import tune_process_for_serving
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
@@ -124,7 +124,7 @@ class AsyncEngine:
             model_thread.shutdown(wait=False)
             raise
         engine = cls(parts, model_thread)
-        tune_gc_for_serving()
+        tune_process_for_serving()
         return engine
 
     # -- requests ---------------------------------------------------------------------------

@@ -3,20 +3,20 @@
 `StandInRunner` has the ModelRunner's interface (prepare, execute, collect) and keeps the
 same contract: it tracks which sequences it holds, refuses a chunk for a sequence it does
 not hold, and refuses a decode of "the token sampled last step" for a sequence that did not
-sample in the step before. Its step takes `step_seconds` of "device" time on the model
-thread with the GIL released (as a real device step would), then samples for each row a
-token that depends only on the sequence's seed and step index, so a run gives the same
-tokens whatever the batching; `eos_every` makes some sequences stop early on EOS.
+sample in the step before. Its step lasts `step_seconds` of "device" time on the model
+thread: it samples for each row a token that depends only on the sequence's seed and step
+index (so a run gives the same tokens whatever the batching; `eos_every` makes some
+sequences stop early on EOS), then sleeps out the rest of the step with the GIL released,
+as waiting for a device does.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
 from aioserve.runner.step_plan import StepPlan, StepResult, TokenLogprobs
-
-_SLEEP_SLACK = 0.0005  # the last half millisecond is waited for in short sleeps
 
 
 @dataclass
@@ -45,6 +45,17 @@ def stand_in_token(seed: int, step: int, vocab_size: int) -> int:
     return (mixed * 0x2C1B3C6D & 0xFFFFFFFF) % vocab_size
 
 
+def _sleep_overshoot(seconds: float, samples: int = 15) -> float:
+    """How much later than asked `time.sleep(seconds)` returns here (the median of a few
+    sleeps: ~50-100 us on a VM), so that a step can aim its sleep to last `seconds`."""
+    late = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        time.sleep(seconds)
+        late.append(time.perf_counter() - started - seconds)
+    return min(statistics.median(late), seconds / 2)
+
+
 class StandInRunner:
     def __init__(
         self,
@@ -56,6 +67,7 @@ class StandInRunner:
     ) -> None:
         self.vocab_size = vocab_size
         self.step_seconds = step_seconds
+        self._sleep_overshoot = _sleep_overshoot(step_seconds) if step_seconds > 0 else 0.0
         self.eos_token_id = eos_token_id
         self.eos_every = eos_every  # a sequence whose seed divides by it stops at step 3 + seed % 7
         self.num_steps = 0
@@ -91,11 +103,6 @@ class StandInRunner:
         missing = [s for s in step.placeholder_seqs if s not in self._sampled_last_step]
         if missing:
             raise RuntimeError(f"decode of a token never sampled the step before: {missing}")
-        deadline = started + self.step_seconds
-        if self.step_seconds > _SLEEP_SLACK:
-            time.sleep(self.step_seconds - _SLEEP_SLACK)
-        while time.perf_counter() < deadline:
-            time.sleep(0)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for seq_id, seed, index, wanted in step.rows:
@@ -105,6 +112,13 @@ class StandInRunner:
             sampled[seq_id] = [token]
             if wanted is not None:
                 logprobs[seq_id] = [TokenLogprobs(-1.0, 1, [token] * wanted, [-1.0] * wanted)]
+        # The tokens are made first, inside the step's time, as a device samples them
+        # within its step: the stand-in's own Python is not the host's work.
+        # One sleep, releasing the GIL once and taking it back once, as waiting for a
+        # device does (spinning in short sleeps would queue for the GIL at each one).
+        remaining = started + self.step_seconds - self._sleep_overshoot - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
         self._sampled_last_step = set(sampled)
         self.num_steps += 1
         self.num_sampled_rows += len(step.rows)
