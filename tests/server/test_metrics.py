@@ -3,9 +3,9 @@
 Unit tests feed hand-made StepStats to the loggers and read the exposition back with
 prometheus-client's parser; the reference for names, types, help texts and buckets is the
 /metrics page of a real vLLM 0.32 (vllm_samples/24_metrics.txt, copied from
-shared/reference/). /metrics is scraped with each Accept header Prometheus sends and, where
-the `prometheus` binary is installed, by a real Prometheus. One end-to-end test serves
-/metrics over HTTP in front of a real engine on the default model.
+shared/reference/). /metrics is scraped with each Accept header Prometheus sends and by a
+real Prometheus (Debian's package, installed by the test where it is missing). One
+end-to-end test serves /metrics over HTTP in front of a real engine on the default model.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import asyncio
 import json
 import logging
 import re
-import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -43,8 +41,10 @@ from aioserve.server.metrics import (
 )
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.stats_log import StatsLine
+from tests.debian_packages import debian_program
 from tests.engine.smollm2 import float32_engine
 from tests.server.conftest import BackgroundLoop, fail_model_step, serve_app
+from tests.server.serve_process import free_port
 
 VLLM_METRICS = Path(__file__).parent / "vllm_samples" / "24_metrics.txt"
 MODEL = "m"
@@ -514,21 +514,9 @@ def test_every_scraper_gets_vllms_names(metrics_url, accept):
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-PROMETHEUS = shutil.which("prometheus")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(
-    PROMETHEUS is None,
-    reason="no prometheus binary (Debian: apt-get install -y --no-install-recommends prometheus)",
-)
 def test_a_real_prometheus_stores_vllms_names(metrics_url, tmp_path):
+    prometheus_program = debian_program("prometheus", "prometheus")
     target = urllib.parse.urlsplit(metrics_url).netloc
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -548,7 +536,7 @@ def test_a_real_prometheus_stores_vllms_names(metrics_url, tmp_path):
     with log.open("w") as log_file:
         prometheus = subprocess.Popen(
             [
-                PROMETHEUS,
+                prometheus_program,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tmp_path / 'data'}",
                 f"--web.listen-address={listen}",

@@ -9,10 +9,8 @@ root) and skips, saying why, only where that cannot be done.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,35 +20,16 @@ import pytest
 from aioserve.cli import build_engine_parser
 from aioserve.config import frontend_options_from_args
 from aioserve.server.serve import CLOSE_GRACE_S
+from tests.debian_packages import debian_program
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 UNIT = TOOLS / "aioserve.service"
 ENV_FILE = TOOLS / "aioserve.env"
-INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "systemd"]
-
-
-def _tail(result: subprocess.CompletedProcess) -> str:
-    return " ".join((result.stdout + result.stderr).split())[-300:]
 
 
 @pytest.fixture(scope="module")
 def systemd_analyze() -> str:
-    """The path of systemd-analyze, installed from Debian's systemd package if need be."""
-    found = shutil.which("systemd-analyze")
-    if found:
-        return found
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.skip("systemd-analyze is missing, and installing it needs apt-get run as root")
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    run = dict(capture_output=True, text=True, env=environment, timeout=600)
-    result = subprocess.run(INSTALL, **run)
-    if result.returncode != 0:  # a slim image may have no package lists yet
-        subprocess.run(["apt-get", "update"], **run)
-        result = subprocess.run(INSTALL, **run)
-    found = shutil.which("systemd-analyze")
-    if found is None:
-        pytest.skip(f"systemd-analyze is missing and `{' '.join(INSTALL)}` failed: {_tail(result)}")
-    return found
+    return debian_program("systemd-analyze", "systemd")
 
 
 def _verify(systemd_analyze: str, unit_text: str, folder: Path) -> list[str]:
