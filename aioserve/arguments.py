@@ -472,6 +472,14 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("max-num-seqs", SCHEDULER, None,
              "Most sequences in one step. Default: 256, picked by the engine.",
              convert=values.integer_at_least(1)),
+    Argument("max-num-queued-reqs", SCHEDULER, None,
+             "Most requests in flight, waiting or running (one with n > 1 counts n times); "
+             "beyond it a new request is answered 503 with Retry-After at once. Default: no "
+             "limit.", convert=values.integer_at_least(1)),
+    Argument("max-num-queued-tokens", SCHEDULER, None,
+             "Prompt tokens of the requests still in prefill (whole prompts) at which new "
+             "requests are answered 503 with Retry-After at once; k/m/g and K/M/G suffixes "
+             "as for --max-model-len. Default: no limit.", convert=values.token_count),
     _vllm("max-num-partial-prefills", SCHEDULER, 1, "Most prompts prefilled in chunks at once."),
     _vllm("max-long-partial-prefills", SCHEDULER, 1, "Most long prompts prefilled in chunks at once."),
     _vllm("long-prefill-token-threshold", SCHEDULER, 0, "Prompt length from which a prefill is long."),

@@ -98,6 +98,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool | None
     scheduling_policy: str
     async_scheduling: bool | None
+    max_num_queued_reqs: int | None  # None: no limit (load_shedding.py)
+    max_num_queued_tokens: int | None
 
 
 @dataclass(frozen=True)

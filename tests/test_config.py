@@ -68,6 +68,8 @@ def test_defaults():
     assert config.scheduler.enable_chunked_prefill is None
     assert config.scheduler.async_scheduling is None
     assert config.scheduler.scheduling_policy == "fcfs"
+    assert config.scheduler.max_num_queued_reqs is None
+    assert config.scheduler.max_num_queued_tokens is None
     assert _config() == config
 
 
@@ -110,6 +112,9 @@ SUPPORTED_FLAGS = [
     (["--async-scheduling"], "scheduler.async_scheduling", True),
     (["--no-async-scheduling"], "scheduler.async_scheduling", False),
     (["--scheduling-policy", "priority"], "scheduler.scheduling_policy", "priority"),
+    (["--max-num-queued-reqs", "8"], "scheduler.max_num_queued_reqs", 8),
+    (["--max-num-queued-tokens", "32k"], "scheduler.max_num_queued_tokens", 32000),
+    (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
 ]  # fmt: skip
 
 
@@ -183,6 +188,10 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--num-gpu-blocks-override", "0"], "--num-gpu-blocks-override must be at least 1, got 0"),
         (["--max-logprobs", "-2"], "--max-logprobs must be at least -1, got -2"),
         (["--max-num-seqs", "two"], "--max-num-seqs must be an integer, got 'two'"),
+        (["--max-num-queued-reqs", "0"], "--max-num-queued-reqs must be at least 1, got 0"),
+        (["--max-num-queued-reqs", "lots"], "--max-num-queued-reqs must be an integer, got 'lots'"),
+        (["--max-num-queued-tokens", "0"], "--max-num-queued-tokens must be at least 1, got 0"),
+        (["--max-num-queued-tokens", "1.5K"], "--max-num-queued-tokens takes whole numbers"),
         (["--seed", "1.5"], "--seed must be an integer, got '1.5'"),
         (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be a number greater than 0"),
         (["--gpu-memory-utilization", "1.01"], "--gpu-memory-utilization must be a number greater than 0"),

@@ -20,6 +20,12 @@ tokens sampled in N take them from the runner's device-side record. A request th
 N ends (EOS, a stop string, an abort) may still have a row in N+1: that token is dropped.
 Without it, one step is in flight and the host works between steps. `host_gap` in each
 StepStats is how long the model thread waited for the host before a step.
+
+The engine dies when a step fails in a way that is not its requests' fault (health.py says
+which), when the model thread is gone, or when the loop's own host work (scheduling,
+recording tokens) raises. A dead engine ends every request with EngineDeadError and
+refuses new ones. `health_problem()` says so at once, and also when the loop, busy, has
+stopped going round (a hung model step).
 """
 
 from __future__ import annotations
@@ -32,14 +38,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from aioserve.config import EngineConfig
 from aioserve.engine.admission import max_new_tokens, sibling_seed, validate_request
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
+from aioserve.engine.health import EngineDeadError, LoopClock, StepFailures, death_message
 from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.load_shedding import LoadShedder
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
 from aioserve.engine.output_stream import OutputStream
@@ -62,8 +69,8 @@ logger = logging.getLogger("aioserve")
 PromptType = str | dict[str, Any] | list[int]
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped after an unexpected error; no request can run."""
+SHUTDOWN_WAIT_S = 5.0
+"""How long `shutdown` waits for a running model step before leaving it behind."""
 
 
 @dataclass
@@ -77,6 +84,7 @@ class _ExecutedStep:
 
 @dataclass
 class _StepInFlight:
+    index: int  # in launch order
     scheduled: SchedulerOutput
     future: asyncio.Future  # of an _ExecutedStep
     started: threading.Event  # set by the model thread as it begins the step
@@ -98,6 +106,9 @@ class AsyncEngine:
             enable_chunked_prefill=s.enable_chunked_prefill,
             policy=s.scheduling_policy,
         )
+        self.load_shedder = LoadShedder(
+            self.scheduler, s.max_num_queued_reqs, s.max_num_queued_tokens
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._seed_rng = random.Random(s.seed)
         self._arrivals = itertools.count()
@@ -105,11 +116,15 @@ class AsyncEngine:
         self._queues: dict[str, OutputStream] = {}
         self._sample_of: dict[str, tuple[RequestState, int]] = {}  # sequence id -> (state, index)
         self._model_thread = model_thread or ModelThread()
-        self._waiter: ThreadPoolExecutor | None = None  # waits for a GPU step, off the loop
+        # Waits for a GPU step, off the loop; a daemon thread, so that a hung device does
+        # not keep the process from exiting.
+        self._waiter: ModelThread | None = None
         self._last_step_end: float | None = None  # when the model thread last went idle
         self._loop_task: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._dead: BaseException | None = None
+        self._failures = StepFailures()
+        self.loop_clock = LoopClock()
         self.stat_loggers: list[StatLogger] = []
         self._finished_stats: list[FinishedRequestStats] = []
         self._counted = (0, 0, 0)  # preemptions, prefix-cache queries and hits already reported
@@ -229,8 +244,12 @@ class AsyncEngine:
         *,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        """Outputs of one request as they are produced; the last one has `finished=True`."""
+        """Outputs of one request as they are produced; the last one has `finished=True`.
+
+        Raises QueueFullError, before registering anything, when a queue cap refuses it.
+        """
         params = sampling_params if sampling_params is not None else self.default_sampling_params()
+        self.load_shedder.check(params.n)
         queue = self.add_request(request_id, prompt, params, priority=priority)
         finished = False
         try:
@@ -279,8 +298,10 @@ class AsyncEngine:
         depth = 2 if self.settings.async_scheduling else 1
         in_flight: deque[_StepInFlight] = deque()
         self._last_step_end = None
+        clock = self.loop_clock
         try:
             while True:
+                clock.last_tick = time.monotonic()
                 if len(in_flight) < depth and self.scheduler.has_unfinished():
                     output = self.scheduler.schedule()
                     if not output.is_empty:
@@ -297,28 +318,43 @@ class AsyncEngine:
                         "the scheduler found nothing to run although requests are waiting"
                     )
                 self._wakeup.clear()
+                clock.parked = True
                 await self._wakeup.wait()
+                clock.parked = False
                 self._last_step_end = None  # the model thread was idle for lack of work
         except Exception as error:
-            logger.exception("engine loop died")
-            self._dead = error
-            for request_id in list(self._queues):
-                self._queues[request_id].put_nowait(EngineDeadError("the engine loop died"))
-            raise
+            logger.error("the engine died: %s", error, exc_info=error)
+            self._die(error)
+        finally:
+            clock.parked = True  # stopped, dead or cancelled: not a stall
+
+    def _die(self, error: BaseException) -> None:
+        """No step can run again: end every request with EngineDeadError, refuse new ones."""
+        self._dead = error
+        message = death_message(error)
+        now = time.monotonic()
+        for state in list(self._states.values()):
+            queue = self._queues.get(state.request_id)
+            if queue is not None:
+                queue.put_nowait(EngineDeadError(message))
+            if self.stat_loggers:
+                self._finished_stats.append(finished_request_stats(state, now, "error"))
+            self._forget(state)
+        self._record_stats()
 
     def _launch_step(self, output: SchedulerOutput) -> _StepInFlight | None:
         """Prepare a scheduled step and queue it on the model thread (None if preparing failed)."""
         self._mark_scheduled(output)
         loop = asyncio.get_running_loop()
+        index = self._failures.launch()
         try:
             prepared = self.runner.prepare(output.plan)
-        except Exception as error:  # a failed step fails its requests, not the engine
-            logger.exception("preparing a model step failed")
-            self._fail_requests(output, error)
+        except Exception as error:
+            self._step_failed(output, index, error, "preparing a model step failed")
             return None
         started = threading.Event()
         future = loop.run_in_executor(self._model_thread, self._execute, prepared, started)
-        return _StepInFlight(output, future, started)
+        return _StepInFlight(index, output, future, started)
 
     def _execute(self, prepared: PreparedStep, started_event: threading.Event) -> _ExecutedStep:
         """On the model thread: run the step, noting when it started and ended."""
@@ -338,14 +374,17 @@ class AsyncEngine:
                 next_step.started.wait(0.001)
             if not executed.output.is_ready():
                 if self._waiter is None:
-                    self._waiter = ThreadPoolExecutor(1, thread_name_prefix="aioserve-wait")
+                    self._waiter = ModelThread("aioserve-wait")
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self._waiter, executed.output.wait)
             result = self.runner.collect(executed.output)
-        except Exception as error:  # a failed step fails its requests, not the engine
-            logger.exception("model step failed")
-            self._fail_requests(step.scheduled, error)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # from the model thread: SystemExit is not ours
+            self._step_failed(step.scheduled, step.index, error, "a model step failed")
             return
+        self._failures.completed()
+        self.loop_clock.step_seconds.append(executed.ended - executed.started)
         host_gap = None
         if self._last_step_end is not None:
             host_gap = max(0.0, executed.started - self._last_step_end)
@@ -474,6 +513,14 @@ class AsyncEngine:
         for stat_logger in self.stat_loggers:
             stat_logger.record(stats)
 
+    def _step_failed(
+        self, output: SchedulerOutput, index: int, error: BaseException, what: str
+    ) -> None:
+        """Fail the step's requests, or raise EngineDeadError if the failure is the engine's."""
+        self._failures.failed(index, error, what)
+        logger.error(what, exc_info=error)
+        self._fail_requests(output, error)
+
     def _fail_requests(self, output: SchedulerOutput, error: Exception) -> None:
         """End every request that had a sequence in the failed step, with the error."""
         failed: dict[str, RequestState] = {}
@@ -507,8 +554,17 @@ class AsyncEngine:
 
     @property
     def is_dead(self) -> bool:
-        """True once the engine loop stopped after an unexpected error: no request can run."""
-        return self._dead is not None
+        """True once the engine died (see the module docstring): no request can run."""
+        return self._dead is not None or self._model_thread.is_lost
+
+    def health_problem(self, now: float | None = None) -> str | None:
+        """Why the engine cannot serve at `now` (time.monotonic), or None while it is healthy."""
+        if self._dead is not None:
+            return death_message(self._dead)
+        if self._model_thread.is_lost:
+            return "the model thread is gone"
+        now = time.monotonic() if now is None else now
+        return self.loop_clock.stall(now, self._model_thread.busy_since)
 
     @property
     def model_step_running_since(self) -> float | None:
@@ -526,10 +582,20 @@ class AsyncEngine:
         except asyncio.CancelledError:
             pass
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, timeout: float = SHUTDOWN_WAIT_S) -> None:
+        """Abort every request and stop the loop and the model thread.
+
+        A model step still running after `timeout` seconds (a hung one) is left behind: the
+        model thread is a daemon thread, so it does not keep the process from exiting.
+        """
         for request_id in list(self._states):
             self.abort(request_id)
         await self.stop_loop()
-        self._model_thread.shutdown(wait=True)
+        self._model_thread.shutdown(wait=False)
         if self._waiter is not None:
-            self._waiter.shutdown(wait=True)
+            self._waiter.shutdown(wait=False)
+        if not await asyncio.to_thread(self._model_thread.join, timeout):
+            logger.warning(
+                "a model step still runs %g s after the shutdown began: leaving it behind",
+                timeout,
+            )

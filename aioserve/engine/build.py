@@ -74,6 +74,10 @@ class EngineSettings:
     default_sampling: dict
     """Defaults from the generation config (auto / folder) plus --override-generation-config."""
     max_new_tokens_cap: int | None
+    max_num_queued_reqs: int | None = None
+    """--max-num-queued-reqs: most sequences in flight; more are refused (load_shedding.py)."""
+    max_num_queued_tokens: int | None = None
+    """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
 
 
 @dataclass
@@ -252,6 +256,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         eos_token_ids=_eos_token_ids(tokenizer, generation, hf_config),
         default_sampling=default_sampling,
         max_new_tokens_cap=generation.get("max_new_tokens"),
+        max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
+        max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "
@@ -299,6 +305,8 @@ def engine_parts_around(
     async_scheduling: bool = True,
     enable_prefix_caching: bool = True,
     eos_token_ids: frozenset[int] = frozenset(),
+    max_num_queued_reqs: int | None = None,
+    max_num_queued_tokens: int | None = None,
 ) -> EngineParts:
     """An engine's parts around a runner built elsewhere (a stand-in runner in tests and in
     the host-overhead benchmark), with these settings and vLLM's defaults for the rest."""
@@ -321,6 +329,8 @@ def engine_parts_around(
         eos_token_ids=eos_token_ids,
         default_sampling={},
         max_new_tokens_cap=None,
+        max_num_queued_reqs=max_num_queued_reqs,
+        max_num_queued_tokens=max_num_queued_tokens,
     )
     hf_config = PretrainedConfig(vocab_size=vocab_size, max_position_embeddings=max_model_len)
     return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)

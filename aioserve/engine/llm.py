@@ -37,6 +37,8 @@ class LLM:
 
     `LLM(model=..., dtype=..., seed=..., **engine_args)` takes the engine arguments of
     `aioserve serve` in snake_case (`max_num_seqs=...`, `enable_prefix_caching=...`).
+    `max_num_queued_reqs` and `max_num_queued_tokens` are accepted but shed nothing here:
+    `generate` queues its whole batch, as nobody could retry a refusal (load_shedding.py).
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:

@@ -113,6 +113,14 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt tokens of the sequences with no output token yet, whole prompts however far
+        their prefill has got: the backlog vLLM's --max-num-queued-tokens caps."""
+        return sum(
+            len(r.prompt_token_ids) for r in self._requests.values() if not r.output_token_ids
+        )
+
     def has_unfinished(self) -> bool:
         return bool(self.running or self._waiting)
 

@@ -19,7 +19,7 @@ from aioserve.engine.outputs import RequestOutput
 from aioserve.server import responses
 from aioserve.server.body_fields import read_json_body
 from aioserve.server.chat_template import render_chat
-from aioserve.server.generation import engine_outputs
+from aioserve.server.generation import engine_outputs, reserve_places
 from aioserve.server.protocol import (
     ChatRequest,
     check_context,
@@ -39,39 +39,41 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     check_serving(state, body)
     parsed = parse_chat_request(state, body)
     engine = state.engine
-    text, token_ids = await state.off_loop(
-        render_chat,
-        state,
-        parsed.messages,
-        add_generation_prompt=parsed.add_generation_prompt,
-        continue_final_message=parsed.continue_final_message,
-        chat_template_kwargs=parsed.chat_template_kwargs,
-    )
-    check_context(
-        len(token_ids),
-        parsed.params.max_tokens,
-        engine.settings.max_model_len,
-        parsed.max_tokens_field,
-    )
-    check_prompt_tokens(token_ids, engine.hf_config.vocab_size, param="messages")
-    if parsed.add_generation_prompt:
-        role = state.options.get("response_role") or "assistant"
-    else:
-        role = parsed.messages[-1]["role"]
-    echo = _echoed_text(parsed, role)
-    object_name = "chat.completion.chunk" if parsed.stream else "chat.completion"
-    head = ResponseHead.new(f"chatcmpl-{parsed.request_id}", object_name, state.model_name)
-    outputs = engine_outputs(
-        engine,
-        {"prompt": text, "prompt_token_ids": token_ids},
-        parsed.params,
-        head.id,
-        parsed.priority,
-    )
-    if parsed.stream:
-        events = _chunks(state, parsed, token_ids, role, echo, head, outputs)
-        return await stream_events(request, events)
-    return await _full_response(state, parsed, token_ids, role, echo, head, outputs)
+    with reserve_places(engine, parsed.params.n) as reservation:
+        text, token_ids = await state.off_loop(
+            render_chat,
+            state,
+            parsed.messages,
+            add_generation_prompt=parsed.add_generation_prompt,
+            continue_final_message=parsed.continue_final_message,
+            chat_template_kwargs=parsed.chat_template_kwargs,
+        )
+        check_context(
+            len(token_ids),
+            parsed.params.max_tokens,
+            engine.settings.max_model_len,
+            parsed.max_tokens_field,
+        )
+        check_prompt_tokens(token_ids, engine.hf_config.vocab_size, param="messages")
+        if parsed.add_generation_prompt:
+            role = state.options.get("response_role") or "assistant"
+        else:
+            role = parsed.messages[-1]["role"]
+        echo = _echoed_text(parsed, role)
+        object_name = "chat.completion.chunk" if parsed.stream else "chat.completion"
+        head = ResponseHead.new(f"chatcmpl-{parsed.request_id}", object_name, state.model_name)
+        outputs = engine_outputs(
+            engine,
+            {"prompt": text, "prompt_token_ids": token_ids},
+            parsed.params,
+            head.id,
+            parsed.priority,
+            reservation,
+        )
+        if parsed.stream:
+            events = _chunks(state, parsed, token_ids, role, echo, head, outputs)
+            return await stream_events(request, events)
+        return await _full_response(state, parsed, token_ids, role, echo, head, outputs)
 
 
 def _echoed_text(parsed: ChatRequest, role: str) -> str:

@@ -20,7 +20,7 @@ from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server import responses
 from aioserve.server.body_fields import read_json_body
 from aioserve.server.errors import APIError
-from aioserve.server.generation import engine_outputs, merge_outputs
+from aioserve.server.generation import engine_outputs, merge_outputs, reserve_places
 from aioserve.server.protocol import (
     CompletionRequest,
     PromptInput,
@@ -47,35 +47,37 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     check_serving(state, body)
     parsed = parse_completion_request(state, body)
     engine = state.engine
-    prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
-    for prompt in prompts:
-        # The length first: a prompt too long for the context is refused without a scan.
-        check_context(
-            len(prompt.token_ids),
-            parsed.params.max_tokens,
-            engine.settings.max_model_len,
-            parsed.max_tokens_field,
-        )
-        check_prompt_tokens(prompt.token_ids, engine.hf_config.vocab_size)
-    if parsed.echo:
+    with reserve_places(engine, len(parsed.prompts) * parsed.params.n) as reservation:
+        prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
         for prompt in prompts:
-            if prompt.text is None:
-                prompt.text = await state.off_loop(_decode, engine, prompt.token_ids)
-    head = ResponseHead.new(f"cmpl-{parsed.request_id}", "text_completion", state.model_name)
-    streams = [
-        engine_outputs(
-            engine,
-            {"prompt": prompt.text, "prompt_token_ids": prompt.token_ids},
-            parsed.params,
-            f"{head.id}-{i}",
-            parsed.priority,
-        )
-        for i, prompt in enumerate(prompts)
-    ]
-    merged = merge_outputs(streams)
-    if parsed.stream:
-        return await stream_events(request, _chunks(state, parsed, prompts, head, merged))
-    return await _full_response(state, parsed, prompts, head, merged)
+            # The length first: a prompt too long for the context is refused without a scan.
+            check_context(
+                len(prompt.token_ids),
+                parsed.params.max_tokens,
+                engine.settings.max_model_len,
+                parsed.max_tokens_field,
+            )
+            check_prompt_tokens(prompt.token_ids, engine.hf_config.vocab_size)
+        if parsed.echo:
+            for prompt in prompts:
+                if prompt.text is None:
+                    prompt.text = await state.off_loop(_decode, engine, prompt.token_ids)
+        head = ResponseHead.new(f"cmpl-{parsed.request_id}", "text_completion", state.model_name)
+        streams = [
+            engine_outputs(
+                engine,
+                {"prompt": prompt.text, "prompt_token_ids": prompt.token_ids},
+                parsed.params,
+                f"{head.id}-{i}",
+                parsed.priority,
+                reservation,
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+        merged = merge_outputs(streams)
+        if parsed.stream:
+            return await stream_events(request, _chunks(state, parsed, prompts, head, merged))
+        return await _full_response(state, parsed, prompts, head, merged)
 
 
 def _tokenize(engine: AsyncEngine, prompt: PromptInput) -> _Prompt:

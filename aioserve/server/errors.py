@@ -40,11 +40,13 @@ class APIError(Exception):
         *,
         param: str | None = None,
         error_type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = int(status)
         self.param = param
+        self.headers = headers or {}
         self.error_type = error_type or _ERROR_TYPES.get(HTTPStatus(self.status), "APIError")
 
     def body(self) -> dict[str, Any]:
@@ -59,7 +61,10 @@ class APIError(Exception):
 
     def response(self) -> web.Response:
         return web.Response(
-            body=orjson.dumps(self.body()), status=self.status, content_type="application/json"
+            body=orjson.dumps(self.body()),
+            status=self.status,
+            content_type="application/json",
+            headers=self.headers,
         )
 
 

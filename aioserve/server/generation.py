@@ -7,6 +7,11 @@ yields their outputs as they come, tagged with the prompt's index.
 
 Both close what they run however they end (finished, error, client gone, handler
 cancelled): closing the engine's iterator aborts its request, which frees its KV blocks.
+
+Load shedding (engine/load_shedding.py): a handler calls `reserve_places` once it knows
+how many sequences it will start, before rendering or tokenizing anything, and passes the
+reservation to `engine_outputs`, which hands each prompt's places over to the engine as
+it registers the prompt. A refusal, there or on registration, is a 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -17,9 +22,28 @@ from contextlib import aclosing
 from http import HTTPStatus
 
 from aioserve.engine.async_engine import AsyncEngine, PromptType
+from aioserve.engine.load_shedding import QueueFullError, Reservation
 from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.errors import APIError
+
+RETRY_AFTER_S = "1"
+"""The Retry-After of a shed request, as of a draining server's 503."""
+
+
+def overloaded(error: QueueFullError) -> APIError:
+    """The 503 of a request a queue cap refused."""
+    return APIError(
+        error.message, HTTPStatus.SERVICE_UNAVAILABLE, headers={"Retry-After": RETRY_AFTER_S}
+    )
+
+
+def reserve_places(engine: AsyncEngine, num_sequences: int) -> Reservation:
+    """Hold `num_sequences` places in flight for a request on its way in, or raise the 503."""
+    try:
+        return engine.load_shedder.reserve(num_sequences)
+    except QueueFullError as error:
+        raise overloaded(error) from None
 
 
 async def engine_outputs(
@@ -28,12 +52,19 @@ async def engine_outputs(
     params: SamplingParams,
     request_id: str,
     priority: int = 0,
+    reservation: Reservation | None = None,
 ) -> AsyncGenerator[RequestOutput, None]:
-    """`engine.generate`, with its errors as APIError (400 refused, 500 failed)."""
+    """`engine.generate`, with its errors as APIError (400 refused, 500 failed, 503 shed)."""
     stream = engine.generate(prompt, params, request_id, priority=priority)
     async with aclosing(stream):
         try:
+            if reservation is not None:
+                # Released just before `generate` registers the request, with no await in
+                # between: the places pass to the engine's count without a gap to take.
+                reservation.release(params.n)
             first = await anext(stream)
+        except QueueFullError as error:
+            raise overloaded(error) from None
         except ValueError as error:  # refused when registering: the request's fault
             raise APIError(str(error)) from None
         except RuntimeError as error:

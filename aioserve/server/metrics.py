@@ -29,6 +29,9 @@ Exposed, measured by the engine:
                 vllm:request_generation_tokens, vllm:request_max_num_generation_tokens,
                 vllm:request_params_n, vllm:request_params_max_tokens,
                 vllm:request_num_preemptions, vllm:request_prefill_kv_computed_tokens
+    shed        vllm:admission_rejections_total{reason}: requests refused by
+                --max-num-queued-reqs or --max-num-queued-tokens (engine/load_shedding.py),
+                labelled, as vLLM's, by model_name and reason only
     our own     aioserve:event_loop_lag_seconds (how late a coroutine that sleeps
                 LAG_PROBE_INTERVAL_S wakes up: time the loop spent blocked),
                 aioserve:engine_step_duration_seconds (see `_observe_step_duration`),
@@ -46,8 +49,7 @@ time_in_queue, model forward/execute times) are not exposed either.
 Left out because aioserve cannot measure them (or has no such feature): speculative
 decoding (`vllm:spec_decode_*`), LoRA (`vllm:lora_requests_info`), multimodal and
 external/KV-connector caches (`vllm:mm_cache_*`, `vllm:external_prefix_cache_*`,
-`vllm:prompt_tokens_by_source`, `vllm:prompt_tokens_cached*`), queue limits
-(`vllm:admission_rejections_total`), sleep mode (`vllm:engine_sleep_state`), waiting
+`vllm:prompt_tokens_by_source`, `vllm:prompt_tokens_cached*`), sleep mode (`vllm:engine_sleep_state`), waiting
 reasons (`vllm:num_requests_waiting_by_reason`), FLOP/byte estimates
 (`vllm:estimated_*_per_gpu_total`) and the HTTP instrumentator (`http_*`).
 
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -75,7 +78,9 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 
+from aioserve.engine.load_shedding import REASONS, LoadShedder
 from aioserve.engine.stats import StepStats
 from aioserve.server.state import ServerState
 from aioserve.server.stats_log import StatsLine
@@ -375,6 +380,26 @@ class PrometheusStatLogger:
         self.event_loop_lag.observe(seconds)
 
 
+class AdmissionRejections:
+    """`vllm:admission_rejections_total`, read from the engine's load shedder at each scrape."""
+
+    def __init__(self, model_name: str, shedder: LoadShedder) -> None:
+        self.model_name = model_name
+        self.shedder = shedder
+        self.created = time.time()
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            labels=("model_name", "reason"),
+        )
+        for reason in REASONS:
+            count = self.shedder.rejections[reason]
+            family.add_metric((self.model_name, reason), count, created=self.created)
+        yield family
+
+
 async def monitor_event_loop_lag(
     observe: Callable[[float], None], interval: float = LAG_PROBE_INTERVAL_S
 ) -> None:
@@ -423,6 +448,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         max_model_len=engine.settings.max_model_len,
         cache_config=cache_config_labels(engine.settings),
     )
+    metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
     stats_line = StatsLine() if log_stats else None
     app[METRICS] = metrics
     app.router.add_get("/metrics", serve_metrics)

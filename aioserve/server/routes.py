@@ -3,7 +3,8 @@
 Response shapes are vLLM's (shared/reference/vllm_samples 01, 02, 03, 11, 12, 13):
 
     GET  /v1/models      {"object": "list", "data": [model card per served name]}
-    GET  /health         200, empty body; 503 once the engine loop has died
+    GET  /health         200, empty body; 503 (saying why) once the engine has died or
+                         its loop has stalled (engine/health.py)
     GET|POST /ping       the same as /health (SageMaker's probe)
     GET  /version        {"version": "<aioserve version>"}
     POST /tokenize       {"count", "max_model_len", "tokens", "token_strs"}
@@ -71,11 +72,9 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     """GET /health, GET|POST /ping: 200 with an empty body while the engine can serve."""
-    if request.app[STATE].engine.is_dead:
-        raise APIError(
-            "the engine stopped after an error; restart the server",
-            HTTPStatus.SERVICE_UNAVAILABLE,
-        )
+    problem = request.app[STATE].engine.health_problem()
+    if problem is not None:
+        raise APIError(f"unhealthy: {problem}", HTTPStatus.SERVICE_UNAVAILABLE)
     return web.Response()
 
 

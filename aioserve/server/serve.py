@@ -11,7 +11,13 @@ Shutdown: the first SIGTERM or SIGINT starts draining (STOPPING=1 under systemd)
 requests get 503 (/health too, so that load balancers move away; /metrics keeps
 answering), while the requests in flight run to their end for up to --shutdown-timeout
 seconds. Then whatever still runs is aborted, the listener closes, the engine stops and
-the process exits with status 0. A second signal skips the rest of the wait.
+the process exits with status 0. A second signal skips the rest of the wait. A model step
+that hangs does not hold the exit up: the engine leaves it behind after a few seconds.
+
+Engine death (engine/health.py says what kills the engine): /health turns 503 at once, the
+requests in flight end with a 500 (streams with an error event), new ones get 503, and
+within `_DEATH_POLL_S` the server stops as above, without the drain, and exits with
+status `ENGINE_DIED_EXIT_STATUS`, so that systemd (Restart=on-failure) starts it again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import ssl
 import sys
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -40,6 +46,7 @@ if TYPE_CHECKING:
     from aioserve.server.state import ServerState
 
 logger = logging.getLogger("aioserve")
+T = TypeVar("T")
 
 ACCESS_LOGGER = "aioserve.access"
 ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
@@ -47,6 +54,8 @@ ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
 
 # Once draining has ended, how long aborted requests get to write their last bytes.
 CLOSE_GRACE_S = 5.0
+ENGINE_DIED_EXIT_STATUS = 1
+_DEATH_POLL_S = 0.1
 _WARM_UP_PROMPT_TOKENS = 8
 _SECRET_ARGUMENTS = frozenset({"api_key", "hf_token"})
 _LOG_LEVELS = {
@@ -115,7 +124,7 @@ def make_runner(app: web.Application, options: dict[str, Any]) -> web.AppRunner:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Run the server until a signal ends it; the exit status (0 after a drained shutdown)."""
+    """Run the server until a signal or the engine's death ends it; the exit status."""
     config = engine_config_from_args(args)
     options = frontend_options_from_args(args)
     configure_logging(options["uvicorn_log_level"])
@@ -149,23 +158,23 @@ def run_serve(args: argparse.Namespace) -> int:
         return 130
     state = ServerState(engine, list(engine.settings.served_model_names), options)
     app = build_app(state)
-    _run_on_uvloop(_serve(app, state, ssl_context))
+    status = _run_on_uvloop(_serve(app, state, ssl_context))
     logger.info("Finished server process")
-    return 0
+    return status
 
 
-def _run_on_uvloop(coroutine: Coroutine[Any, Any, None]) -> None:
+def _run_on_uvloop(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop
     except ImportError:  # no uvloop build for this platform: the standard loop works too
-        asyncio.run(coroutine)
-    else:
-        uvloop.run(coroutine)
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 async def _serve(
     app: web.Application, state: ServerState, ssl_context: ssl.SSLContext | None
-) -> None:
+) -> int:
+    """Serve until a signal or the engine's death; the exit status."""
     options = state.options
     systemd = SystemdService(state.engine)
     runner = make_runner(app, options)
@@ -183,11 +192,21 @@ async def _serve(
         first, second = asyncio.Event(), asyncio.Event()
         _on_stop_signals(first, second)
         systemd.ready()
-        await first.wait()
-        systemd.stopping()
-        state.draining = True
-        await _drain(app[IN_FLIGHT], options["shutdown_timeout"], second)
+        if not await _stopped_or_dead(first, state.engine):
+            systemd.stopping()
+            state.draining = True
+            await _drain(app[IN_FLIGHT], options["shutdown_timeout"], second)
+        if state.engine.is_dead:
+            state.draining = True
+            logger.error(
+                "The engine is dead (%s): exiting with status %d so that the service manager "
+                "restarts the server",
+                state.engine.health_problem(),
+                ENGINE_DIED_EXIT_STATUS,
+            )
+            return ENGINE_DIED_EXIT_STATUS
         logger.info("Shutting down")
+        return 0
     finally:
         await systemd.close()
         # Aborting what still runs first lets its handlers end their responses themselves.
@@ -211,6 +230,15 @@ async def _warm_up(engine: AsyncEngine) -> None:
     async for _ in engine.generate(prompt, params, "aioserve-warm-up"):
         pass
     logger.info("warm-up request done in %.2f s", time.monotonic() - started)
+
+
+async def _stopped_or_dead(stop: asyncio.Event, engine: AsyncEngine) -> bool:
+    """Wait until `stop` is set (False) or the engine is dead (True)."""
+    while not stop.is_set():
+        if engine.is_dead:
+            return True
+        await asyncio.sleep(_DEATH_POLL_S)
+    return False
 
 
 def _on_stop_signals(first: asyncio.Event, second: asyncio.Event) -> None:
