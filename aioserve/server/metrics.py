@@ -82,6 +82,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from aioserve.engine.load_shedding import REASONS, LoadShedder
 from aioserve.engine.stats import StepStats
+from aioserve.platform import is_gpu
 from aioserve.server.state import ServerState
 from aioserve.server.stats_log import StatsLine
 
@@ -449,7 +450,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         cache_config=cache_config_labels(engine.settings),
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
-    stats_line = StatsLine() if log_stats else None
+    stats_line = StatsLine("GPU" if is_gpu() else "CPU") if log_stats else None
     app[METRICS] = metrics
     app.router.add_get("/metrics", serve_metrics)
 

@@ -1,7 +1,7 @@
 """The periodic engine stats line, worded as vLLM words it, every 10 seconds.
 
     Engine 000: Avg prompt throughput: 52.3 tokens/s, Avg generation throughput: 104.1
-    tokens/s, Running: 4 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%, Prefix cache hit
+    tokens/s, Running: 4 reqs, Waiting: 0 reqs, CPU KV cache usage: 3.1%, Prefix cache hit
     rate: 12.5%, Host gap: 0.04 ms/step
 
 The last field is aioserve's own: the mean time the model thread waited for the host
@@ -12,8 +12,8 @@ so that parsers of vLLM's line still read them.
 every `STATS_LOG_INTERVAL_S` (vLLM's VLLM_LOG_STATS_INTERVAL default). As in vLLM, an idle
 server stays quiet: the line goes out at INFO while there is activity and once more after
 it stops (with zero throughput), then at DEBUG. The server turns it off with
-`--disable-log-stats`. The wording is vLLM's, "GPU" included, so that log parsers written
-for vLLM read it.
+`--disable-log-stats`. The wording is vLLM's, so that log parsers written for vLLM read it:
+"GPU KV cache usage" on a GPU, "CPU KV cache usage" on the CPU, as vLLM-CPU says.
 
 Throughputs are averages since the previous line. Running, waiting and KV usage are as of
 the latest step. The prefix-cache hit rate is over the lookups of the last
@@ -39,7 +39,8 @@ PREFIX_HIT_RATE_WINDOW = 1000
 class StatsLine:
     """Accumulates engine steps and logs vLLM's periodic stats line."""
 
-    def __init__(self, now: float | None = None) -> None:
+    def __init__(self, kv_cache_device: str, now: float | None = None) -> None:
+        self._kv_cache_device = kv_cache_device  # "GPU" or "CPU"
         self._last_log_time = time.monotonic() if now is None else now
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -77,12 +78,13 @@ class StatsLine:
         logger.log(
             level,
             "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: "
-            "%.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
+            "%.1f tokens/s, Running: %d reqs, Waiting: %d reqs, %s KV cache usage: %.1f%%, "
             "Prefix cache hit rate: %.1f%%, Host gap: %.2f ms/step",
             prompt_throughput,
             generation_throughput,
             running,
             waiting,
+            self._kv_cache_device,
             kv_usage * 100,
             hit_rate * 100,
             self._host_gaps / self._num_host_gaps * 1000 if self._num_host_gaps else 0.0,

@@ -390,14 +390,14 @@ def test_event_loop_lag_monitor_sees_a_blocked_loop():
 
 STATS_LINE = re.compile(
     r"Engine 000: Avg prompt throughput: (\S+) tokens/s, Avg generation throughput: (\S+) "
-    r"tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: (\S+)%, "
+    r"tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs, CPU KV cache usage: (\S+)%, "
     r"Prefix cache hit rate: (\S+)%, Host gap: (\S+) ms/step"
 )
 
 
 def test_stats_line_reports_throughput_and_engine_state(caplog):
     caplog.set_level(logging.DEBUG, logger="aioserve.stats")
-    line = StatsLine(now=0.0)
+    line = StatsLine("CPU", now=0.0)
     line.record(PREFILL_STEP)  # 12 prompt tokens, 2 generated; 2 running, 1 waiting
     line.record(step(4.0, num_generation_tokens=9, host_gap=0.001))
     line.record(
@@ -419,7 +419,7 @@ def test_stats_line_reports_throughput_and_engine_state(caplog):
 
 def test_stats_line_goes_quiet_once_the_engine_is_idle(caplog):
     caplog.set_level(logging.DEBUG, logger="aioserve.stats")
-    line = StatsLine(now=0.0)
+    line = StatsLine("CPU", now=0.0)
     line.record(step(1.0, num_prompt_tokens=40, num_running=1))
     line.log(now=10.0)  # activity
     line.record(step(11.0, num_generation_tokens=1))  # the request ends
@@ -434,7 +434,7 @@ def test_stats_line_goes_quiet_once_the_engine_is_idle(caplog):
 
 def test_stats_line_is_logged_periodically(caplog):
     caplog.set_level(logging.INFO, logger="aioserve.stats")
-    line = StatsLine()
+    line = StatsLine("CPU")
     line.record(step(time.monotonic(), num_prompt_tokens=10, num_running=1, num_waiting=3))
 
     async def scenario():
