@@ -9,14 +9,10 @@ import re
 
 import pytest
 
-from aioserve.arguments import ARGUMENTS, FRONTEND
-from aioserve.config import (
-    UNSUPPORTED_GROUP_TITLE,
-    ConfigError,
-    add_engine_arguments,
-    engine_config_from_args,
-    engine_config_from_kwargs,
-)
+from aioserve.config.arguments import ARGUMENTS
+from aioserve.config.declaration import FRONTEND, ConfigError
+from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
+from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, add_engine_arguments
 
 GiB = 2**30
 
@@ -58,15 +54,15 @@ def test_defaults():
     assert config.model.served_model_name is None
     assert config.load.load_format == "auto"
     assert config.load.download_dir is None
-    assert config.cache.block_size is None
+    assert config.cache.block_size == 16
     assert config.cache.gpu_memory_utilization == 0.9
     assert config.cache.num_gpu_blocks_override is None
-    assert config.cache.enable_prefix_caching is None
+    assert config.cache.enable_prefix_caching is True
     assert config.cache.cpu_kvcache_space_bytes == 4 * GiB
-    assert config.scheduler.max_num_seqs is None
-    assert config.scheduler.max_num_batched_tokens is None
-    assert config.scheduler.enable_chunked_prefill is None
-    assert config.scheduler.async_scheduling is None
+    assert config.scheduler.max_num_seqs == 256
+    assert config.scheduler.max_num_batched_tokens is None  # the platform's (engine/build.py)
+    assert config.scheduler.enable_chunked_prefill is True
+    assert config.scheduler.async_scheduling is None  # the platform's (engine/build.py)
     assert config.scheduler.scheduling_policy == "fcfs"
     assert config.scheduler.max_num_queued_reqs is None
     assert config.scheduler.max_num_queued_tokens is None
@@ -264,6 +260,16 @@ def test_several_unsupported_arguments_are_all_named():
     assert message.endswith("are vLLM arguments that aioserve does not support yet")
 
 
+def test_every_problem_of_a_command_line_is_reported_at_once():
+    with pytest.raises(ConfigError) as error:
+        _config("--swap-space", "8", "--quantization", "awq", "--max-num-seqs", "0", "--port", "x")
+    assert str(error.value) == (
+        "--swap-space is a vLLM argument that aioserve does not support yet; "
+        "--port must be an integer, got 'x'; quantization method 'awq' is not supported by "
+        "aioserve yet (--quantization accepts gguf); --max-num-seqs must be at least 1, got 0"
+    )
+
+
 def _minimal_argv(argument) -> list[str]:
     if argument.kind in ("flag", "bool", "optional"):
         return [argument.flag]
@@ -354,7 +360,7 @@ def test_kwargs_take_python_values(tmp_path):
     assert config.model.enforce_eager is True
     assert config.cache.enable_prefix_caching is False
     assert config.model.served_model_name == ["solo"]
-    assert config.cache.block_size is None
+    assert config.cache.block_size == 16  # None: not set
     assert config.model.hf_overrides == {"a": {"b": 1}}
 
 

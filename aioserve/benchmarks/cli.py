@@ -1,7 +1,7 @@
 """The `aioserve bench` command line: `throughput`, `latency` and `serve`, with vLLM's options.
 
 `throughput` and `latency` start an engine, so their parsers carry every engine argument
-(from aioserve.cli.build_engine_parser, without the HTTP server's) besides their own.
+(from aioserve.config.parser.build_engine_parser, without the HTTP server's) besides their own.
 `serve` is a client of a running server and takes no engine argument. The benchmarks
 themselves load on demand, so `--help` stays fast.
 """
@@ -12,7 +12,7 @@ import argparse
 import json
 
 from aioserve.benchmarks.datasets import DATASET_NAMES
-from aioserve.cli import build_engine_parser
+from aioserve.config.parser import build_engine_parser
 
 
 def _run_throughput(args: argparse.Namespace) -> int:

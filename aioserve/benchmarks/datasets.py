@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
-from aioserve.arguments import ConfigError
+from aioserve.config.declaration import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

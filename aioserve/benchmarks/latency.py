@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from aioserve.arguments import ConfigError
-from aioserve.config import engine_config_from_args
+from aioserve.config.declaration import ConfigError
+from aioserve.config.engine import engine_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
 
 PERCENTAGES = (10, 25, 50, 75, 90, 99)

@@ -26,7 +26,6 @@ import aiohttp
 import numpy as np
 from tqdm.asyncio import tqdm
 
-from aioserve.arguments import ConfigError
 from aioserve.benchmarks.datasets import SampleRequest, refuse_hf_dataset
 from aioserve.benchmarks.endpoints import (
     BACKENDS,
@@ -44,6 +43,7 @@ from aioserve.benchmarks.statistics import (
     serving_metrics,
 )
 from aioserve.benchmarks.workload import load_tokenizer, serve_requests
+from aioserve.config.declaration import ConfigError
 
 
 def arrival_times(

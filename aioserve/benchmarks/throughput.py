@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from aioserve.arguments import ConfigError
 from aioserve.benchmarks.datasets import SampleRequest
 from aioserve.benchmarks.workload import settle_throughput_dataset, throughput_requests
-from aioserve.config import EngineConfig, engine_config_from_args
+from aioserve.config.declaration import ConfigError
+from aioserve.config.engine import EngineConfig, engine_config_from_args
 from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import SamplingParams
 

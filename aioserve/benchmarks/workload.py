@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from aioserve.arguments import ConfigError
 from aioserve.benchmarks import datasets
 from aioserve.benchmarks.datasets import DatasetError, SampleRequest
+from aioserve.config.declaration import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from aioserve.config import EngineConfig
+from aioserve.config.engine import EngineConfig
 from aioserve.engine.admission import max_new_tokens, sibling_seed, validate_request
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
 from aioserve.engine.health import EngineDeadError, LoopClock, StepFailures, death_message

@@ -1,7 +1,8 @@
 """Assemble an engine from its configuration: settings resolved, model loaded, KV pool sized.
 
-The configuration leaves some values to the engine (None in config.py); they are decided
-here, once, with the model's config at hand:
+The configuration leaves some values to the engine (dtype "auto", and the fields that
+aioserve.config.engine leaves None); they are decided here, once, with the model's config
+and the device at hand:
 
 - dtype "auto": on the CPU bfloat16 where it runs in hardware (AMX or AVX-512-BF16, as
   vLLM's CPU backend chooses) and float32 elsewhere (half precision runs several times
@@ -9,9 +10,9 @@ here, once, with the model's config at hand:
   as in vLLM;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
-- block size 16, max_num_seqs 256, chunked prefill and prefix caching on (vLLM V1's
-  defaults), max_num_batched_tokens 8192 on a GPU and 4096 on the CPU;
-- asynchronous scheduling on (see async_engine.py);
+- max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
+  (aioserve/config/arguments.py) for this device; without chunked prefill the token
+  budget is at least max_model_len;
 - KV blocks: --num-gpu-blocks-override, else VLLM_CPU_KVCACHE_SPACE on the CPU, else
   what --gpu-memory-utilization leaves after the weights and a profiled peak step.
 """
@@ -22,11 +23,14 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from aioserve.config import EngineConfig
+from aioserve.config.arguments import argument
+from aioserve.config.declaration import PlatformDefault
+from aioserve.config.engine import EngineConfig
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.loader import load_model
@@ -181,11 +185,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
     dev = device()
     max_model_len = resolve_max_model_len(model_cfg.max_model_len, hf_config)
-    block_size = cache_cfg.block_size or 16
-    chunked = True if sched_cfg.enable_chunked_prefill is None else sched_cfg.enable_chunked_prefill
+    block_size = cache_cfg.block_size
+    chunked = sched_cfg.enable_chunked_prefill
     max_tokens = sched_cfg.max_num_batched_tokens
     if max_tokens is None:
-        max_tokens = 8192 if current_platform() != "cpu" else 4096
+        max_tokens = platform_default("max_num_batched_tokens", current_platform())
         if not chunked:
             max_tokens = max(max_tokens, max_model_len)
     elif not chunked and max_tokens < max_model_len:
@@ -194,7 +198,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "without chunked prefill a whole prompt must fit in one step; enable chunked prefill "
             "or raise --max-num-batched-tokens"
         )
-    max_num_seqs = sched_cfg.max_num_seqs or 256
+    max_num_seqs = sched_cfg.max_num_seqs
 
     model = load_model(
         checkpoint,
@@ -246,13 +250,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_tokens,
         enable_chunked_prefill=chunked,
-        enable_prefix_caching=True
-        if cache_cfg.enable_prefix_caching is None
-        else cache_cfg.enable_prefix_caching,
+        enable_prefix_caching=cache_cfg.enable_prefix_caching,
         scheduling_policy=sched_cfg.scheduling_policy,
         async_scheduling=resolve_async_scheduling(sched_cfg.async_scheduling, current_platform()),
         max_logprobs=model_cfg.max_logprobs,
-        seed=model_cfg.seed if model_cfg.seed is not None else 0,
+        seed=model_cfg.seed,
         eos_token_ids=_eos_token_ids(tokenizer, generation, hf_config),
         default_sampling=default_sampling,
         max_new_tokens_cap=generation.get("max_new_tokens"),
@@ -284,7 +286,14 @@ def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:
     """
     if requested is not None:
         return requested
-    return platform != "cpu"
+    return platform_default("async_scheduling", platform)
+
+
+def platform_default(dest: str, platform: str) -> Any:
+    """The declared default of the argument `dest` on `platform` (a `PlatformDefault`)."""
+    declared = argument(dest)
+    assert declared is not None and isinstance(declared.default, PlatformDefault), dest
+    return declared.default.on(platform)
 
 
 def default_sampling_params(settings: EngineSettings) -> SamplingParams:

@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from aioserve.config import EngineConfig, engine_config_from_kwargs
+from aioserve.config.engine import EngineConfig, engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine, PromptType
 from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import RequestOutput

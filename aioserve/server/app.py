@@ -8,11 +8,8 @@ docs pages (openapi.py). `serve.py` runs the app; tests run it in-process.
 
 from __future__ import annotations
 
-import argparse
-
 from aiohttp import web
 
-from aioserve.config import frontend_options_from_args
 from aioserve.server.errors import error_middleware
 from aioserve.server.metrics import add_metrics
 from aioserve.server.middlewares import (
@@ -41,47 +38,44 @@ async def _stop_text_thread(app: web.Application) -> None:
 
 
 def build_app(state: ServerState) -> web.Application:
-    """The app serving `state.engine` with the frontend options in `state.options`.
+    """The app serving `state.engine` as `state.frontend` configures it.
 
-    Options missing from `state.options` take their declared defaults (and are filled in
-    there, so that every handler sees the complete set). Raises ConfigError when a
-    --middleware import path cannot be imported.
+    Raises ConfigError when a --middleware import path cannot be imported.
     """
-    state.options = {**frontend_options_from_args(argparse.Namespace()), **state.options}
-    options = state.options
-    root_path = options["root_path"]
+    frontend = state.frontend
+    root_path = frontend.root_path
     in_flight = RequestsInFlight()
     cors = CorsPolicy(
-        options["allowed_origins"],
-        options["allowed_methods"],
-        options["allowed_headers"],
-        options["allow_credentials"],
+        frontend.allowed_origins,
+        frontend.allowed_methods,
+        frontend.allowed_headers,
+        frontend.allow_credentials,
     )
     middlewares = [
         error_middleware,
-        *import_middlewares(options["middleware"]),
+        *import_middlewares(frontend.middleware),
         drain_middleware(lambda: state.draining, in_flight, root_path),
         cors_preflight_middleware(cors),
     ]
-    api_key = configured_api_key(options)
+    api_key = configured_api_key(frontend)
     if api_key:
         middlewares.append(api_key_middleware(api_key, root_path))
     middlewares.append(route_error_middleware)
-    if options["enable_log_requests"] and not options["disable_log_requests"]:
-        middlewares.append(request_log_middleware(options["max_log_len"]))
+    if frontend.enable_log_requests and not frontend.disable_log_requests:
+        middlewares.append(request_log_middleware(frontend.max_log_len))
 
     app = web.Application(middlewares=middlewares, client_max_size=MAX_REQUEST_BODY_BYTES)
     app[STATE] = state
     app.on_cleanup.append(_stop_text_thread)
     app[IN_FLIGHT] = in_flight
     app.on_response_prepare.append(cors_response_hook(cors))
-    if options["enable_request_id_headers"]:
+    if frontend.enable_request_id_headers:
         app.on_response_prepare.append(request_id_hook)
 
-    add_routes(app, load_tracking=options["enable_server_load_tracking"])
+    add_routes(app, load_tracking=frontend.enable_server_load_tracking)
     add_openai_routes(app)
-    add_metrics(app, state, log_stats=not options["disable_log_stats"])
-    if not options["disable_fastapi_docs"]:
+    add_metrics(app, state, log_stats=not frontend.disable_log_stats)
+    if not frontend.disable_fastapi_docs:
         add_docs_routes(app, root_path)
     if root_path:
         _also_under(app, root_path)

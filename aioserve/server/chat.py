@@ -56,7 +56,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         )
         check_prompt_tokens(token_ids, engine.hf_config.vocab_size, param="messages")
         if parsed.add_generation_prompt:
-            role = state.options.get("response_role") or "assistant"
+            role = state.frontend.response_role
         else:
             role = parsed.messages[-1]["role"]
         echo = _echoed_text(parsed, role)
@@ -99,7 +99,7 @@ async def _full_response(
     async with aclosing(outputs):
         async for output in outputs:
             final = output
-    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
+    as_token_ids = state.frontend.return_tokens_as_token_ids
     choices = []
     for sample in sorted(final.outputs, key=lambda o: o.index):
         logprobs = None
@@ -118,7 +118,7 @@ async def _full_response(
                 sample.token_ids if parsed.return_token_ids else None,
             )
         )
-    details = state.options.get("enable_prompt_tokens_details", False)
+    details = state.frontend.enable_prompt_tokens_details
     usage = responses.full_usage(
         len(prompt_token_ids),
         sum(len(sample.token_ids) for sample in final.outputs),
@@ -138,8 +138,8 @@ async def _chunks(
     head: ResponseHead,
     outputs: AsyncIterator[RequestOutput],
 ) -> AsyncIterator[dict[str, Any]]:
-    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
-    details = state.options.get("enable_prompt_tokens_details", False)
+    as_token_ids = state.frontend.return_tokens_as_token_ids
+    details = state.frontend.enable_prompt_tokens_details
     num_prompt_tokens = len(prompt_token_ids)
     n = parsed.params.n
     num_tokens = [0] * n

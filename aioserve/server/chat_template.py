@@ -102,7 +102,7 @@ def _load_chat_template(value: str) -> str:
 
 
 def _template(state: ServerState) -> str:
-    configured = state.options.get("chat_template")
+    configured = state.frontend.chat_template
     if configured:
         try:
             return load_chat_template(configured)
@@ -125,7 +125,7 @@ def _template(state: ServerState) -> str:
 
 
 def _content_format(state: ServerState, template: str) -> str:
-    chosen = state.options.get("chat_template_content_format") or "auto"
+    chosen = state.frontend.chat_template_content_format
     if chosen not in _CONTENT_FORMATS:
         raise APIError(
             f"unknown --chat-template-content-format {chosen!r}", HTTPStatus.INTERNAL_SERVER_ERROR

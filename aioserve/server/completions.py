@@ -109,7 +109,7 @@ async def _full_response(
     async with aclosing(merged):
         async for i, output in merged:
             finals[i] = output
-    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
+    as_token_ids = state.frontend.return_tokens_as_token_ids
     n = parsed.params.n
     choices = []
     completion_tokens = cached_tokens = 0
@@ -134,7 +134,7 @@ async def _full_response(
     usage = responses.full_usage(
         sum(len(p.token_ids) for p in prompts),
         completion_tokens,
-        cached_tokens if state.options.get("enable_prompt_tokens_details", False) else None,
+        cached_tokens if state.frontend.enable_prompt_tokens_details else None,
     )
     body = responses.completion_response(head, choices, usage)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
@@ -147,8 +147,8 @@ async def _chunks(
     head: ResponseHead,
     merged: AsyncIterator[tuple[int, RequestOutput]],
 ) -> AsyncIterator[dict[str, Any]]:
-    as_token_ids = state.options.get("return_tokens_as_token_ids", False)
-    details = state.options.get("enable_prompt_tokens_details", False)
+    as_token_ids = state.frontend.return_tokens_as_token_ids
+    details = state.frontend.enable_prompt_tokens_details
     n = parsed.params.n
     num_choices = len(prompts) * n
     logprobs = [CompletionLogprobs(as_token_ids) for _ in range(num_choices)]

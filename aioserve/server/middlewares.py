@@ -28,12 +28,12 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from aioserve.arguments import ConfigError
+from aioserve.config.declaration import ConfigError
+from aioserve.config.frontend import FrontendConfig
 from aioserve.server.errors import APIError
 
 logger = logging.getLogger("aioserve.server")
@@ -227,9 +227,9 @@ def cors_response_hook(
 # --- the API key -----------------------------------------------------------------------------
 
 
-def configured_api_key(options: dict[str, Any]) -> str | None:
+def configured_api_key(frontend: FrontendConfig) -> str | None:
     """--api-key, else the environment variable VLLM_API_KEY, as in vLLM."""
-    return options.get("api_key") or os.environ.get(API_KEY_ENV) or None
+    return frontend.api_key or os.environ.get(API_KEY_ENV) or None
 
 
 def api_key_middleware(api_key: str, root_path: str | None) -> Middleware:

@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from aioserve import __version__
-from aioserve.arguments import ConfigError
-from aioserve.config import engine_config_from_args, frontend_options_from_args
+from aioserve.config.declaration import ConfigError
+from aioserve.config.engine import engine_config_from_args
+from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
@@ -81,15 +82,15 @@ def configure_logging(http_log_level: str) -> None:
         logging.getLogger(name).setLevel(_LOG_LEVELS[http_log_level])
 
 
-def build_ssl_context(options: dict[str, Any]) -> ssl.SSLContext | None:
+def build_ssl_context(frontend: FrontendConfig) -> ssl.SSLContext | None:
     """The server's TLS context from --ssl-certfile/-keyfile/-ca-certs/-cert-reqs, if any."""
     certfile, keyfile, ca_certs = (
-        options["ssl_certfile"],
-        options["ssl_keyfile"],
-        options["ssl_ca_certs"],
+        frontend.ssl_certfile,
+        frontend.ssl_keyfile,
+        frontend.ssl_ca_certs,
     )
     if certfile is None:
-        if keyfile or ca_certs or options["ssl_cert_reqs"]:
+        if keyfile or ca_certs or frontend.ssl_cert_reqs:
             raise ConfigError(
                 "--ssl-keyfile, --ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile"
             )
@@ -107,13 +108,13 @@ def build_ssl_context(options: dict[str, Any]) -> ssl.SSLContext | None:
             context.load_verify_locations(ca_certs)
         except (OSError, ssl.SSLError) as error:
             raise ConfigError(f"--ssl-ca-certs {ca_certs}: cannot load: {error}") from None
-    context.verify_mode = ssl.VerifyMode(options["ssl_cert_reqs"])
+    context.verify_mode = ssl.VerifyMode(frontend.ssl_cert_reqs)
     return context
 
 
-def make_runner(app: web.Application, options: dict[str, Any]) -> web.AppRunner:
-    """The app's runner: handlers cancelled when their client goes away, access log per options."""
-    access_log = None if options["disable_uvicorn_access_log"] else logging.getLogger(ACCESS_LOGGER)
+def make_runner(app: web.Application, frontend: FrontendConfig) -> web.AppRunner:
+    """The app's runner: handlers cancelled when their client goes away, access log as configured."""
+    access_log = None if frontend.disable_uvicorn_access_log else logging.getLogger(ACCESS_LOGGER)
     return web.AppRunner(
         app,
         handler_cancellation=True,
@@ -126,10 +127,10 @@ def make_runner(app: web.Application, options: dict[str, Any]) -> web.AppRunner:
 def run_serve(args: argparse.Namespace) -> int:
     """Run the server until a signal or the engine's death ends it; the exit status."""
     config = engine_config_from_args(args)
-    options = frontend_options_from_args(args)
-    configure_logging(options["uvicorn_log_level"])
-    ssl_context = build_ssl_context(options)
-    import_middlewares(options["middleware"])
+    frontend = frontend_config_from_args(args)
+    configure_logging(frontend.uvicorn_log_level)
+    ssl_context = build_ssl_context(frontend)
+    import_middlewares(frontend.middleware)
     # The modules below load torch and transformers (seconds): a refused argument is
     # reported before that.
     from aioserve.engine.async_engine import AsyncEngine
@@ -137,9 +138,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from aioserve.server.chat_template import load_chat_template
     from aioserve.server.state import ServerState
 
-    if options["chat_template"] is not None:
+    if frontend.chat_template is not None:
         try:
-            load_chat_template(options["chat_template"])
+            load_chat_template(frontend.chat_template)
         except (OSError, ValueError) as error:
             raise ConfigError(str(error)) from None
     logger.info("aioserve API server version %s", __version__)
@@ -156,7 +157,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the loop (and its signal handlers) runs
         logger.info("Interrupted while loading the model")
         return 130
-    state = ServerState(engine, list(engine.settings.served_model_names), options)
+    state = ServerState(engine, list(engine.settings.served_model_names), frontend)
     app = build_app(state)
     status = _run_on_uvloop(_serve(app, state, ssl_context))
     logger.info("Finished server process")
@@ -175,27 +176,27 @@ async def _serve(
     app: web.Application, state: ServerState, ssl_context: ssl.SSLContext | None
 ) -> int:
     """Serve until a signal or the engine's death; the exit status."""
-    options = state.options
+    frontend = state.frontend
     systemd = SystemdService(state.engine)
-    runner = make_runner(app, options)
+    runner = make_runner(app, frontend)
     try:
         await _warm_up(state.engine)
         await runner.setup()
-        site = web.TCPSite(runner, options["host"], options["port"], ssl_context=ssl_context)
+        site = web.TCPSite(runner, frontend.host, frontend.port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as error:
             raise ConfigError(
-                f"cannot listen on {options['host'] or '*'}:{options['port']}: {error.strerror}"
+                f"cannot listen on {frontend.host or '*'}:{frontend.port}: {error.strerror}"
             ) from None
-        _log_started(app, runner, options, ssl_context is not None)
+        _log_started(app, runner, frontend, ssl_context is not None)
         first, second = asyncio.Event(), asyncio.Event()
         _on_stop_signals(first, second)
         systemd.ready()
         if not await _stopped_or_dead(first, state.engine):
             systemd.stopping()
             state.draining = True
-            await _drain(app[IN_FLIGHT], options["shutdown_timeout"], second)
+            await _drain(app[IN_FLIGHT], frontend.shutdown_timeout, second)
         if state.engine.is_dead:
             state.draining = True
             logger.error(
@@ -271,9 +272,9 @@ async def _drain(in_flight: RequestsInFlight, timeout: float, stop_now: asyncio.
 
 
 def _log_started(
-    app: web.Application, runner: web.AppRunner, options: dict[str, Any], tls: bool
+    app: web.Application, runner: web.AppRunner, frontend: FrontendConfig, tls: bool
 ) -> None:
-    root_path = options["root_path"]
+    root_path = frontend.root_path
     routes: dict[str, list[str]] = {}
     for route in app.router.routes():
         path = route.resource.canonical

@@ -1,4 +1,4 @@
-"""What every handler needs: the engine, the names the model answers to, the options.
+"""What every handler needs: the engine, the names the model answers to, the frontend config.
 
 One `ServerState` per app, stored under `STATE` (`request.app[STATE]`).
 """
@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from aioserve.config.frontend import FrontendConfig, frontend_config
 from aioserve.engine.async_engine import AsyncEngine
 
 T = TypeVar("T")
@@ -24,8 +25,8 @@ class ServerState:
     engine: AsyncEngine
     served_model_names: list[str]
     """The names a request's `model` may use; the first is the one responses report."""
-    options: dict[str, Any] = field(default_factory=dict)
-    """Frontend options by argparse dest (chat_template, response_role, max_log_len, ...)."""
+    frontend: FrontendConfig = field(default_factory=frontend_config)
+    """The HTTP server's configuration (chat_template, response_role, max_log_len, ...)."""
     draining: bool = False
     """Set on SIGTERM/SIGINT: new requests get 503 while in-flight ones finish."""
     text_thread: ThreadPoolExecutor = field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aioserve import cli
-from aioserve.arguments import ARGUMENTS
+from aioserve.config.arguments import ARGUMENTS
 
 
 def bench_commands() -> dict:

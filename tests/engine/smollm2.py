@@ -12,7 +12,7 @@ import functools
 import torch
 
 from aioserve import AsyncEngine
-from aioserve.config import engine_config_from_kwargs
+from aioserve.config.engine import engine_config_from_kwargs
 
 NEW_TOKENS = 64
 

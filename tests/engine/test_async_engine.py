@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aioserve import AsyncEngine, RequestOutputKind, SamplingParams
-from aioserve.config import engine_config_from_kwargs
+from aioserve.config.engine import engine_config_from_kwargs
 from tests.engine.smollm2 import collect, float32_engine
 
 pytestmark = pytest.mark.slow

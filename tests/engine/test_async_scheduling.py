@@ -21,7 +21,7 @@ import math
 import pytest
 
 from aioserve import AsyncEngine, SamplingParams
-from aioserve.config import engine_config_from_kwargs
+from aioserve.config.engine import engine_config_from_kwargs
 from tests.engine.smollm2 import SHARED_PREFIX, collect, float32_engine
 
 pytestmark = pytest.mark.slow

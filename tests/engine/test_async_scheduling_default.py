@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from aioserve import AsyncEngine
-from aioserve.config import engine_config_from_kwargs
+from aioserve.config.engine import engine_config_from_kwargs
 from aioserve.engine.build import resolve_async_scheduling
 
 

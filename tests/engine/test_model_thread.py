@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from aioserve import AsyncEngine, SamplingParams
-from aioserve.config import engine_config_from_kwargs
+from aioserve.config.engine import engine_config_from_kwargs
 from aioserve.engine import async_engine
 from aioserve.engine.model_thread import ModelThread
 from aioserve.runner.model_runner import ModelRunner

@@ -109,7 +109,7 @@ def openai_server(engine: AsyncEngine, server_loop: BackgroundLoop) -> Iterator[
 def start_openai_server(
     engine: AsyncEngine, server_loop: BackgroundLoop
 ) -> Iterator[Callable[..., str]]:
-    """A factory: `start_openai_server(options={...}, draining=True)` -> base URL."""
+    """A factory: `start_openai_server(frontend=frontend_config(...), draining=True)` -> base URL."""
     with ExitStack() as stack:
 
         def start(**state_fields: Any) -> str:

@@ -30,9 +30,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from aioserve import __version__
-from aioserve.arguments import ConfigError
-from aioserve.cli import build_engine_parser
-from aioserve.config import frontend_options_from_args
+from aioserve.config.declaration import ConfigError
+from aioserve.config.frontend import frontend_config_from_args
+from aioserve.config.parser import build_engine_parser
 from aioserve.server.app import build_app
 from aioserve.server.middlewares import MAX_REQUEST_BODY_BYTES
 from aioserve.server.serve import ACCESS_LOGGER, build_ssl_context, make_runner
@@ -97,12 +97,12 @@ class Served:
 @contextmanager
 def serve(server_loop, engine, *argv: str) -> Iterator[Served]:
     """The app for `aioserve serve <argv>` on a free port of 127.0.0.1, runner as in serve."""
-    options = frontend_options_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
     state = ServerState(engine, [MODEL, ALIAS], options)
     app = build_app(state)
 
     async def start() -> web.AppRunner:
-        runner = make_runner(app, state.options)
+        runner = make_runner(app, state.frontend)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         return runner
@@ -505,7 +505,7 @@ def test_tls_serves_https(server_loop, engine, tmp_path):
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     argv = ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
-    options = frontend_options_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
     context = build_ssl_context(options)
     app = build_app(ServerState(engine, [MODEL], options))
 
@@ -536,6 +536,6 @@ def test_tls_serves_https(server_loop, engine, tmp_path):
     ],
 )
 def test_bad_tls_settings_are_refused_by_name(argv, message):
-    options = frontend_options_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_ssl_context(options)

@@ -14,6 +14,7 @@ import uuid
 import aiohttp
 import pytest
 
+from aioserve.config.frontend import frontend_config
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.chat_template import render_chat
 from aioserve.server.errors import APIError
@@ -90,7 +91,9 @@ def test_content_parts_reach_the_template_in_the_configured_format(engine, optio
         {"role": "user", "content": "c"},
     ]
     text, token_ids = render_chat(
-        ServerState(engine, [MODEL], options=options), messages, add_generation_prompt=False
+        ServerState(engine, [MODEL], frontend=frontend_config(**options)),
+        messages,
+        add_generation_prompt=False,
     )
     if expected is None:
         joined = [messages[0] | {"content": "a\nb"}, messages[1]]
@@ -102,7 +105,7 @@ def test_content_parts_reach_the_template_in_the_configured_format(engine, optio
 def test_chat_template_from_a_file_with_extra_kwargs(engine, tmp_path):
     path = tmp_path / "template.jinja"
     path.write_text("{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    state = ServerState(engine, [MODEL], options={"chat_template": str(path)})
+    state = ServerState(engine, [MODEL], frontend=frontend_config(chat_template=str(path)))
     text, _ = render_chat(state, QUESTION, chat_template_kwargs={"greeting": "Hi! "})
     assert text == "Hi! What is the capital of France?"
 
@@ -129,7 +132,8 @@ def test_malformed_messages_are_400(engine, messages, kwargs, param):
 
 
 def test_template_errors_are_400(engine):
-    state = ServerState(engine, [MODEL], options={"chat_template": "{{ raise_exception('no') }}"})
+    frontend = frontend_config(chat_template="{{ raise_exception('no') }}")
+    state = ServerState(engine, [MODEL], frontend=frontend)
     with pytest.raises(APIError) as raised:
         render_chat(state, QUESTION)
     assert raised.value.status == 400 and "no" in raised.value.message
@@ -266,7 +270,7 @@ def test_content_parts_and_max_completion_tokens(openai_server, engine):
 
 
 def test_response_role_and_continuing_a_message(start_openai_server):
-    url = start_openai_server(options={"response_role": "bot"})
+    url = start_openai_server(frontend=frontend_config(response_role="bot"))
     assert chat(url, messages=QUESTION, max_tokens=1).choices[0].message.role == "bot"
     start = "The capital of France is"
     partial = [*QUESTION, {"role": "assistant", "content": start}]
@@ -289,7 +293,7 @@ def test_response_role_and_continuing_a_message(start_openai_server):
 
 
 def test_prompt_tokens_details_count_the_prefix_cache(start_openai_server):
-    url = start_openai_server(options={"enable_prompt_tokens_details": True})
+    url = start_openai_server(frontend=frontend_config(enable_prompt_tokens_details=True))
     for _ in range(2):
         result = chat(url, messages=QUESTION, max_tokens=1, temperature=0)
     # The second time, the prompt's full 16-token blocks come from the prefix cache.

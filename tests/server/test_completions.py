@@ -13,6 +13,7 @@ import uuid
 import aiohttp
 import pytest
 
+from aioserve.config.frontend import frontend_config
 from aioserve.engine.sampling_params import SamplingParams
 from tests.server.conftest import MODEL, fail_model_step, wait_until_idle
 from tests.server.openai_helpers import (
@@ -117,7 +118,7 @@ def test_logprobs_under_greedy_name_the_sampled_token(openai_server):
 
 
 def test_tokens_as_token_ids(start_openai_server):
-    url = start_openai_server(options={"return_tokens_as_token_ids": True})
+    url = start_openai_server(frontend=frontend_config(return_tokens_as_token_ids=True))
     body = post(
         url,
         "/v1/completions",

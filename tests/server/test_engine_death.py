@@ -31,6 +31,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from aioserve.config.frontend import frontend_config
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.build import engine_parts_around
 from aioserve.runner.stand_in_runner import StandInRunner
@@ -88,7 +89,9 @@ def serve(server_loop: BackgroundLoop, tokenizer) -> Iterator[Callable[[], Serve
             engine = AsyncEngine(parts)
             engine.loop_clock.floor = STALL_FLOOR_S
             stack.callback(lambda: server_loop.run(engine.shutdown(timeout=1)))
-            app = build_app(ServerState(engine, [MODEL], options={"disable_log_stats": True}))
+            app = build_app(
+                ServerState(engine, [MODEL], frontend=frontend_config(disable_log_stats=True))
+            )
             return Served(stack.enter_context(serve_app(server_loop, app)), engine)
 
         yield start

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
+from aioserve.config.frontend import frontend_config
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.build import engine_parts_around
 from aioserve.runner.stand_in_runner import StandInRunner
@@ -99,7 +100,9 @@ def serve(server_loop: BackgroundLoop, tokenizer) -> Iterator[Callable[..., Serv
 
             scheduler.add_request = counted_add
             engine.tokenize_prompt = counted_tokenize
-            app = build_app(ServerState(engine, [MODEL], options={"disable_log_stats": True}))
+            app = build_app(
+                ServerState(engine, [MODEL], frontend=frontend_config(disable_log_stats=True))
+            )
             served.url = stack.enter_context(serve_app(server_loop, app))
             return served
 

@@ -9,6 +9,7 @@ and stop it with SIGTERM while a stream is in flight. Every process is killed in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -21,9 +22,11 @@ import aiohttp
 import openai
 import pytest
 
-from aioserve.arguments import ARGUMENTS, FRONTEND, ConfigError
-from aioserve.cli import build_engine_parser
-from aioserve.config import engine_config_from_args, frontend_options_from_args
+from aioserve.config.arguments import ARGUMENTS
+from aioserve.config.declaration import FRONTEND, ConfigError
+from aioserve.config.engine import engine_config_from_args
+from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
+from aioserve.config.parser import build_engine_parser
 from aioserve.models.resolve import DEFAULT_MODEL
 from tests.server.serve_process import free_port, wait_until_healthy
 
@@ -65,13 +68,13 @@ FRONTEND_FLAGS = [
 ]
 
 
-def _options(*argv: str) -> dict:
-    return frontend_options_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+def _options(*argv: str) -> FrontendConfig:
+    return frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
 
 
 @pytest.mark.parametrize(("argv", "dest", "expected"), FRONTEND_FLAGS)
 def test_frontend_flag_sets_its_option(argv, dest, expected):
-    value = _options(*argv)[dest]
+    value = getattr(_options(*argv), dest)
     assert value == expected and type(value) is type(expected)
 
 
@@ -79,15 +82,16 @@ def test_every_supported_frontend_argument_is_tested():
     tested = {argv[0].replace("--no-", "--") for argv, _, _ in FRONTEND_FLAGS}
     supported = {a.flag for a in ARGUMENTS if a.group == FRONTEND and a.supported}
     assert supported == tested
-    assert set(_options()) == {a.dest for a in ARGUMENTS if a.group == FRONTEND and a.supported}
+    fields = {field.name for field in dataclasses.fields(FrontendConfig)}
+    assert fields == {a.dest for a in ARGUMENTS if a.group == FRONTEND and a.supported}
 
 
 def test_defaults_are_vllms_and_the_default_model_is_served():
     options = _options()
-    assert (options["host"], options["port"], options["api_key"]) == (None, 8000, None)
-    assert options["allowed_origins"] == options["allowed_methods"] == ["*"]
-    assert options["response_role"] == "assistant"
-    assert options["shutdown_timeout"] == 30.0
+    assert (options.host, options.port, options.api_key) == (None, 8000, None)
+    assert options.allowed_origins == options.allowed_methods == ["*"]
+    assert options.response_role == "assistant"
+    assert options.shutdown_timeout == 30.0
     config = engine_config_from_args(build_engine_parser("aioserve serve").parse_args([]))
     assert config.model.model == DEFAULT_MODEL
 
@@ -98,9 +102,9 @@ def test_frontend_options_come_from_a_config_file_too(tmp_path):
         "port: 9001\nallowed_origins: ['https://a.example']\nenable-log-requests: true\n"
     )
     options = _options("--config", str(path), "--port", "9002")
-    assert options["port"] == 9002  # the command line wins
-    assert options["allowed_origins"] == ["https://a.example"]
-    assert options["enable_log_requests"] is True
+    assert options.port == 9002  # the command line wins
+    assert options.allowed_origins == ["https://a.example"]
+    assert options.enable_log_requests is True
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from aioserve.cli import build_engine_parser
-from aioserve.config import frontend_options_from_args
+from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
+from aioserve.config.parser import build_engine_parser
 from aioserve.server.serve import CLOSE_GRACE_S
 from tests.debian_packages import debian_program
 
@@ -86,8 +86,8 @@ def _seconds(span: str) -> float:
     return int(number) * (60 if unit == "min" else 1)
 
 
-def _serve_options(argv: list[str]) -> dict:
-    return frontend_options_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+def _serve_options(argv: list[str]) -> FrontendConfig:
+    return frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
 
 
 def test_the_unit_runs_the_serve_command_as_systemd_expects_it():
@@ -119,5 +119,5 @@ def test_the_example_environment_file_fits_the_unit_and_the_command():
     example = _serve_options([model, *shlex.split(flags)])  # real flags, valid values
     # systemd waits for the drain and the aborted requests' last bytes before SIGKILL,
     # with the example's --shutdown-timeout and with the server's default.
-    for drain in (example["shutdown_timeout"], _serve_options([])["shutdown_timeout"]):
+    for drain in (example.shutdown_timeout, _serve_options([]).shutdown_timeout):
         assert _seconds(unit["TimeoutStopSec"][0]) >= drain + CLOSE_GRACE_S

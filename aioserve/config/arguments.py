@@ -1,19 +1,38 @@
 """Every `vllm serve` argument, declared once: name, group, default, help, spelling, checks.
 
-Each argument of vLLM's serving surface is one `Argument` below, in vLLM's config groups.
-The arguments aioserve implements carry the function that checks and converts their value;
-the others are declared so that the parser knows them and aioserve can refuse them by name.
-`aioserve.config` turns these declarations into argparse options, `--help` and the
-configuration objects.
+Each argument of vLLM's serving surface is one `Argument` below, in vLLM's config groups,
+with its real default: a value, None where the model decides (max_model_len, quantization)
+or a `PlatformDefault` where the device does. The arguments aioserve implements carry the
+function that checks and converts their value; the others are declared so that the parser
+knows them and aioserve can refuse them by name. `parser.py` turns these declarations into
+argparse options and `--help`; `engine.py` and `frontend.py` into the configuration objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from aioserve import argument_values as values
+from aioserve.config import values
+from aioserve.config.declaration import (
+    CACHE,
+    DECODING,
+    DEVICE,
+    FRONTEND,
+    LOAD,
+    LORA,
+    MODEL,
+    MULTIMODAL,
+    OBSERVABILITY,
+    PARALLEL,
+    PROMPT_ADAPTER,
+    SCHEDULER,
+    SPECULATIVE,
+    TOKENIZER_POOL,
+    VLLM,
+    Argument,
+    Kind,
+    PlatformDefault,
+)
 
 # The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
 # (a test checks); it is repeated here so that `--help` does not import the model code.
@@ -21,103 +40,6 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 4.0
-
-
-class ConfigError(ValueError):
-    """A configuration value that aioserve cannot accept; the message names the argument."""
-
-
-# ---------------------------------------------------------------------------------------
-# The declarations.
-# ---------------------------------------------------------------------------------------
-
-FRONTEND = "Frontend"
-MODEL = "ModelConfig"
-LOAD = "LoadConfig"
-DECODING = "DecodingConfig"
-PARALLEL = "ParallelConfig"
-CACHE = "CacheConfig"
-MULTIMODAL = "MultiModalConfig"
-LORA = "LoRAConfig"
-PROMPT_ADAPTER = "PromptAdapterConfig"
-SPECULATIVE = "SpeculativeConfig"
-OBSERVABILITY = "ObservabilityConfig"
-SCHEDULER = "SchedulerConfig"
-VLLM = "VllmConfig"
-TOKENIZER_POOL = "TokenizerPoolConfig"
-DEVICE = "DeviceConfig"
-
-GROUP_DESCRIPTIONS: dict[str, str] = {
-    FRONTEND: "The HTTP server: address, TLS, CORS, authentication, logging, tools.",
-    MODEL: "Which model to serve and how to run it.",
-    LOAD: "Where and how the model weights are loaded.",
-    DECODING: "Structured outputs and reasoning parsers.",
-    PARALLEL: "Tensor, pipeline, data and expert parallelism.",
-    CACHE: "The paged KV cache and prefix caching.",
-    MULTIMODAL: "Image, video and audio inputs.",
-    LORA: "LoRA adapters.",
-    PROMPT_ADAPTER: "Prompt adapters (soft prompts).",
-    SPECULATIVE: "Speculative decoding.",
-    OBSERVABILITY: "Tracing and hidden metrics.",
-    SCHEDULER: "Continuous batching: how many sequences and tokens run per step.",
-    VLLM: "Compilation and cross-instance settings.",
-    TOKENIZER_POOL: "The asynchronous tokenizer pool (deprecated in vLLM).",
-    DEVICE: "The execution device (deprecated in vLLM; detected from the platform).",
-}
-
-# How an argument is spelled on the command line:
-#   value     one value:                      --port 8000
-#   flag      present or absent:              --allow-credentials
-#   bool      a switch with a negation:       --enforce-eager / --no-enforce-eager
-#   json      JSON, or its keys one by one:   --hf-overrides '{"a": 1}' / --hf-overrides.a 1
-#   list      one or more values:             --served-model-name a b
-#   append    repeated, one value each time:  --middleware m1 --middleware m2
-#   optional  a value, or the bare flag:      --hf-token / --hf-token TOKEN
-Kind = Literal["value", "flag", "bool", "json", "list", "append", "optional"]
-
-
-@dataclass(frozen=True)
-class Argument:
-    """One vLLM argument.
-
-    An argument aioserve implements has a `convert` function (raw value -> typed value,
-    raising ValueError). The others are declared so that they are recognised, shown in
-    `--help`, and refused by name when set.
-    """
-
-    name: str  # the long option without its leading dashes: "max-model-len"
-    group: str  # vLLM's config group: "ModelConfig"
-    default: Any  # the value when the argument is not set (vLLM's default if unsupported)
-    help: str
-    kind: Kind = "value"
-    convert: Callable[[Any], Any] | None = None
-    choices: tuple[Any, ...] = ()  # the accepted values, when they form a closed list
-    vllm_choices: tuple[Any, ...] = ()  # vLLM values aioserve refuses by name
-    choice_noun: str = ""  # what one value is called: "quantization method"
-    aliases: tuple[str, ...] = ()  # other spellings: ("-tp",)
-    keyword: bool | None = None  # accepted by LLM(**kwargs); default: not a Frontend one
-
-    @property
-    def supported(self) -> bool:
-        return self.convert is not None
-
-    @property
-    def dest(self) -> str:
-        """The snake_case name: the namespace attribute, the keyword and the field name."""
-        return self.name.replace("-", "_")
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name
-
-    @property
-    def spelling(self) -> str:
-        """The flag and its aliases, as error messages show them: "--tensor-parallel-size (-tp)"."""
-        return f"{self.flag} ({', '.join(self.aliases)})" if self.aliases else self.flag
-
-    @property
-    def is_keyword(self) -> bool:
-        return self.keyword if self.keyword is not None else self.group != FRONTEND
 
 
 def _vllm(
@@ -251,8 +173,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Accepted for compatibility. aioserve never runs code shipped with a model: it "
              "implements each architecture itself.", "bool", convert=values.boolean),
     Argument("dtype", MODEL, "auto",
-             "Precision of weights and activations. auto: float16 for float32 and float16 "
-             "models, bfloat16 for bfloat16 models; half = float16, float = float32.",
+             "Precision of weights and activations; half = float16, float = float32. auto: on "
+             "a GPU the checkpoint's (bfloat16 or float16; float32 models run in float16), on "
+             "the CPU bfloat16 where the CPU computes it in hardware (AMX or AVX-512-BF16), "
+             "else float32.",
              convert=values.string, choices=_DTYPES),
     Argument("seed", MODEL, 0, "Random seed for sampling.", convert=values.integer),
     _vllm("hf-config-path", MODEL, None, "Take the HF config from this id or folder."),
@@ -385,8 +309,7 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("worker-use-ray", PARALLEL, False,
           "Deprecated in vLLM (use --distributed-executor-backend=ray).", "flag"),
     # --- CacheConfig -----------------------------------------------------------------------
-    Argument("block-size", CACHE, None,
-             "Tokens per KV-cache block. Default: 16, picked by the engine.",
+    Argument("block-size", CACHE, 16, "Tokens per KV-cache block.",
              convert=values.integer, choices=(1, 8, 16, 32, 64, 128)),
     Argument("gpu-memory-utilization", CACHE, 0.9,
              "Share of device memory (greater than 0, at most 1) this instance may use for "
@@ -399,8 +322,8 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("num-gpu-blocks-override", CACHE, None,
              "Use this many KV-cache blocks instead of the number that fits in memory (for tests).",
              convert=values.integer_at_least(1)),
-    Argument("enable-prefix-caching", CACHE, None,
-             "Reuse the KV cache of shared prompt prefixes. Default: on.", "bool", convert=values.boolean),
+    Argument("enable-prefix-caching", CACHE, True,
+             "Reuse the KV cache of shared prompt prefixes.", "bool", convert=values.boolean),
     _vllm("prefix-caching-hash-algo", CACHE, "builtin", "Hash of prefix-cache blocks.",
           choices=("builtin", "sha256", "sha256_cbor_64bit")),
     _vllm("cpu-offload-gb", CACHE, 0, "GiB of weights per GPU kept in CPU memory."),
@@ -466,11 +389,11 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("collect-detailed-traces", OBSERVABILITY, None,
           "Add per-module timings to traces (model, worker, all)."),
     # --- SchedulerConfig -------------------------------------------------------------------
-    Argument("max-num-batched-tokens", SCHEDULER, None,
-             "Token budget of one scheduler step. Default: picked by the engine.",
+    Argument("max-num-batched-tokens", SCHEDULER, PlatformDefault(cpu=4096, gpu=8192),
+             "Token budget of one scheduler step; without chunked prefill at least "
+             "--max-model-len.",
              convert=values.integer_at_least(1)),
-    Argument("max-num-seqs", SCHEDULER, None,
-             "Most sequences in one step. Default: 256, picked by the engine.",
+    Argument("max-num-seqs", SCHEDULER, 256, "Most sequences in one step.",
              convert=values.integer_at_least(1)),
     Argument("max-num-queued-reqs", SCHEDULER, None,
              "Most requests in flight, waiting or running (one with n > 1 counts n times); "
@@ -494,17 +417,17 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("scheduling-policy", SCHEDULER, "fcfs",
              "fcfs serves requests in arrival order; priority serves lower priority values "
              "first, ties in arrival order.", convert=values.string, choices=("fcfs", "priority")),
-    Argument("enable-chunked-prefill", SCHEDULER, None,
-             "Split long prompts into chunks batched with decodes. Default: on.", "bool",
+    Argument("enable-chunked-prefill", SCHEDULER, True,
+             "Split long prompts into chunks batched with decodes.", "bool",
              convert=values.boolean),
     _vllm("disable-chunked-mm-input", SCHEDULER, False, "Never split one multimodal item.", "bool"),
     _vllm("scheduler-cls", SCHEDULER, "vllm.core.scheduler.Scheduler", "Scheduler class."),
     _vllm("disable-hybrid-kv-cache-manager", SCHEDULER, False,
           "Same KV allocation for every layer type.", "bool"),
-    Argument("async-scheduling", SCHEDULER, None,
+    Argument("async-scheduling", SCHEDULER, PlatformDefault(cpu=False, gpu=True),
              "Schedule and prepare step N+1 while step N runs, so that the device never waits "
-             "for the host; outputs reach the host one step later. Default: on for a GPU, off "
-             "for the CPU (where host and model share the cores).", "bool",
+             "for the host; outputs reach the host one step later. Off on the CPU, where host "
+             "and model share the cores.", "bool",
              convert=values.boolean),
     # --- VllmConfig ------------------------------------------------------------------------
     _vllm("compilation-config", VLLM, {},

@@ -1,4 +1,4 @@
-"""The value converters of aioserve/arguments.py's declarations.
+"""The value converters of the argument declarations (aioserve.config.arguments).
 
 Each takes a raw value (a string from the command line, or a Python value from a keyword
 argument) and returns the typed value, or raises ValueError with a message that reads well

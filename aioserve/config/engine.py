@@ -1,0 +1,157 @@
+"""The engine's configuration, built from the declarations in `aioserve.config.arguments`.
+
+`EngineConfig` groups the values as vLLM groups them (ModelConfig, LoadConfig, CacheConfig,
+SchedulerConfig); each field is one supported argument of that group, named by its `dest`
+(a test checks that fields and declarations match). The command line
+(`engine_config_from_args`) and the Python API (`engine_config_from_kwargs`, behind
+`LLM(**kwargs)`) go through the same checks, so both give the same error for the same bad
+value: a `ConfigError` naming the flag (`--max-num-seqs must be at least 1, got 0`) or the
+keyword (`max_num_seqs must be ...`). Every problem of one command line is reported at
+once, unsupported vLLM arguments first: setting one, even to vLLM's default, is refused;
+only untouched arguments are harmless.
+
+Unset arguments take their declared default. Three stay None for the engine to decide
+(engine/build.py): max_model_len (the model's limit), quantization (the checkpoint's), and
+the platform defaults (`PlatformDefault`: max_num_batched_tokens, async_scheduling).
+
+Besides arguments, the CPU KV-cache size comes from vLLM's environment variable
+VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aioserve.config.arguments import (
+    ARGUMENTS,
+    CPU_KVCACHE_SPACE_ENV,
+    DEFAULT_CPU_KVCACHE_SPACE_GIB,
+    argument,
+)
+from aioserve.config.declaration import ConfigError, checked_values
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str
+    tokenizer: str  # the model when --tokenizer is not given
+    tokenizer_mode: str
+    trust_remote_code: bool
+    dtype: str
+    seed: int
+    max_model_len: int | None  # None: the model's limit
+    quantization: str | None  # None: the checkpoint's
+    enforce_eager: bool
+    max_logprobs: int
+    generation_config: str
+    override_generation_config: dict[str, Any]
+    hf_overrides: dict[str, Any]
+    served_model_name: list[str] | None
+    skip_tokenizer_init: bool
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    load_format: str
+    download_dir: str | None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    gpu_memory_utilization: float
+    num_gpu_blocks_override: int | None
+    enable_prefix_caching: bool
+    cpu_kvcache_space_bytes: int  # from VLLM_CPU_KVCACHE_SPACE
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int | None  # None: the platform default
+    enable_chunked_prefill: bool
+    scheduling_policy: str
+    async_scheduling: bool | None  # None: the platform default
+    max_num_queued_reqs: int | None  # None: no limit (load_shedding.py)
+    max_num_queued_tokens: int | None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    load: LoadConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+
+
+def cpu_kvcache_space_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The CPU KV-cache size that VLLM_CPU_KVCACHE_SPACE asks for (GiB, default 4)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(CPU_KVCACHE_SPACE_ENV)
+    if raw is None:
+        return int(DEFAULT_CPU_KVCACHE_SPACE_GIB * 2**30)
+    try:
+        gib = float(raw)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0):
+        raise ConfigError(f"{CPU_KVCACHE_SPACE_ENV} must be a positive number of GiB, got {raw!r}")
+    return int(gib * 2**30)
+
+
+def _build(values: dict[str, Any]) -> EngineConfig:
+    """The EngineConfig from the checked values (dest -> value) of the set arguments.
+
+    Values of arguments that are not EngineConfig fields (the Frontend ones) are left out.
+    """
+    fields = {
+        a.dest: values[a.dest] if a.dest in values else a.check(None, a.flag)
+        for a in ARGUMENTS
+        if a.supported
+    }
+    if fields["tokenizer"] is None:
+        fields["tokenizer"] = fields["model"]
+    fields["cpu_kvcache_space_bytes"] = cpu_kvcache_space_bytes()
+
+    def section(cls):
+        return cls(**{field.name: fields[field.name] for field in dataclasses.fields(cls)})
+
+    return EngineConfig(
+        model=section(ModelConfig),
+        load=section(LoadConfig),
+        cache=section(CacheConfig),
+        scheduler=section(SchedulerConfig),
+    )
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig from a namespace parsed by a parser set up by `add_engine_arguments`.
+
+    Raises ConfigError when unsupported vLLM arguments were set or values are invalid (the
+    Frontend ones included, so that one message names every problem). Attributes that are
+    not declared arguments (the subcommand, `--config`, ...) are ignored.
+    """
+    return _build(
+        checked_values((a, getattr(args, a.dest)) for a in ARGUMENTS if hasattr(args, a.dest))
+    )
+
+
+def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
+    """The EngineConfig from LLM(**kwargs)-style snake_case keywords.
+
+    Values may be Python values (max_model_len=2048) or the command line's text ("2k");
+    None leaves an argument unset. Raises TypeError for names that are not engine arguments
+    and ConfigError (a ValueError) for vLLM arguments aioserve does not support yet and for
+    invalid values.
+    """
+    declared = {name: argument(name) for name in kwargs}
+    unknown = [name for name, arg in declared.items() if arg is None or not arg.is_keyword]
+    if unknown:
+        raise TypeError(f"unexpected engine argument(s): {', '.join(unknown)}")
+    return _build(checked_values(((declared[n], v) for n, v in kwargs.items()), keywords=True))

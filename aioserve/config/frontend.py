@@ -1,0 +1,83 @@
+"""The HTTP server's configuration: `FrontendConfig`, from vLLM's Frontend arguments.
+
+Each field is one supported argument of the Frontend group of `aioserve.config.arguments`,
+named by its `dest` (a test checks that fields and declarations match); unset arguments
+take their declared default. Unsupported Frontend arguments are refused by
+`engine_config_from_args`, which a command calls first.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from aioserve.config.arguments import ARGUMENTS
+from aioserve.config.declaration import FRONTEND, checked_values
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    host: str | None  # None: every interface
+    port: int
+    uvicorn_log_level: str
+    disable_uvicorn_access_log: bool
+    allow_credentials: bool
+    allowed_origins: list[str]
+    allowed_methods: list[str]
+    allowed_headers: list[str]
+    api_key: str | None
+    chat_template: str | None  # None: the tokenizer's
+    chat_template_content_format: str
+    response_role: str
+    ssl_keyfile: str | None
+    ssl_certfile: str | None
+    ssl_ca_certs: str | None
+    ssl_cert_reqs: int
+    root_path: str | None
+    middleware: list[str]
+    return_tokens_as_token_ids: bool
+    disable_frontend_multiprocessing: bool
+    enable_request_id_headers: bool
+    enable_prompt_tokens_details: bool
+    enable_server_load_tracking: bool
+    disable_fastapi_docs: bool
+    max_log_len: int | None  # None: no limit
+    disable_log_stats: bool
+    disable_log_requests: bool
+    enable_log_requests: bool
+    shutdown_timeout: float
+
+
+_FRONTEND_ARGUMENTS = tuple(a for a in ARGUMENTS if a.group == FRONTEND and a.supported)
+
+
+def _build(values: dict[str, Any]) -> FrontendConfig:
+    return FrontendConfig(
+        **{
+            a.dest: values[a.dest] if a.dest in values else a.check(None, a.flag)
+            for a in _FRONTEND_ARGUMENTS
+        }
+    )
+
+
+def frontend_config_from_args(args: argparse.Namespace) -> FrontendConfig:
+    """The FrontendConfig from a namespace parsed by the `serve` parser.
+
+    Values given on the command line (or in `--config`) are checked and converted as in
+    `engine_config_from_args`. Raises ConfigError for invalid values.
+    """
+    given = ((a, getattr(args, a.dest)) for a in _FRONTEND_ARGUMENTS if hasattr(args, a.dest))
+    return _build(checked_values(given))
+
+
+def frontend_config(**values: Any) -> FrontendConfig:
+    """A FrontendConfig from snake_case keywords (the others take their defaults).
+
+    Values are checked as keywords: a ConfigError names the keyword.
+    """
+    declared = {a.dest: a for a in _FRONTEND_ARGUMENTS}
+    unknown = [name for name in values if name not in declared]
+    if unknown:
+        raise TypeError(f"unexpected frontend argument(s): {', '.join(unknown)}")
+    return _build(checked_values(((declared[n], v) for n, v in values.items()), keywords=True))
