@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from torch import nn
@@ -44,20 +45,30 @@ def load_model(
 
 
 def _load_checkpoint_weights(model: nn.Module, checkpoint: Checkpoint, use_tqdm: bool) -> None:
+    started = time.monotonic()
     weights = checkpoint.weights()
     if use_tqdm:
+        # Drawn on a terminal only (disable=None) and cleared when done: a log file or the
+        # journal gets the line below instead of a run of carriage-return updates.
         weights = tqdm(
             weights,
             total=checkpoint.num_weight_tensors(),
             desc="Loading weights",
             unit="tensor",
             leave=False,
+            disable=None,
         )
     loaded = model.load_weights(weights)
     missing = sorted(set(dict(model.named_parameters())) - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
         raise ValueError(f"the checkpoint lacks {len(missing)} of the model's tensors: {shown}")
+    logger.info(
+        "loaded %d checkpoint tensors into %d parameters in %.1f s",
+        checkpoint.num_weight_tensors(),
+        len(loaded),
+        time.monotonic() - started,
+    )
 
 
 def _fill_dummy(model: nn.Module, seed: int) -> None:
