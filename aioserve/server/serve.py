@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from aioserve import __version__
+from aioserve.config.arguments import argument
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
@@ -144,12 +145,7 @@ def run_serve(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as error:
             raise ConfigError(str(error)) from None
     logger.info("aioserve API server version %s", __version__)
-    given = {
-        name: "<hidden>" if name in _SECRET_ARGUMENTS else value
-        for name, value in sorted(vars(args).items())
-        if name not in ("run", "subcommand")
-    }
-    logger.info("non-default args: %s", given)
+    logger.info("non-default args: %s", _given_arguments(args))
     try:
         engine = AsyncEngine.from_config(config)
     except ValueError as error:  # a model that cannot be found or does not fit the settings
@@ -213,6 +209,22 @@ async def _serve(
         # Aborting what still runs first lets its handlers end their responses themselves.
         await state.engine.shutdown()
         await runner.cleanup()
+
+
+def _given_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments given on the command line, as typed values (as vLLM logs them), the
+    secret ones hidden. Call it once the configs are built: every value is valid by then."""
+    given = {}
+    for name, value in sorted(vars(args).items()):
+        if name in ("run", "subcommand"):
+            continue
+        declared = argument(name)
+        if name in _SECRET_ARGUMENTS:
+            value = "<hidden>"
+        elif declared is not None and declared.supported:
+            value = declared.check(value, declared.flag)
+        given[name] = value
+    return given
 
 
 async def _warm_up(engine: AsyncEngine) -> None:

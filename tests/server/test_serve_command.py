@@ -28,6 +28,7 @@ from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.config.parser import build_engine_parser
 from aioserve.models.resolve import DEFAULT_MODEL
+from aioserve.server.serve import _given_arguments
 from tests.server.serve_process import free_port, wait_until_healthy
 
 # --- the frontend arguments ------------------------------------------------------------------
@@ -70,6 +71,22 @@ FRONTEND_FLAGS = [
 
 def _options(*argv: str) -> FrontendConfig:
     return frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+
+
+def test_the_start_up_log_lists_given_arguments_as_typed_values():
+    # vLLM logs "non-default args: {...}" with the values its parser converted.
+    args = build_engine_parser("serve").parse_args(
+        ["--max-model-len", "2K", "--gpu-memory-utilization", "0.5", "--port", "0"]
+        + ["--enable-prefix-caching", "--api-key", "secret", "--served-model-name", "a", "b"]
+    )
+    assert _given_arguments(args) == {
+        "api_key": "<hidden>",
+        "enable_prefix_caching": True,
+        "gpu_memory_utilization": 0.5,
+        "max_model_len": 2048,
+        "port": 0,
+        "served_model_name": ["a", "b"],
+    }
 
 
 @pytest.mark.parametrize(("argv", "dest", "expected"), FRONTEND_FLAGS)
