@@ -12,7 +12,6 @@ runs or waits and the KV pool is whole.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -35,23 +34,13 @@ from aioserve.server.app import build_app
 from aioserve.server.metrics import AdmissionRejections
 from aioserve.server.state import ServerState
 from tests.server.conftest import MODEL, BackgroundLoop, serve_app, wait_until_idle
-from tests.server.openai_helpers import client
+from tests.server.openai_helpers import Reply, client
 from tests.server.serve_process import metric, read_metrics
 
 BURST = 64
 BUSY = "The engine is currently busy and cannot accept new requests."
 BACKLOG = "The engine has reached its prefill token backlog limit."
 REJECTIONS = "vllm:admission_rejections_total"
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
 
 
 @dataclass
