@@ -165,7 +165,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="decode steps measured per point")
     args = parser.parse_args()
     tokenizer = open_checkpoint(str(resolve_model(DEFAULT_MODEL).path)).load_tokenizer()
-    tune_process_for_serving()  # as AsyncEngine.from_config does after loading
+    # As AsyncEngine.from_config does after loading; the stand-in plays a device.
+    tune_process_for_serving(model_on_device=True)
     points = []
     for device_ms in args.device_ms:
         for batch in args.batch:

@@ -61,6 +61,7 @@ from aioserve.engine.stats import (
     StepStats,
     finished_request_stats,
 )
+from aioserve.platform import is_gpu
 from aioserve.runner.model_runner import PreparedStep, StepOutput
 from aioserve.runner.step_plan import StepResult
 
@@ -139,7 +140,7 @@ class AsyncEngine:
             model_thread.shutdown(wait=False)
             raise
         engine = cls(parts, model_thread)
-        tune_process_for_serving()
+        tune_process_for_serving(model_on_device=is_gpu())
         return engine
 
     # -- requests ---------------------------------------------------------------------------

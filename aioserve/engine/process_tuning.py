@@ -1,7 +1,7 @@
 """A serving process's interpreter settings: garbage collection and the GIL's switch interval.
 
-Garbage collection: the start-up heap frozen, young collections rarer. Every step creates a few short-lived objects per running sequence (outputs, token lists,
-text pieces). With CPython's default thresholds a 256-sequence step sets off several
+Garbage collection: the start-up heap frozen, young collections rarer. Every step creates
+a few short-lived objects per running sequence (outputs, token lists, text pieces). With CPython's default thresholds a 256-sequence step sets off several
 young collections, and every so often a full one walks each object the tokenizer, the
 model wrappers and the interpreter hold: pauses of tens to hundreds of milliseconds on the
 event loop. `bench/host_overhead.py` (256 sequences, 5 ms steps, asynchronous scheduling)
@@ -10,12 +10,15 @@ thresholds below. As vLLM does once its engine has started, what is alive after 
 frozen (never scanned again); the young generation is collected every 50,000 allocations
 instead of 700, and the older ones 5 and 10 times less often than by default.
 
-The GIL: the model thread gives it up while its step runs (torch ops, a device wait) and
-needs it back to hand over the result, while the event loop's thread prepares the next
-step. A thread asking for the GIL waits until the holder yields it, which CPython forces
-only every switch interval: 5 ms by default, a whole decode step. At 0.5 ms the step's
-end waits at most that long (`bench/host_overhead.py`, 256 sequences at 2 ms steps: the
-stand-in's step measured 4.9 ms with the default and 2.3-2.6 ms at 0.5 ms).
+The GIL, where the model runs on a device: the model thread gives it up while it waits
+for the device and needs it back to hand over the result, while the event loop's thread
+prepares the next step. A thread asking for the GIL waits until the holder yields it,
+which CPython forces only every switch interval: 5 ms by default, a whole decode step. At
+0.5 ms the step's end waits at most that long (`bench/host_overhead.py`, 256 sequences at
+5 ms steps: 91.4-94.9% of ideal with the default, 96.2-96.8% at 0.5 ms). On the CPU the
+model thread runs Python between its torch ops and both threads share the cores: there
+the shorter interval measured slower (the side-by-side at rate inf, 213 against ~350
+total tok/s in bench/RESULTS.md), so CPython's default stays.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ YOUNG_THRESHOLD = 50_000
 GIL_SWITCH_INTERVAL = 0.0005  # seconds
 
 
-def tune_process_for_serving() -> None:
-    """Freeze everything alive now, make collections rarer and shorten the GIL's switch
-    interval (process-wide)."""
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+def tune_process_for_serving(*, model_on_device: bool) -> None:
+    """Freeze everything alive now, make collections rarer and, when the model runs on a
+    device, shorten the GIL's switch interval (process-wide)."""
+    if model_on_device:
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, 50, 100)
