@@ -3,160 +3,52 @@
 Unit tests feed hand-made StepStats to the loggers and read the exposition back with
 prometheus-client's parser; the reference for names, types, help texts and buckets is the
 /metrics page of a real vLLM 0.32 (vllm_samples/24_metrics.txt, copied from
-shared/reference/). /metrics is scraped with each Accept header Prometheus sends and by a
-real Prometheus (Debian's package, installed by the test where it is missing). One
-end-to-end test serves /metrics over HTTP in front of a real engine on the default model.
+shared/reference/). The hand-made steps are in metrics_steps.py; test_metrics_scraping.py
+scrapes /metrics as Prometheus does. One end-to-end test serves /metrics over HTTP in front
+of a real engine on the default model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
-import subprocess
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from aioserve import SamplingParams
-from aioserve.engine.stats import FinishedRequestStats, StepStats
 from aioserve.server.errors import error_middleware
 from aioserve.server.metrics import (
-    METRICS,
     PrometheusStatLogger,
     add_metrics,
     cache_config_labels,
     monitor_event_loop_lag,
-    serve_metrics,
 )
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.stats_log import StatsLine
-from tests.debian_packages import debian_program
 from tests.engine.smollm2 import float32_engine
-from tests.server.conftest import BackgroundLoop, fail_model_step, serve_app
-from tests.server.serve_process import free_port
+from tests.server.conftest import fail_model_step
+from tests.server.metrics_steps import (
+    DECODE_STEP,
+    MODEL,
+    PREFILL_STEP,
+    exposition,
+    families,
+    step,
+    value,
+)
 
 VLLM_METRICS = Path(__file__).parent / "vllm_samples" / "24_metrics.txt"
-MODEL = "m"
-
-
-def families(text: str) -> dict:
-    return {family.name: family for family in text_string_to_metric_families(text)}
 
 
 @pytest.fixture(scope="module")
 def vllm_families() -> dict:
     return families(VLLM_METRICS.read_text())
-
-
-def exposition(stat_logger: PrometheusStatLogger) -> dict:
-    return families(generate_latest(stat_logger.registry).decode())
-
-
-def value(fams: dict, sample_name: str, **labels: str) -> float:
-    """The one sample called `sample_name` whose labels include `labels`."""
-    family_name = re.sub(r"_(total|bucket|count|sum)$", "", sample_name)
-    family = fams.get(family_name) or fams[sample_name]
-    found = [
-        s.value
-        for s in family.samples
-        if s.name == sample_name and labels.items() <= s.labels.items()
-    ]
-    assert len(found) == 1, (sample_name, labels, found)
-    return found[0]
-
-
-def step(timestamp: float = 0.0, **fields) -> StepStats:
-    defaults = dict(
-        num_prompt_tokens=0,
-        num_generation_tokens=0,
-        num_running=0,
-        num_waiting=0,
-        kv_cache_usage=0.0,
-        num_preemptions=0,
-        prefix_cache_queries=0,
-        prefix_cache_hits=0,
-    )
-    return StepStats(timestamp=timestamp, **{**defaults, **fields})
-
-
-def finished(**fields) -> FinishedRequestStats:
-    defaults = dict(
-        finish_reason="length",
-        num_prompt_tokens=1,
-        num_generation_tokens=1,
-        max_tokens_param=None,
-        max_num_generation_tokens=1,
-        n=1,
-        num_cached_tokens=0,
-        num_preemptions=0,
-        e2e_latency=0.0,
-        queued_time=0.0,
-        prefill_time=0.0,
-        decode_time=0.0,
-        inference_time=0.0,
-        mean_time_per_output_token=None,
-    )
-    return FinishedRequestStats(**{**defaults, **fields})
-
-
-# Two steps whose metrics are worked out by hand in test_known_steps_give_known_metrics.
-PREFILL_STEP = step(
-    100.0,
-    num_prompt_tokens=12,
-    num_generation_tokens=2,
-    num_running=2,
-    num_waiting=1,
-    kv_cache_usage=0.25,
-    num_preemptions=1,
-    prefix_cache_queries=16,
-    prefix_cache_hits=8,
-    time_to_first_tokens=[0.03, 0.3],
-)
-DECODE_STEP = step(
-    100.4,
-    num_generation_tokens=3,
-    inter_token_latencies=[0.02, 0.02, 0.2],
-    finished=[
-        finished(
-            finish_reason="length",
-            num_prompt_tokens=7,
-            num_generation_tokens=4,
-            max_tokens_param=4,
-            max_num_generation_tokens=4,
-            num_preemptions=1,
-            e2e_latency=0.9,
-            queued_time=0.1,
-            prefill_time=0.2,
-            decode_time=0.6,
-            inference_time=0.8,
-            mean_time_per_output_token=0.2,
-        ),
-        finished(
-            finish_reason="stop",
-            num_prompt_tokens=5,
-            num_generation_tokens=3,
-            max_num_generation_tokens=100,
-            n=2,
-            num_cached_tokens=4,
-            e2e_latency=2.0,
-            queued_time=1.2,
-            prefill_time=0.3,
-            decode_time=0.5,
-            inference_time=0.8,
-        ),
-    ],
-)
 
 
 def test_every_exposed_metric_has_vllms_name_and_type(vllm_families):
@@ -450,118 +342,6 @@ def test_stats_line_is_logged_periodically(caplog):
     groups = STATS_LINE.fullmatch(caplog.records[0].getMessage()).groups()
     assert groups[2:] == ("1", "3", "0.0", "0.0", "0.00")
     assert float(groups[0]) > 0
-
-
-# -- scraped as Prometheus scrapes --------------------------------------------------------------
-
-# The Accept headers Prometheus sends by default (scrape/scrape.go and config/config.go).
-PROMETHEUS_ACCEPTS = {
-    # 2.x before scrape_protocols, Debian bookworm's 2.42 among them.
-    "2.42": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
-    # 2.49 to 2.55: weighted by scrape_protocols.
-    "2.49": "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
-    # 3.0: UTF-8 names asked of every protocol.
-    "3.0": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;escaping=allow-utf-8;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;escaping=allow-utf-8;q=0.3,*/*;q=0.2",
-    # 3.x as its content negotiation page documents it.
-    "3.x": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
-    # 3.x with metric_name_validation_scheme: legacy.
-    "3.x-legacy-names": "application/openmetrics-text;version=1.0.0;escaping=underscores;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=underscores;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
-    # 3.x scraping native histograms: protobuf first.
-    "3.x-native-histograms": "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6,application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
-    "curl": "*/*",
-    "none": "",
-}
-SCRAPED_SAMPLES = {
-    "vllm:num_requests_running": 0,
-    "vllm:generation_tokens_total": 5,
-    "vllm:time_to_first_token_seconds_count": 2,
-    "vllm:prompt_tokens_total": 12,
-}
-"""Samples of PREFILL_STEP then DECODE_STEP, as a dashboard built for vLLM queries them."""
-
-
-@pytest.fixture(scope="module")
-def metrics_url(server_loop: BackgroundLoop) -> Iterator[str]:
-    """The URL of /metrics on an app whose metrics recorded PREFILL_STEP and DECODE_STEP."""
-    stat_logger = PrometheusStatLogger(MODEL, max_model_len=2048)
-    stat_logger.record(PREFILL_STEP)
-    stat_logger.record(DECODE_STEP)
-    app = web.Application()
-    app[METRICS] = stat_logger
-    app.router.add_get("/metrics", serve_metrics)
-    with serve_app(server_loop, app) as url:
-        yield url + "/metrics"
-
-
-def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
-    """GET `url`: the Content-Type and the body."""
-    request = urllib.request.Request(url, headers=headers or {})
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return reply.headers["Content-Type"], reply.read().decode()
-
-
-@pytest.mark.parametrize("accept", PROMETHEUS_ACCEPTS.values(), ids=PROMETHEUS_ACCEPTS.keys())
-def test_every_scraper_gets_vllms_names(metrics_url, accept):
-    content_type, text = http_get(metrics_url, {"Accept": accept} if accept else {})
-    m = families(text)
-    # A sample whose name matches no `# TYPE` line comes back as a family of its own,
-    # untyped: the TYPE lines and the samples must name the same metrics.
-    assert [name for name, family in m.items() if family.type == "unknown"] == []
-    names = {sample.name for family in m.values() for sample in family.samples}
-    assert not {name for name in names if name.startswith("vllm_")}
-    for name, expected in SCRAPED_SAMPLES.items():
-        assert value(m, name) == expected, name
-    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
-
-
-@pytest.mark.slow
-def test_a_real_prometheus_stores_vllms_names(metrics_url, tmp_path):
-    prometheus_program = debian_program("prometheus", "prometheus")
-    target = urllib.parse.urlsplit(metrics_url).netloc
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-        f"scrape_configs: [{{job_name: aioserve, static_configs: [{{targets: ['{target}']}}]}}]\n"
-    )
-    listen = f"127.0.0.1:{free_port()}"
-    api = f"http://{listen}/api/v1"
-    log = tmp_path / "prometheus.log"
-
-    def query(promql: str) -> dict[str, float]:
-        """Each series `promql` selects now, by its metric name."""
-        url = f"{api}/query?" + urllib.parse.urlencode({"query": promql})
-        reply = json.loads(http_get(url)[1])
-        return {r["metric"]["__name__"]: float(r["value"][1]) for r in reply["data"]["result"]}
-
-    with log.open("w") as log_file:
-        prometheus = subprocess.Popen(
-            [
-                prometheus_program,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address={listen}",
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        stored: dict[str, float] = {}
-        while time.monotonic() < deadline and prometheus.poll() is None:
-            try:
-                stored = query('{job="aioserve", __name__=~"vllm.*"}')
-            except OSError:  # not listening yet
-                stored = {}
-            if stored:
-                break
-            time.sleep(0.2)
-        assert stored, f"Prometheus stored nothing; its log:\n{log.read_text()}"
-        assert not {name for name in stored if name.startswith("vllm_")}
-        for name, expected in SCRAPED_SAMPLES.items():
-            assert query(name) == {name: expected}, name
-    finally:
-        prometheus.kill()
-        prometheus.wait()
 
 
 # -- end to end: a real engine behind /metrics ------------------------------------------------
