@@ -6,8 +6,10 @@ and the device at hand:
 
 - dtype "auto": on the CPU bfloat16 where it runs in hardware (AMX or AVX-512-BF16, as
   vLLM's CPU backend chooses) and float32 elsewhere (half precision runs several times
-  slower there); on a GPU the checkpoint's dtype, float32 checkpoints running in float16
-  as in vLLM;
+  slower there), where the compiled single-row products (decode at one stream) read
+  bfloat16 copies of the weights, the float32 weights rounded to the same values
+  (models/linear.py); on a GPU the checkpoint's dtype, float32 checkpoints running in
+  float16 as in vLLM;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
 - max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
@@ -114,6 +116,26 @@ def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
     if stored in (torch.bfloat16, torch.float16):
         return stored
     return torch.float16
+
+
+def resolve_row_weight_dtype(
+    requested: str, dtype: torch.dtype, *, compiled: bool
+) -> torch.dtype | None:
+    """The dtype of the weight copies that single-row products read, or None for none.
+
+    Only dtype auto on a CPU that computes in float32 has them: a one-stream decode is
+    bound by reading the weights, and bfloat16 halves that. Asked for float32, a user gets
+    the checkpoint's float32 values; eagerly, one row goes through MKL, which reads float32.
+    """
+    if requested != "auto" or dtype != torch.float32 or current_platform() != "cpu":
+        return None
+    if not compiled:
+        return None
+    logger.info(
+        "dtype auto: single-row products read bfloat16 copies of the weights, half the "
+        "bytes; the float32 weights are rounded to the same values (--dtype float32 keeps them)"
+    )
+    return torch.bfloat16
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
@@ -224,6 +246,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "(VLLM_CPU_KVCACHE_SPACE, --gpu-memory-utilization or --num-gpu-blocks-override) "
             "or lower --max-model-len"
         )
+    compiled = current_platform() == "cpu" and not model_cfg.enforce_eager
     runner = ModelRunner(
         model,
         num_blocks=num_blocks,
@@ -232,7 +255,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_model_len=max_model_len,
         dtype=dtype,
         device=dev,
-        compile_model=current_platform() == "cpu" and not model_cfg.enforce_eager,
+        compile_model=compiled,
+        row_weight_dtype=resolve_row_weight_dtype(model_cfg.dtype, dtype, compiled=compiled),
     )
     runner.warm_up()
 

@@ -11,6 +11,13 @@ back, rather than x @ Wᵀ. At 64 rows, with the weights coming from memory as i
 step (`python bench/linear_orientation.py`): gate/up 60 → 86 GFLOPS, qkv 73 → 94, the
 output head 49 → 61, o and down within 5%. From a few hundred rows up x @ Wᵀ is as fast
 or faster, and GPUs get F.linear as it is.
+
+On a CPU without bfloat16 arithmetic, `--dtype auto` computes in float32 but can keep a
+bfloat16 copy of each weight for the single-row product (`keep_row_weights`): inductor's
+loop converts it to float32 in registers, so it reads half the bytes, which is what a
+one-stream decode is bound by (SmolLM2: 33 → 26 ms a token). The float32 weights are
+rounded to the same bfloat16 values, so a row gets the same weights whichever product
+computes it.
 """
 
 from __future__ import annotations
@@ -23,13 +30,21 @@ from torch import Tensor, nn
 SMALL_BATCH_ROWS = 128
 
 
-def dense(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [T, in] @ weight [out, in]ᵀ (+ bias [out]) as a contiguous [T, out]."""
+def dense(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, row_weight: Tensor | None = None
+) -> Tensor:
+    """x [T, in] @ weight [out, in]ᵀ (+ bias [out]) as a contiguous [T, out].
+
+    row_weight, when given, holds the weight's values in a narrower dtype, read instead of
+    it by the compiled single-row product.
+    """
     if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > SMALL_BATCH_ROWS:
         return F.linear(x, weight, bias)
     if x.shape[0] == 1 and torch.compiler.is_compiling():
         # One row: a multiply-reduce that inductor turns into one loop over the weight,
         # reading it at memory speed (MKL's GEMV gets about half of that here).
+        if row_weight is not None:
+            weight = row_weight
         out = (x * weight).sum(dim=1, dtype=torch.float32).to(x.dtype).unsqueeze(0)
         return out if bias is None else out + bias
     if bias is None:
@@ -42,5 +57,34 @@ def dense(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 class Linear(nn.Linear):
     """nn.Linear (same parameters and checkpoint names) whose product goes through `dense`."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("row_weight", None, persistent=False)
+
     def forward(self, x: Tensor) -> Tensor:
-        return dense(x, self.weight, self.bias)
+        return dense(x, self.weight, self.bias, self.row_weight)
+
+
+@torch.no_grad()
+def rounded_copy(weight: Tensor, dtype: torch.dtype) -> Tensor:
+    """`weight` in `dtype`; `weight` itself is rounded to the same values in place."""
+    narrow = weight.to(dtype)
+    weight.copy_(narrow)
+    return narrow
+
+
+def keep_row_weights(model: nn.Module, dtype: torch.dtype) -> int:
+    """Give every Linear of `model` a `dtype` copy of its weight for single-row products.
+
+    Returns the bytes the copies take. A model whose output head is its tied input
+    embedding keeps that copy itself (see LlamaForCausalLM.compute_logits).
+    """
+    added = 0
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.row_weight = rounded_copy(module.weight, dtype)
+            added += module.row_weight.nbytes
+    if getattr(model, "tie_word_embeddings", False):
+        model.head_row_weight = rounded_copy(model.embed_tokens.weight, dtype)
+        added += model.head_row_weight.nbytes
+    return added

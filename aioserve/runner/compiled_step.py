@@ -4,7 +4,9 @@ Inductor turns a decoder layer into generated C++ loops with the token count dyn
 attention stays an opaque custom op (models/paged_attention_op.py), everything else
 (RMSNorm with its residual add, the dense layers, rotary, the SiLU gate) is fused where
 inductor can. For a single-token step, dense layers become multiply-reduce loops that read
-each weight once at close to memory speed (models/linear.py); the output head too.
+each weight once at close to memory speed (models/linear.py); the output head too. Given a
+`row_weight_dtype` (bfloat16, chosen by dtype auto on a float32 CPU), those loops read
+copies of the weights in that dtype: half the bytes.
 
 Every layer runs the same code with its own weights as inputs and its index as an
 unspecialized integer, so one compiled graph serves all of them: compiling costs one
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from aioserve.models.attention_metadata import AttentionMetadata
-from aioserve.models.linear import SMALL_BATCH_ROWS
+from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights
 from aioserve.models.step_context import KVCache, step_context
 
 logger = logging.getLogger("aioserve")
@@ -37,10 +39,19 @@ logger = logging.getLogger("aioserve")
 class ModelStep:
     """`forward(input_ids, positions)` and `logits(hidden_rows)`, compiled or eager."""
 
-    def __init__(self, model: nn.Module, *, compiled: bool) -> None:
+    def __init__(
+        self, model: nn.Module, *, compiled: bool, row_weight_dtype: torch.dtype | None = None
+    ) -> None:
         self.model = model
         self.compiled = compiled
         self._logits = model.compute_logits
+        if compiled and row_weight_dtype is not None:
+            added = keep_row_weights(model, row_weight_dtype)
+            logger.info(
+                "single-row products read %s copies of the weights (%.0f MiB more memory)",
+                str(row_weight_dtype).removeprefix("torch."),
+                added / 2**20,
+            )
         if compiled:
             layer_forward = _compile(type(model.layers[0]).forward)
             for layer in model.layers:

@@ -69,9 +69,12 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
         compile_model: bool = False,
+        row_weight_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
-        self.model_step = ModelStep(model, compiled=compile_model)
+        self.model_step = ModelStep(
+            model, compiled=compile_model, row_weight_dtype=row_weight_dtype
+        )
         self.device = device
         self.block_size = block_size
         self.vocab_size = model.config.vocab_size

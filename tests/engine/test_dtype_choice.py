@@ -1,4 +1,5 @@
-"""dtype "auto" on the CPU: bfloat16 where the CPU computes it in hardware, float32 elsewhere."""
+"""dtype "auto" on the CPU: bfloat16 where the CPU computes it in hardware, float32 elsewhere
+(with bfloat16 copies of the weights for the compiled single-row products)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,18 @@ def test_auto_picks_by_the_cpu_and_says_why(monkeypatch, caplog, cpuinfo, dtype,
         assert build.resolve_dtype("auto", checkpoint=None) == dtype
     assert reason in caplog.text
     assert build.resolve_dtype("float32", checkpoint=None) == torch.float32  # asked: kept
+
+
+def test_auto_on_a_float32_cpu_keeps_bfloat16_row_weights_when_compiled(monkeypatch, caplog):
+    monkeypatch.setattr(build, "current_platform", lambda: "cpu")
+    with caplog.at_level(logging.INFO, logger="aioserve"):
+        assert (
+            build.resolve_row_weight_dtype("auto", torch.float32, compiled=True) == torch.bfloat16
+        )
+    assert "single-row products read bfloat16 copies of the weights" in caplog.text
+    # Asked for float32, eager, or computing in bfloat16 already: none.
+    assert build.resolve_row_weight_dtype("float32", torch.float32, compiled=True) is None
+    assert build.resolve_row_weight_dtype("auto", torch.float32, compiled=False) is None
+    assert build.resolve_row_weight_dtype("auto", torch.bfloat16, compiled=True) is None
+    monkeypatch.setattr(build, "current_platform", lambda: "cuda")
+    assert build.resolve_row_weight_dtype("auto", torch.float32, compiled=True) is None

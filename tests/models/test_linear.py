@@ -1,4 +1,5 @@
-"""The dense layer: the same product as F.linear whichever way round the GEMM is done."""
+"""The dense layer: the same product as F.linear whichever way round the GEMM is done, and
+bfloat16 row weights that hold the rounded weights' values."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aioserve.models.linear import SMALL_BATCH_ROWS, Linear, dense
+from aioserve.models.linear import SMALL_BATCH_ROWS, Linear, dense, keep_row_weights
+from tests.models.tiny_models import hf_and_ours, tiny_configs
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 300])
@@ -36,3 +38,33 @@ def test_linear_keeps_nn_linear_parameters() -> None:
     assert sorted(name for name, _ in layer.named_parameters()) == ["bias", "weight"]
     x = torch.randn(5, 96)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_row_weights_are_the_rounded_weights_in_bfloat16() -> None:
+    config = tiny_configs()["qwen2-tied"]
+    _, model = hf_and_ours(config)
+    before = model.layers[0].self_attn.qkv_proj.weight.clone()
+    added = keep_row_weights(model, torch.bfloat16)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    for layer in linears:
+        assert layer.row_weight.dtype == torch.bfloat16
+        assert torch.equal(layer.weight, layer.row_weight.float())
+    assert torch.equal(model.embed_tokens.weight, model.head_row_weight.float())
+    assert (
+        added == sum(m.weight.numel() * 2 for m in linears) + model.embed_tokens.weight.numel() * 2
+    )
+    # Rounded, not replaced: every weight moved by at most bfloat16's half step.
+    rounded = model.layers[0].self_attn.qkv_proj.weight
+    assert not torch.equal(rounded, before)
+    torch.testing.assert_close(rounded, before, rtol=2**-8, atol=0)
+    assert "row_weight" not in "".join(model.state_dict())
+
+
+def test_compiled_single_row_reads_the_row_weight() -> None:
+    weight = torch.randn(160, 96)
+    narrow = weight.to(torch.bfloat16)
+    x = torch.randn(1, 96)
+    product = torch.compile(dense, dynamic=False)
+    out = product(x, weight, None, narrow)
+    torch.testing.assert_close(out, F.linear(x, narrow.float()), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)

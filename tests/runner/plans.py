@@ -27,6 +27,7 @@ def tiny_runner(
     block_size: int = 4,
     max_num_seqs: int = 8,
     compile_model: bool = False,
+    row_weight_dtype: torch.dtype | None = None,
 ):
     """(transformers model, ModelRunner) on the same random weights, float32, CPU."""
     config = tiny_configs()[config_name]
@@ -42,6 +43,7 @@ def tiny_runner(
         dtype=torch.float32,
         device=torch.device("cpu"),
         compile_model=compile_model,
+        row_weight_dtype=row_weight_dtype,
     )
     return hf, runner
 

@@ -1,18 +1,23 @@
 """The model step compiled by torch.compile gives the greedy tokens of the eager step.
 
 Each tiny architecture runs the same chunked, mixed prefill/decode schedule on a compiled
-and an eager runner with the same weights (float32); the greedy tokens must be equal. A
-compile failure must leave a working eager step and a warning naming the cause.
+and an eager runner with the same weights (float32); the greedy tokens must be equal. With
+bfloat16 row weights (dtype auto on a float32 CPU) a lone decode reads the bfloat16 copies:
+its logits must be those of the eager step on the rounded weights. A compile failure must
+leave a working eager step and a warning naming the cause.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
+import torch
 
+from aioserve.models.linear import keep_row_weights
 from aioserve.runner import compiled_step
-from tests.runner.plans import PlanMaker, run_step, tiny_runner
+from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 from tests.runner.test_model_runner import greedy_run
 
 pytestmark = pytest.mark.slow
@@ -27,6 +32,29 @@ def test_compiled_greedy_tokens_equal_eager(config_name):
     compiled.warm_up()
     assert compiled.model_step.compiled
     assert greedy_run(compiled, 4, 8, known=False) == greedy_run(eager, 4, 8, known=False)
+
+
+@pytest.mark.parametrize("config_name", ["llama-gqa4-llama3-rope", "qwen2-tied"])
+def test_a_lone_decode_on_bfloat16_row_weights_equals_eager_on_the_rounded_weights(config_name):
+    _, eager = tiny_runner(config_name)
+    keep_row_weights(eager.model, torch.bfloat16)  # eagerly only the rounding matters
+    _, compiled = tiny_runner(config_name, compile_model=True, row_weight_dtype=torch.bfloat16)
+    compiled.warm_up()
+    assert compiled.model.layers[0].mlp.down_proj.row_weight.dtype == torch.bfloat16
+    top = {}
+    for name, runner in (("eager", eager), ("compiled", compiled)):
+        maker = PlanMaker(4, 64)
+        maker.admit("s", [3, 17, 200, 45, 9, 88], dataclasses.replace(GREEDY, logprobs=5))
+        top[name] = []
+        for steps in ([("s", 6)], [("s", 1)], [("s", 1)], [("s", 1)]):
+            result = run_step(runner, maker.plan(steps))
+            (logprobs,) = result.logprobs["s"]
+            top[name].append((logprobs.top_token_ids, logprobs.top_logprobs))
+            maker.learn(result.sampled)
+    for (eager_ids, eager_values), (ids, values) in zip(top["eager"], top["compiled"], strict=True):
+        assert ids == eager_ids
+        # Float32 arithmetic on both sides, summed in another order.
+        assert values == pytest.approx(eager_values, abs=1e-4)
 
 
 def test_a_failed_compile_leaves_an_eager_step_and_says_why(monkeypatch, caplog):
