@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from aioserve.benchmarks.datasets import DATASET_NAMES
 from aioserve.config.parser import build_engine_parser
@@ -37,13 +38,18 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _engine_command(
-    commands: argparse._SubParsersAction, name: str, help: str, description: str
+    commands: argparse._SubParsersAction,
+    name: str,
+    help: str,
+    description: str,
+    defaults: dict[str, Any] | None = None,
 ) -> argparse.ArgumentParser:
-    """A bench subcommand whose parser starts with every engine argument."""
+    """A bench subcommand whose parser starts with every engine argument (`defaults`: its
+    own defaults for some of them)."""
     prog = f"aioserve bench {name}"
     return commands.add_parser(
         name,
-        parents=[build_engine_parser(prog, frontend=False)],
+        parents=[build_engine_parser(prog, frontend=False, defaults=defaults)],
         add_help=False,
         usage=f"{prog} [options]",
         help=help,
@@ -162,6 +168,9 @@ def _add_latency(commands: argparse._SubParsersAction) -> None:
         "Latency of one batch (vllm bench latency).",
         "Measure how long one batch of random prompts takes, over warm-up and timed "
         "iterations, and print the mean and percentiles.",
+        # Off, unlike serving: every timed iteration sends the same prompts, and should
+        # compute them in full rather than find them cached by the warm-up.
+        defaults={"enable_prefix_caching": False},
     )
     bench = parser.add_argument_group("benchmark options")
     bench.add_argument("--input-len", type=int, default=32, help="Prompt tokens per request.")

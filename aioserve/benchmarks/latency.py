@@ -45,8 +45,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     from aioserve.engine.llm import LLM
 
     _check_options(args)
-    if not hasattr(args, "enable_prefix_caching"):
-        args.enable_prefix_caching = False
     config = engine_config_from_args(args)
     with LLM.from_config(config) as llm:
         max_model_len = llm.engine.settings.max_model_len

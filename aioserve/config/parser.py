@@ -52,11 +52,11 @@ class JsonArgumentAction(argparse.Action):
 UNSUPPORTED_GROUP_TITLE = "vLLM arguments that aioserve does not support yet"
 
 
-def _help(argument: Argument) -> str:
+def _help(argument: Argument, default: Any) -> str:
     if argument.supported:
         text = argument.help
-        if argument.default not in (None, {}):
-            text += f" (default: {argument.default})"
+        if default not in (None, {}):
+            text += f" (default: {default})"
     else:
         text = f"[{argument.group}, not supported yet] {argument.help}"
     return text.replace("%", "%%")  # argparse formats help strings with %
@@ -70,7 +70,12 @@ def _metavar(argument: Argument) -> str | None:
     return None
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser, *, frontend: bool = True) -> None:
+def add_engine_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    frontend: bool = True,
+    defaults: dict[str, Any] | None = None,
+) -> None:
     """Add every declared vLLM argument to `parser`.
 
     Supported arguments go in one group per vLLM config group; the others in a final group
@@ -78,8 +83,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, frontend: bool = Tr
     attribute is present only when the user set it, which is how unsupported arguments are
     detected; `engine_config_from_args` and `frontend_config_from_args` fill in the declared
     defaults, which the help shows. With `frontend=False` the HTTP-server arguments are left
-    out (for `bench`, which has no server).
+    out (for `bench`, which has no server). `defaults` (by dest) replaces declared defaults
+    for this command: they are put in the namespace, and the help shows them.
     """
+    defaults = defaults or {}
     declared = [a for a in ARGUMENTS if frontend or a.group != FRONTEND]
     groups: dict[str, Any] = {}
     for group in dict.fromkeys(a.group for a in declared if a.supported):
@@ -92,8 +99,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, frontend: bool = Tr
         target = groups[arg.group] if arg.supported else unsupported
         options: dict[str, Any] = {
             "dest": arg.dest,
-            "default": argparse.SUPPRESS,
-            "help": _help(arg),
+            "default": defaults.get(arg.dest, argparse.SUPPRESS),
+            "help": _help(arg, defaults.get(arg.dest, arg.default)),
         }
         if arg.kind == "flag":
             options["action"] = "store_true"
@@ -355,10 +362,13 @@ class EngineArgumentParser(argparse.ArgumentParser):
         self.exit(0)
 
 
-def build_engine_parser(prog: str, *, frontend: bool = True) -> EngineArgumentParser:
+def build_engine_parser(
+    prog: str, *, frontend: bool = True, defaults: dict[str, Any] | None = None
+) -> EngineArgumentParser:
     """The parser of a command that starts an engine: `model_tag`, `--config`, every vLLM argument.
 
-    With `frontend=False` the HTTP server's arguments are left out (for `bench`).
+    With `frontend=False` the HTTP server's arguments are left out (for `bench`); `defaults`
+    are the command's own defaults for some of them (see add_engine_arguments).
     """
     parser = EngineArgumentParser(
         prog=prog,
@@ -382,5 +392,5 @@ def build_engine_parser(prog: str, *, frontend: bool = True) -> EngineArgumentPa
         help="Read options from a YAML file whose keys are long option names without dashes "
         "(snake or kebab case); options on the command line win.",
     )
-    add_engine_arguments(parser, frontend=frontend)
+    add_engine_arguments(parser, frontend=frontend, defaults=defaults)
     return parser

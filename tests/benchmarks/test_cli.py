@@ -38,3 +38,19 @@ def test_bench_options_do_not_shadow_engine_arguments():
             for action in group._group_actions
         ]
         assert own and not set(own) & engine_dests, name
+
+
+def test_latency_turns_prefix_caching_off_and_its_help_says_so(capsys):
+    """Each timed iteration resends the warm-up's prompts: they must be computed, not found."""
+    from aioserve.config.engine import engine_config_from_args
+
+    latency = bench_commands()["latency"]
+    assert engine_config_from_args(latency.parse_args([])).cache.enable_prefix_caching is False
+    args = latency.parse_args(["--enable-prefix-caching"])
+    assert engine_config_from_args(args).cache.enable_prefix_caching is True
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "latency", "--help=enable-prefix-caching"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "Reuse the KV cache of shared prompt prefixes. (default: False)" in help_text
+    throughput = bench_commands()["throughput"]
+    assert engine_config_from_args(throughput.parse_args([])).cache.enable_prefix_caching is True
