@@ -13,10 +13,12 @@ them itself. Without `$NOTIFY_SOCKET` nothing is sent and no task runs.
 - STATUS= (what `systemctl status` shows): running and waiting requests and KV cache usage
   as of the engine's latest step, and what is wrong when something is; refreshed every
   `STATUS_INTERVAL_S` or sooner;
-- WATCHDOG=1 every half `$WATCHDOG_USEC` (or sooner, with the status), only while
-  `EngineHeartbeat` finds the engine healthy; never when `$WATCHDOG_USEC` is unset. When
-  the pings stop, systemd kills the service after WatchdogSec and Restart=on-failure
-  starts it again. A blocked event loop stops them too, as the pings come from it;
+- WATCHDOG=1 every half `$WATCHDOG_USEC` (or sooner, with the status), only while the
+  engine is healthy by its own judgement (`AsyncEngine.health_problem`, engine/health.py:
+  alive, and its loop and model step within their stall limit), the one /health reports;
+  never when `$WATCHDOG_USEC` is unset. When the pings stop, systemd kills the service
+  after WatchdogSec and Restart=on-failure starts it again. A blocked event loop stops them
+  too, as the pings come from it;
 - STOPPING=1 when a signal starts the drain.
 """
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import socket
 import time
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aioserve")
 
 STATUS_INTERVAL_S = 5.0
-STALL_LIMIT_S = 60.0
-"""Without `$WATCHDOG_USEC`, how long the status line waits before it calls the engine stalled."""
 
 
 def notify_socket_address(value: str) -> str | None:
@@ -100,48 +99,19 @@ class Notifier:
 
 
 class EngineHeartbeat:
-    """A StatLogger that judges, from the engine's steps, whether the engine makes progress.
+    """A StatLogger that keeps the engine's latest step statistics for the status line, and
+    asks the engine whether it is healthy."""
 
-    Unhealthy: the engine loop died; or the model thread has run one step for longer than
-    `stall_limit`; or requests are in flight and no model step has completed for longer
-    than `stall_limit`, counted from the later of the last step and the first check that
-    found requests in flight (so a request arriving after an idle spell is not charged for
-    that spell). An idle engine is healthy. The model thread's clock also catches a step
-    that hangs after every request in it was aborted.
-    """
-
-    def __init__(self, engine: AsyncEngine, stall_limit: float) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.stall_limit = stall_limit
         self.latest: StepStats | None = None
-        self._last_step = -math.inf
-        self._busy_since: float | None = None
 
     def record(self, stats: StepStats) -> None:
         self.latest = stats
-        if stats.num_tokens:  # an abort's record says nothing about the model step
-            self._last_step = stats.timestamp
 
     def problem(self, now: float) -> str | None:
         """What is wrong with the engine at `now` (time.monotonic), or None when it is healthy."""
-        engine = self.engine
-        if engine.is_dead:
-            return "the engine loop died"
-        started = engine.model_step_running_since
-        if started is not None and now - started > self.stall_limit:
-            return f"a model step has run for {now - started:.0f} s"
-        in_flight = engine.num_unfinished_requests
-        if not in_flight:
-            self._busy_since = None
-            return None
-        if self._busy_since is None:
-            self._busy_since = now
-        waited = now - max(self._busy_since, self._last_step)
-        if waited > self.stall_limit:
-            return (
-                f"no model step completed for {waited:.0f} s with {in_flight} request(s) in flight"
-            )
-        return None
+        return self.engine.health_problem(now)
 
     def status(self) -> str:
         """Requests running and waiting, and KV cache usage, as of the latest step."""
@@ -161,7 +131,7 @@ class SystemdService:
     def __init__(self, engine: AsyncEngine, environ: Mapping[str, str] = os.environ) -> None:
         self.notifier = Notifier(environ.get("NOTIFY_SOCKET"))
         self.watchdog_s = watchdog_interval(environ) if self.notifier.enabled else None
-        self.heartbeat = EngineHeartbeat(engine, self.watchdog_s or STALL_LIMIT_S)
+        self.heartbeat = EngineHeartbeat(engine)
         self._engine = engine
         engine.stat_loggers.append(self.heartbeat)
         self._status: str | None = None

@@ -136,12 +136,15 @@ def test_the_watchdog_interval_comes_from_watchdog_usec(environ, seconds):
 
 
 def stand_in_engine() -> AsyncEngine:
+    """An engine whose stall limit is the test's watchdog interval (its steps take 5 ms)."""
     runner = StandInRunner(VOCAB, step_seconds=0.005)
-    return AsyncEngine(
+    engine = AsyncEngine(
         engine_parts_around(
             runner, vocab_size=VOCAB, num_blocks=64, max_model_len=512, async_scheduling=False
         )
     )
+    engine.loop_clock.floor = WATCHDOG_S
+    return engine
 
 
 async def consume(engine: AsyncEngine, request_id: str, max_tokens: int) -> None:
