@@ -17,6 +17,9 @@ and the device at hand:
   budget is at least max_model_len;
 - KV blocks: --num-gpu-blocks-override, else VLLM_CPU_KVCACHE_SPACE on the CPU, else
   what --gpu-memory-utilization leaves after the weights and a profiled peak step.
+
+`EngineSettings.load_report` then says what was loaded and what it holds (load_report.py),
+for the server's ready line.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from aioserve.config.arguments import argument
 from aioserve.config.declaration import PlatformDefault
 from aioserve.config.engine import EngineConfig
+from aioserve.engine.load_report import LoadReport, build_load_report, kv_cache_sized_by
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.loader import load_model
@@ -84,6 +88,8 @@ class EngineSettings:
     """--max-num-queued-reqs: most sequences in flight; more are refused (load_shedding.py)."""
     max_num_queued_tokens: int | None = None
     """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
+    load_report: LoadReport | None = None
+    """What was loaded and the memory it holds (load_report.py); None around a stand-in runner."""
 
 
 @dataclass
@@ -284,6 +290,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_new_tokens_cap=generation.get("max_new_tokens"),
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
+        load_report=build_load_report(
+            model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, current_platform())
+        ),
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "

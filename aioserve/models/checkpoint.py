@@ -61,6 +61,19 @@ class Checkpoint:
             return 0
         return hf_folder.count_weights(self._weight_files)
 
+    def stored_weight_types(self) -> dict[str, int]:
+        """Bytes of weights per stored type as on disk, largest first: GGUF tensor types
+        (Q4_1, F32, ...) or folder dtypes (bfloat16, ...), read from headers. Empty for
+        the dummy format."""
+        if self.load_format == "gguf":
+            assert self._gguf is not None
+            sizes = self._gguf.stored_type_bytes()
+        elif self.load_format == "dummy":
+            sizes = {}
+        else:
+            sizes = hf_folder.stored_dtype_bytes(self._weight_files)
+        return dict(sorted(sizes.items(), key=lambda item: -item[1]))
+
     def load_tokenizer(
         self, tokenizer: str | None = None, tokenizer_mode: str = "auto"
     ) -> PreTrainedTokenizerBase:

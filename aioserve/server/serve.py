@@ -4,8 +4,12 @@ Start-up, in order: the arguments are checked (an unsupported vLLM argument or a
 stops here, before the model loads, with a message naming it), logging is set up, the TLS
 context, --middleware imports and --chat-template are checked, the engine loads the model
 (the default one, SmolLM2-135M-Instruct, when none is given), one warm-up request runs
-through it, and the app listens on --host/--port on a uvloop event loop. Under systemd
-(`Type=notify`) READY=1 follows, then status and watchdog pings (systemd_notify.py).
+through it, and the app listens on --host/--port on a uvloop event loop. Then one line
+(`ready_line`) says how long that took since the process started, the weights' stored form
+and the dtype they are held in, their bytes, the KV cache's bytes and blocks and the knob
+that sized it, and the process's resident memory, before vLLM's "Application startup
+complete.". Under systemd (`Type=notify`) READY=1 follows, then status and watchdog pings
+(systemd_notify.py).
 
 Shutdown: the first SIGTERM or SIGINT starts draining (STOPPING=1 under systemd). New
 requests get 503 (/health too, so that load balancers move away; /metrics keeps
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -45,6 +50,7 @@ from aioserve.server.systemd_notify import SystemdService
 
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
+    from aioserve.engine.build import EngineSettings
     from aioserve.server.state import ServerState
 
 logger = logging.getLogger("aioserve")
@@ -127,6 +133,7 @@ def make_runner(app: web.Application, frontend: FrontendConfig) -> web.AppRunner
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run the server until a signal or the engine's death ends it; the exit status."""
+    started = time.monotonic()
     config = engine_config_from_args(args)
     frontend = frontend_config_from_args(args)
     configure_logging(frontend.uvicorn_log_level)
@@ -155,7 +162,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 130
     state = ServerState(engine, list(engine.settings.served_model_names), frontend)
     app = build_app(state)
-    status = _run_on_uvloop(_serve(app, state, ssl_context))
+    status = _run_on_uvloop(_serve(app, state, ssl_context, started))
     logger.info("Finished server process")
     return status
 
@@ -169,9 +176,13 @@ def _run_on_uvloop(coroutine: Coroutine[Any, Any, T]) -> T:
 
 
 async def _serve(
-    app: web.Application, state: ServerState, ssl_context: ssl.SSLContext | None
+    app: web.Application,
+    state: ServerState,
+    ssl_context: ssl.SSLContext | None,
+    started: float,
 ) -> int:
-    """Serve until a signal or the engine's death; the exit status."""
+    """Serve until a signal or the engine's death; the exit status. `started`: the
+    time.monotonic() at which run_serve began."""
     frontend = state.frontend
     systemd = SystemdService(state.engine)
     runner = make_runner(app, frontend)
@@ -185,7 +196,8 @@ async def _serve(
             raise ConfigError(
                 f"cannot listen on {frontend.host or '*'}:{frontend.port}: {error.strerror}"
             ) from None
-        _log_started(app, runner, frontend, ssl_context is not None)
+        ready = ready_line(state.engine.settings, seconds_since_start(started))
+        _log_started(app, runner, frontend, ssl_context is not None, ready)
         first, second = asyncio.Event(), asyncio.Event()
         _on_stop_signals(first, second)
         systemd.ready()
@@ -283,8 +295,41 @@ async def _drain(in_flight: RequestsInFlight, timeout: float, stop_now: asyncio.
         logger.warning("Aborting %d request(s) still in flight", in_flight.count)
 
 
+def seconds_since_start(serve_started: float) -> float:
+    """Seconds since the process started, read from /proc/self/stat: that counts the
+    interpreter's start and the imports before run_serve too. Without /proc, since
+    `serve_started`, run_serve's time.monotonic() at its start."""
+    try:
+        with open("/proc/self/stat") as stat:
+            # After the command name in parentheses, field 22 (starttime, in clock ticks
+            # since boot) is the 20th.
+            ticks = int(stat.read().rpartition(")")[2].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - serve_started
+
+
+def ready_line(settings: EngineSettings, seconds: float) -> str:
+    """What the process loaded and holds, and how long it took to be ready: one log line."""
+    from aioserve.engine.load_report import format_bytes, resident_memory_bytes
+
+    line = f"aioserve ready in {seconds:.1f} s"
+    if settings.load_report is not None:
+        line += f": {settings.load_report.describe()}"
+    resident = resident_memory_bytes()
+    if resident is not None:
+        # On a GPU the weights and the KV cache are in device memory, not in this figure.
+        host = "" if settings.device.type == "cpu" else " (host)"
+        line += f"; resident memory{host} {format_bytes(resident)}"
+    return line
+
+
 def _log_started(
-    app: web.Application, runner: web.AppRunner, frontend: FrontendConfig, tls: bool
+    app: web.Application,
+    runner: web.AppRunner,
+    frontend: FrontendConfig,
+    tls: bool,
+    ready: str,
 ) -> None:
     root_path = frontend.root_path
     routes: dict[str, list[str]] = {}
@@ -301,4 +346,5 @@ def _log_started(
         logger.info("Starting aioserve API server on %s://%s:%d", scheme, host, port)
     if root_path:
         logger.info("Every route also answers under %s", root_path)
+    logger.info("%s", ready)
     logger.info("Application startup complete.")

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -259,5 +260,13 @@ def test_serve_answers_then_drains_on_sigterm(smollm2_gguf, tmp_path):
         _stop(process)
     text = log.read_text()
     assert "Application startup complete." in text
+    # The ready line, just before it: what was loaded from the Q4_1 GGUF and what it holds.
+    assert re.search(
+        r"aioserve ready in [\d.]+ s: .*, GGUF Q4_1( \+ \w+)* weights \(\d+ MiB on disk\) "
+        r"dequantized to (float32|bfloat16): \d+ MiB; KV cache [\d.]+ [MG]iB \(\w+, \d+ blocks "
+        r"of 16 tokens\), set by (VLLM_CPU_KVCACHE_SPACE|--gpu-memory-utilization) .*; "
+        r"resident memory( \(host\))? [\d.]+ [MG]iB\n.*Application startup complete\.",
+        text,
+    ), text
     assert "Received SIGTERM" in text and "Finished server process" in text
     assert '"POST /v1/completions HTTP/1.1" 200' in text  # the access log

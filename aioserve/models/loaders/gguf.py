@@ -290,6 +290,14 @@ class GGUFFile:
     def num_tensors(self) -> int:
         return len(self._reader.tensors)
 
+    def stored_type_bytes(self) -> dict[str, int]:
+        """Bytes of the tensors per stored type (Q4_1, F32, ...), as in the file."""
+        sizes: dict[str, int] = {}
+        for tensor in self._reader.tensors:
+            name = tensor.tensor_type.name
+            sizes[name] = sizes.get(name, 0) + int(tensor.n_bytes)
+        return sizes
+
     def hf_config(self) -> PretrainedConfig:
         """The transformers config of the model, built from the metadata alone."""
         if self.architecture not in _ARCHITECTURES:

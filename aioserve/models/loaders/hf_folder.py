@@ -4,11 +4,13 @@
 or shards listed by an index), `iter_weights` yields their tensors one at a time under the
 names they were saved with, in their stored dtype, on the CPU. Safetensors are read lazily
 tensor by tensor; PyTorch bins are memory-mapped, so neither holds the model in memory.
+`stored_dtype_bytes` says what the files hold per dtype, from their headers.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -21,6 +23,21 @@ WeightFormat = Literal["safetensors", "pt"]
 _SINGLE_FILE = {"safetensors": "model.safetensors", "pt": "pytorch_model.bin"}
 _INDEX_FILE = {"safetensors": "model.safetensors.index.json", "pt": "pytorch_model.bin.index.json"}
 _PATTERNS = {"safetensors": ("*.safetensors",), "pt": ("*.bin", "*.pt")}
+# safetensors' dtype codes under torch's names
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 # training leftovers some repositories ship beside the weights
 _NOT_WEIGHTS = {
     "training_args.bin",
@@ -85,3 +102,30 @@ def count_weights(files: list[Path]) -> int:
         else:
             total += len(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
     return total
+
+
+def stored_dtype_bytes(files: list[Path]) -> dict[str, int]:
+    """Bytes of the tensors of `files` per stored dtype (torch's name), from the safetensors
+    headers or the memory-mapped bins: no tensor data is read."""
+    sizes: dict[str, int] = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            for entry in _safetensors_header(path).values():
+                dtype = _SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"])
+                start, end = entry["data_offsets"]
+                sizes[dtype] = sizes.get(dtype, 0) + end - start
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            for tensor in state.values():
+                dtype = str(tensor.dtype).removeprefix("torch.")
+                sizes[dtype] = sizes.get(dtype, 0) + tensor.nbytes
+    return sizes
+
+
+def _safetensors_header(path: Path) -> dict[str, dict]:
+    """The tensor entries of a safetensors file: an 8-byte little-endian length, then JSON."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header

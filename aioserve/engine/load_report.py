@@ -1,0 +1,146 @@
+"""What a loaded engine holds and what it costs: the figures of the server's ready line.
+
+`build_load_report` reads them off the loaded objects themselves once the engine is built:
+the checkpoint's stored tensor types and sizes (from its headers), the bytes of the model's
+parameters and buffers in the dtype they are held in, with the narrow copies that one-row
+products read (models/linear.py `keep_row_weights`) counted apart, the bytes, blocks and
+block size of the runner's KV tensors, and the knob that sized the KV pool. The result is
+plain data (`LoadReport`) that the server reads from the engine's settings; the process's
+resident memory is read when it is asked for (`resident_memory_bytes`), as it grows until
+the server is ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aioserve.config.arguments import CPU_KVCACHE_SPACE_ENV, DEFAULT_CPU_KVCACHE_SPACE_GIB
+from aioserve.config.engine import CacheConfig
+from aioserve.models.checkpoint import Checkpoint
+from aioserve.runner.model_runner import ModelRunner
+
+# Buffers under these names are copies of weights kept for one-row products
+# (Linear.row_weight and LlamaForCausalLM.head_row_weight), not weights of their own.
+_ROW_COPY_SUFFIX = "row_weight"
+_STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """The model as loaded and the memory it holds, measured on the loaded tensors."""
+
+    model: str
+    load_format: str
+    """What the weights were read from: "gguf", "safetensors", "pt" or "dummy"."""
+    stored_types: tuple[tuple[str, int], ...]
+    """(stored type, bytes on disk), largest first: GGUF types (Q4_1, ...) or dtypes."""
+    dtype: str
+    """The dtype the weights are held in."""
+    weight_bytes: int
+    """The model's parameters and buffers, the row copies left out."""
+    row_copy_dtype: str | None
+    row_copy_bytes: int
+    kv_cache_dtype: str
+    kv_cache_bytes: int
+    num_blocks: int
+    block_size: int
+    kv_cache_sized_by: str
+    """The knob that sized the KV pool, with its value."""
+
+    def describe(self) -> str:
+        """One line: the model, its weights' form and bytes, the KV cache and its knob."""
+        stored = " + ".join(name for name, _ in self.stored_types)
+        on_disk = format_bytes(sum(size for _, size in self.stored_types))
+        if self.load_format == "dummy":
+            weights = f"random weights (--load-format dummy) in {self.dtype}"
+        elif self.load_format == "gguf":
+            weights = f"GGUF {stored} weights ({on_disk} on disk) dequantized to {self.dtype}"
+        else:
+            form = _STORED_FORMATS.get(self.load_format, self.load_format)
+            weights = f"{form} {stored} weights ({on_disk} on disk) held in {self.dtype}"
+        weights += f": {format_bytes(self.weight_bytes)}"
+        if self.row_copy_bytes:
+            weights += (
+                f", plus {format_bytes(self.row_copy_bytes)} of {self.row_copy_dtype} copies "
+                "for one-row products"
+            )
+        kv_cache = (
+            f"KV cache {format_bytes(self.kv_cache_bytes)} ({self.kv_cache_dtype}, "
+            f"{self.num_blocks} blocks of {self.block_size} tokens), "
+            f"set by {self.kv_cache_sized_by}"
+        )
+        return f"{self.model}, {weights}; {kv_cache}"
+
+
+def build_load_report(
+    model_name: str, checkpoint: Checkpoint, runner: ModelRunner, kv_cache_sized_by: str
+) -> LoadReport:
+    """The report of `runner`'s model and KV cache, loaded from `checkpoint`."""
+    model = runner.model
+    weight_bytes = sum(p.nbytes for p in model.parameters())
+    held = {p.dtype for p in model.parameters()}
+    row_copy_bytes = 0
+    row_copy_dtypes: set[torch.dtype] = set()
+    for name, buffer in model.named_buffers():
+        if name.endswith(_ROW_COPY_SUFFIX):
+            row_copy_bytes += buffer.nbytes
+            row_copy_dtypes.add(buffer.dtype)
+        else:
+            weight_bytes += buffer.nbytes
+    kv_tensors = [t for pair in runner.kv_caches for t in pair]
+    num_blocks, block_size = kv_tensors[0].shape[:2]
+    return LoadReport(
+        model=model_name,
+        load_format=checkpoint.load_format,
+        stored_types=tuple(checkpoint.stored_weight_types().items()),
+        dtype=_dtype_names(held),
+        weight_bytes=weight_bytes,
+        row_copy_dtype=_dtype_names(row_copy_dtypes) if row_copy_dtypes else None,
+        row_copy_bytes=row_copy_bytes,
+        kv_cache_dtype=_dtype_names({t.dtype for t in kv_tensors}),
+        kv_cache_bytes=sum(t.nbytes for t in kv_tensors),
+        num_blocks=int(num_blocks),
+        block_size=int(block_size),
+        kv_cache_sized_by=kv_cache_sized_by,
+    )
+
+
+def kv_cache_sized_by(cache: CacheConfig, platform: str) -> str:
+    """The knob that sizes the KV pool (kv_memory.num_kv_blocks's order), with its value."""
+    if cache.num_gpu_blocks_override is not None:
+        return f"--num-gpu-blocks-override {cache.num_gpu_blocks_override}"
+    if platform == "cpu":
+        gib = cache.cpu_kvcache_space_bytes / 2**30
+        default = gib == DEFAULT_CPU_KVCACHE_SPACE_GIB
+        return f"{CPU_KVCACHE_SPACE_ENV} ({gib:g} GiB{', the default' if default else ''})"
+    return f"--gpu-memory-utilization {cache.gpu_memory_utilization:g}"
+
+
+def resident_memory_bytes() -> int | None:
+    """The process's resident set size now (VmRSS of /proc/self/status), or None without
+    /proc. (resource.getrusage gives only the peak, and psutil is no dependency.)"""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024  # in kB
+    except OSError:
+        pass
+    return None
+
+
+def format_bytes(size: int) -> str:
+    """`size` in GiB with two decimals from 1 GiB up, else in MiB or KiB."""
+    if size >= 2**30:
+        return f"{size / 2**30:.2f} GiB"
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
+    return f"{size} B"
+
+
+def _dtype_names(dtypes: set[torch.dtype]) -> str:
+    return "/".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
