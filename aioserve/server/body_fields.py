@@ -3,16 +3,24 @@
 A wrong type is a 400 naming the field and the value, the value cut short so that a huge
 input does not make a huge message: "max_tokens must be an integer (parameter=max_tokens,
 value=ten)". A field that is absent or null reads as its default.
+
+Keys a route does not know are not errors, as in OpenAI's API; `log_ignored_fields` logs
+them as vLLM does, at DEBUG: "The following fields were present in the request but ignored:
+{'foo'}", against the fields vLLM's request model for the route has (request_fields.py).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.request_fields import REMOVED_GUIDED_FIELDS
+
+logger = logging.getLogger("aioserve.server")
 
 # JSON kinds and the Python types orjson decodes them to.
 _KIND_TYPES: dict[str, tuple[type, ...]] = {
@@ -64,6 +72,36 @@ class BodyFields:
         if kind == "number":
             return float(value)
         return value
+
+
+def log_ignored_fields(body: dict[str, Any], known: frozenset[str]) -> None:
+    """Log, as vLLM does, the keys of an accepted `body` outside its route's `known` fields."""
+    extra = body.keys() - known
+    if not extra:
+        return
+    removed = extra & REMOVED_GUIDED_FIELDS
+    # A guided_json/regex/choice/grammar that asks for a constraint was refused with a 400
+    # (protocol.py); what reaches here is unset (null, empty) or constrains nothing alone
+    # (guided_decoding_backend, guided_whitespace_pattern), so the warning says no untruth.
+    if removed:
+        _warn_removed_guided_fields(frozenset(removed))
+    logger.debug("The following fields were present in the request but ignored: %s", extra)
+
+
+_warned_guided_fields: set[frozenset[str]] = set()
+
+
+def _warn_removed_guided_fields(removed: frozenset[str]) -> None:
+    # Once per distinct set of fields, as vLLM's warning_once (cached on its arguments).
+    if removed in _warned_guided_fields:
+        return
+    _warned_guided_fields.add(removed)
+    logger.warning(
+        "Request contains the removed guided-decoding field(s) %s, which are ignored; "
+        "output will NOT be constrained. Structured outputs are not supported by aioserve "
+        "yet.",
+        str(sorted(removed)),
+    )
 
 
 def shown_value(value: Any, limit: int = 100) -> str:

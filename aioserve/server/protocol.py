@@ -1,9 +1,13 @@
 """Reading the bodies of /v1/completions and /v1/chat/completions into what the engine needs.
 
 A body is a plain dict (decoded by orjson). Each field OpenAI or vLLM defines is read with
-its type checked; a wrong type is a 400 naming the field and the value. Fields this server
-does not know are ignored, as OpenAI does; fields it knows but cannot honour (`suffix`,
-`tools`, beam search, ...) are refused, so a request never silently means something else.
+its type checked; a wrong type is a 400 naming the field and the value. Fields it knows
+but cannot honour (`suffix`, `tools`, `guided_json` and its kin, beam search, ...) are
+refused, so a request never silently means something else. Other fields are ignored, as
+OpenAI and vLLM ignore them, and logged as vLLM logs them: once a body is accepted, its
+keys outside the fields vLLM 0.32's request model for the route has (request_fields.py)
+are logged at DEBUG, "The following fields were present in the request but ignored:
+{'foo'}" (body_fields.log_ignored_fields).
 
 Sampling fields become one `SamplingParams`; its own `ValueError`s become 400s naming the
 field ("max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)", vLLM's
@@ -24,8 +28,9 @@ from http import HTTPStatus
 from typing import Any
 
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
-from aioserve.server.body_fields import BodyFields, shown_value
+from aioserve.server.body_fields import BodyFields, log_ignored_fields, shown_value
 from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
 from aioserve.server.state import ServerState
 
 PromptInput = str | list[int]
@@ -145,6 +150,7 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
             True,
             "echo with logprobs needs prompt logprobs, which aioserve does not support yet",
         )
+    log_ignored_fields(body, COMPLETION_FIELDS)
     return request
 
 
@@ -174,7 +180,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     logprobs = (top_logprobs or 0) if wants_logprobs else None
     _check_max_logprobs(state, "top_logprobs", logprobs)
     params = _sampling_params(state, fields, max_tokens, max_tokens_field, logprobs, "top_logprobs")
-    return ChatRequest(
+    request = ChatRequest(
         messages=messages,
         add_generation_prompt=fields.get("add_generation_prompt", "boolean", True),
         continue_final_message=fields.get("continue_final_message", "boolean", False),
@@ -182,6 +188,8 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         echo=fields.get("echo", "boolean", False),
         **_generation_fields(state, fields, params, max_tokens_field),
     )
+    log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
+    return request
 
 
 def check_prompt_tokens(token_ids: list[int], vocab_size: int, param: str = "prompt") -> None:

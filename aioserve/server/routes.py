@@ -14,7 +14,8 @@ Response shapes are vLLM's (shared/reference/vllm_samples 01, 02, 03, 11, 12, 13
 /tokenize takes `prompt` (a string; `add_special_tokens` defaults to true) or `messages`
 (rendered with the chat template; `add_generation_prompt` defaults to true,
 `add_special_tokens` to false, since the template writes the special tokens), and
-`return_token_strs` for the tokens' strings.
+`return_token_strs` for the tokens' strings. Keys outside the fields of vLLM's request
+model for the route are logged as vLLM logs them (body_fields.log_ignored_fields).
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ from typing import Any
 from aiohttp import web
 
 from aioserve import __version__
-from aioserve.server.body_fields import read_json_body, shown_value
+from aioserve.server.body_fields import log_ignored_fields, read_json_body, shown_value
 from aioserve.server.chat_template import render_chat
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.middlewares import IN_FLIGHT
 from aioserve.server.protocol import check_serving
+from aioserve.server.request_fields import (
+    DETOKENIZE_FIELDS,
+    TOKENIZE_CHAT_FIELDS,
+    TOKENIZE_PROMPT_FIELDS,
+)
 from aioserve.server.state import STATE, ServerState
 
 
@@ -147,6 +153,9 @@ async def tokenize(request: web.Request) -> web.Response:
     token_strs = None
     if _optional_bool(body, "return_token_strs", False):
         token_strs = tokenizer.convert_ids_to_tokens(tokens)
+    # As vLLM's TokenizeRequest union resolves: the chat model when messages are given.
+    chat = body.get("messages") is not None
+    log_ignored_fields(body, TOKENIZE_CHAT_FIELDS if chat else TOKENIZE_PROMPT_FIELDS)
     return web.json_response(
         {
             "count": len(tokens),
@@ -176,6 +185,7 @@ async def detokenize(request: web.Request) -> web.Response:
                 token,
                 f"token id {token} is out of vocabulary (the model has {vocab_size} tokens)",
             )
+    log_ignored_fields(body, DETOKENIZE_FIELDS)
     return web.json_response({"prompt": await state.off_loop(tokenizer.decode, tokens)})
 
 

@@ -1,0 +1,181 @@
+"""Request keys outside vLLM's request models are logged as vLLM logs them, over real HTTP.
+
+The routes that read a body (completions, chat completions, tokenize, detokenize) are
+served in-process (conftest's `serve_app` on the shared engine). Reference: vLLM 0.32's
+`OpenAIBaseModel.__log_extra_fields__`, which logs at DEBUG "The following fields were
+present in the request but ignored: {'foo'}" and warns about the removed guided-decoding
+fields; the field sets themselves (request_fields.py) were copied from vLLM's models.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from aioserve.server import body_fields, chat, completions, protocol, routes
+from aioserve.server.errors import error_middleware
+from aioserve.server.openai_routes import add_openai_routes
+from aioserve.server.request_fields import (
+    CHAT_COMPLETION_FIELDS,
+    COMPLETION_FIELDS,
+    DETOKENIZE_FIELDS,
+    REMOVED_GUIDED_FIELDS,
+    TOKENIZE_CHAT_FIELDS,
+    TOKENIZE_PROMPT_FIELDS,
+)
+from aioserve.server.state import STATE, ServerState
+from tests.server.conftest import MODEL, serve_app
+from tests.server.openai_helpers import post
+
+pytestmark = pytest.mark.slow
+
+IGNORED = "The following fields were present in the request but ignored: "
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+# Per route: a body of known fields that succeeds, and the fields vLLM's model has.
+ROUTES = {
+    "completions": ("/v1/completions", {"prompt": "Hi", "max_tokens": 1}, COMPLETION_FIELDS),
+    "chat": (
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "max_tokens": 1},
+        CHAT_COMPLETION_FIELDS,
+    ),
+    "tokenize-prompt": ("/tokenize", {"prompt": "Hi"}, TOKENIZE_PROMPT_FIELDS),
+    "tokenize-chat": ("/tokenize", {"messages": MESSAGES}, TOKENIZE_CHAT_FIELDS),
+    "detokenize": ("/detokenize", {"tokens": [19556, 905]}, DETOKENIZE_FIELDS),
+}
+
+
+@pytest.fixture(scope="module")
+def server(engine, server_loop) -> Iterator[str]:
+    """Base URL of an app with the four routes that read a request body."""
+    app = web.Application(middlewares=[error_middleware])
+    app[STATE] = ServerState(engine, [MODEL])
+    add_openai_routes(app)
+    routes.add_routes(app, load_tracking=False)
+    with serve_app(server_loop, app) as url:
+        yield url
+
+
+@pytest.fixture
+def debug_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG, logger="aioserve")
+    return caplog
+
+
+@pytest.fixture(autouse=True)
+def _guided_warnings_not_yet_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(body_fields, "_warned_guided_fields", set())
+
+
+def ignored_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The "ignored" lines logged at DEBUG on aioserve's loggers."""
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name.startswith("aioserve")
+        and record.levelno == logging.DEBUG
+        and record.getMessage().startswith(IGNORED)
+    ]
+
+
+def guided_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno == logging.WARNING and "guided-decoding" in record.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_an_unknown_field_succeeds_and_is_logged_as_vllm_logs_it(server, debug_log, route):
+    path, body, _ = ROUTES[route]
+    reply = post(server, path, {**body, "foo": 1})
+    assert reply.status == 200, reply.body
+    assert ignored_messages(debug_log) == [IGNORED + "{'foo'}"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_known_fields_log_nothing(server, debug_log, route):
+    path, body, _ = ROUTES[route]
+    reply = post(server, path, {**body, "model": MODEL})
+    assert reply.status == 200, reply.body
+    assert ignored_messages(debug_log) == []
+
+
+def test_a_refused_guided_field_is_a_400_and_logged_as_nothing(server, debug_log):
+    body = {"prompt": "Hi", "max_tokens": 1, "guided_json": {"type": "object"}}
+    reply = post(server, "/v1/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "guided_json"
+    assert ignored_messages(debug_log) == []
+    assert guided_warnings(debug_log) == []
+
+
+def test_an_unset_guided_field_is_ignored_with_vllms_warning_once(server, debug_log):
+    body = {"messages": MESSAGES, "max_tokens": 1, "guided_json": None, "foo": 1}
+    for _ in range(2):
+        assert post(server, "/v1/chat/completions", body).status == 200
+    logged = ignored_messages(debug_log)
+    assert len(logged) == 2
+    assert logged[0] in (IGNORED + "{'foo', 'guided_json'}", IGNORED + "{'guided_json', 'foo'}")
+    (warning,) = guided_warnings(debug_log)
+    assert warning.startswith(
+        "Request contains the removed guided-decoding field(s) ['guided_json'], which are "
+        "ignored; output will NOT be constrained."
+    )
+
+
+def test_the_field_sets_hold_what_vllm_and_aioserve_share():
+    for fields in ROUTES.values():
+        assert fields[2], "an empty set would report every field as ignored"
+    assert "top_k" in COMPLETION_FIELDS and "top_k" in CHAT_COMPLETION_FIELDS
+    sampling = set(protocol._SAMPLING_FIELDS)
+    assert sampling <= COMPLETION_FIELDS and sampling <= CHAT_COMPLETION_FIELDS
+    # vLLM removed the guided fields from its models: to it they are extra keys.
+    assert not REMOVED_GUIDED_FIELDS & (COMPLETION_FIELDS | CHAT_COMPLETION_FIELDS)
+
+
+class RecordingBody(dict):
+    """A request body that notes which of its keys the handler looks up."""
+
+    def __init__(self, body: dict[str, Any], looked_up: set[str]) -> None:
+        super().__init__(body)
+        self.looked_up = looked_up
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.looked_up.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.looked_up.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.looked_up.add(str(key))
+        return super().__contains__(key)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_no_field_aioserve_reads_can_be_reported_as_ignored(server, monkeypatch, route):
+    looked_up: set[str] = set()
+    read_json_body = body_fields.read_json_body
+
+    async def recording_read(request: web.Request) -> dict[str, Any]:
+        return RecordingBody(await read_json_body(request), looked_up)
+
+    for module in (completions, chat, routes):
+        monkeypatch.setattr(module, "read_json_body", recording_read)
+    path, body, known = ROUTES[route]
+    assert post(server, path, body).status == 200
+    # Fields looked up only to be refused when set are not read; /tokenize looks up
+    # `messages` to choose vLLM's model, and takes the prompt one only when it is absent.
+    read = looked_up - set(protocol._UNSUPPORTED)
+    if route == "tokenize-prompt":
+        read.discard("messages")
+    assert read, "nothing was recorded"
+    assert read <= known, f"read by aioserve but not in vLLM's fields: {read - known}"
