@@ -72,7 +72,31 @@ _UNSUPPORTED: dict[str, str] = {
     "guided_grammar": "guided decoding is not supported by aioserve yet",
     "logits_processors": "logits processors are not supported by aioserve",
     "bad_words": "bad_words is not supported by aioserve yet",
+    # vLLM request fields that would change the prompt, the output or its isolation.
+    "truncate_prompt_tokens": "prompt truncation is not supported by aioserve yet",
+    "truncation_side": "prompt truncation is not supported by aioserve yet",
+    "chat_template": "a per-request chat template is not supported by aioserve yet",
+    "documents": "documents for the chat template are not supported by aioserve yet",
+    "reasoning_effort": "reasoning_effort is not supported by aioserve yet",
+    "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
+    "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported by aioserve yet",
+    "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
+    "return_prompt_text": "return_prompt_text is not supported by aioserve yet",
+    "logprob_token_ids": "logprob_token_ids is not supported by aioserve yet",
+    "cache_salt": "cache_salt (prefix-cache isolation) is not supported by aioserve yet",
+    "repetition_detection": "repetition_detection is not supported by aioserve",
+    "watermarking": "watermarking is not supported by aioserve",
+    "vllm_xargs": "vllm_xargs (logits processor arguments) is not supported by aioserve",
+    "kv_transfer_params": "KV transfer is not supported by aioserve",
+    "ec_transfer_params": "encoder cache transfer is not supported by aioserve",
+    "mm_payload": "multimodal input is not supported by aioserve",
+    "mm_processor_kwargs": "multimodal input is not supported by aioserve",
+    "media_io_kwargs": "multimodal input is not supported by aioserve",
+    "return_mm_kwargs": "multimodal input is not supported by aioserve",
 }
+# Fields aioserve does not honour yet whose value is refused unless it is vLLM's default
+# for the route: (field, completions default, chat default).
+_DEFAULT_ONLY = (("add_special_tokens", True, False), ("include_reasoning", None, True))
 
 
 @dataclass
@@ -130,7 +154,7 @@ def check_serving(state: ServerState, body: dict[str, Any]) -> None:
 
 def parse_completion_request(state: ServerState, body: dict[str, Any]) -> CompletionRequest:
     """Validate a /v1/completions body."""
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, chat=False)
     fields = BodyFields(body)
     if "max_tokens" in body and body["max_tokens"] is None:
         max_tokens = None  # an explicit null: the rest of the context
@@ -156,7 +180,7 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
 
 def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     """Validate a /v1/chat/completions body (the messages themselves: see chat_template)."""
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, chat=True)
     fields = BodyFields(body)
     messages = body.get("messages")
     if messages is None:
@@ -233,10 +257,19 @@ def check_context(
         )
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
+def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
     for name, reason in _UNSUPPORTED.items():
         if body.get(name) not in (None, False, [], {}, ""):
             raise bad_parameter(name, shown_value(body[name]), reason)
+    for name, *defaults in _DEFAULT_ONLY:
+        default = defaults[chat]
+        if default is not None and body.get(name) not in (None, default):
+            raise bad_parameter(
+                name,
+                shown_value(body[name]),
+                f"only {name}={str(default).lower()} (vLLM's default here) is supported by "
+                "aioserve yet",
+            )
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise bad_parameter(

@@ -179,3 +179,67 @@ def test_no_field_aioserve_reads_can_be_reported_as_ignored(server, monkeypatch,
         read.discard("messages")
     assert read, "nothing was recorded"
     assert read <= known, f"read by aioserve but not in vLLM's fields: {read - known}"
+
+
+# vLLM fields aioserve neither reads nor refuses, each because ignoring it cannot change
+# what a request means: it only tunes what aioserve does not do, or is a routing hint.
+HARMLESS_WHEN_IGNORED = {
+    "length_penalty": "beam search only, and use_beam_search is refused",
+    "stream_interval": "how many tokens vLLM batches per stream chunk, not what is sent",
+    "session_id": "a routing hint for vLLM's session-aware schedulers",
+    "routed_experts_prompt_start": "MoE routing records, off unless a server flag asks",
+    "tool_choice": "meaningful only with tools, which are refused",
+    "parallel_tool_calls": "meaningful only with tools, which are refused",
+}
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_every_vllm_field_is_read_refused_or_harmless_to_ignore(server, monkeypatch, route):
+    """A field vLLM honours must not be dropped silently: that would answer another request."""
+    looked_up: set[str] = set()
+    read_json_body = body_fields.read_json_body
+
+    async def recording_read(request: web.Request) -> dict[str, Any]:
+        return RecordingBody(await read_json_body(request), looked_up)
+
+    for module in (completions, chat):
+        monkeypatch.setattr(module, "read_json_body", recording_read)
+    path, body, known = ROUTES[route]
+    # Every optional field aioserve reads, set, so that each branch looks its fields up.
+    if route == "completions":
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}, "echo": True}
+    else:
+        body = {**body, "logprobs": True, "top_logprobs": 1}
+    assert post(server, path, body).status == 200
+    refused = set(protocol._UNSUPPORTED) | {name for name, *_ in protocol._DEFAULT_ONLY}
+    unaccounted = known - looked_up - refused - set(HARMLESS_WHEN_IGNORED)
+    assert not unaccounted, f"vLLM fields aioserve drops silently: {sorted(unaccounted)}"
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "value"),
+    [
+        ("completions", "truncate_prompt_tokens", 4),
+        ("completions", "add_special_tokens", False),
+        ("completions", "cache_salt", "tenant-a"),
+        ("completions", "return_tokens_as_token_ids", True),
+        ("chat", "chat_template", "{{ messages }}"),
+        ("chat", "add_special_tokens", True),
+        ("chat", "include_reasoning", False),
+        ("chat", "documents", [{"text": "x"}]),
+    ],
+)
+def test_a_vllm_field_aioserve_cannot_honour_is_a_400_naming_it(server, route, field, value):
+    path, body, _ = ROUTES[route]
+    reply = post(server, path, {**body, field: value})
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "value"),
+    [("completions", "add_special_tokens", True), ("chat", "add_special_tokens", False)],
+)
+def test_vllms_default_of_a_default_only_field_is_accepted(server, route, field, value):
+    path, body, _ = ROUTES[route]
+    assert post(server, path, {**body, field: value}).status == 200
