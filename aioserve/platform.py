@@ -14,12 +14,23 @@ import torch
 PlatformName = Literal["cuda", "rocm", "cpu"]
 
 
-@functools.cache
+_platform: PlatformName | None = None
+
+
 def current_platform() -> PlatformName:
-    """The platform of device 0, or "cpu" when no GPU is visible."""
-    if torch.cuda.is_available():
-        return "rocm" if torch.version.hip else "cuda"
-    return "cpu"
+    """The platform of device 0, or "cpu" when no GPU is visible.
+
+    Remembered in a module global rather than with functools.cache: kernels ask for it
+    inside the compiled model step, where torch.compile reads a global as a constant but
+    warns about (and traces through) a cached function.
+    """
+    global _platform
+    if _platform is None:
+        if torch.cuda.is_available():
+            _platform = "rocm" if torch.version.hip else "cuda"
+        else:
+            _platform = "cpu"
+    return _platform
 
 
 def device() -> torch.device:

@@ -59,3 +59,21 @@ def test_auto_on_a_float32_cpu_keeps_bfloat16_row_weights_when_compiled(monkeypa
     assert build.resolve_row_weight_dtype("auto", torch.bfloat16, compiled=True) is None
     monkeypatch.setattr(build, "current_platform", lambda: "cuda")
     assert build.resolve_row_weight_dtype("auto", torch.float32, compiled=True) is None
+
+
+def test_the_compiled_step_reads_the_platform_without_a_warning():
+    """Kernels ask `use_triton()` inside the compiled step; a functools cache there made
+    dynamo warn in every server's log."""
+    import warnings
+
+    from aioserve.kernels.dispatch import use_triton
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if use_triton() else x * 2
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(step, backend="eager")(torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 2.0))
+    assert not [w for w in caught if "lru_cache" in str(w.message)], caught
