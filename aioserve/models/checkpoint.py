@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from aioserve.models.loaders import hf_folder
 from aioserve.models.loaders.gguf import GGUFFile
+from aioserve.models.loaders.gguf_tokenizer import load_gguf_tokenizer
 from aioserve.models.resolve import ResolvedModel, resolve_model
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
@@ -94,12 +95,13 @@ class Checkpoint:
             "trust_remote_code": False,
             "local_files_only": True,
         }
-        if source.kind == "gguf":
+        if source.kind == "gguf" and options["use_fast"]:
+            loaded = load_gguf_tokenizer(source.path, self.download_dir)
+        elif source.kind == "gguf":
             options["gguf_file"] = source.path.name
-            folder = source.path.parent
+            loaded = AutoTokenizer.from_pretrained(str(source.path.parent), **options)
         else:
-            folder = source.path
-        loaded = AutoTokenizer.from_pretrained(str(folder), **options)
+            loaded = AutoTokenizer.from_pretrained(str(source.path), **options)
         if loaded.chat_template is None and self.chat_template is not None:
             loaded.chat_template = self.chat_template
         return loaded

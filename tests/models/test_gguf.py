@@ -331,3 +331,46 @@ def test_default_model_checkpoint(smollm2):
     assert (smollm2.source.kind, smollm2.load_format) == ("gguf", "gguf")
     assert smollm2.generation_config == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
     assert smollm2.chat_template.startswith("{% for message in messages %}")
+
+
+def test_the_converted_tokenizer_is_cached_and_reads_back_the_same(
+    smollm2_gguf, tmp_path, monkeypatch, caplog
+):
+    from aioserve.models.loaders import gguf_tokenizer
+    from aioserve.models.resolve import CACHE_DIR_ENV
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    conversions = []
+    from_pretrained = AutoTokenizer.from_pretrained
+
+    def counting(folder, **options):
+        if "gguf_file" in options:
+            conversions.append(folder)
+        return from_pretrained(folder, **options)
+
+    monkeypatch.setattr(gguf_tokenizer.AutoTokenizer, "from_pretrained", counting)
+    converted = gguf_tokenizer.load_gguf_tokenizer(smollm2_gguf)
+    folder = gguf_tokenizer.cached_tokenizer_folder(smollm2_gguf)
+    assert folder.parent == tmp_path / "tokenizers" and (folder / "tokenizer.json").is_file()
+    cached = gguf_tokenizer.load_gguf_tokenizer(smollm2_gguf)
+    assert len(conversions) == 1, "the second load must read the cache"
+    theirs = from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    texts = ["Hello world!", "  ünïcödé, 数字 123\n\t", "<|im_start|>user\nhi<|im_end|>"]
+    for tokenizer in (converted, cached):
+        for text in texts:
+            ids = theirs(text)["input_ids"]
+            assert tokenizer(text)["input_ids"] == ids
+            assert tokenizer.decode(ids) == theirs.decode(ids)
+        assert tokenizer.all_special_ids == theirs.all_special_ids
+        assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 2)
+        assert tokenizer.chat_template == theirs.chat_template
+        assert len(tokenizer) == len(theirs)
+    # A damaged cache is converted again, with a warning, and replaced.
+    (folder / "tokenizer.json").write_text("{not json")
+    (folder / "tokenizer_config.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger="aioserve"):
+        again = gguf_tokenizer.load_gguf_tokenizer(smollm2_gguf)
+    assert len(conversions) == 2 and "unreadable" in caplog.text
+    assert again(texts[1])["input_ids"] == theirs(texts[1])["input_ids"]
+    gguf_tokenizer.load_gguf_tokenizer(smollm2_gguf)
+    assert len(conversions) == 2, "the damaged cache was replaced"
