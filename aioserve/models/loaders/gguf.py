@@ -1,4 +1,4 @@
-"""Our GGUF loader: llama.cpp checkpoint files read with the `gguf` package's reader.
+"""Our GGUF loader: llama.cpp checkpoint files, their header read by gguf_header.py.
 
 A GGUF file holds the model's hyper-parameters and tokenizer as metadata and its weights
 as tensors named the llama.cpp way (`blk.0.attn_q.weight`), mostly quantized in blocks.
@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+
+from aioserve.models.loaders.gguf_header import GGUFHeader, TensorInfo
 
 QType = GGMLQuantizationType
 
@@ -250,52 +252,30 @@ def _unpermute_rows(raw: np.ndarray, rows: int, n_heads: int) -> np.ndarray:
     return raw.reshape(rows, -1)[order].reshape(raw.shape)
 
 
-def _field_value(field: Any) -> Any:
-    """A metadata value as Python: str, int, float, bool or a list of those.
-
-    float32 values come back as the shortest decimal that round-trips, so an rms_norm_eps
-    written from 1e-05 reads as 1e-05 rather than 9.999999747378752e-06.
-    """
-    kind = field.types[-1]
-
-    def convert(part: np.ndarray) -> Any:
-        if kind == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
-        if kind == GGUFValueType.FLOAT32:
-            return float(str(part[0]))
-        return part[0].item()
-
-    values = [convert(field.parts[i]) for i in field.data]
-    return values if field.types[0] == GGUFValueType.ARRAY else values[0]
-
-
 class GGUFFile:
     """An open GGUF file: its config, generation config, chat template and tensors."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        # copy-on-write map: arrays are writable for torch, the file is never touched
-        self._reader = GGUFReader(self.path, mode="c")
+        self._header = GGUFHeader(self.path)
         self.architecture: str = self.metadata("general.architecture")
-        self._tensor_names = {t.name for t in self._reader.tensors}
+        self._tensor_names = {t.name for t in self._header.tensors}
 
     def metadata(self, key: str, default: Any = None) -> Any:
-        field = self._reader.fields.get(key)
-        return default if field is None else _field_value(field)
+        return self._header.metadata.get(key, default)
 
     def _arch(self, key: str, default: Any = None) -> Any:
         return self.metadata(f"{self.architecture}.{key}", default)
 
     @property
     def num_tensors(self) -> int:
-        return len(self._reader.tensors)
+        return len(self._header.tensors)
 
     def stored_type_bytes(self) -> dict[str, int]:
         """Bytes of the tensors per stored type (Q4_1, F32, ...), as in the file."""
         sizes: dict[str, int] = {}
-        for tensor in self._reader.tensors:
-            name = tensor.tensor_type.name
-            sizes[name] = sizes.get(name, 0) + int(tensor.n_bytes)
+        for tensor in self._header.tensors:
+            sizes[tensor.qtype.name] = sizes.get(tensor.qtype.name, 0) + tensor.n_bytes
         return sizes
 
     def hf_config(self) -> PretrainedConfig:
@@ -310,8 +290,8 @@ class GGUFFile:
         config_class, hf_architecture = _ARCHITECTURES[self.architecture]
         hidden_size = self._arch("embedding_length")
         num_heads = self._arch("attention.head_count")
-        tokens = self._reader.fields.get("tokenizer.ggml.tokens")
-        vocab_size = len(tokens.data) if tokens is not None else self._arch("vocab_size")
+        tokens = self.metadata("tokenizer.ggml.tokens")
+        vocab_size = len(tokens) if tokens is not None else self._arch("vocab_size")
         config: dict[str, Any] = {
             "architectures": [hf_architecture],
             "vocab_size": vocab_size,
@@ -377,18 +357,18 @@ class GGUFFile:
 
     def tensors(self) -> Iterator[GGUFTensor]:
         """Every tensor under its HF name, Q/K rows in HF order; fails early on unknown types."""
-        for tensor in self._reader.tensors:
-            check_qtype(tensor.tensor_type, tensor.name)
-        for tensor in self._reader.tensors:
+        for tensor in self._header.tensors:
+            check_qtype(tensor.qtype, tensor.name)
+        for tensor in self._header.tensors:
             yield self._tensor(tensor)
 
-    def _tensor(self, tensor: Any) -> GGUFTensor:
+    def _tensor(self, tensor: TensorInfo) -> GGUFTensor:
         name = hf_tensor_name(tensor.name)
-        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        raw = tensor.data.view(np.uint8)
+        shape = tensor.shape
+        raw = tensor.raw
         if self.architecture == "llama":
             if ".attn_q." in tensor.name:
                 raw = _unpermute_rows(raw, shape[0], self._arch("attention.head_count"))
             elif ".attn_k." in tensor.name:
                 raw = _unpermute_rows(raw, shape[0], self._arch("attention.head_count_kv"))
-        return GGUFTensor(name=name, qtype=tensor.tensor_type, shape=shape, raw=raw)
+        return GGUFTensor(name=name, qtype=tensor.qtype, shape=shape, raw=raw)
