@@ -14,8 +14,9 @@ import logging
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
-from aioserve.models.linear import keep_row_weights
+from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights
 from aioserve.runner import compiled_step
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 from tests.runner.test_model_runner import greedy_run
@@ -55,6 +56,27 @@ def test_a_lone_decode_on_bfloat16_row_weights_equals_eager_on_the_rounded_weigh
         assert ids == eager_ids
         # Float32 arithmetic on both sides, summed in another order.
         assert values == pytest.approx(eager_values, abs=1e-4)
+
+
+def test_after_warm_up_no_step_compiles_again():
+    """Warm-up compiles every graph a step can need: whatever its token count (one, a few,
+    either side of SMALL_BATCH_ROWS, a long prefill) and its sampled rows."""
+    _, runner = tiny_runner(compile_model=True, num_blocks=128)
+    runner.warm_up()
+    graphs = counters["stats"]["unique_graphs"]
+    maker = PlanMaker(4, 128)
+    maker.admit("a", [3 + i % 40 for i in range(SMALL_BATCH_ROWS + 24)])
+    for size in (SMALL_BATCH_ROWS + 1, 22, 1):
+        run_step(runner, maker.plan([("a", size)]))
+    maker.admit("b", [7] * SMALL_BATCH_ROWS)
+    maker.learn(run_step(runner, maker.plan([("b", SMALL_BATCH_ROWS)])).sampled)
+    names = [f"s{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        maker.admit(name, [5 + i] * (2 + i))
+    maker.learn(run_step(runner, maker.plan([(n, 2 + i) for i, n in enumerate(names)])).sampled)
+    for batch in (names, names[:2], names[:1], ["b", *names]):
+        maker.learn(run_step(runner, maker.plan([(n, 1) for n in batch])).sampled)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_a_failed_compile_leaves_an_eager_step_and_says_why(monkeypatch, caplog):
