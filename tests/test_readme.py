@@ -100,6 +100,16 @@ def test_the_serve_command_installs_what_the_tests_install_without_their_extra()
     assert install == [part.replace('".[test]"', ".") for part in test_install]
 
 
+def test_the_virtual_environment_command_makes_one(tmp_path):
+    command = re.search(r"\(`(python3 -m venv [^`]*)`\)", README.replace("\n", " ")).group(1)
+    assert command == "python3 -m venv .venv && . .venv/bin/activate", "update this test"
+    done = run(
+        ["bash", "-c", command + " && python -c 'import sys; print(sys.prefix)'"], cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / ".venv")
+
+
 @pytest.fixture(scope="module")
 def readme_server(tmp_path_factory) -> Iterator[str]:
     """The Quick start's server, as written but for its port; its address."""
@@ -136,7 +146,9 @@ def curl_commands() -> list[str]:
     return shell_commands(block)
 
 
-@pytest.mark.parametrize("command", curl_commands(), ids=lambda c: re.search(r"8000(\S*)", c).group(1))
+@pytest.mark.parametrize(
+    "command", curl_commands(), ids=lambda c: re.search(r"8000(\S*)", c).group(1)
+)
 def test_each_curl_command_gets_its_answer(readme_server, command):
     done = run(argv_of(command.replace(README_ADDRESS, readme_server)))
     assert done.returncode == 0, done.stderr
