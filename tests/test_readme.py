@@ -3,7 +3,8 @@
 The commands are read from README.md itself, so this test follows the README when it
 changes. The Quick start's server command starts one server (its port moved off 8000 to a
 free one: every server in the tests listens on a port it picks); the curl commands, the
-`openai` example and `bench serve` talk to it. The offline example runs in its own process.
+`openai` example and `bench serve` talk to it. The offline example runs in its own process,
+before the server starts, so that two models are never loaded at once.
 The offline bench commands keep every flag the README gives them and get a smaller
 workload appended (argparse keeps an option's last value): what is checked is that each
 runs as written — arguments, dependencies, output — not how long 64 prompts take.
@@ -30,6 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 README_ADDRESS = "127.0.0.1:8000"
 COMMAND_LIMIT_S = 600
+ENVIRONMENT = {
+    **{k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"},
+    # A 1 GiB KV cache, not the default 4: the server runs beside the other commands, and
+    # the test process has grown by the end of the suite (an environment setting, not a
+    # change to any command; the ready line names it).
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
 SMALLER_WORKLOADS = {
     "throughput": ["--num-prompts", "4", "--input-len", "32", "--output-len", "8"],
     "latency": ["--batch-size", "2", "--input-len", "16", "--output-len", "4"]
@@ -65,7 +73,9 @@ def argv_of(command: str) -> list[str]:
 
 
 def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_LIMIT_S, **kwargs)
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=COMMAND_LIMIT_S, env=ENVIRONMENT, **kwargs
+    )
 
 
 def quick_start() -> tuple[str, str]:
@@ -110,6 +120,46 @@ def test_the_virtual_environment_command_makes_one(tmp_path):
     assert done.stdout.strip() == str(tmp_path / ".venv")
 
 
+# --- the offline commands ----------------------------------------------------------------------
+
+
+def test_the_offline_example_prints_its_outputs():
+    example = code_blocks("python")[1]
+    assert "from aioserve import LLM" in example
+    done = run([sys.executable, "-c", example], cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout.strip().splitlines()
+    assert len(printed) >= 2 and printed[-1].endswith(("length", "stop")), done.stdout
+
+
+@pytest.mark.parametrize("name", ["throughput", "throughput hf", "latency"])
+def test_the_offline_bench_command_runs(name):
+    command = bench_commands()[name]
+    done = run(argv_of(command) + SMALLER_WORKLOADS[name.split()[0]], cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"Throughput: [\d.]+ requests/s|Avg latency: [\d.]+", done.stdout), done.stdout
+
+
+def test_every_bench_command_is_tested():
+    assert set(bench_commands()) == {"throughput", "throughput hf", "latency", "serve"}
+
+
+def inline_commands() -> list[str]:
+    """The `python -m aioserve ...` commands the prose shows that print and exit."""
+    spans = re.findall(r"`(python -m aioserve [^`]*)`", README)
+    return sorted({s for s in spans if "--help" in s or s.endswith("collect-env")})
+
+
+@pytest.mark.parametrize("command", inline_commands())
+def test_each_inline_command_runs(command):
+    done = run(argv_of(command), cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip()
+
+
+# --- the server and what talks to it ---------------------------------------------------------
+
+
 @pytest.fixture(scope="module")
 def readme_server(tmp_path_factory) -> Iterator[str]:
     """The Quick start's server, as written but for its port; its address."""
@@ -118,13 +168,12 @@ def readme_server(tmp_path_factory) -> Iterator[str]:
     assert command == "python -m aioserve serve --host 127.0.0.1", "update this test"
     port = free_port()
     log = tmp_path_factory.mktemp("readme") / "serve.log"
-    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     with open(log, "wb") as output:
         process = subprocess.Popen(
             argv_of(command) + ["--port", str(port)],
             stdout=output,
             stderr=subprocess.STDOUT,
-            env=environment,
+            env=ENVIRONMENT,
         )
     try:
         wait_until_healthy(process, f"http://127.0.0.1:{port}", log)
@@ -135,8 +184,8 @@ def readme_server(tmp_path_factory) -> Iterator[str]:
     # The ready line the README shows, for the default model, in its shape.
     assert re.search(
         r"aioserve ready in [\d.]+ s: HuggingFaceTB/SmolLM2-135M-Instruct, GGUF Q4_1 .*"
-        r"; KV cache 4\.00 GiB .* set by VLLM_CPU_KVCACHE_SPACE \(4 GiB, the default\); "
-        r"resident memory [\d.]+ GiB",
+        r"; KV cache [\d.]+ [MG]iB .* set by VLLM_CPU_KVCACHE_SPACE \(1 GiB\); "
+        r"resident memory [\d.]+ [MG]iB",
         log.read_text(),
     ), log.read_text()[-3000:]
 
@@ -181,40 +230,3 @@ def test_the_bench_serve_command_measures_the_server(readme_server):
     done = run(argv_of(command) + SMALLER_WORKLOADS["serve"])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"Successful requests:\s+4\s*\n", done.stdout), done.stdout
-
-
-# --- the offline commands ----------------------------------------------------------------------
-
-
-def test_the_offline_example_prints_its_outputs():
-    example = code_blocks("python")[1]
-    assert "from aioserve import LLM" in example
-    done = run([sys.executable, "-c", example], cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    printed = done.stdout.strip().splitlines()
-    assert len(printed) >= 2 and printed[-1].endswith(("length", "stop")), done.stdout
-
-
-@pytest.mark.parametrize("name", ["throughput", "throughput hf", "latency"])
-def test_the_offline_bench_command_runs(name):
-    command = bench_commands()[name]
-    done = run(argv_of(command) + SMALLER_WORKLOADS[name.split()[0]], cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert re.search(r"Throughput: [\d.]+ requests/s|Avg latency: [\d.]+", done.stdout), done.stdout
-
-
-def test_every_bench_command_is_tested():
-    assert set(bench_commands()) == {"throughput", "throughput hf", "latency", "serve"}
-
-
-def inline_commands() -> list[str]:
-    """The `python -m aioserve ...` commands the prose shows that print and exit."""
-    spans = re.findall(r"`(python -m aioserve [^`]*)`", README)
-    return sorted({s for s in spans if "--help" in s or s.endswith("collect-env")})
-
-
-@pytest.mark.parametrize("command", inline_commands())
-def test_each_inline_command_runs(command):
-    done = run(argv_of(command), cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip()
