@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import ctypes
 import json
 import os
 import random
@@ -124,7 +125,11 @@ def start_server(config: SoakConfig, log: Path) -> tuple[subprocess.Popen, str]:
         environment["GLIBC_TUNABLES"] = ":".join(t for t in tunables if t)
     with open(log, "wb") as output:
         process = subprocess.Popen(
-            serve_argv(config, port), stdout=output, stderr=subprocess.STDOUT, env=environment
+            serve_argv(config, port),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            preexec_fn=die_with_driver,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_LIMIT_S
@@ -137,6 +142,12 @@ def start_server(config: SoakConfig, log: Path) -> tuple[subprocess.Popen, str]:
     stop_server(process)
     tail = log.read_text(errors="replace")[-3000:]
     raise RuntimeError(f"the server did not become healthy (log {log}):\n{tail}")
+
+
+def die_with_driver() -> None:
+    """In the server's process: the kernel kills it if this script dies without stopping it."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def health(url: str) -> int | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_process import die_with_parent
 from tests.server.serve_process import free_port, wait_until_healthy
 
 pytestmark = pytest.mark.slow
@@ -174,6 +175,7 @@ def readme_server(tmp_path_factory) -> Iterator[str]:
             stdout=output,
             stderr=subprocess.STDOUT,
             env=ENVIRONMENT,
+            preexec_fn=die_with_parent,
         )
     try:
         wait_until_healthy(process, f"http://127.0.0.1:{port}", log)

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from aioserve import cli
+from tests.child_process import die_with_parent
 
 STARTUP_TIMEOUT_S = 300
 
@@ -45,7 +46,9 @@ def live_server(tiny_model):
     command = [sys.executable, "-m", "aioserve", "serve", tiny_model,
                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512",
                "--enforce-eager"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_healthy(process, url)

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from aioserve.server.metrics import METRICS, PrometheusStatLogger, serve_metrics
+from tests.child_process import die_with_parent
 from tests.debian_packages import debian_program
 from tests.server.conftest import BackgroundLoop, serve_app
 from tests.server.metrics_steps import DECODE_STEP, MODEL, PREFILL_STEP, families, value
@@ -110,6 +111,7 @@ def test_a_real_prometheus_stores_vllms_names(metrics_url, tmp_path):
             ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
         )
     try:
         deadline = time.monotonic() + 30

@@ -30,6 +30,7 @@ from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.config.parser import build_engine_parser
 from aioserve.models.resolve import DEFAULT_MODEL
 from aioserve.server.serve import _given_arguments
+from tests.child_process import die_with_parent
 from tests.server.serve_process import free_port, wait_until_healthy
 
 # --- the frontend arguments ------------------------------------------------------------------
@@ -158,6 +159,7 @@ def _aioserve(*argv: str, log: Path) -> subprocess.Popen:
             stdout=output,
             stderr=subprocess.STDOUT,
             env=environment,
+            preexec_fn=die_with_parent,
         )
 
 

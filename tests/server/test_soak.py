@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.child_process import die_with_parent
+
 pytestmark = pytest.mark.slow
 
 SOAK_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
@@ -53,9 +55,11 @@ def summary(smollm2_gguf, tmp_path_factory) -> dict[str, Any]:
         "--json": scratch / "summary.json",
     }
     argv = [sys.executable, str(SOAK_SCRIPT)] + [str(x) for item in options.items() for x in item]
-    argv += ["--enforce-eager"]  # torch.compile would add ~25 s to the start
+    argv += ["--enforce-eager"]  # compiling adds seconds and nothing this test checks
     argv += ["--eager-free"]  # glibc gives freed memory back at once: see RSS_GROWTH_LIMIT_MIB
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
+    run = subprocess.run(
+        argv, capture_output=True, text=True, timeout=1200, preexec_fn=die_with_parent
+    )
     print(run.stdout, run.stderr)  # shown by pytest when a test fails
     assert (scratch / "summary.json").exists(), run.stderr[-3000:]
     return json.loads((scratch / "summary.json").read_text())
