@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from aioserve.kernels.activation import silu_and_mul
 from aioserve.kernels.rms_norm import rms_norm
 from aioserve.kernels.rotary import apply_rotary, build_cos_sin_cache
-from aioserve.models.linear import Linear, dense
+from aioserve.models.linear import Embedding, Linear, dense
 from aioserve.models.paged_attention_op import attend_layer
 
 
@@ -158,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
             _rope_scaling(config),
             dtype=torch.float32,
         )
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, cos_sin_cache, i) for i in range(config.num_hidden_layers)
         )

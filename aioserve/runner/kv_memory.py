@@ -3,16 +3,18 @@
 On the CPU the pool is VLLM_CPU_KVCACHE_SPACE (vLLM's variable); on a GPU it is what
 `--gpu-memory-utilization` of the device leaves after the weights and the activations of
 the largest step, measured by running one (`profile_peak_step`).
-`--num-gpu-blocks-override` overrides both.
+`--num-gpu-blocks-override` overrides both. `allocate_kv_caches` then makes the pool.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 from torch import nn
 
 from aioserve.models.attention_metadata import AttentionMetadata
-from aioserve.models.step_context import step_context
+from aioserve.models.step_context import KVCache, step_context
 from aioserve.platform import current_platform
 
 
@@ -20,6 +22,46 @@ def kv_cache_shape(config, num_blocks: int, block_size: int) -> tuple[int, int, 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     return (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def allocate_kv_caches(
+    config, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> tuple[list[KVCache], threading.Thread | None]:
+    """One (key cache, value cache) pair per layer, zeroed, and the thread zeroing them.
+
+    Zeros, not whatever memory held: attention reads the unwritten tail of a sequence's
+    last block and masks it, and a NaN there would survive the mask (0 × NaN). And every
+    page written before the server says it is ready, so that a pool the machine cannot hold
+    fails at start, not under load. On the CPU that first touch of every page takes over a
+    second for the default 4 GiB, so a thread does it beside the compile (torch releases
+    the GIL while it fills); join the thread before a step reads the caches.
+    """
+    shape = kv_cache_shape(config, num_blocks, block_size)
+    caches = [
+        (
+            torch.empty(shape, dtype=dtype, device=device),
+            torch.empty(shape, dtype=dtype, device=device),
+        )
+        for _ in range(config.num_hidden_layers)
+    ]
+    if device.type != "cpu":
+        for key, value in caches:
+            key.zero_()
+            value.zero_()
+        return caches, None
+    zeroing = threading.Thread(target=_zero_all, args=(caches,), name="kv-zeroing", daemon=True)
+    zeroing.start()
+    return caches, zeroing
+
+
+def _zero_all(caches: list[KVCache]) -> None:
+    # One core: compiling, in the other thread, runs on one core and leaves the other free.
+    # (torch's thread count is per thread: the model thread keeps all of its own.)
+    torch.set_num_threads(1)
+    with torch.inference_mode():
+        for key, value in caches:
+            key.zero_()
+            value.zero_()
 
 
 def kv_cache_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:

@@ -25,7 +25,7 @@ from torch import nn
 from aioserve.kernels.sampling import LogprobsTensors, SamplerOutput, sample
 from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
-from aioserve.runner.kv_memory import kv_cache_shape
+from aioserve.runner.kv_memory import allocate_kv_caches
 from aioserve.runner.sampling_inputs import HostSampling, build_host_sampling
 from aioserve.runner.sequence_slots import SequenceSlots, SlotAdmission, SlotTensors
 from aioserve.runner.step_inputs import HostStepInputs, build_host_inputs, host_to_device
@@ -72,27 +72,30 @@ class ModelRunner:
         row_weight_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
+        # First, so that the KV pool is zeroed while the step compiles.
+        self.kv_caches, self._kv_zeroing = allocate_kv_caches(
+            model.config, num_blocks, block_size, dtype, device
+        )
         self.model_step = ModelStep(
             model, compiled=compile_model, row_weight_dtype=row_weight_dtype
         )
         self.device = device
         self.block_size = block_size
         self.vocab_size = model.config.vocab_size
-        shape = kv_cache_shape(model.config, num_blocks, block_size)
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-            )
-            for _ in range(model.config.num_hidden_layers)
-        ]
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
         self.slot_tensors = SlotTensors(max_num_seqs, self.vocab_size, device)
 
     def warm_up(self) -> None:
-        """Compile what the model step needs before the first request (see compiled_step.py)."""
+        """Compile what the model step needs before the first request (see compiled_step.py);
+        return once the KV pool is zeroed too."""
         self.model_step.warm_up(self.kv_caches)
+        self._wait_for_kv_zeros()
+
+    def _wait_for_kv_zeros(self) -> None:
+        if self._kv_zeroing is not None:
+            self._kv_zeroing.join()
+            self._kv_zeroing = None
 
     # -- host, while earlier steps may still run -----------------------------------------------
 
@@ -116,6 +119,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: PreparedStep) -> StepOutput:
+        self._wait_for_kv_zeros()
         state = self.slot_tensors
         for admission in step.admissions:
             state.admit(admission)

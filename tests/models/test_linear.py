@@ -36,6 +36,9 @@ def test_linear_keeps_nn_linear_parameters() -> None:
     layer = Linear(96, 32, bias=True)
     assert isinstance(layer, torch.nn.Linear)
     assert sorted(name for name, _ in layer.named_parameters()) == ["bias", "weight"]
+    with torch.no_grad():  # left uninitialized: the loader fills them
+        layer.weight.normal_()
+        layer.bias.normal_()
     x = torch.randn(5, 96)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
 
