@@ -1,0 +1,86 @@
+"""Where the start of `aioserve serve` goes: a timestamp at each phase, up to the first 200
+on /health, then the server is stopped.
+
+Runs the server in this process, as `python -m aioserve serve` would, with the engine's
+start-up steps wrapped to print the seconds since Python started when each begins and
+ends (the KV pool's zeroing thread included), and a thread polling /health. Arguments
+after the script's own are `aioserve serve`'s:
+
+    python bench/startup_timeline.py
+    python bench/startup_timeline.py --enforce-eager
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.request
+
+STARTED = time.perf_counter()
+
+
+def stamp(what: str) -> None:
+    print(f"[{time.perf_counter() - STARTED:6.2f} s] {what}", file=sys.stderr, flush=True)
+
+
+def timed(owner: object, name: str, label: str) -> None:
+    """Replace owner.name with a wrapper that stamps when it starts and ends."""
+    function = getattr(owner, name)
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        stamp(f"{label} starts")
+        try:
+            return function(*args, **kwargs)
+        finally:
+            stamp(f"{label} ends")
+
+    setattr(owner, name, wrapper)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_when_healthy(port: int) -> None:
+    url = f"http://127.0.0.1:{port}/health"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                stamp("healthy")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+        except OSError:
+            time.sleep(0.05)
+
+
+def main() -> None:
+    import torch  # noqa: F401 - timed on its own: the largest single import
+
+    stamp("torch imported")
+    from aioserve.engine import build
+    from aioserve.runner import compiled_step, kv_memory, model_runner
+
+    stamp("aioserve's engine imported")
+    from aioserve import cli
+
+    timed(build, "open_checkpoint", "opening the checkpoint")
+    timed(build, "load_model", "loading the model")
+    timed(model_runner.ModelRunner, "__init__", "building the runner")
+    timed(kv_memory, "_zero_all", "zeroing the KV pool")
+    timed(compiled_step.ModelStep, "warm_up", "compiling the model step")
+    port = free_port()
+    sys.argv = ["aioserve", "serve", "--host", "127.0.0.1", "--port", str(port), *sys.argv[1:]]
+    threading.Thread(target=stop_when_healthy, args=(port,), daemon=True).start()
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()
