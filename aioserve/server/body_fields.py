@@ -19,6 +19,7 @@ from aiohttp import web
 
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.request_fields import REMOVED_GUIDED_FIELDS
+from aioserve.server.request_schema import BodyField
 
 logger = logging.getLogger("aioserve.server")
 
@@ -47,16 +48,21 @@ async def read_json_body(request: web.Request) -> dict[str, Any]:
 
 
 class BodyFields:
-    """Typed reads of a JSON object's fields."""
+    """Typed reads of a JSON object's declared fields (request_schema.py)."""
 
-    def __init__(self, body: dict[str, Any], where: str = "") -> None:
+    def __init__(
+        self, body: dict[str, Any], declared: dict[str, BodyField], where: str = ""
+    ) -> None:
         self.body = body
+        self.declared = declared
         self.where = where
         """The object's own name, prefixed to its fields' names in errors: "stream_options."."""
 
-    def get(self, name: str, kind: str, default: Any = None) -> Any:
-        """The field `name` as `kind` ("boolean", "integer", "number", "string", "array",
-        "object" or "string or array"); an integer may arrive as a whole float (16.0)."""
+    def get(self, name: str, default: Any = None) -> Any:
+        """The field `name` as its declared kind ("boolean", "integer", "number", "string",
+        "array", "object" or "string or array"); an integer may arrive as a whole float
+        (16.0). KeyError for a field the route does not declare."""
+        kind = self.declared[name].kind
         value = self.body.get(name)
         if value is None:
             return default

@@ -1,7 +1,8 @@
 """GET /openapi.json (an OpenAPI 3.1 description of every route) and GET /docs (a page showing it).
 
 The operations are written by hand, concisely: each route's purpose, its request body's
-fields with their types, and its response. `openapi_document` lists the operations of the
+fields with their types (for completions and chat, the declarations protocol.py reads
+bodies by: request_schema.py), and its response. `openapi_document` lists the operations of the
 routes the app has (GET /load only with --enable-server-load-tracking); the schema and
 docs pages themselves are not listed, as in FastAPI. Both pages are left out with
 --disable-fastapi-docs. The docs page is self-contained (no CDN): it reads the schema and
@@ -15,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from aioserve import __version__
+from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY, properties
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -31,12 +33,9 @@ def _body(schema_name: str) -> dict[str, Any]:
 
 _STRING = {"type": "string"}
 _INTEGER = {"type": "integer"}
-_NUMBER = {"type": "number"}
-_BOOLEAN = {"type": "boolean"}
 _OBJECT = {"type": "object"}
 _NULL = {"type": "null"}
 _TOKEN_IDS = {"type": "array", "items": _INTEGER}
-_STRINGS = {"type": "array", "items": _STRING}
 _ERRORS = {
     "400": _json(_ref("ErrorResponse"), "Bad request: the message names the field and value"),
     "404": _json(_ref("ErrorResponse"), "Unknown model"),
@@ -44,36 +43,6 @@ _ERRORS = {
 }
 _AUTH_ERROR = {"401": _json(_ref("ErrorResponse"), "Missing or wrong API key (--api-key)")}
 _EMPTY_OK = {"200": {"description": "Healthy (empty body)"}, "503": _ERRORS["503"]}
-
-_SAMPLING_FIELDS: dict[str, Any] = {
-    "model": _STRING,
-    "max_tokens": {"type": ["integer", "null"]},
-    "temperature": _NUMBER,
-    "top_p": _NUMBER,
-    "top_k": _INTEGER,
-    "min_p": _NUMBER,
-    "n": _INTEGER,
-    "seed": _INTEGER,
-    "stop": {"oneOf": [_STRING, _STRINGS]},
-    "stop_token_ids": _TOKEN_IDS,
-    "presence_penalty": _NUMBER,
-    "frequency_penalty": _NUMBER,
-    "repetition_penalty": _NUMBER,
-    "logit_bias": {"type": "object", "additionalProperties": _NUMBER},
-    "min_tokens": _INTEGER,
-    "ignore_eos": _BOOLEAN,
-    "include_stop_str_in_output": _BOOLEAN,
-    "skip_special_tokens": _BOOLEAN,
-    "spaces_between_special_tokens": _BOOLEAN,
-    "stream": _BOOLEAN,
-    "stream_options": {
-        "type": "object",
-        "properties": {"include_usage": _BOOLEAN, "continuous_usage_stats": _BOOLEAN},
-    },
-    "user": _STRING,
-    "priority": _INTEGER,
-    "request_id": _STRING,
-}
 
 _USAGE = {
     "type": "object",
@@ -125,19 +94,7 @@ _SCHEMAS: dict[str, Any] = {
     "CompletionRequest": {
         "type": "object",
         "required": ["prompt"],
-        "properties": {
-            "prompt": {
-                "oneOf": [
-                    _STRING,
-                    _STRINGS,
-                    _TOKEN_IDS,
-                    {"type": "array", "items": _TOKEN_IDS},
-                ]
-            },
-            "echo": _BOOLEAN,
-            "logprobs": {"type": ["integer", "null"]},
-            **_SAMPLING_FIELDS,
-        },
+        "properties": properties(COMPLETION_BODY),
     },
     "CompletionResponse": {
         "type": "object",
@@ -167,26 +124,7 @@ _SCHEMAS: dict[str, Any] = {
     "ChatCompletionRequest": {
         "type": "object",
         "required": ["messages"],
-        "properties": {
-            "messages": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["role"],
-                    "properties": {
-                        "role": _STRING,
-                        "content": {"oneOf": [_STRING, {"type": "array", "items": _OBJECT}]},
-                    },
-                },
-            },
-            "max_completion_tokens": {"type": ["integer", "null"]},
-            "logprobs": _BOOLEAN,
-            "top_logprobs": _INTEGER,
-            "add_generation_prompt": _BOOLEAN,
-            "continue_final_message": _BOOLEAN,
-            "chat_template_kwargs": _OBJECT,
-            **_SAMPLING_FIELDS,
-        },
+        "properties": properties(CHAT_BODY),
     },
     "ChatCompletionResponse": {
         "type": "object",

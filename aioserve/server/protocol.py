@@ -1,7 +1,8 @@
 """Reading the bodies of /v1/completions and /v1/chat/completions into what the engine needs.
 
-A body is a plain dict (decoded by orjson). Each field OpenAI or vLLM defines is read with
-its type checked; a wrong type is a 400 naming the field and the value. Fields it knows
+A body is a plain dict (decoded by orjson). Each field is read with the type its
+declaration in request_schema.py gives (the same declarations make /openapi.json's request
+schemas); a wrong type is a 400 naming the field and the value. Fields it knows
 but cannot honour (`suffix`, `tools`, `guided_json` and its kin, beam search, ...) are
 refused, so a request never silently means something else. Other fields are ignored, as
 OpenAI and vLLM ignore them, and logged as vLLM logs them: once a body is accepted, its
@@ -31,31 +32,15 @@ from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, shown_value
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
+from aioserve.server.request_schema import (
+    CHAT_BODY,
+    COMPLETION_BODY,
+    SAMPLING_BODY_FIELDS,
+    STREAM_OPTIONS_BODY,
+)
 from aioserve.server.state import ServerState
 
 PromptInput = str | list[int]
-
-# The SamplingParams fields both routes take under the same name, and their JSON kinds.
-_SAMPLING_FIELDS: dict[str, str] = {
-    "n": "integer",
-    "temperature": "number",
-    "top_p": "number",
-    "top_k": "integer",
-    "min_p": "number",
-    "presence_penalty": "number",
-    "frequency_penalty": "number",
-    "repetition_penalty": "number",
-    "seed": "integer",
-    "stop": "string or array",
-    "stop_token_ids": "array",
-    "include_stop_str_in_output": "boolean",
-    "ignore_eos": "boolean",
-    "min_tokens": "integer",
-    "logit_bias": "object",
-    "allowed_token_ids": "array",
-    "skip_special_tokens": "boolean",
-    "spaces_between_special_tokens": "boolean",
-}
 
 # Fields vLLM knows that aioserve cannot honour yet: refused when set to anything but "off".
 _UNSUPPORTED: dict[str, str] = {
@@ -155,17 +140,17 @@ def check_serving(state: ServerState, body: dict[str, Any]) -> None:
 def parse_completion_request(state: ServerState, body: dict[str, Any]) -> CompletionRequest:
     """Validate a /v1/completions body."""
     _refuse_unsupported(body, chat=False)
-    fields = BodyFields(body)
+    fields = BodyFields(body, COMPLETION_BODY)
     if "max_tokens" in body and body["max_tokens"] is None:
         max_tokens = None  # an explicit null: the rest of the context
     else:
-        max_tokens = fields.get("max_tokens", "integer", 16)  # OpenAI's default
-    logprobs = fields.get("logprobs", "integer")
+        max_tokens = fields.get("max_tokens", 16)  # OpenAI's default
+    logprobs = fields.get("logprobs")
     _check_max_logprobs(state, "logprobs", logprobs)
     params = _sampling_params(state, fields, max_tokens, "max_tokens", logprobs, "logprobs")
     request = CompletionRequest(
         prompts=_prompts(body.get("prompt")),
-        echo=fields.get("echo", "boolean", False),
+        echo=fields.get("echo", False),
         **_generation_fields(state, fields, params, "max_tokens"),
     )
     if request.echo and params.logprobs is not None:
@@ -181,7 +166,7 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
 def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     """Validate a /v1/chat/completions body (the messages themselves: see chat_template)."""
     _refuse_unsupported(body, chat=True)
-    fields = BodyFields(body)
+    fields = BodyFields(body, CHAT_BODY)
     messages = body.get("messages")
     if messages is None:
         raise APIError("the field `messages` is required", param="messages")
@@ -191,9 +176,9 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     max_tokens_field = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    max_tokens = fields.get(max_tokens_field, "integer")
-    wants_logprobs = fields.get("logprobs", "boolean", False)
-    top_logprobs = fields.get("top_logprobs", "integer")
+    max_tokens = fields.get(max_tokens_field)
+    wants_logprobs = fields.get("logprobs", False)
+    top_logprobs = fields.get("top_logprobs")
     if top_logprobs is not None:
         if top_logprobs < 0:
             raise bad_parameter("top_logprobs", top_logprobs, "top_logprobs must be non-negative")
@@ -206,10 +191,10 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     params = _sampling_params(state, fields, max_tokens, max_tokens_field, logprobs, "top_logprobs")
     request = ChatRequest(
         messages=messages,
-        add_generation_prompt=fields.get("add_generation_prompt", "boolean", True),
-        continue_final_message=fields.get("continue_final_message", "boolean", False),
-        chat_template_kwargs=fields.get("chat_template_kwargs", "object"),
-        echo=fields.get("echo", "boolean", False),
+        add_generation_prompt=fields.get("add_generation_prompt", True),
+        continue_final_message=fields.get("continue_final_message", False),
+        chat_template_kwargs=fields.get("chat_template_kwargs"),
+        echo=fields.get("echo", False),
         **_generation_fields(state, fields, params, max_tokens_field),
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
@@ -299,14 +284,14 @@ def _sampling_params(
 ) -> SamplingParams:
     values: dict[str, Any] = dict(state.engine.settings.default_sampling)
     request_names = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}
-    for name, kind in _SAMPLING_FIELDS.items():
-        value = fields.get(name, kind)
+    for name in SAMPLING_BODY_FIELDS:
+        value = fields.get(name)
         if value is not None:
             values[name] = value
     values["max_tokens"] = max_tokens
     values["logprobs"] = logprobs
     # A stream sends what is new after each step; a JSON answer only the final output.
-    stream = fields.get("stream", "boolean", False)
+    stream = fields.get("stream", False)
     output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     try:
         params = SamplingParams(**values, output_kind=output_kind)
@@ -337,28 +322,28 @@ def _sampling_params(
 def _generation_fields(
     state: ServerState, fields: BodyFields, params: SamplingParams, max_tokens_field: str
 ) -> dict[str, Any]:
-    stream = fields.get("stream", "boolean", False)
-    stream_options = fields.get("stream_options", "object")
+    stream = fields.get("stream", False)
+    stream_options = fields.get("stream_options")
     if stream_options is not None and not stream:
         raise bad_parameter(
             "stream_options", shown_value(stream_options), "stream_options needs stream=true"
         )
-    options = BodyFields(stream_options or {}, "stream_options.")
-    fields.get("user", "string")  # OpenAI's end-user id: checked, otherwise unused
-    priority = fields.get("priority", "integer", 0)
+    options = BodyFields(stream_options or {}, STREAM_OPTIONS_BODY, "stream_options.")
+    fields.get("user")  # OpenAI's end-user id: checked, otherwise unused
+    priority = fields.get("priority", 0)
     if priority != 0 and state.engine.settings.scheduling_policy != "priority":
         raise bad_parameter(
             "priority", priority, "priority needs the server's --scheduling-policy priority"
         )
     return {
-        "request_id": fields.get("request_id", "string") or uuid.uuid4().hex[:16],
+        "request_id": fields.get("request_id") or uuid.uuid4().hex[:16],
         "params": params,
         "max_tokens_field": max_tokens_field,
         "stream": stream,
-        "include_usage": options.get("include_usage", "boolean", False),
-        "continuous_usage_stats": options.get("continuous_usage_stats", "boolean", False),
+        "include_usage": options.get("include_usage", False),
+        "continuous_usage_stats": options.get("continuous_usage_stats", False),
         "priority": priority,
-        "return_token_ids": fields.get("return_token_ids", "boolean", False),
+        "return_token_ids": fields.get("return_token_ids", False),
     }
 
 

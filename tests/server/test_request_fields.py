@@ -27,6 +27,7 @@ from aioserve.server.request_fields import (
     TOKENIZE_CHAT_FIELDS,
     TOKENIZE_PROMPT_FIELDS,
 )
+from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY
 from aioserve.server.state import STATE, ServerState
 from tests.server.conftest import MODEL, serve_app
 from tests.server.openai_helpers import post
@@ -134,8 +135,9 @@ def test_the_field_sets_hold_what_vllm_and_aioserve_share():
     for fields in ROUTES.values():
         assert fields[2], "an empty set would report every field as ignored"
     assert "top_k" in COMPLETION_FIELDS and "top_k" in CHAT_COMPLETION_FIELDS
-    sampling = set(protocol._SAMPLING_FIELDS)
-    assert sampling <= COMPLETION_FIELDS and sampling <= CHAT_COMPLETION_FIELDS
+    # Every field aioserve reads is one vLLM's request model has.
+    assert set(COMPLETION_BODY) <= COMPLETION_FIELDS
+    assert set(CHAT_BODY) <= CHAT_COMPLETION_FIELDS
     # vLLM removed the guided fields from its models: to it they are extra keys.
     assert not REMOVED_GUIDED_FIELDS & (COMPLETION_FIELDS | CHAT_COMPLETION_FIELDS)
 
