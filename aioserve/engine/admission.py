@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aioserve.engine.build import EngineSettings
 from aioserve.engine.sampling_params import SamplingParams
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses: the message, the request field at fault and its value.
+
+    `param` names the field as the engine knows it ("prompt", "logprobs", "input_tokens"
+    for the prompt's length, a SamplingParams field); the server names it as the route's
+    body does."""
+
+    def __init__(self, message: str, param: str, value: Any) -> None:
+        super().__init__(message)
+        self.param = param
+        self.value = value
 
 
 def validate_request(
@@ -13,41 +28,67 @@ def validate_request(
     prompt_ids: list[int],
     params: SamplingParams,
 ) -> None:
-    """Raise ValueError (vLLM's messages where vLLM has one) for a request the engine refuses."""
+    """Raise InvalidRequest for a request the engine refuses, with vLLM's server's messages.
+
+    The one check of a prompt and its sampling parameters against the engine: the server
+    runs it on every prompt of a request before it admits any (AsyncEngine.check_request),
+    and add_request runs it again for callers that come straight to the engine."""
     s = settings
-    if not prompt_ids:
-        raise ValueError("the prompt cannot be empty")
-    if len(prompt_ids) >= s.max_model_len:
-        raise ValueError(
-            f"The decoder prompt (length {len(prompt_ids)}) is longer than the maximum model "
-            f"length of {s.max_model_len}. Make sure that `max_model_len` is no smaller than "
-            "the number of text tokens plus one output token."
-        )
     vocab = vocab_size
-    if any(t < 0 or t >= vocab for t in prompt_ids):
-        raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
+    if not prompt_ids:
+        raise InvalidRequest("the prompt cannot be empty", "prompt", "[]")
+    # The length first: a prompt too long for the context is refused without a scan.
+    if len(prompt_ids) >= s.max_model_len:
+        excess = (
+            "which exceeds this limit even without any output tokens"
+            if len(prompt_ids) > s.max_model_len
+            else "which leaves no room for any output token"
+        )
+        raise InvalidRequest(
+            f"This model's maximum context length is {s.max_model_len} tokens. However, your "
+            f"prompt contains {len(prompt_ids)} input tokens, {excess}. Please reduce the "
+            "length of the input prompt.",
+            "input_tokens",
+            len(prompt_ids),
+        )
+    for token_id in prompt_ids:
+        if not 0 <= token_id < vocab:
+            raise InvalidRequest(_out_of_vocabulary(token_id, vocab), "prompt", token_id)
     if params.logprobs is not None and s.max_logprobs != -1 and params.logprobs > s.max_logprobs:
-        raise ValueError(
-            f"Requested sample logprobs of {params.logprobs}, which is greater than max allowed: {s.max_logprobs}"
+        raise InvalidRequest(
+            f"Requested sample logprobs of {params.logprobs}, which is greater than max "
+            f"allowed: {s.max_logprobs}",
+            "logprobs",
+            params.logprobs,
         )
     if params.logprobs is not None and params.logprobs > vocab:
         # Reachable with --max-logprobs -1 (no limit); a top-n cannot exceed the vocabulary.
-        raise ValueError(
+        raise InvalidRequest(
             f"Requested sample logprobs of {params.logprobs}, which is greater than the "
-            f"vocabulary size of {vocab}"
+            f"vocabulary size of {vocab}",
+            "logprobs",
+            params.logprobs,
         )
     if params.stop and not has_tokenizer:
-        raise ValueError(
-            "stop strings need the tokenizer, which is not loaded (--skip-tokenizer-init)"
+        raise InvalidRequest(
+            "stop strings need the tokenizer, which is not loaded (--skip-tokenizer-init)",
+            "stop",
+            params.stop,
         )
     if params.prompt_logprobs is not None:
-        raise ValueError("prompt_logprobs is not supported by aioserve yet")
+        raise InvalidRequest(
+            "prompt_logprobs is not supported by aioserve yet",
+            "prompt_logprobs",
+            params.prompt_logprobs,
+        )
     for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
         for token_id in getattr(params, field) or ():
             if not 0 <= token_id < vocab:
-                raise ValueError(
-                    f"token id {token_id} in {field} is outside the vocabulary of {vocab}"
-                )
+                raise InvalidRequest(_out_of_vocabulary(token_id, vocab), field, token_id)
+
+
+def _out_of_vocabulary(token_id: int, vocab_size: int) -> str:
+    return f"token id {token_id} is out of vocabulary (the model has {vocab_size} tokens)"
 
 
 def max_new_tokens(settings: EngineSettings, prompt_len: int, params: SamplingParams) -> int:

@@ -55,12 +55,7 @@ from aioserve.engine.process_tuning import tune_process_for_serving
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
-from aioserve.engine.stats import (
-    FinishedRequestStats,
-    StatLogger,
-    StepStats,
-    finished_request_stats,
-)
+from aioserve.engine.stats import StatLogger, StatsReporter
 from aioserve.platform import is_gpu
 from aioserve.runner.model_runner import PreparedStep, StepOutput
 from aioserve.runner.step_plan import StepResult
@@ -126,9 +121,8 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._failures = StepFailures()
         self.loop_clock = LoopClock()
-        self.stat_loggers: list[StatLogger] = []
-        self._finished_stats: list[FinishedRequestStats] = []
-        self._counted = (0, 0, 0)  # preemptions, prefix-cache queries and hits already reported
+        self._stats = StatsReporter()
+        self.stat_loggers: list[StatLogger] = self._stats.loggers
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -168,6 +162,12 @@ class AsyncEngine:
             )
         return prompt, self.tokenizer(prompt).input_ids
 
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidRequest if add_request would refuse this prompt with `params`."""
+        validate_request(
+            self.settings, self.hf_config.vocab_size, self.tokenizer is not None, prompt_ids, params
+        )
+
     def add_request(
         self,
         request_id: str,
@@ -182,9 +182,7 @@ class AsyncEngine:
         if request_id in self._states:
             raise ValueError(f"request id {request_id!r} is already running")
         text, prompt_ids = self.tokenize_prompt(prompt)
-        validate_request(
-            self.settings, self.hf_config.vocab_size, self.tokenizer is not None, prompt_ids, params
-        )
+        self.check_request(prompt_ids, params)
         self._ensure_loop()
         now = time.monotonic()
         state = RequestState(
@@ -280,7 +278,7 @@ class AsyncEngine:
             self.output_processor.finish_sample(sample)
             state.changed.add(sample.index)
         self._deliver(state)
-        self._record_stats()
+        self._stats.step_done(self.scheduler, self.kv_cache)
 
     # -- the engine loop --------------------------------------------------------------------
 
@@ -338,10 +336,9 @@ class AsyncEngine:
             queue = self._queues.get(state.request_id)
             if queue is not None:
                 queue.put_nowait(EngineDeadError(message))
-            if self.stat_loggers:
-                self._finished_stats.append(finished_request_stats(state, now, "error"))
+            self._stats.request_finished(state, now, "error")
             self._forget(state)
-        self._record_stats()
+        self._stats.step_done(self.scheduler, self.kv_cache)
 
     def _launch_step(self, output: SchedulerOutput) -> _StepInFlight | None:
         """Prepare a scheduled step and queue it on the model thread (None if preparing failed)."""
@@ -456,8 +453,14 @@ class AsyncEngine:
             self.output_processor.finish_sample(state.samples[index])
         for state in touched.values():
             self._deliver(state)
-        self._record_stats(
-            num_prompt_tokens, num_generated, first_token_latencies, inter_token_latencies, host_gap
+        self._stats.step_done(
+            self.scheduler,
+            self.kv_cache,
+            num_prompt_tokens,
+            num_generated,
+            first_token_latencies,
+            inter_token_latencies,
+            host_gap,
         )
 
     def _deliver(self, state: RequestState) -> None:
@@ -471,48 +474,8 @@ class AsyncEngine:
         if item is not None:
             queue.put_nowait(item)
         if finished:
-            if self.stat_loggers:
-                self._finished_stats.append(
-                    finished_request_stats(state, state.metrics.finished_time)
-                )
+            self._stats.request_finished(state, state.metrics.finished_time)
             self._forget(state)
-
-    def _record_stats(
-        self,
-        num_prompt_tokens: int = 0,
-        num_generation_tokens: int = 0,
-        time_to_first_tokens: list[float] | None = None,
-        inter_token_latencies: list[float] | None = None,
-        host_gap: float | None = None,
-    ) -> None:
-        """Tell every stat logger what the last step (or abort) did."""
-        if not self.stat_loggers:
-            return
-        counters = (
-            self.scheduler.stats.num_preemptions,
-            self.kv_cache.stats.queries,
-            self.kv_cache.stats.hits,
-        )
-        preemptions, queries, hits = (a - b for a, b in zip(counters, self._counted, strict=True))
-        self._counted = counters
-        stats = StepStats(
-            timestamp=time.monotonic(),
-            num_prompt_tokens=num_prompt_tokens,
-            num_generation_tokens=num_generation_tokens,
-            num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
-            kv_cache_usage=self.kv_cache.usage,
-            num_preemptions=preemptions,
-            prefix_cache_queries=queries,
-            prefix_cache_hits=hits,
-            time_to_first_tokens=time_to_first_tokens or [],
-            inter_token_latencies=inter_token_latencies or [],
-            finished=self._finished_stats,
-            host_gap=host_gap,
-        )
-        self._finished_stats = []
-        for stat_logger in self.stat_loggers:
-            stat_logger.record(stats)
 
     def _step_failed(
         self, output: SchedulerOutput, index: int, error: BaseException, what: str
@@ -536,10 +499,9 @@ class AsyncEngine:
             queue = self._queues.get(state.request_id)
             if queue is not None:
                 queue.put_nowait(RuntimeError(f"the model step failed: {error}"))
-            if self.stat_loggers:
-                self._finished_stats.append(finished_request_stats(state, now, "error"))
+            self._stats.request_finished(state, now, "error")
             self._forget(state)
-        self._record_stats()
+        self._stats.step_done(self.scheduler, self.kv_cache)
 
     def _forget(self, state: RequestState) -> None:
         self._states.pop(state.request_id, None)

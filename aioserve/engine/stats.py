@@ -8,11 +8,14 @@ nothing about either. Times are seconds from `time.monotonic`.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from aioserve.engine.kv_cache_manager import KVCacheManager
     from aioserve.engine.output_processor import RequestState
+    from aioserve.engine.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -121,3 +124,59 @@ def finished_request_stats(
         inference_time=last_token - scheduled,
         mean_time_per_output_token=decode_time / (per_sample - 1) if per_sample > 1 else None,
     )
+
+
+class StatsReporter:
+    """Builds each step's StepStats from the engine's state and hands it to the loggers.
+
+    `loggers` is the engine's `stat_loggers` list (the server adds and removes its own);
+    with none registered, nothing is built."""
+
+    def __init__(self) -> None:
+        self.loggers: list[StatLogger] = []
+        self._finished: list[FinishedRequestStats] = []
+        self._counted = (0, 0, 0)  # preemptions, prefix-cache queries and hits reported
+
+    def request_finished(self, state: RequestState, now: float, reason: str | None = None) -> None:
+        """Note a request that ended (see finished_request_stats); reported with the next step."""
+        if self.loggers:
+            self._finished.append(finished_request_stats(state, now, reason))
+
+    def step_done(
+        self,
+        scheduler: Scheduler,
+        kv_cache: KVCacheManager,
+        num_prompt_tokens: int = 0,
+        num_generation_tokens: int = 0,
+        time_to_first_tokens: list[float] | None = None,
+        inter_token_latencies: list[float] | None = None,
+        host_gap: float | None = None,
+    ) -> None:
+        """Tell every logger what the last step (or abort) did."""
+        if not self.loggers:
+            return
+        counters = (
+            scheduler.stats.num_preemptions,
+            kv_cache.stats.queries,
+            kv_cache.stats.hits,
+        )
+        preemptions, queries, hits = (a - b for a, b in zip(counters, self._counted, strict=True))
+        self._counted = counters
+        stats = StepStats(
+            timestamp=time.monotonic(),
+            num_prompt_tokens=num_prompt_tokens,
+            num_generation_tokens=num_generation_tokens,
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            kv_cache_usage=kv_cache.usage,
+            num_preemptions=preemptions,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            time_to_first_tokens=time_to_first_tokens or [],
+            inter_token_latencies=inter_token_latencies or [],
+            finished=self._finished,
+            host_gap=host_gap,
+        )
+        self._finished = []
+        for stat_logger in self.loggers:
+            stat_logger.record(stats)

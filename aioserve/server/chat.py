@@ -22,8 +22,7 @@ from aioserve.server.chat_template import render_chat
 from aioserve.server.generation import engine_outputs, reserve_places
 from aioserve.server.protocol import (
     ChatRequest,
-    check_context,
-    check_prompt_tokens,
+    check_prompt,
     check_serving,
     parse_chat_request,
 )
@@ -48,13 +47,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
         )
-        check_context(
-            len(token_ids),
-            parsed.params.max_tokens,
-            engine.settings.max_model_len,
-            parsed.max_tokens_field,
-        )
-        check_prompt_tokens(token_ids, engine.hf_config.vocab_size, param="messages")
+        check_prompt(engine, token_ids, parsed, "messages")
         if parsed.add_generation_prompt:
             role = state.frontend.response_role
         else:

@@ -24,8 +24,7 @@ from aioserve.server.generation import engine_outputs, merge_outputs, reserve_pl
 from aioserve.server.protocol import (
     CompletionRequest,
     PromptInput,
-    check_context,
-    check_prompt_tokens,
+    check_prompt,
     check_serving,
     parse_completion_request,
 )
@@ -50,14 +49,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     with reserve_places(engine, len(parsed.prompts) * parsed.params.n) as reservation:
         prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
         for prompt in prompts:
-            # The length first: a prompt too long for the context is refused without a scan.
-            check_context(
-                len(prompt.token_ids),
-                parsed.params.max_tokens,
-                engine.settings.max_model_len,
-                parsed.max_tokens_field,
-            )
-            check_prompt_tokens(prompt.token_ids, engine.hf_config.vocab_size)
+            check_prompt(engine, prompt.token_ids, parsed, "prompt")
         if parsed.echo:
             for prompt in prompts:
                 if prompt.text is None:

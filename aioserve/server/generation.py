@@ -21,11 +21,13 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from http import HTTPStatus
 
+from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine, PromptType
 from aioserve.engine.load_shedding import QueueFullError, Reservation
 from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import SamplingParams
-from aioserve.server.errors import APIError
+from aioserve.server.body_fields import shown_value
+from aioserve.server.errors import APIError, bad_parameter
 
 RETRY_AFTER_S = "1"
 """The Retry-After of a shed request, as of a draining server's 503."""
@@ -65,7 +67,9 @@ async def engine_outputs(
             first = await anext(stream)
         except QueueFullError as error:
             raise overloaded(error) from None
-        except ValueError as error:  # refused when registering: the request's fault
+        except InvalidRequest as error:  # refused when registering: the request's fault
+            raise bad_parameter(error.param, shown_value(error.value), str(error)) from None
+        except ValueError as error:  # the same, where no one field is at fault
             raise APIError(str(error)) from None
         except RuntimeError as error:
             raise APIError(str(error), HTTPStatus.INTERNAL_SERVER_ERROR) from None

@@ -17,8 +17,10 @@ config value (`engine.settings.default_sampling`), then SamplingParams' default;
 default to `max_tokens=16` (OpenAI's), chat to the rest of the context, as does an explicit
 `"max_tokens": null` in completions.
 
-Checks that need the prompt's tokens (context length, vocabulary) are `check_prompt_tokens`
-and `check_context`, called by the handlers once the prompt is tokenized.
+What needs the prompt's tokens (its length and token ids, and with them the checks of the
+sampling parameters against the engine: logprobs, token ids in logit_bias, ...) is
+`check_prompt`, called by the handlers on every prompt once tokenized: the engine's own
+check (engine/admission.py), so a request is validated by one piece of code.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+from aioserve.engine.admission import InvalidRequest
+from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, shown_value
 from aioserve.server.errors import APIError, bad_parameter
@@ -93,6 +97,8 @@ class GenerationRequest:
     params: SamplingParams
     max_tokens_field: str
     """The field max_tokens came from (max_tokens or max_completion_tokens), for errors."""
+    logprobs_field: str
+    """The field the number of logprobs came from (logprobs, or chat's top_logprobs)."""
     stream: bool = False
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -146,12 +152,11 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
     else:
         max_tokens = fields.get("max_tokens", 16)  # OpenAI's default
     logprobs = fields.get("logprobs")
-    _check_max_logprobs(state, "logprobs", logprobs)
     params = _sampling_params(state, fields, max_tokens, "max_tokens", logprobs, "logprobs")
     request = CompletionRequest(
         prompts=_prompts(body.get("prompt")),
         echo=fields.get("echo", False),
-        **_generation_fields(state, fields, params, "max_tokens"),
+        **_generation_fields(state, fields, params, "max_tokens", "logprobs"),
     )
     if request.echo and params.logprobs is not None:
         raise bad_parameter(
@@ -187,7 +192,6 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
                 "top_logprobs", top_logprobs, "when using top_logprobs, logprobs must be true"
             )
     logprobs = (top_logprobs or 0) if wants_logprobs else None
-    _check_max_logprobs(state, "top_logprobs", logprobs)
     params = _sampling_params(state, fields, max_tokens, max_tokens_field, logprobs, "top_logprobs")
     request = ChatRequest(
         messages=messages,
@@ -195,50 +199,33 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         continue_final_message=fields.get("continue_final_message", False),
         chat_template_kwargs=fields.get("chat_template_kwargs"),
         echo=fields.get("echo", False),
-        **_generation_fields(state, fields, params, max_tokens_field),
+        **_generation_fields(state, fields, params, max_tokens_field, "top_logprobs"),
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
     return request
 
 
-def check_prompt_tokens(token_ids: list[int], vocab_size: int, param: str = "prompt") -> None:
-    """400 for an empty prompt or a token id outside the vocabulary."""
-    if not token_ids:
-        raise bad_parameter(param, "[]", "the prompt cannot be empty")
-    for token_id in token_ids:
-        if not 0 <= token_id < vocab_size:
-            raise bad_parameter(
-                param,
-                token_id,
-                f"token id {token_id} is out of vocabulary (the model has {vocab_size} tokens)",
-            )
-
-
-def check_context(
-    num_prompt_tokens: int, max_tokens: int | None, max_model_len: int, max_tokens_field: str
+def check_prompt(
+    engine: AsyncEngine, token_ids: list[int], request: GenerationRequest, prompt_field: str
 ) -> None:
-    """400 when the prompt, or the prompt plus max_tokens, does not fit in the context."""
-    if num_prompt_tokens >= max_model_len:
-        excess = (
-            "which exceeds this limit even without any output tokens"
-            if num_prompt_tokens > max_model_len
-            else "which leaves no room for any output token"
-        )
+    """400 for a tokenized prompt the engine refuses with the request's parameters (engine/
+    admission.py: its length, its token ids, the logprobs, ...), the field named as the
+    route's body names it; or for a max_tokens the context cannot hold after the prompt."""
+    try:
+        engine.check_request(token_ids, request.params)
+    except InvalidRequest as error:
+        renamed = {"prompt": prompt_field, "logprobs": request.logprobs_field}
+        param = renamed.get(error.param, error.param)
+        raise bad_parameter(param, shown_value(error.value), str(error)) from None
+    max_tokens, max_model_len = request.params.max_tokens, engine.settings.max_model_len
+    if max_tokens is not None and len(token_ids) + max_tokens > max_model_len:
         raise bad_parameter(
-            "input_tokens",
-            num_prompt_tokens,
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"prompt contains {num_prompt_tokens} input tokens, {excess}. Please reduce the "
-            "length of the input prompt.",
-        )
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
-        raise bad_parameter(
-            max_tokens_field,
+            request.max_tokens_field,
             max_tokens,
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
             f"maximum context length is {max_model_len} tokens and your request has "
-            f"{num_prompt_tokens} input tokens ({max_tokens} > {max_model_len} - "
-            f"{num_prompt_tokens}).",
+            f"{len(token_ids)} input tokens ({max_tokens} > {max_model_len} - "
+            f"{len(token_ids)}).",
         )
 
 
@@ -261,16 +248,6 @@ def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
             "response_format",
             shown_value(response_format),
             "only the text response format is supported by aioserve yet",
-        )
-
-
-def _check_max_logprobs(state: ServerState, param: str, logprobs: int | None) -> None:
-    cap = state.engine.settings.max_logprobs
-    if logprobs is not None and cap != -1 and logprobs > cap:
-        raise bad_parameter(
-            param,
-            logprobs,
-            f"Requested sample logprobs of {logprobs}, which is greater than max allowed: {cap}",
         )
 
 
@@ -304,15 +281,6 @@ def _sampling_params(
                 request_names.get(name, name), shown_value(values[name]), message
             ) from None
         raise APIError(message) from None
-    vocab_size = state.engine.hf_config.vocab_size
-    for name in ("logit_bias", "allowed_token_ids"):
-        for token_id in getattr(params, name) or ():
-            if not 0 <= token_id < vocab_size:
-                raise bad_parameter(
-                    name,
-                    token_id,
-                    f"token id {token_id} is out of vocabulary (the model has {vocab_size} tokens)",
-                )
     max_num_seqs = state.engine.settings.max_num_seqs
     if params.n > max_num_seqs:
         raise bad_parameter("n", params.n, f"n must be at most --max-num-seqs ({max_num_seqs})")
@@ -320,7 +288,11 @@ def _sampling_params(
 
 
 def _generation_fields(
-    state: ServerState, fields: BodyFields, params: SamplingParams, max_tokens_field: str
+    state: ServerState,
+    fields: BodyFields,
+    params: SamplingParams,
+    max_tokens_field: str,
+    logprobs_field: str,
 ) -> dict[str, Any]:
     stream = fields.get("stream", False)
     stream_options = fields.get("stream_options")
@@ -339,6 +311,7 @@ def _generation_fields(
         "request_id": fields.get("request_id") or uuid.uuid4().hex[:16],
         "params": params,
         "max_tokens_field": max_tokens_field,
+        "logprobs_field": logprobs_field,
         "stream": stream,
         "include_usage": options.get("include_usage", False),
         "continuous_usage_stats": options.get("continuous_usage_stats", False),

@@ -240,7 +240,7 @@ def test_bad_requests_are_refused_with_clear_errors(engine):
         return [o async for o in engine.generate(prompt, params, request_id)]
 
     too_long = {"prompt_token_ids": [1] * 2048}
-    with pytest.raises(ValueError, match="maximum model length of 2048"):
+    with pytest.raises(ValueError, match="maximum context length is 2048 tokens"):
         run(try_one(too_long, SamplingParams(), "long"))
     with pytest.raises(ValueError, match="logprobs"):
         run(try_one("hi", SamplingParams(logprobs=50), "lp"))

@@ -164,7 +164,7 @@ MALFORMED = {
         "/v1/completions", method="GET", status=405, mentions=("GET /v1/completions",)
     ),
     "user as int": completion("user", user=5),
-    "stop token id outside the vocabulary": completion(None, "stop_token_ids", stop_token_ids=[-1]),
+    "stop token id outside the vocabulary": completion("stop_token_ids", "-1", stop_token_ids=[-1]),
     "user message without content": chat("messages[0].content", messages=[{"role": "user"}]),
     "no API key": Malformed("/v1/completions", COMPLETION, status=401, headers={}),
     "wrong API key": Malformed(
