@@ -39,6 +39,7 @@ class FrontendConfig:
     return_tokens_as_token_ids: bool
     disable_frontend_multiprocessing: bool
     enable_request_id_headers: bool
+    exclude_tools_when_tool_choice_none: bool
     enable_prompt_tokens_details: bool
     enable_server_load_tracking: bool
     disable_fastapi_docs: bool

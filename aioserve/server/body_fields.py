@@ -32,6 +32,7 @@ _KIND_TYPES: dict[str, tuple[type, ...]] = {
     "array": (list,),
     "object": (dict,),
     "string or array": (str, list),
+    "string or object": (str, dict),
 }
 
 
@@ -60,8 +61,8 @@ class BodyFields:
 
     def get(self, name: str, default: Any = None) -> Any:
         """The field `name` as its declared kind ("boolean", "integer", "number", "string",
-        "array", "object" or "string or array"); an integer may arrive as a whole float
-        (16.0). KeyError for a field the route does not declare."""
+        "array", "object", "string or array" or "string or object"); an integer may arrive
+        as a whole float (16.0). KeyError for a field the route does not declare."""
         kind = self.declared[name].kind
         value = self.body.get(name)
         if value is None:

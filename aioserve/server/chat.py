@@ -46,6 +46,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             add_generation_prompt=parsed.add_generation_prompt,
             continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
+            tools=parsed.tools,
         )
         check_prompt(engine, token_ids, parsed, "messages")
         if parsed.add_generation_prompt:

@@ -53,6 +53,7 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     chat_template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> tuple[str, list[int]]:
     """The prompt text and its token ids for `messages`; 400 for anything malformed."""
     tokenizer = state.engine.tokenizer
@@ -79,6 +80,7 @@ def render_chat(
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            tools=tools,
             **kwargs,
         )
     except (jinja2.TemplateError, ValueError, TypeError) as error:

@@ -3,7 +3,7 @@
 A body is a plain dict (decoded by orjson). Each field is read with the type its
 declaration in request_schema.py gives (the same declarations make /openapi.json's request
 schemas); a wrong type is a 400 naming the field and the value. Fields it knows
-but cannot honour (`suffix`, `tools`, `guided_json` and its kin, beam search, ...) are
+but cannot honour (`suffix`, `guided_json` and its kin, beam search, ...) are
 refused, so a request never silently means something else. Other fields are ignored, as
 OpenAI and vLLM ignore them, and logged as vLLM logs them: once a body is accepted, its
 keys outside the fields vLLM 0.32's request model for the route has (request_fields.py)
@@ -43,6 +43,7 @@ from aioserve.server.request_schema import (
     STREAM_OPTIONS_BODY,
 )
 from aioserve.server.state import ServerState
+from aioserve.server.tools import template_tools
 
 PromptInput = str | list[int]
 
@@ -52,7 +53,6 @@ _UNSUPPORTED: dict[str, str] = {
     "prompt_logprobs": "prompt_logprobs is not supported by aioserve yet",
     "prompt_embeds": "prompt_embeds is not supported by aioserve",
     "use_beam_search": "beam search is not supported by aioserve",
-    "tools": "tool calling is not supported by aioserve yet",
     "functions": "function calling is not supported by aioserve yet",
     "structured_outputs": "structured outputs are not supported by aioserve yet",
     "guided_json": "guided decoding is not supported by aioserve yet",
@@ -118,6 +118,8 @@ class ChatRequest(GenerationRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    """What the chat template gets as `tools` (see tools.py)."""
     echo: bool = False
     """Start the reply with the last message's content when the reply continues its role."""
 
@@ -198,6 +200,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         add_generation_prompt=fields.get("add_generation_prompt", True),
         continue_final_message=fields.get("continue_final_message", False),
         chat_template_kwargs=fields.get("chat_template_kwargs"),
+        tools=template_tools(fields, state.frontend.exclude_tools_when_tool_choice_none),
         echo=fields.get("echo", False),
         **_generation_fields(state, fields, params, max_tokens_field, "top_logprobs"),
     )

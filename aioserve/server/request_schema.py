@@ -121,6 +121,31 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     BodyField("add_generation_prompt", _BOOLEAN),
     BodyField("continue_final_message", _BOOLEAN),
     BodyField("chat_template_kwargs", _OBJECT),
+    BodyField(
+        "tools",
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {
+                            "name": _STRING,
+                            "description": _STRING,
+                            "parameters": _OBJECT,
+                            "strict": _BOOLEAN,
+                        },
+                    },
+                },
+            },
+        },
+    ),
+    BodyField("tool_choice", {"oneOf": [_STRING, _OBJECT]}),
+    BodyField("parallel_tool_calls", _BOOLEAN),
     *_ANSWER_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
 )

@@ -347,7 +347,7 @@ def test_errors_like_vllms(openai_server, name, status, param):
         ({"max_tokens": 2040}, "max_tokens", "2040 > 2048 - 37"),
         ({"continue_final_message": True}, "continue_final_message", "Cannot set both"),
         ({"chat_template_kwargs": "x"}, "chat_template_kwargs", "value=x"),
-        ({"tools": [{"type": "function"}]}, "tools", "not supported"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function", "value=null"),
         ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},

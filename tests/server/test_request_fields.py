@@ -190,8 +190,6 @@ HARMLESS_WHEN_IGNORED = {
     "stream_interval": "how many tokens vLLM batches per stream chunk, not what is sent",
     "session_id": "a routing hint for vLLM's session-aware schedulers",
     "routed_experts_prompt_start": "MoE routing records, off unless a server flag asks",
-    "tool_choice": "meaningful only with tools, which are refused",
-    "parallel_tool_calls": "meaningful only with tools, which are refused",
 }
 
 

@@ -31,6 +31,7 @@ WRONG_VALUES: dict[str, Any] = {
     "array": "x",
     "object": [1],
     "string or array": 5,
+    "string or object": 5,
 }
 # Read by protocol.py's own code, with their own messages (test_malformed_requests.py).
 OWN_READERS = {"prompt", "messages"}
