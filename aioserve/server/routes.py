@@ -39,6 +39,7 @@ from aioserve.server.request_fields import (
     TOKENIZE_PROMPT_FIELDS,
 )
 from aioserve.server.state import STATE, ServerState
+from aioserve.server.tools import checked_tools
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -136,6 +137,7 @@ async def tokenize(request: web.Request) -> web.Response:
             add_generation_prompt=_optional_bool(body, "add_generation_prompt", True),
             continue_final_message=_optional_bool(body, "continue_final_message", False),
             chat_template_kwargs=chat_template_kwargs,
+            tools=checked_tools(body.get("tools")),
         )
         if _optional_bool(body, "add_special_tokens", False):
             tokens = (await state.off_loop(tokenizer, text, add_special_tokens=True)).input_ids

@@ -6,7 +6,7 @@ plain content, its tools given to the chat template (`apply_chat_template(tools=
 or left out with --exclude-tools-when-tool-choice-none. "auto" (the default when tools
 are given), "required" and a named function need a parser to turn the output into calls:
 400s with vLLM's messages. History messages with `tool_calls`, and `tool` messages, go to
-the template as they are.
+the template as they are. POST /tokenize takes `tools` too (`checked_tools`), as vLLM's.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def template_tools(fields: BodyFields, exclude_when_none: bool) -> list[dict[str
                 "the field entirely.",
                 param="tools",
             )
-        tools = [_tool(i, tool) for i, tool in enumerate(tools)]
+        tools = checked_tools(tools)
     choice = fields.get("tool_choice", "auto" if tools else "none")
     if choice == "none":
         return None if tools is None or exclude_when_none else tools
@@ -61,6 +61,16 @@ def template_tools(fields: BodyFields, exclude_when_none: bool) -> list[dict[str
         f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
         '"required" are supported.',
     )
+
+
+def checked_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """A request's `tools` (None when absent), every definition checked; a 400 naming the
+    first that is malformed."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad_parameter("tools", shown_value(tools), "tools must be an array")
+    return [_tool(i, tool) for i, tool in enumerate(tools)]
 
 
 def _tool(index: int, tool: Any) -> dict[str, Any]:

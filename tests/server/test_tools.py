@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from aioserve.config.frontend import frontend_config
+from aioserve.server import routes
 from aioserve.server.state import ServerState
 from tests.server.conftest import MODEL, openai_app, serve_app
 from tests.server.openai_helpers import client, post
@@ -68,7 +69,9 @@ def reference_prompt_tokens(engine, messages, tools) -> int:
 @pytest.fixture(scope="module")
 def templated_url(engine, server_loop):
     state = ServerState(engine, [MODEL], frontend=frontend_config(chat_template=TEMPLATE))
-    with serve_app(server_loop, openai_app(state)) as url:
+    app = openai_app(state)
+    app.router.add_post("/tokenize", routes.tokenize)
+    with serve_app(server_loop, app) as url:
         yield url
 
 
@@ -88,6 +91,16 @@ def test_tool_choice_none_gives_the_tools_to_the_template(engine, templated_url,
     (choice,) = reply.choices
     assert choice.message.tool_calls is None
     assert choice.message.content and choice.finish_reason == "length"
+
+
+def test_tokenize_gives_the_tools_to_the_template(engine, templated_url):
+    body = {"messages": HISTORY, "tools": [WEATHER]}
+    reply = post(templated_url, "/tokenize", body)
+    assert reply.status == 200, reply.body
+    assert reply.json()["count"] == reference_prompt_tokens(engine, HISTORY, [WEATHER])
+    malformed = post(templated_url, "/tokenize", body | {"tools": [{"type": "function"}]})
+    assert malformed.status == 400
+    assert malformed.json()["error"]["param"] == "tools[0].function"
 
 
 def test_the_exclude_flag_leaves_the_tools_out(engine, start_openai_server):
