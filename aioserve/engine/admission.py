@@ -75,11 +75,20 @@ def validate_request(
             "stop",
             params.stop,
         )
-    if params.prompt_logprobs is not None:
+    wanted = params.prompt_logprobs
+    if wanted is not None and s.max_logprobs != -1 and wanted > s.max_logprobs:
         raise InvalidRequest(
-            "prompt_logprobs is not supported by aioserve yet",
+            f"Requested prompt logprobs of {wanted}, which is greater than max allowed: "
+            f"{s.max_logprobs}",
             "prompt_logprobs",
-            params.prompt_logprobs,
+            wanted,
+        )
+    if wanted is not None and wanted > vocab:
+        raise InvalidRequest(
+            f"Requested prompt logprobs of {wanted}, which is greater than the vocabulary "
+            f"size of {vocab}",
+            "prompt_logprobs",
+            wanted,
         )
     for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
         for token_id in getattr(params, field) or ():

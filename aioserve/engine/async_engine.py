@@ -414,7 +414,7 @@ class AsyncEngine:
         num_prompt_tokens = num_generated = 0
         first_token_latencies: list[float] = []
         inter_token_latencies: list[float] = []
-        sampled, logprobs = result.sampled, result.logprobs
+        sampled, logprobs, prompt_logprobs = result.sampled, result.logprobs, result.prompt_logprobs
         process_tokens = self.output_processor.process_tokens
         for chunk in output.chunks:
             request = chunk.request
@@ -422,14 +422,19 @@ class AsyncEngine:
             start, num_prompt = chunk.num_computed_tokens, len(request.prompt_token_ids)
             if start < num_prompt:
                 num_prompt_tokens += min(start + chunk.num_tokens, num_prompt) - start
-            new_tokens = sampled.get(request_id)
             entry = self._sample_of.get(request_id)
-            if not new_tokens or entry is None:
+            if entry is None:
                 continue
             state, index = entry
             sample = state.samples[index]
             # An aborted request's id may already belong to a new request: match by object.
             if sample.request is not request or sample.finish_reason is not None:
+                continue
+            scored = prompt_logprobs.get(request_id) if prompt_logprobs else None
+            if scored is not None:  # complete with the prompt's last chunk, which samples
+                self.output_processor.add_prompt_logprobs(state, *scored)
+            new_tokens = sampled.get(request_id)
+            if not new_tokens:
                 continue
             # The scheduler may have stopped before taking every sampled token.
             output_ids = request.output_token_ids

@@ -98,9 +98,11 @@ class KVCacheManager:
         """Block ids of the longest cached prefix of the request's tokens.
 
         At least one token is always left to compute, because the last prompt token must
-        run through the model to give the logits of the first output token.
+        run through the model to give the logits of the first output token. A request that
+        wants prompt logprobs computes its whole prompt, as in vLLM: a cached block has no
+        logits to score its tokens with.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return []
         self.update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

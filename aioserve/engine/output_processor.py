@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from aioserve.engine.detokenizer import IncrementalDetokenizer
-from aioserve.engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from aioserve.engine.outputs import (
+    CompletionOutput,
+    Logprob,
+    PromptLogprobs,
+    RequestMetrics,
+    RequestOutput,
+)
 from aioserve.engine.request import Request
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.stop_strings import StopStringMatcher
@@ -81,6 +87,9 @@ class RequestState:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     changed: set[int] = field(default_factory=set)
+    prompt_logprobs: PromptLogprobs | None = None  # filled as the prompt's chunks run
+    num_scored_prompt_tokens: int = 0
+    prompt_logprobs_sent: bool = False
 
     @property
     def finished(self) -> bool:
@@ -160,6 +169,21 @@ class OutputProcessor:
             pieces.append(matcher.flush())
         return False
 
+    def add_prompt_logprobs(
+        self, state: RequestState, first_position: int, scored: list[TokenLogprobs]
+    ) -> None:
+        """Record the logprobs of prompt tokens first_position.. (see runner/prompt_logprobs.py);
+        positions already scored (by a sibling of an n > 1 request, or before a preemption)
+        keep their first values."""
+        if state.prompt_logprobs is None:
+            state.prompt_logprobs = [None] * len(state.prompt_token_ids)
+        entries = state.prompt_logprobs
+        prompt = state.prompt_token_ids
+        for position, lp in enumerate(scored, start=first_position):
+            if entries[position] is None:
+                entries[position] = self._logprob_dict(prompt[position], lp)
+                state.num_scored_prompt_tokens += 1
+
     def finish_sample(self, sample: SampleState) -> None:
         """Record the scheduler's verdict on a finished sample (unless a stop string ended it)."""
         if sample.finish_reason is None:
@@ -186,10 +210,20 @@ class OutputProcessor:
             state.prompt_token_ids,
             [s.to_output(delta) for s in samples],
             finished,
-            None,  # prompt_logprobs
+            self._prompt_logprobs_due(state, delta),
             state.num_cached_tokens,
             state.metrics,
         )
+
+    def _prompt_logprobs_due(self, state: RequestState, delta: bool) -> PromptLogprobs | None:
+        """A request's prompt logprobs once every prompt token is scored: in every output
+        after that, or in the first only when outputs are deltas (vLLM's semantics)."""
+        if state.params.prompt_logprobs is None or (delta and state.prompt_logprobs_sent):
+            return None
+        if state.num_scored_prompt_tokens < len(state.prompt_token_ids) - 1:
+            return None
+        state.prompt_logprobs_sent = True
+        return state.prompt_logprobs or [None]
 
     def _logprob_dict(self, token_id: int, lp: TokenLogprobs) -> dict[int, Logprob]:
         entries = {

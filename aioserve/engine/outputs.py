@@ -13,6 +13,9 @@ class Logprob:
 
 
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt token: None for the first (nothing predicts it), then the token's
+# own logprob and the top-n, as in SampleLogprobs.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -49,6 +52,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    prompt_logprobs: None = None
+    prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)

@@ -32,6 +32,7 @@ def sampling_settings(request: Request) -> SamplingSettings:
         # vLLM's min_tokens: no stop token (nor EOS, unless ignored) before the minimum.
         min_tokens_banned_ids=tuple(sorted(banned)) if params.min_tokens else (),
         logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
     )
 
 

@@ -5,7 +5,8 @@ A step goes through three calls, on two threads:
 - `prepare(plan)` on the event loop's thread: host work only (numpy). Sequences enter and
   leave their slots, and the step's token layout and sampling rows are built.
 - `execute(step)` on the model thread, in step order: the slot changes reach the device,
-  the inputs are copied there, the model runs and the sampler draws. It returns a
+  the inputs are copied there, the model runs, the prompt tokens of sequences that want
+  prompt logprobs are scored (prompt_logprobs.py) and the sampler draws. It returns a
   `StepOutput` as soon as the work is queued on the device (on the CPU, once it is done).
 - `collect(output)` on the event loop's thread, once `output.is_ready()` (else after
   `output.wait()` off the loop): the host learns the sampled tokens.
@@ -26,6 +27,12 @@ from aioserve.kernels.sampling import LogprobsTensors, SamplerOutput, sample
 from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
 from aioserve.runner.kv_memory import allocate_kv_caches
+from aioserve.runner.prompt_logprobs import (
+    HostPromptLogprobs,
+    collect_prompt_logprobs,
+    compute_prompt_logprobs,
+    plan_prompt_logprobs,
+)
 from aioserve.runner.sampling_inputs import HostSampling, build_host_sampling
 from aioserve.runner.sequence_slots import SequenceSlots, SlotAdmission, SlotTensors
 from aioserve.runner.step_inputs import HostStepInputs, build_host_inputs, host_to_device
@@ -38,6 +45,7 @@ class PreparedStep:
     inputs: HostStepInputs
     sampling: HostSampling | None
     sampled_seq_ids: list[str]  # the sequences that sample, in logits row order
+    prompt_logprobs: HostPromptLogprobs | None = None
 
 
 @dataclass
@@ -48,6 +56,7 @@ class StepOutput:
     sampler: SamplerOutput | None
     logprobs_wanted: list[int | None]
     done: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU)
+    prompt_logprobs: tuple[HostPromptLogprobs, LogprobsTensors] | None = None
 
     def is_ready(self) -> bool:
         return self.done is None or self.done.query()
@@ -113,6 +122,7 @@ class ModelRunner:
             inputs=inputs,
             sampling=sampling,
             sampled_seq_ids=[plan.chunks[row].seq_id for row in sampled_rows],
+            prompt_logprobs=plan_prompt_logprobs(plan, self.slots, inputs.query_start_loc),
         )
 
     # -- the model thread, in step order ------------------------------------------------------
@@ -126,8 +136,20 @@ class ModelRunner:
         inputs = step.inputs.to_device(self.device, state.last_sampled)
         with step_context(inputs.attention, self.kv_caches):
             hidden = self.model_step.forward(inputs.input_ids, inputs.positions)
+        prompt_logprobs = None
+        if step.prompt_logprobs is not None:
+            tensors = compute_prompt_logprobs(
+                self.model_step, hidden, step.prompt_logprobs, self.device
+            )
+            if self.device.type != "cpu":
+                tensors = _logprobs_to_host(tensors)
+            prompt_logprobs = (step.prompt_logprobs, tensors)
         if step.sampling is None:
-            return StepOutput([], None, [])
+            output = StepOutput([], None, [], prompt_logprobs=prompt_logprobs)
+            if self.device.type != "cpu":
+                output.done = torch.cuda.Event()
+                output.done.record()
+            return output
         logits = self.model_step.logits(hidden[inputs.logits_indices])
         slots = host_to_device(step.sampling.slots, self.device)
         out = sample(logits, step.sampling.to_batch(state, slots, self.device))
@@ -137,7 +159,12 @@ class ModelRunner:
             out.token_ids,
             host_to_device(penalty_rows, self.device) if penalty_rows is not None else None,
         )
-        output = StepOutput(step.sampled_seq_ids, out, step.sampling.logprobs_wanted)
+        output = StepOutput(
+            step.sampled_seq_ids,
+            out,
+            step.sampling.logprobs_wanted,
+            prompt_logprobs=prompt_logprobs,
+        )
         if self.device.type != "cpu":
             output.sampler = _to_host(out)
             output.done = torch.cuda.Event()
@@ -147,8 +174,11 @@ class ModelRunner:
     # -- host, once the step's tokens are ready -------------------------------------------------
 
     def collect(self, output: StepOutput) -> StepResult:
+        prompt_logprobs = {}
+        if output.prompt_logprobs is not None:
+            prompt_logprobs = collect_prompt_logprobs(*output.prompt_logprobs)
         if output.sampler is None:
-            return StepResult({}, {})
+            return StepResult({}, {}, prompt_logprobs)
         ids = output.sampled_seq_ids
         token_ids = output.sampler.token_ids.tolist()
         sampled = {seq_id: [token] for seq_id, token in zip(ids, token_ids, strict=True)}
@@ -170,22 +200,24 @@ class ModelRunner:
                         top_values[row][:wanted],
                     )
                 ]
-        return StepResult(sampled, logprobs)
+        return StepResult(sampled, logprobs, prompt_logprobs)
 
 
 def _to_host(out: SamplerOutput) -> SamplerOutput:
     """The sampler's output copied to pinned host memory, asynchronously."""
+    lp = _logprobs_to_host(out.logprobs) if out.logprobs is not None else None
+    return SamplerOutput(_pinned_copy(out.token_ids), lp)
 
-    def copy(t: torch.Tensor) -> torch.Tensor:
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        return host.copy_(t, non_blocking=True)
 
-    lp = out.logprobs
-    if lp is not None:
-        lp = LogprobsTensors(
-            copy(lp.sampled_logprob),
-            copy(lp.sampled_rank),
-            copy(lp.top_token_ids),
-            copy(lp.top_logprobs),
-        )
-    return SamplerOutput(copy(out.token_ids), lp)
+def _logprobs_to_host(lp: LogprobsTensors) -> LogprobsTensors:
+    return LogprobsTensors(
+        _pinned_copy(lp.sampled_logprob),
+        _pinned_copy(lp.sampled_rank),
+        _pinned_copy(lp.top_token_ids),
+        _pinned_copy(lp.top_logprobs),
+    )
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)

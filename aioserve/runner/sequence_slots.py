@@ -74,6 +74,7 @@ class SequenceSlots:
         self.seeds = np.zeros(max_num_seqs, dtype=np.int64)
         self.settings: list[SamplingSettings | None] = [None] * max_num_seqs
         self.has_fixed_bias = np.zeros(max_num_seqs, dtype=bool)
+        self._prompts: dict[int, np.ndarray] = {}  # of sequences that want prompt logprobs
 
     def __len__(self) -> int:
         return len(self._slot_of)
@@ -88,7 +89,12 @@ class SequenceSlots:
         slot = self._slot_of.pop(seq_id, None)
         if slot is not None:
             self.settings[slot] = None
+            self._prompts.pop(slot, None)
             self._free.append(slot)
+
+    def prompt_for_logprobs(self, seq_id: str) -> np.ndarray | None:
+        """The prompt of a sequence that wants prompt logprobs (int64), else None."""
+        return self._prompts.get(self.slot(seq_id))
 
     def admit(self, seq: NewSequence) -> SlotAdmission:
         if seq.seq_id in self._slot_of:
@@ -116,9 +122,12 @@ class SequenceSlots:
         self.settings[slot] = s
         bias = fixed_logit_bias(s, self.vocab_size)
         self.has_fixed_bias[slot] = bias is not None
+        prompt = np.asarray(seq.prompt_token_ids, dtype=np.int64)
+        if s.prompt_logprobs is not None:
+            self._prompts[slot] = prompt
         return SlotAdmission(
             slot=slot,
-            prompt_token_ids=np.asarray(seq.prompt_token_ids, dtype=np.int64),
+            prompt_token_ids=prompt,
             output_token_ids=np.asarray(seq.output_token_ids, dtype=np.int64),
             uses_penalties=s.uses_penalties,
             bias_ids=bias[0] if bias else None,

@@ -35,6 +35,7 @@ class SamplingSettings:
     min_tokens: int = 0
     min_tokens_banned_ids: tuple[int, ...] = ()  # banned while fewer than min_tokens are out
     logprobs: int | None = None  # top logprobs wanted per token; None: no logprobs
+    prompt_logprobs: int | None = None  # the same for each prompt token; None: none
 
     @property
     def uses_penalties(self) -> bool:
@@ -92,3 +93,6 @@ class TokenLogprobs:
 class StepResult:
     sampled: dict[str, list[int]]  # sequence id -> tokens sampled this step
     logprobs: dict[str, list[TokenLogprobs]]  # only for sequences that asked
+    # Sequence id -> (position of the first prompt token scored, one entry per token from
+    # there): for sequences that asked, whose prompt ran in this step.
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
