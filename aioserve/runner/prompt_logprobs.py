@@ -21,14 +21,16 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels.sampling import LogprobsTensors, compute_logprobs
+from aioserve.models.linear import SMALL_BATCH_ROWS
 from aioserve.runner.compiled_step import ModelStep
 from aioserve.runner.sequence_slots import SequenceSlots
 from aioserve.runner.step_inputs import host_to_device
 from aioserve.runner.step_plan import StepPlan, TokenLogprobs
 
-# Rows of hidden states put through the output head at once: 256 × SmolLM2's 49,152-token
-# vocabulary is 50 MB of float32 logits.
-_ROWS_PER_SLICE = 256
+# Rows of hidden states put through the output head at once: at most SMALL_BATCH_ROWS, so
+# that the head's graph compiled for a decode batch serves (no compile while serving), and
+# 128 × SmolLM2's 49,152-token vocabulary is 25 MB of float32 logits.
+_ROWS_PER_SLICE = SMALL_BATCH_ROWS
 
 
 @dataclass

@@ -76,6 +76,12 @@ def test_after_warm_up_no_step_compiles_again():
     maker.learn(run_step(runner, maker.plan([(n, 2 + i) for i, n in enumerate(names)])).sampled)
     for batch in (names, names[:2], names[:1], ["b", *names]):
         maker.learn(run_step(runner, maker.plan([(n, 1) for n in batch])).sampled)
+    # Prompt logprobs put a whole chunk's rows through the head, in slices.
+    maker.finish("a")
+    maker.finish("b")
+    scored = dataclasses.replace(GREEDY, prompt_logprobs=2)
+    maker.admit("p", [9 + i % 30 for i in range(SMALL_BATCH_ROWS + 100)], scored)
+    assert run_step(runner, maker.plan([("p", SMALL_BATCH_ROWS + 100)])).prompt_logprobs["p"]
     assert counters["stats"]["unique_graphs"] == graphs
 
 
