@@ -119,7 +119,7 @@ async def _full_response(
         final.num_cached_tokens if details else None,
     )
     prompt_ids = prompt_token_ids if parsed.return_token_ids else None
-    body = responses.chat_response(head, choices, usage, prompt_ids)
+    body = responses.chat_response(head, choices, usage, prompt_ids, final.prompt_logprobs)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from aioserve.engine.async_engine import AsyncEngine
-from aioserve.engine.outputs import CompletionOutput, RequestOutput
+from aioserve.engine.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from aioserve.server import responses
 from aioserve.server.body_fields import read_json_body
 from aioserve.server.errors import APIError
@@ -101,7 +101,6 @@ async def _full_response(
     async with aclosing(merged):
         async for i, output in merged:
             finals[i] = output
-    as_token_ids = state.frontend.return_tokens_as_token_ids
     n = parsed.params.n
     choices = []
     completion_tokens = cached_tokens = 0
@@ -109,18 +108,20 @@ async def _full_response(
         cached_tokens += final.num_cached_tokens
         for sample in sorted(final.outputs, key=lambda o: o.index):
             completion_tokens += len(sample.token_ids)
+            text, token_ids, entries = _shown(parsed, prompt, final.prompt_logprobs, sample, True)
             logprobs = None
-            if sample.logprobs is not None:
-                logprobs = CompletionLogprobs(as_token_ids).build(sample.token_ids, sample.logprobs)
+            if entries is not None:
+                logprobs = _completion_logprobs(state).build(token_ids, entries)
             choices.append(
                 responses.completion_choice(
                     i * n + sample.index,
-                    (prompt.text if parsed.echo else "") + sample.text,
+                    text,
                     logprobs,
                     sample.finish_reason,
                     sample.stop_reason,
                     sample.token_ids if parsed.return_token_ids else None,
                     prompt.token_ids if parsed.return_token_ids else None,
+                    final.prompt_logprobs,
                 )
             )
     usage = responses.full_usage(
@@ -132,6 +133,35 @@ async def _full_response(
     return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
+def _shown(
+    parsed: CompletionRequest,
+    prompt: _Prompt,
+    prompt_logprobs: PromptLogprobs | None,
+    sample: CompletionOutput,
+    with_prompt: bool,
+) -> tuple[str, list[int], list | None]:
+    """What a choice shows of `sample` (in a stream, of its newest part): the text, the
+    tokens and their logprobs (None unless asked for). With echo the prompt comes first
+    (`with_prompt`: in the whole answer, or a stream's first chunk of the choice), scored by
+    the prompt logprobs; with echo and max_tokens 0, the prompt alone."""
+    text, token_ids, entries = sample.text, sample.token_ids, sample.logprobs
+    if parsed.echo_only:  # the one token generated is not shown
+        text, token_ids = "", []
+        entries = None if entries is None else []
+    if parsed.echo and with_prompt:
+        text = prompt.text + text
+        if entries is not None:  # then prompt logprobs were asked for too (protocol.py)
+            entries = [*prompt_logprobs, *entries]
+            token_ids = [*prompt.token_ids, *token_ids]
+    return text, token_ids, entries
+
+
+def _completion_logprobs(state: ServerState) -> CompletionLogprobs:
+    tokenizer = state.engine.tokenizer
+    decode = (lambda token_id: tokenizer.decode([token_id])) if tokenizer is not None else None
+    return CompletionLogprobs(state.frontend.return_tokens_as_token_ids, decode=decode)
+
+
 async def _chunks(
     state: ServerState,
     parsed: CompletionRequest,
@@ -139,22 +169,27 @@ async def _chunks(
     head: ResponseHead,
     merged: AsyncIterator[tuple[int, RequestOutput]],
 ) -> AsyncIterator[dict[str, Any]]:
-    as_token_ids = state.frontend.return_tokens_as_token_ids
     details = state.frontend.enable_prompt_tokens_details
     n = parsed.params.n
     num_choices = len(prompts) * n
-    logprobs = [CompletionLogprobs(as_token_ids) for _ in range(num_choices)]
+    logprobs = [_completion_logprobs(state) for _ in range(num_choices)]
     num_tokens = [0] * num_choices
     started = [False] * num_choices
     cached_tokens = [0] * len(prompts)
+    # Sent once per prompt, with its first output: kept for the choices that start later.
+    prompt_logprobs: list[PromptLogprobs | None] = [None] * len(prompts)
     unfinished = num_choices
     async with aclosing(merged):
         async for i, output in merged:
             cached_tokens[i] = output.num_cached_tokens
+            if output.prompt_logprobs is not None:
+                prompt_logprobs[i] = output.prompt_logprobs
             for sample in output.outputs:
                 index = i * n + sample.index
                 num_tokens[index] += len(sample.token_ids)
-                choice = _chunk_choice(parsed, prompts[i], index, sample, logprobs[index], started)
+                choice = _chunk_choice(
+                    parsed, prompts[i], prompt_logprobs[i], index, sample, logprobs[index], started
+                )
                 if choice is None:
                     continue
                 if sample.finish_reason is not None:
@@ -180,26 +215,23 @@ async def _chunks(
 def _chunk_choice(
     parsed: CompletionRequest,
     prompt: _Prompt,
+    prompt_logprobs: PromptLogprobs | None,
     index: int,
     sample: CompletionOutput,
     logprobs: CompletionLogprobs,
     started: list[bool],
 ) -> dict[str, Any] | None:
     """The choice of one sample's chunk, or None when the step added nothing to send."""
-    text = sample.text
     first = not started[index]
-    if first and parsed.echo:
-        text = prompt.text + text
-    has_token_data = bool(sample.token_ids) and (
-        sample.logprobs is not None or parsed.return_token_ids
-    )
+    text, token_ids, entries = _shown(parsed, prompt, prompt_logprobs, sample, first)
+    has_token_data = bool(token_ids) and (entries is not None or parsed.return_token_ids)
     if not text and sample.finish_reason is None and not has_token_data:
         return None
     started[index] = True
     return responses.completion_chunk_choice(
         index,
         text,
-        logprobs.build(sample.token_ids, sample.logprobs) if sample.logprobs is not None else None,
+        logprobs.build(token_ids, entries) if entries is not None else None,
         sample.finish_reason,
         sample.stop_reason,
         sample.token_ids if parsed.return_token_ids else None,

@@ -50,7 +50,6 @@ PromptInput = str | list[int]
 # Fields vLLM knows that aioserve cannot honour yet: refused when set to anything but "off".
 _UNSUPPORTED: dict[str, str] = {
     "suffix": "suffix is not supported",
-    "prompt_logprobs": "prompt_logprobs is not supported by aioserve yet",
     "prompt_embeds": "prompt_embeds is not supported by aioserve",
     "use_beam_search": "beam search is not supported by aioserve",
     "functions": "function calling is not supported by aioserve yet",
@@ -110,6 +109,9 @@ class GenerationRequest:
 class CompletionRequest(GenerationRequest):
     prompts: list[PromptInput] = field(default_factory=list)
     echo: bool = False
+    echo_only: bool = False
+    """echo with max_tokens 0: the answer is the prompt alone (one token is generated and
+    not shown, as in vLLM: what log-likelihood harnesses send)."""
 
 
 @dataclass
@@ -154,18 +156,23 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
     else:
         max_tokens = fields.get("max_tokens", 16)  # OpenAI's default
     logprobs = fields.get("logprobs")
-    params = _sampling_params(state, fields, max_tokens, "max_tokens", logprobs, "logprobs")
+    echo = fields.get("echo", False)
+    echo_only = echo and max_tokens == 0
+    params = _sampling_params(
+        state,
+        fields,
+        1 if echo_only else max_tokens,
+        "max_tokens",
+        logprobs,
+        "logprobs",
+        _prompt_logprobs(fields, logprobs if echo else None),
+    )
     request = CompletionRequest(
         prompts=_prompts(body.get("prompt")),
-        echo=fields.get("echo", False),
+        echo=echo,
+        echo_only=echo_only,
         **_generation_fields(state, fields, params, "max_tokens", "logprobs"),
     )
-    if request.echo and params.logprobs is not None:
-        raise bad_parameter(
-            "echo",
-            True,
-            "echo with logprobs needs prompt logprobs, which aioserve does not support yet",
-        )
     log_ignored_fields(body, COMPLETION_FIELDS)
     return request
 
@@ -194,14 +201,23 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
                 "top_logprobs", top_logprobs, "when using top_logprobs, logprobs must be true"
             )
     logprobs = (top_logprobs or 0) if wants_logprobs else None
-    params = _sampling_params(state, fields, max_tokens, max_tokens_field, logprobs, "top_logprobs")
+    echo = fields.get("echo", False)
+    params = _sampling_params(
+        state,
+        fields,
+        max_tokens,
+        max_tokens_field,
+        logprobs,
+        "top_logprobs",
+        _prompt_logprobs(fields, top_logprobs if echo else None),
+    )
     request = ChatRequest(
         messages=messages,
         add_generation_prompt=fields.get("add_generation_prompt", True),
         continue_final_message=fields.get("continue_final_message", False),
         chat_template_kwargs=fields.get("chat_template_kwargs"),
         tools=template_tools(fields, state.frontend.exclude_tools_when_tool_choice_none),
-        echo=fields.get("echo", False),
+        echo=echo,
         **_generation_fields(state, fields, params, max_tokens_field, "top_logprobs"),
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
@@ -261,6 +277,7 @@ def _sampling_params(
     max_tokens_field: str,
     logprobs: int | None,
     logprobs_field: str,
+    prompt_logprobs: int | None,
 ) -> SamplingParams:
     values: dict[str, Any] = dict(state.engine.settings.default_sampling)
     request_names = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}
@@ -270,6 +287,7 @@ def _sampling_params(
             values[name] = value
     values["max_tokens"] = max_tokens
     values["logprobs"] = logprobs
+    values["prompt_logprobs"] = prompt_logprobs
     # A stream sends what is new after each step; a JSON answer only the final output.
     stream = fields.get("stream", False)
     output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
@@ -288,6 +306,18 @@ def _sampling_params(
     if params.n > max_num_seqs:
         raise bad_parameter("n", params.n, f"n must be at most --max-num-seqs ({max_num_seqs})")
     return params
+
+
+def _prompt_logprobs(fields: BodyFields, echoed: int | None) -> int | None:
+    """The prompt logprobs wanted: the request's `prompt_logprobs` (vLLM's field), else with
+    echo the number of logprobs wanted for the output (`echoed`), so that the echoed prompt
+    has logprobs too. Not with stream=true, where vLLM has nowhere to put them."""
+    wanted = fields.get("prompt_logprobs")
+    if wanted is not None and wanted > 0 and fields.get("stream", False):
+        raise bad_parameter(
+            "prompt_logprobs", wanted, "`prompt_logprobs` are not available when `stream=True`."
+        )
+    return wanted if wanted is not None else echoed
 
 
 def _generation_fields(

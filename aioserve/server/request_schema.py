@@ -95,6 +95,7 @@ COMPLETION_BODY: dict[str, BodyField] = _declare(
     ),
     BodyField("max_tokens", {"type": ["integer", "null"]}),
     BodyField("logprobs", {"type": ["integer", "null"]}),
+    BodyField("prompt_logprobs", {"type": ["integer", "null"]}),
     *_ANSWER_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
 )
@@ -118,6 +119,7 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     BodyField("max_completion_tokens", {"type": ["integer", "null"]}),
     BodyField("logprobs", _BOOLEAN),
     BodyField("top_logprobs", _INTEGER),
+    BodyField("prompt_logprobs", {"type": ["integer", "null"]}),
     BodyField("add_generation_prompt", _BOOLEAN),
     BodyField("continue_final_message", _BOOLEAN),
     BodyField("chat_template_kwargs", _OBJECT),

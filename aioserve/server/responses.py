@@ -8,11 +8,12 @@ that reads any of them finds it. Stream chunks carry only the keys vLLM's chunks
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aioserve import __version__
-from aioserve.engine.outputs import Logprob
+from aioserve.engine.outputs import Logprob, PromptLogprobs
 
 SYSTEM_FINGERPRINT = f"aioserve-{__version__}"
 # JSON has no -inf; vLLM clamps logprobs to this floor.
@@ -72,26 +73,42 @@ def token_text(token_id: int, logprob: Logprob, as_token_ids: bool) -> str:
 class CompletionLogprobs:
     """OpenAI's completions logprobs (tokens, token_logprobs, top_logprobs, text_offset).
 
-    One per choice: `text_offset` runs on across the chunks of a stream.
+    One per choice: `text_offset` runs on across the chunks of a stream. An echoed prompt's
+    first token has no logprobs (nothing predicts it): null entries, its text from `decode`.
     """
 
-    def __init__(self, as_token_ids: bool, text_offset: int = 0) -> None:
+    def __init__(
+        self,
+        as_token_ids: bool,
+        text_offset: int = 0,
+        decode: Callable[[int], str] | None = None,
+    ) -> None:
         self.as_token_ids = as_token_ids
         self.text_offset = text_offset
+        self.decode = decode
 
-    def build(self, token_ids: list[int], logprobs: list[dict[int, Logprob]]) -> dict[str, Any]:
+    def build(
+        self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None]
+    ) -> dict[str, Any]:
         """The logprobs object of these tokens (the next ones of this choice)."""
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         for token_id, entries in zip(token_ids, logprobs, strict=True):
-            token = token_text(token_id, entries[token_id], self.as_token_ids)
-            tokens.append(token)
-            token_logprobs.append(max(entries[token_id].logprob, _MIN_LOGPROB))
-            top_logprobs.append(
-                {
-                    token_text(i, lp, self.as_token_ids): max(lp.logprob, _MIN_LOGPROB)
-                    for i, lp in entries.items()
-                }
-            )
+            if entries is None:
+                unscored = self.as_token_ids or self.decode is None
+                token = f"token_id:{token_id}" if unscored else self.decode(token_id)
+                tokens.append(token)
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+            else:
+                token = token_text(token_id, entries[token_id], self.as_token_ids)
+                tokens.append(token)
+                token_logprobs.append(max(entries[token_id].logprob, _MIN_LOGPROB))
+                top_logprobs.append(
+                    {
+                        token_text(i, lp, self.as_token_ids): max(lp.logprob, _MIN_LOGPROB)
+                        for i, lp in entries.items()
+                    }
+                )
             offsets.append(self.text_offset)
             self.text_offset += len(token)
         return {
@@ -131,6 +148,26 @@ def _chat_logprob(token_id: int, logprob: Logprob, as_token_ids: bool) -> dict[s
 # -- /v1/completions -------------------------------------------------------------------------
 
 
+def prompt_logprobs_json(prompt_logprobs: PromptLogprobs | None) -> list | None:
+    """vLLM's `prompt_logprobs`: per prompt token, null for the first, then {token id: its
+    logprob, rank and decoded text} for the token and the top n (-inf clamped as logprobs)."""
+    if prompt_logprobs is None:
+        return None
+    return [
+        None
+        if entries is None
+        else {
+            str(token_id): {
+                "logprob": max(lp.logprob, _MIN_LOGPROB),
+                "rank": lp.rank,
+                "decoded_token": lp.decoded_token,
+            }
+            for token_id, lp in entries.items()
+        }
+        for entries in prompt_logprobs
+    ]
+
+
 def completion_choice(
     index: int,
     text: str,
@@ -139,6 +176,7 @@ def completion_choice(
     stop_reason: int | str | None,
     token_ids: list[int] | None,
     prompt_token_ids: list[int] | None,
+    prompt_logprobs: PromptLogprobs | None = None,
 ) -> dict[str, Any]:
     return {
         "index": index,
@@ -147,7 +185,7 @@ def completion_choice(
         "finish_reason": finish_reason,
         "stop_reason": stop_reason,
         "token_ids": token_ids,
-        "prompt_logprobs": None,
+        "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
         "prompt_token_ids": prompt_token_ids,
         "routed_experts": None,
     }
@@ -224,6 +262,7 @@ def chat_response(
     choices: list[dict[str, Any]],
     usage_block: dict[str, Any],
     prompt_token_ids: list[int] | None,
+    prompt_logprobs: PromptLogprobs | None = None,
 ) -> dict[str, Any]:
     return {
         **head.fields(),
@@ -231,7 +270,7 @@ def chat_response(
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": usage_block,
-        "prompt_logprobs": None,
+        "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
         "prompt_token_ids": prompt_token_ids,
         "prompt_text": None,
         "kv_transfer_params": None,
