@@ -111,6 +111,7 @@ SUPPORTED_FLAGS = [
     (["--max-num-queued-reqs", "8"], "scheduler.max_num_queued_reqs", 8),
     (["--max-num-queued-tokens", "32k"], "scheduler.max_num_queued_tokens", 32000),
     (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
+    (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
 ]  # fmt: skip
 
 
@@ -128,7 +129,7 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
     for argument in engine_arguments:
         assert argument.flag in tested
     config = engine_config_from_kwargs()
-    sections = (config.model, config.load, config.cache, config.scheduler)
+    sections = (config.model, config.load, config.cache, config.scheduler, config.decoding)
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
     assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}
 
@@ -187,6 +188,11 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--max-num-queued-reqs", "0"], "--max-num-queued-reqs must be at least 1, got 0"),
         (["--max-num-queued-reqs", "lots"], "--max-num-queued-reqs must be an integer, got 'lots'"),
         (["--max-num-queued-tokens", "0"], "--max-num-queued-tokens must be at least 1, got 0"),
+        (
+            ["--reasoning-parser", "granite"],
+            "reasoning parser 'granite' is not supported by aioserve yet (--reasoning-parser "
+            'accepts "" (none), deepseek_r1, qwen3)',
+        ),
         (["--max-num-queued-tokens", "1.5K"], "--max-num-queued-tokens takes whole numbers"),
         (["--seed", "1.5"], "--seed must be an integer, got '1.5'"),
         (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be a number greater than 0"),

@@ -61,6 +61,14 @@ _VLLM_LOAD_FORMATS = (
     "npcache", "tensorizer", "sharded_state", "bitsandbytes", "mistral", "runai_streamer",
     "runai_streamer_sharded", "fastsafetensors",
 )
+_VLLM_REASONING_PARSERS = (
+    "cohere_command3", "cohere_command4", "deepseek_v3", "deepseek_v4", "deepseek_v41",
+    "ernie45", "gemma4", "glm45", "glm47", "granite", "granite_thinking_parser", "hf", "holo2",
+    "hunyuan_a13b", "hy_v3", "hy_v4", "inkling", "k2_horizon", "kimi_k2", "kimi_k3", "ling3",
+    "mimo", "minicpmv", "minimax_m2", "minimax_m2_append_think", "minimax_m3", "mistral",
+    "muse_glimmer", "nemotron_v3", "olmo3", "openai_gptoss", "plamo3", "poolside_v1",
+    "seed_oss", "step3", "step3p5",
+)  # vLLM 0.32's others (vllm/reasoning/__init__.py)
 # fmt: on
 
 # fmt: off
@@ -270,8 +278,11 @@ ARGUMENTS: tuple[Argument, ...] = (
           "guidance backend: forbid additionalProperties in JSON schemas.", "bool"),
     _vllm("enable-reasoning", DECODING, None,
           "Deprecated in vLLM (--reasoning-parser alone enables reasoning).", "bool"),
-    _vllm("reasoning-parser", DECODING, "",
-          "Parser that splits the model's reasoning into reasoning_content, e.g. deepseek_r1, qwen3."),
+    Argument("reasoning-parser", DECODING, "",
+             "Split a chat answer's <think>...</think> part into the message's `reasoning` "
+             "field: deepseek_r1 or qwen3 (server/reasoning.py).", convert=values.string,
+             choices=("", "deepseek_r1", "qwen3"), vllm_choices=_VLLM_REASONING_PARSERS,
+             choice_noun="reasoning parser"),
     # --- ParallelConfig --------------------------------------------------------------------
     _vllm("distributed-executor-backend", PARALLEL, None, "How worker processes are launched.",
           choices=("ray", "mp", "uni", "external_launcher")),

@@ -142,7 +142,7 @@ class Argument:
         except ValueError as error:
             raise ConfigError(f"{label} {error}") from None
         if self.choices and result not in self.choices:
-            accepted = ", ".join(str(choice) for choice in self.choices)
+            accepted = ", ".join('"" (none)' if c == "" else str(c) for c in self.choices)
             if result in self.vllm_choices:
                 raise ConfigError(
                     f"{self.choice_noun} {result!r} is not supported by aioserve yet "

@@ -1,7 +1,7 @@
 """The engine's configuration, built from the declarations in `aioserve.config.arguments`.
 
 `EngineConfig` groups the values as vLLM groups them (ModelConfig, LoadConfig, CacheConfig,
-SchedulerConfig); each field is one supported argument of that group, named by its `dest`
+SchedulerConfig, DecodingConfig); each field is one supported argument of that group, named by its `dest`
 (a test checks that fields and declarations match). The command line
 (`engine_config_from_args`) and the Python API (`engine_config_from_kwargs`, behind
 `LLM(**kwargs)`) go through the same checks, so both give the same error for the same bad
@@ -83,11 +83,17 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class DecodingConfig:
+    reasoning_parser: str  # "": none
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     load: LoadConfig
     cache: CacheConfig
     scheduler: SchedulerConfig
+    decoding: DecodingConfig
 
 
 def cpu_kvcache_space_bytes(environ: Mapping[str, str] | None = None) -> int:
@@ -127,6 +133,7 @@ def _build(values: dict[str, Any]) -> EngineConfig:
         load=section(LoadConfig),
         cache=section(CacheConfig),
         scheduler=section(SchedulerConfig),
+        decoding=section(DecodingConfig),
     )
 
 

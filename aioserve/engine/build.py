@@ -88,6 +88,8 @@ class EngineSettings:
     """--max-num-queued-reqs: most sequences in flight; more are refused (load_shedding.py)."""
     max_num_queued_tokens: int | None = None
     """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
+    reasoning_parser: str = ""
+    """--reasoning-parser: how chat answers split into reasoning and content ("": none)."""
     load_report: LoadReport | None = None
     """What was loaded and the memory it holds (load_report.py); None around a stand-in runner."""
 
@@ -290,6 +292,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_new_tokens_cap=generation.get("max_new_tokens"),
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
+        reasoning_parser=config.decoding.reasoning_parser,
         load_report=build_load_report(
             model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, current_platform())
         ),

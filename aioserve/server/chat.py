@@ -26,6 +26,7 @@ from aioserve.server.protocol import (
     check_serving,
     parse_chat_request,
 )
+from aioserve.server.reasoning import ReasoningSplitter, Split, split_answer
 from aioserve.server.responses import ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
@@ -101,15 +102,20 @@ async def _full_response(
             logprobs = responses.chat_logprobs(
                 sample.token_ids, sample.logprobs, parsed.params.logprobs, as_token_ids
             )
+        reasoning, content = None, sample.text
+        parser = state.engine.settings.reasoning_parser
+        if parser:
+            reasoning, content = split_answer(parser, sample.text, parsed.chat_template_kwargs)
         choices.append(
             responses.chat_choice(
                 sample.index,
                 role,
-                echo + sample.text,
+                echo + (content or "") if echo or content is not None else None,
                 logprobs,
                 sample.finish_reason,
                 sample.stop_reason,
                 sample.token_ids if parsed.return_token_ids else None,
+                reasoning if parsed.include_reasoning else None,
             )
         )
     details = state.frontend.enable_prompt_tokens_details
@@ -140,6 +146,10 @@ async def _chunks(
     unfinished = n
     cached_tokens = 0
     started = False
+    parser = state.engine.settings.reasoning_parser
+    splitters = [
+        ReasoningSplitter(parser, parsed.chat_template_kwargs) for _ in range(n if parser else 0)
+    ]
     async with aclosing(outputs):
         async for output in outputs:
             cached_tokens = output.num_cached_tokens
@@ -165,7 +175,22 @@ async def _chunks(
                 has_token_data = bool(sample.token_ids) and (
                     sample.logprobs is not None or parsed.return_token_ids
                 )
-                if not sample.text and sample.finish_reason is None and not has_token_data:
+                content, reasoning = sample.text, None
+                if parser:
+                    split = splitters[sample.index].feed(sample.text)
+                    if sample.finish_reason is not None:
+                        last = splitters[sample.index].finish()
+                        split = Split(
+                            split.reasoning + last.reasoning, split.content + last.content
+                        )
+                    content = split.content or None
+                    if parsed.include_reasoning:
+                        reasoning = split.reasoning or None
+                if (
+                    not (content or reasoning)
+                    and sample.finish_reason is None
+                    and not has_token_data
+                ):
                     continue
                 logprobs = None
                 if sample.logprobs is not None:
@@ -174,11 +199,12 @@ async def _chunks(
                     )
                 choice = responses.chat_chunk_choice(
                     sample.index,
-                    sample.text,
+                    content,
                     logprobs,
                     sample.finish_reason,
                     sample.stop_reason,
                     sample.token_ids if parsed.return_token_ids else None,
+                    reasoning,
                 )
                 if sample.finish_reason is not None:
                     unfinished -= 1

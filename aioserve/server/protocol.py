@@ -84,7 +84,7 @@ _UNSUPPORTED: dict[str, str] = {
 }
 # Fields aioserve does not honour yet whose value is refused unless it is vLLM's default
 # for the route: (field, completions default, chat default).
-_DEFAULT_ONLY = (("add_special_tokens", True, False), ("include_reasoning", None, True))
+_DEFAULT_ONLY = (("add_special_tokens", True, False),)
 
 
 @dataclass
@@ -122,6 +122,8 @@ class ChatRequest(GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     """What the chat template gets as `tools` (see tools.py)."""
+    include_reasoning: bool = True
+    """With --reasoning-parser: send the reasoning (reasoning.py), or drop it."""
     echo: bool = False
     """Start the reply with the last message's content when the reply continues its role."""
 
@@ -218,6 +220,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         chat_template_kwargs=fields.get("chat_template_kwargs"),
         tools=template_tools(fields, state.frontend.exclude_tools_when_tool_choice_none),
         echo=echo,
+        include_reasoning=fields.get("include_reasoning", True),
         **_generation_fields(state, fields, params, max_tokens_field, "top_logprobs"),
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)

@@ -232,11 +232,12 @@ def completion_chunk_choice(
 def chat_choice(
     index: int,
     role: str,
-    content: str,
+    content: str | None,
     logprobs: dict[str, Any] | None,
     finish_reason: str | None,
     stop_reason: int | str | None,
     token_ids: list[int] | None,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
     return {
         "index": index,
@@ -247,7 +248,7 @@ def chat_choice(
             "annotations": None,
             "audio": None,
             "function_call": None,
-            "reasoning": None,
+            "reasoning": reasoning,
         },
         "logprobs": logprobs,
         "finish_reason": finish_reason,
@@ -300,15 +301,20 @@ def chat_role_chunk(
 
 def chat_chunk_choice(
     index: int,
-    content: str,
+    content: str | None,
     logprobs: dict[str, Any] | None,
     finish_reason: str | None,
     stop_reason: int | str | None,
     token_ids: list[int] | None,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
+    """A chat stream chunk's choice; its delta has `content`, and `reasoning` when given."""
+    delta: dict[str, Any] = {"content": content}
+    if reasoning is not None:
+        delta["reasoning"] = reasoning
     choice: dict[str, Any] = {
         "index": index,
-        "delta": {"content": content},
+        "delta": delta,
         "logprobs": logprobs,
         "finish_reason": finish_reason,
     }

@@ -225,7 +225,6 @@ def test_every_vllm_field_is_read_refused_or_harmless_to_ignore(server, monkeypa
         ("completions", "return_tokens_as_token_ids", True),
         ("chat", "chat_template", "{{ messages }}"),
         ("chat", "add_special_tokens", True),
-        ("chat", "include_reasoning", False),
         ("chat", "documents", [{"text": "x"}]),
     ],
 )

@@ -59,6 +59,11 @@ FRONTEND_FLAGS = [
     (["--return-tokens-as-token-ids"], "return_tokens_as_token_ids", True),
     (["--disable-frontend-multiprocessing"], "disable_frontend_multiprocessing", True),
     (["--enable-request-id-headers"], "enable_request_id_headers", True),
+    (
+        ["--exclude-tools-when-tool-choice-none"],
+        "exclude_tools_when_tool_choice_none",
+        True,
+    ),
     (["--enable-prompt-tokens-details"], "enable_prompt_tokens_details", True),
     (["--enable-server-load-tracking"], "enable_server_load_tracking", True),
     (["--disable-fastapi-docs"], "disable_fastapi_docs", True),
