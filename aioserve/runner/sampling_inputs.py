@@ -3,8 +3,9 @@
 `build_host_sampling` runs while the step is prepared: a few array lookups by slot and the
 step index of each row (how many tokens its sequence has sampled), all O(rows). The
 penalties' per-token counts and prompt masks stay on the device in `SlotTensors`, read in
-place by slot; a sequence's fixed logit bias was uploaded when it entered the runner, and
-only the bans of min_tokens, which end after a few tokens, are added per step.
+place by slot; a sequence's fixed logit bias and its allowed_token_ids bitmask were
+uploaded when it entered the runner, and only the bans of min_tokens, which end after a
+few tokens, are added per step.
 `HostSampling.to_batch` puts it together on the model thread as the sampler's
 `SamplingBatch`.
 """
@@ -49,6 +50,7 @@ class HostSampling:
     seeds_and_steps: np.ndarray  # [2, S] int64
     penalty_rows: np.ndarray | None  # int64: rows whose sequence uses penalties
     bias_rows: list[BiasRow]
+    bitmask_rows: np.ndarray | None  # int64: rows whose sequence has allowed_token_ids
     logprobs_wanted: list[int | None]  # per row: its sequence's `logprobs` setting
     all_greedy: bool
     all_random: bool
@@ -64,6 +66,11 @@ class HostSampling:
         seeds_and_steps = host_to_device(self.seeds_and_steps, device)
         uses_penalties = self.penalty_rows is not None
         bias_ids, bias_values = self._bias(state, device)
+        token_bitmask = bitmask_rows = None
+        if self.bitmask_rows is not None:
+            masks = state.allowed_bitmasks
+            token_bitmask = torch.stack([masks[int(self.slots[r])] for r in self.bitmask_rows])
+            bitmask_rows = host_to_device(self.bitmask_rows, device)
         return SamplingBatch(
             temperature=floats[TEMPERATURE],
             top_k=host_to_device(self.top_k, device),
@@ -82,6 +89,8 @@ class HostSampling:
             num_logprobs=self.num_logprobs,
             all_greedy=self.all_greedy,
             all_random=self.all_random,
+            token_bitmask=token_bitmask,
+            bitmask_rows=bitmask_rows,
         )
 
     def _bias(self, state: SlotTensors, device: torch.device) -> tuple[Tensor | None, ...]:
@@ -116,6 +125,7 @@ def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSamp
     settings = [slots.settings[slot] for slot in row_slots.tolist()]
     temperature = slots.float_settings[row_slots, TEMPERATURE]
     penalty = [row for row, s in enumerate(settings) if s.uses_penalties]
+    masked = np.flatnonzero(slots.has_allowed_bitmask[row_slots])
     bias_rows = []
     for row, (slot, s) in enumerate(zip(row_slots.tolist(), settings, strict=True)):
         banned = None
@@ -131,6 +141,7 @@ def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSamp
         seeds_and_steps=np.stack([slots.seeds[row_slots], steps]),
         penalty_rows=np.asarray(penalty, dtype=np.int64) if penalty else None,
         bias_rows=bias_rows,
+        bitmask_rows=masked.astype(np.int64) if masked.size else None,
         logprobs_wanted=[s.logprobs for s in settings],
         all_greedy=bool((temperature == 0.0).all()),
         all_random=bool((temperature > 0.0).all()),

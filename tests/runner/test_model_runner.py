@@ -197,7 +197,12 @@ def test_min_tokens_bans_lift_after_the_minimum_and_allowed_ids_hold(monkeypatch
     for step, (_, batch, _) in enumerate(calls):
         ids = batch.bias_token_ids[0].tolist()
         values = dict(zip(ids, batch.bias_values[0].tolist(), strict=True))
-        assert values[120] == 5.0 and values[0] == float("-inf")  # fixed bias, every step
+        assert values[120] == 5.0  # the fixed bias, every step
+        # allowed_token_ids as a bitmask of the vocabulary: exactly the allowed bits set.
+        assert batch.bitmask_rows.tolist() == [0]
+        words = batch.token_bitmask[0].tolist()
+        bits = [t for t in range(32 * len(words)) if (words[t // 32] >> (t % 32)) & 1]
+        assert bits == list(allowed)
         assert (101 in ids and 102 in ids) == (step < 3), step
         if step < 3:
             assert sampled[step] not in (101, 102)

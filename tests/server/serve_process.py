@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from tests.child_process import die_with_parent
+from tests.child_process import start_logged
 from tests.server.conftest import MODEL
 from tests.server.openai_helpers import Reply, client
 
@@ -86,14 +86,7 @@ def start_server(gguf: Path, log: Path) -> Iterator[Server]:
     argv += ["--seed", "0", "--api-key", API_KEY, "--enforce-eager"]
     argv += ["--served-model-name", MODEL]  # the name in vLLM's recorded requests
     environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            argv,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            preexec_fn=die_with_parent,
-        )
+    process = start_logged(argv, log, environment)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_healthy(process, url, log)

@@ -37,7 +37,7 @@ from aioserve.engine.build import engine_parts_around
 from aioserve.runner.stand_in_runner import StandInRunner
 from aioserve.server.app import build_app
 from aioserve.server.state import ServerState
-from tests.child_process import die_with_parent
+from tests.child_process import start_logged
 from tests.server.conftest import MODEL, BackgroundLoop, serve_app
 from tests.server.serve_process import fetch, free_port, openai_error, wait_until_healthy
 from tests.server.test_systemd_notify import HangingStep
@@ -255,14 +255,7 @@ def start_faulty_server(tiny_model: str, tmp_path: Path) -> tuple[subprocess.Pop
     environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     python_path = os.pathsep.join(p for p in (str(FAULTS), environment.get("PYTHONPATH")) if p)
     environment |= {"PYTHONPATH": python_path, "AIOSERVE_TEST_FAULTS": str(tmp_path)}
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            argv,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            preexec_fn=die_with_parent,
-        )
+    process = start_logged(argv, log, environment)
     try:
         wait_until_healthy(process, url, log)
     except BaseException:

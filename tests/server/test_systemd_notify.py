@@ -31,7 +31,7 @@ from aioserve.server.systemd_notify import (
     notify_socket_address,
     watchdog_interval,
 )
-from tests.child_process import die_with_parent
+from tests.child_process import start_logged
 from tests.server.serve_process import START_LIMIT_S, fetch, free_port, metric, read_metrics
 
 WATCHDOG_S = 0.5
@@ -282,14 +282,7 @@ def test_serve_says_ready_once_it_answers_pings_while_serving_and_stopping_on_si
     argv += ["--num-gpu-blocks-override", "64", "--served-model-name", "tiny"]
     environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     environment |= {"NOTIFY_SOCKET": systemd.address, "WATCHDOG_USEC": "500000"}
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            argv,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            preexec_fn=die_with_parent,
-        )
+    process = start_logged(argv, log, environment)
     try:
         before_ready = systemd.wait_for("READY=1", START_LIMIT_S, process)
         # Ready means answering: no retry, no wait.

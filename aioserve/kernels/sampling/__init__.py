@@ -7,7 +7,9 @@ follow vLLM v1's order:
 1. Raw logprobs, if any row asked for logprobs: log_softmax of the float32 logits before
    any processing (vLLM's default "raw_logprobs").
 2. Logit bias: per-row (token id, value) pairs, added; -inf values ban tokens (the engine
-   uses them for min_tokens and allowed_token_ids). A token listed twice gets both values.
+   uses them for min_tokens). A token listed twice gets both values. After step 3, the
+   token bitmasks of constrained rows (allowed_token_ids, structured outputs) set every
+   token whose bit is unset to -inf (`token_bitmask`); a ban is a ban in either order.
 3. Penalties over the float32 logits, vLLM's definitions: repetition penalty on tokens
    seen in the prompt or the output (`l > 0 ? l / rp : l * rp`), then
    `l -= frequency_penalty * count_in_output`, then `l -= presence_penalty * (count > 0)`.
@@ -41,7 +43,7 @@ the execution path on the CPU. `sample` picks one with `dispatch.use_triton()`.
 
 Modules, one stage each: `penalties` (steps 2-3), `masks` (step 5 without the draw),
 `uniform` (the hash), `sampler` (the draw and the whole pipeline), `logprobs` (step 6),
-`common` (the batch and result types).
+`token_bitmask` (the bitmasks of step 2), `common` (the batch and result types).
 """
 
 from aioserve.kernels.sampling.common import (

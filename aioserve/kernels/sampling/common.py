@@ -48,6 +48,10 @@ class SamplingBatch:
     # [B] int64: the row of output_token_counts / prompt_token_mask that each batch row
     # reads (the runner keeps them per sequence slot). None: batch row b reads row b.
     state_rows: Tensor | None = None
+    # The tokens some rows may sample, as bitmasks (token_bitmask.py): [M, ceil(V / 32)]
+    # int32, and [M] int64 the batch row each constrains. None: every token allowed.
+    token_bitmask: Tensor | None = None
+    bitmask_rows: Tensor | None = None
 
 
 @dataclass
@@ -81,6 +85,8 @@ def make_sampling_batch(
     prompt_token_mask: Tensor | None = None,
     logit_bias: Sequence[Mapping[int, float]] | None = None,
     num_logprobs: int = -1,
+    token_bitmask: Tensor | None = None,
+    bitmask_rows: Tensor | None = None,
 ) -> SamplingBatch:
     """A SamplingBatch from per-row values (a scalar applies to every row); for tests."""
 
@@ -115,6 +121,8 @@ def make_sampling_batch(
         num_logprobs=num_logprobs,
         all_greedy=bool((temperature_t < SAMPLING_EPS).all()),
         all_random=bool((temperature_t >= SAMPLING_EPS).all()),
+        token_bitmask=token_bitmask,
+        bitmask_rows=bitmask_rows,
     )
 
 

@@ -131,10 +131,12 @@ def _bias_penalties_kernel(
 
 
 def _needs_processing(batch: SamplingBatch) -> bool:
+    """Whether the logits change before the draw (a bitmask writes into the copy made here)."""
     return (
         batch.output_token_counts is not None
         or batch.prompt_token_mask is not None
         or batch.bias_token_ids is not None
+        or batch.token_bitmask is not None
     )
 
 

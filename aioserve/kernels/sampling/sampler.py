@@ -30,6 +30,10 @@ from aioserve.kernels.sampling.penalties import (
     apply_bias_and_penalties_reference,
     apply_bias_and_penalties_triton,
 )
+from aioserve.kernels.sampling.token_bitmask import (
+    apply_token_bitmask_reference,
+    apply_token_bitmask_triton,
+)
 from aioserve.kernels.sampling.uniform import (
     _row_key,
     _row_key_reference,
@@ -113,6 +117,8 @@ def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
     processed = (
         apply_bias_and_penalties_triton(logits, batch) if _needs_processing(batch) else logits
     )
+    if batch.token_bitmask is not None:
+        apply_token_bitmask_triton(processed, batch.token_bitmask, batch.bitmask_rows)
     masked = processed  # what the sample kernel reads for random rows (none if all greedy)
     row_max = torch.empty(num_rows, dtype=torch.float32, device=device)
     if not batch.all_greedy:
@@ -226,6 +232,10 @@ def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         token_ids = torch.empty(0, dtype=torch.int64, device=logits.device)
         return SamplerOutput(token_ids, _empty_logprobs(batch, logits.device))
     x = apply_bias_and_penalties_reference(logits, batch)
+    if batch.token_bitmask is not None:
+        if x is logits:  # never write into the caller's logits
+            x = x.clone()
+        apply_token_bitmask_reference(x, batch.token_bitmask, batch.bitmask_rows)
     if batch.all_random:
         token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     else:
