@@ -28,10 +28,9 @@ def test_every_phase_is_stamped_in_order_and_the_server_stops(smollm2_gguf):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     stamps = re.findall(r"^\[ *([\d.]+) s\] (.+)$", run.stderr, flags=re.MULTILINE)
-    events = [event for _, event in stamps]
-    times = [float(seconds) for seconds, _ in stamps]
-    assert times == sorted(times)
-    assert events[:2] == ["torch imported", "aioserve's engine imported"]
-    assert events[-1] == "healthy"
+    # Lines from the zeroing thread may come out of order with the main thread's.
+    at = {event: float(seconds) for seconds, event in stamps}
+    assert [event for _, event in stamps][:2] == ["torch imported", "aioserve's engine imported"]
+    assert at["healthy"] == max(at.values())
     for phase in PHASES:
-        assert events.index(f"{phase} starts") < events.index(f"{phase} ends"), events
+        assert at["aioserve's engine imported"] <= at[f"{phase} starts"] <= at[f"{phase} ends"]
