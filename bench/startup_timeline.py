@@ -25,7 +25,10 @@ STARTED = time.perf_counter()
 
 
 def stamp(what: str) -> None:
-    print(f"[{time.perf_counter() - STARTED:6.2f} s] {what}", file=sys.stderr, flush=True)
+    # One write a line: the zeroing thread stamps too, and print() writes the text and its
+    # newline apart, so two threads' lines could run together.
+    sys.stderr.write(f"[{time.perf_counter() - STARTED:6.2f} s] {what}\n")
+    sys.stderr.flush()
 
 
 def timed(owner: object, name: str, label: str) -> None:

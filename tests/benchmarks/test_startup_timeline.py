@@ -28,7 +28,7 @@ def test_every_phase_is_stamped_in_order_and_the_server_stops(smollm2_gguf):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     stamps = re.findall(r"^\[ *([\d.]+) s\] (.+)$", run.stderr, flags=re.MULTILINE)
-    # Lines from the zeroing thread may come out of order with the main thread's.
+    # The zeroing thread's lines may come out of order with the main thread's.
     at = {event: float(seconds) for seconds, event in stamps}
     assert [event for _, event in stamps][:2] == ["torch imported", "aioserve's engine imported"]
     assert at["healthy"] == max(at.values())

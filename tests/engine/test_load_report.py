@@ -4,10 +4,10 @@ Every figure must be the tensors' own bytes, not an estimate."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 
-import numpy as np
 import pytest
 import torch
 from gguf import GGUFReader
@@ -141,11 +141,15 @@ def test_resident_memory_is_the_process_rss_and_follows_allocations():
     rss = resident_memory_bytes()
     assert rss is not None and rss > 0
     assert abs(rss - _statm_resident_bytes()) < 16 * 2**20
-    held = np.ones(64 * 2**20, dtype=np.uint8)  # every page written
+    # Fresh pages from the kernel, every one written: a malloc'd array (np.ones) may reuse
+    # heap pages already resident, and then the RSS does not move (it failed so in CI).
+    size = 64 * 2**20
+    held = mmap.mmap(-1, size)
+    held.write(b"\x01" * size)
     grown = resident_memory_bytes()
     assert grown - rss > 60 * 2**20
     assert abs(grown - _statm_resident_bytes()) < 16 * 2**20
-    del held
+    held.close()
 
 
 @pytest.mark.parametrize(
