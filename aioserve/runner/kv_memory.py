@@ -45,23 +45,27 @@ def allocate_kv_caches(
         for _ in range(config.num_hidden_layers)
     ]
     if device.type != "cpu":
-        for key, value in caches:
-            key.zero_()
-            value.zero_()
+        _zero_all(caches)
         return caches, None
-    zeroing = threading.Thread(target=_zero_all, args=(caches,), name="kv-zeroing", daemon=True)
+    zeroing = threading.Thread(
+        target=_zero_all_on_one_core, args=(caches,), name="kv-zeroing", daemon=True
+    )
     zeroing.start()
     return caches, zeroing
 
 
 def _zero_all(caches: list[KVCache]) -> None:
-    # One core: compiling, in the other thread, runs on one core and leaves the other free.
-    # (torch's thread count is per thread: the model thread keeps all of its own.)
-    torch.set_num_threads(1)
     with torch.inference_mode():
         for key, value in caches:
             key.zero_()
             value.zero_()
+
+
+def _zero_all_on_one_core(caches: list[KVCache]) -> None:
+    # One core: compiling, in the other thread, runs on one core and leaves the other free.
+    # (torch's thread count is per thread: the model thread keeps all of its own.)
+    torch.set_num_threads(1)
+    _zero_all(caches)
 
 
 def kv_cache_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:

@@ -53,6 +53,8 @@ def plan_prompt_logprobs(
     plan: StepPlan, slots: SequenceSlots, query_start_loc: np.ndarray
 ) -> HostPromptLogprobs | None:
     """The step's prompt-logprob rows, or None when no chunk of the step asks for any."""
+    if not slots.any_prompt_logprobs:  # every step goes through here: the common case first
+        return None
     rows: list[np.ndarray] = []
     targets: list[np.ndarray] = []
     spans: list[PromptSpan] = []

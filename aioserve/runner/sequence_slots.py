@@ -100,6 +100,11 @@ class SequenceSlots:
             self._prompts.pop(slot, None)
             self._free.append(slot)
 
+    @property
+    def any_prompt_logprobs(self) -> bool:
+        """Whether some sequence in the runner wants prompt logprobs."""
+        return bool(self._prompts)
+
     def prompt_for_logprobs(self, seq_id: str) -> np.ndarray | None:
         """The prompt of a sequence that wants prompt logprobs (int64), else None."""
         return self._prompts.get(self.slot(seq_id))
