@@ -54,46 +54,34 @@ def validate_request(
     for token_id in prompt_ids:
         if not 0 <= token_id < vocab:
             raise InvalidRequest(_out_of_vocabulary(token_id, vocab), "prompt", token_id)
-    if params.logprobs is not None and s.max_logprobs != -1 and params.logprobs > s.max_logprobs:
-        raise InvalidRequest(
-            f"Requested sample logprobs of {params.logprobs}, which is greater than max "
-            f"allowed: {s.max_logprobs}",
-            "logprobs",
-            params.logprobs,
-        )
-    if params.logprobs is not None and params.logprobs > vocab:
-        # Reachable with --max-logprobs -1 (no limit); a top-n cannot exceed the vocabulary.
-        raise InvalidRequest(
-            f"Requested sample logprobs of {params.logprobs}, which is greater than the "
-            f"vocabulary size of {vocab}",
-            "logprobs",
-            params.logprobs,
-        )
+    _check_num_logprobs("sample", "logprobs", params.logprobs, s.max_logprobs, vocab)
     if params.stop and not has_tokenizer:
         raise InvalidRequest(
             "stop strings need the tokenizer, which is not loaded (--skip-tokenizer-init)",
             "stop",
             params.stop,
         )
-    wanted = params.prompt_logprobs
-    if wanted is not None and s.max_logprobs != -1 and wanted > s.max_logprobs:
-        raise InvalidRequest(
-            f"Requested prompt logprobs of {wanted}, which is greater than max allowed: "
-            f"{s.max_logprobs}",
-            "prompt_logprobs",
-            wanted,
-        )
-    if wanted is not None and wanted > vocab:
-        raise InvalidRequest(
-            f"Requested prompt logprobs of {wanted}, which is greater than the vocabulary "
-            f"size of {vocab}",
-            "prompt_logprobs",
-            wanted,
-        )
+    _check_num_logprobs("prompt", "prompt_logprobs", params.prompt_logprobs, s.max_logprobs, vocab)
     for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
         for token_id in getattr(params, field) or ():
             if not 0 <= token_id < vocab:
                 raise InvalidRequest(_out_of_vocabulary(token_id, vocab), field, token_id)
+
+
+def _check_num_logprobs(kind: str, field: str, wanted: int | None, cap: int, vocab: int) -> None:
+    """`wanted` top logprobs (of sampled or prompt tokens) within --max-logprobs (-1: no
+    cap) and within the vocabulary, which a top-n cannot exceed."""
+    if wanted is None:
+        return
+    if cap != -1 and wanted > cap:
+        limit = f"max allowed: {cap}"
+    elif wanted > vocab:
+        limit = f"the vocabulary size of {vocab}"
+    else:
+        return
+    raise InvalidRequest(
+        f"Requested {kind} logprobs of {wanted}, which is greater than {limit}", field, wanted
+    )
 
 
 def _out_of_vocabulary(token_id: int, vocab_size: int) -> str:

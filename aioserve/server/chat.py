@@ -26,7 +26,7 @@ from aioserve.server.protocol import (
     check_serving,
     parse_chat_request,
 )
-from aioserve.server.reasoning import ReasoningSplitter, Split, split_answer
+from aioserve.server.reasoning import ReasoningSplitter, split_answer
 from aioserve.server.responses import ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
@@ -177,12 +177,9 @@ async def _chunks(
                 )
                 content, reasoning = sample.text, None
                 if parser:
-                    split = splitters[sample.index].feed(sample.text)
-                    if sample.finish_reason is not None:
-                        last = splitters[sample.index].finish()
-                        split = Split(
-                            split.reasoning + last.reasoning, split.content + last.content
-                        )
+                    split = splitters[sample.index].feed(
+                        sample.text, last=sample.finish_reason is not None
+                    )
                     content = split.content or None
                     if parsed.include_reasoning:
                         reasoning = split.reasoning or None

@@ -43,8 +43,9 @@ class ReasoningSplitter:
         self._state = _AT_START if self.thinking else _CONTENT
         self._held = ""  # the start of what may be a marker, not yet given to either field
 
-    def feed(self, text: str) -> Split:
-        """The reasoning and content that `text`, the answer's next piece, completes."""
+    def feed(self, text: str, last: bool = False) -> Split:
+        """The reasoning and content that `text`, the answer's next piece, completes; with
+        `last`, also what was held back, which the end shows was not a marker after all."""
         split = Split()
         pending = self._held + text
         self._held = ""
@@ -71,14 +72,13 @@ class ReasoningSplitter:
             split.reasoning += pending[: len(pending) - keep]
             self._held = pending[len(pending) - keep :]
             break
+        if last:
+            held, self._held = self._held, ""
+            if self._state == _CONTENT:
+                split.content += held
+            else:
+                split.reasoning += held
         return split
-
-    def finish(self) -> Split:
-        """What was held back, once the answer is complete: not a marker after all."""
-        held, self._held = self._held, ""
-        if self._state == _CONTENT:
-            return Split(content=held)
-        return Split(reasoning=held)
 
 
 def split_answer(
@@ -87,10 +87,8 @@ def split_answer(
     """(reasoning, content) of a whole answer; None for a field the answer has nothing for
     (content is null until the reasoning ends, as in vLLM)."""
     splitter = ReasoningSplitter(parser, chat_template_kwargs)
-    first, last = splitter.feed(text), splitter.finish()
-    reasoning = first.reasoning + last.reasoning
-    content = first.content + last.content
-    return (reasoning if splitter.thinking else None), (content or None)
+    split = splitter.feed(text, last=True)
+    return (split.reasoning if splitter.thinking else None), (split.content or None)
 
 
 def _partial_marker_length(text: str, marker: str) -> int:

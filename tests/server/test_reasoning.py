@@ -32,7 +32,8 @@ ANSWERS = [
 
 def streamed(parser: str, pieces: list[str], kwargs: dict | None = None) -> tuple[str, str]:
     splitter = ReasoningSplitter(parser, kwargs)
-    splits = [splitter.feed(piece) for piece in pieces] + [splitter.finish()]
+    ends = [i == len(pieces) - 1 for i in range(len(pieces))]
+    splits = [splitter.feed(piece, last) for piece, last in zip(pieces, ends, strict=True)]
     return "".join(s.reasoning for s in splits), "".join(s.content for s in splits)
 
 
