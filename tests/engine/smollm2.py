@@ -92,9 +92,17 @@ def hf_greedy(gguf_path: str, prompt_ids: list[int], new_tokens: int = NEW_TOKEN
     return generated
 
 
-def float32_engine(model_path, max_model_len: int) -> AsyncEngine:
+@torch.inference_mode()
+def hf_prompt_logprobs(gguf_path: str, prompt_ids: list[int]) -> torch.Tensor:
+    """transformers' log-softmax over a prompt: row i scores prompt token i + 1."""
+    logits = hf_model(gguf_path)(torch.tensor([prompt_ids])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)[:-1]
+
+
+def float32_engine(model_path, max_model_len: int, **settings) -> AsyncEngine:
     """An AsyncEngine on the default model's GGUF: float32, seed 0, `max_model_len` context,
-    run eagerly (tests/engine/test_smollm2_greedy.py covers the compiled step)."""
+    run eagerly (tests/engine/test_smollm2_greedy.py covers the compiled step); `settings`
+    are more LLM-style keywords."""
     return AsyncEngine.from_config(
         engine_config_from_kwargs(
             model=str(model_path),
@@ -102,6 +110,7 @@ def float32_engine(model_path, max_model_len: int) -> AsyncEngine:
             seed=0,
             max_model_len=max_model_len,
             enforce_eager=True,
+            **settings,
         )
     )
 

@@ -12,27 +12,26 @@ import asyncio
 import pytest
 import torch
 
-from aioserve import AsyncEngine, RequestOutputKind, SamplingParams
-from aioserve.config.engine import engine_config_from_kwargs
-from tests.engine.smollm2 import LONG_PASSAGE, SHARED_PREFIX, collect, hf_model
+from aioserve import RequestOutputKind, SamplingParams
+from tests.engine.smollm2 import (
+    LONG_PASSAGE,
+    SHARED_PREFIX,
+    collect,
+    float32_engine,
+    hf_prompt_logprobs,
+)
 
 pytestmark = pytest.mark.slow
 
 NUM_TOP = 3
 
 
-def engine_with(smollm2_gguf, **settings) -> AsyncEngine:
-    config = engine_config_from_kwargs(
-        model=str(smollm2_gguf), dtype="float32", seed=0, max_model_len=1024,
-        enforce_eager=True, **settings,
-    )  # fmt: skip
-    return AsyncEngine.from_config(config)
-
-
 @pytest.fixture(scope="module")
 def chunked(smollm2_gguf):
     """Chunks of 32 tokens; prefix caching on (the default)."""
-    engine = engine_with(smollm2_gguf, max_num_batched_tokens=32, enable_chunked_prefill=True)
+    engine = float32_engine(
+        smollm2_gguf, 1024, max_num_batched_tokens=32, enable_chunked_prefill=True
+    )
     yield engine
     asyncio.run(engine.shutdown())
 
@@ -41,15 +40,8 @@ def prompt_ids(engine, text: str, length: int) -> list[int]:
     return engine.tokenizer(text).input_ids[:length]
 
 
-@torch.inference_mode()
-def reference(smollm2_gguf, prompt: list[int]) -> torch.Tensor:
-    """transformers' log-softmax over the prompt: row i scores prompt token i + 1."""
-    logits = hf_model(str(smollm2_gguf))(torch.tensor([prompt])).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)[:-1]
-
-
 def assert_matches_reference(smollm2_gguf, prompt: list[int], prompt_logprobs) -> None:
-    expected = reference(smollm2_gguf, prompt)
+    expected = hf_prompt_logprobs(str(smollm2_gguf), prompt)
     assert len(prompt_logprobs) == len(prompt)
     assert prompt_logprobs[0] is None
     for position in range(1, len(prompt)):
@@ -105,7 +97,7 @@ def test_delta_outputs_carry_them_once_and_n_siblings_share_them(smollm2_gguf, c
     assert len(carrying) == 1 and carrying[0] is outputs[0]
     scored = carrying[0].prompt_logprobs
     assert all(len(entries) == 1 for entries in scored[1:])  # k = 0: the token's own only
-    expected = reference(smollm2_gguf, prompt)
+    expected = hf_prompt_logprobs(str(smollm2_gguf), prompt)
     for position in range(1, len(prompt)):
         token = prompt[position]
         assert scored[position][token].logprob == pytest.approx(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.smollm2 import LONG_PASSAGE, hf_model
+from tests.engine.smollm2 import LONG_PASSAGE, hf_prompt_logprobs
 from tests.server.conftest import MODEL
 from tests.server.openai_helpers import client, post
 
@@ -18,13 +18,6 @@ CONTEXT = "The river that runs through the old town floods every spring, and the
 CONTINUATION = " move their ovens upstairs."
 
 
-@torch.inference_mode()
-def reference(smollm2_gguf, prompt: list[int]) -> torch.Tensor:
-    """Row i: transformers' log-softmax scoring prompt token i + 1."""
-    logits = hf_model(str(smollm2_gguf))(torch.tensor([prompt])).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)[:-1]
-
-
 def test_completion_prompt_logprobs_match_transformers(openai_server, engine, smollm2_gguf):
     prompt = engine.tokenizer(LONG_PASSAGE).input_ids[:60]
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 2}
@@ -32,7 +25,7 @@ def test_completion_prompt_logprobs_match_transformers(openai_server, engine, sm
     assert reply.status == 200, reply.body
     (choice,) = reply.json()["choices"]
     scored = choice["prompt_logprobs"]
-    expected = reference(smollm2_gguf, prompt)
+    expected = hf_prompt_logprobs(str(smollm2_gguf), prompt)
     assert len(scored) == len(prompt) and scored[0] is None
     for position in range(1, len(prompt)):
         entry = scored[position][str(prompt[position])]
@@ -78,7 +71,7 @@ def test_echo_with_logprobs_scores_the_prompt(
     assert "".join(tokens[: len(prompt)]) == text
     assert text_out.startswith(text) and (max_tokens or text_out == text)
     assert token_logprobs[0] is None
-    expected = reference(smollm2_gguf, prompt)
+    expected = hf_prompt_logprobs(str(smollm2_gguf), prompt)
     got = torch.tensor(token_logprobs[1 : len(prompt)])
     want = expected[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
     torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
