@@ -49,6 +49,7 @@ def _vllm(
     return Argument(name, group, default, help, kind, **more)
 
 
+_STRUCTURED_OUTPUT_BACKENDS = ("auto", "outlines", "guidance")
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 # fmt: off
 _VLLM_QUANTIZATIONS = (
@@ -268,14 +269,33 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("pt-load-map-location", LOAD, "cpu", "map_location for loading .pt checkpoints."),
     _vllm("qlora-adapter-name-or-path", LOAD, None, "Deprecated in vLLM; has no effect."),
     # --- DecodingConfig --------------------------------------------------------------------
-    _vllm("guided-decoding-backend", DECODING, "auto", "Default structured-output backend.",
-          choices=("auto", "guidance", "lm-format-enforcer", "outlines", "xgrammar")),
-    _vllm("guided-decoding-disable-fallback", DECODING, False,
-          "Fail rather than switch structured-output backends.", "bool"),
-    _vllm("guided-decoding-disable-any-whitespace", DECODING, False,
-          "Forbid free whitespace in guided JSON.", "bool"),
-    _vllm("guided-decoding-disable-additional-properties", DECODING, False,
-          "guidance backend: forbid additionalProperties in JSON schemas.", "bool"),
+    Argument("guided-decoding-backend", DECODING, "auto",
+             "Default structured-output backend: auto (outlines where it enforces the whole "
+             "constraint, else guidance), outlines or guidance (llguidance). A request may "
+             "pick its own (guided_decoding_backend).", convert=values.string,
+             choices=_STRUCTURED_OUTPUT_BACKENDS, vllm_choices=("lm-format-enforcer", "xgrammar"),
+             choice_noun="structured-output backend"),
+    Argument("guided-decoding-disable-fallback", DECODING, False,
+             "With backend auto, refuse a constraint outlines cannot compile rather than "
+             "hand it to guidance.", "bool", convert=values.boolean),
+    Argument("guided-decoding-disable-any-whitespace", DECODING, False,
+             "No whitespace between the tokens of guided JSON.", "bool", convert=values.boolean),
+    Argument("guided-decoding-disable-additional-properties", DECODING, False,
+             "JSON schemas' objects take only the properties they list.", "bool",
+             convert=values.boolean),
+    Argument("structured-outputs-config", DECODING, {},
+             "vLLM's newer form of the four --guided-decoding-* settings, as JSON: "
+             '{"backend": "guidance", "disable_any_whitespace": true}; it wins where both '
+             "are given.", "json",
+             convert=values.json_settings(
+                 {
+                     "backend": values.one_of(*_STRUCTURED_OUTPUT_BACKENDS),
+                     "disable_fallback": values.boolean,
+                     "disable_any_whitespace": values.boolean,
+                     "disable_additional_properties": values.boolean,
+                 },
+                 unsupported=("reasoning_parser", "reasoning_parser_plugin", "enable_in_reasoning"),
+             )),
     _vllm("enable-reasoning", DECODING, None,
           "Deprecated in vLLM (--reasoning-parser alone enables reasoning).", "bool"),
     Argument("reasoning-parser", DECODING, "",

@@ -85,6 +85,11 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class DecodingConfig:
     reasoning_parser: str  # "": none
+    guided_decoding_backend: str
+    guided_decoding_disable_fallback: bool
+    guided_decoding_disable_any_whitespace: bool
+    guided_decoding_disable_additional_properties: bool
+    structured_outputs_config: dict[str, Any]  # wins over the four above where it sets a key
 
 
 @dataclass(frozen=True)

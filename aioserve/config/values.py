@@ -187,3 +187,39 @@ def import_paths(value: Any) -> list[str]:
         if "." not in path.strip("."):
             raise ValueError(f"must be import paths such as package.module.name, got {path!r}")
     return paths
+
+
+def json_settings(
+    fields: dict[str, Callable[[Any], Any]], unsupported: tuple[str, ...] = ()
+) -> Callable[[Any], dict[str, Any]]:
+    """A JSON object of named settings, each checked by its converter in `fields`; a key
+    in `unsupported` is refused as not supported yet, any other as unknown."""
+
+    def convert(value: Any) -> dict[str, Any]:
+        settings = json_object(value)
+        for key in settings:
+            if key in unsupported:
+                raise ValueError(f"key {key!r} is not supported by aioserve yet")
+            if key not in fields:
+                raise ValueError(f"has no key {key!r} (it takes {', '.join(fields)})")
+        checked = {}
+        for key, raw in settings.items():
+            try:
+                checked[key] = fields[key](raw)
+            except ValueError as error:
+                raise ValueError(f"key {key!r} {error}") from None
+        return checked
+
+    return convert
+
+
+def one_of(*choices: str) -> Callable[[Any], str]:
+    """A string among `choices`."""
+
+    def convert(value: Any) -> str:
+        text = string(value)
+        if text not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+
+    return convert

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aioserve.engine.build import EngineSettings
 from aioserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from aioserve.engine.build import EngineSettings
 
 
 class InvalidRequest(ValueError):

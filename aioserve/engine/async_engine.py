@@ -56,6 +56,8 @@ from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.stats import StatLogger, StatsReporter
+from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
+from aioserve.engine.structured_outputs.step_masks import StepMasks, accept_tokens
 from aioserve.platform import is_gpu
 from aioserve.runner.model_runner import PreparedStep, StepOutput
 from aioserve.runner.step_plan import StepResult
@@ -84,6 +86,7 @@ class _StepInFlight:
     scheduled: SchedulerOutput
     future: asyncio.Future  # of an _ExecutedStep
     started: threading.Event  # set by the model thread as it begins the step
+    masks: StepMasks | None  # its structured-output masks, filled before it samples
 
 
 class AsyncEngine:
@@ -106,6 +109,9 @@ class AsyncEngine:
             self.scheduler, s.max_num_queued_reqs, s.max_num_queued_tokens
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.structured_outputs = StructuredOutputCompiler(
+            self.tokenizer, self.hf_config.vocab_size, s.structured_outputs
+        )
         self._seed_rng = random.Random(s.seed)
         self._arrivals = itertools.count()
         self._states: dict[str, RequestState] = {}  # user request id -> state
@@ -163,10 +169,19 @@ class AsyncEngine:
         return prompt, self.tokenizer(prompt).input_ids
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise InvalidRequest if add_request would refuse this prompt with `params`."""
+        """Raise InvalidRequest if add_request would refuse this prompt with `params`
+        (compiling its structured output: see `compile_structured_output`)."""
         validate_request(
             self.settings, self.hf_config.vocab_size, self.tokenizer is not None, prompt_ids, params
         )
+        if params.structured_outputs is not None:
+            self.structured_outputs.compile(params.structured_outputs)
+
+    async def compile_structured_output(self, params: SamplingParams) -> None:
+        """Compile the request's structured output off the event loop (InvalidRequest when
+        it cannot be), so that check_request and add_request find it compiled."""
+        if params.structured_outputs is not None:
+            await self.structured_outputs.compile_async(params.structured_outputs)
 
     def add_request(
         self,
@@ -218,6 +233,8 @@ class AsyncEngine:
                 arrival_time=now,
                 arrival_index=arrival,
             )
+            if params.structured_outputs is not None:
+                request.matcher = self.structured_outputs.new_matcher(params.structured_outputs)
             state.samples.append(self.output_processor.new_sample(index, request))
             self._sample_of[sequence_id] = (state, index)
         try:
@@ -304,7 +321,7 @@ class AsyncEngine:
                 if len(in_flight) < depth and self.scheduler.has_unfinished():
                     output = self.scheduler.schedule()
                     if not output.is_empty:
-                        step = self._launch_step(output)
+                        step = self._launch_step(output, fill_masks=not in_flight)
                         if step is not None:  # else preparing it failed its requests
                             in_flight.append(step)
                         continue
@@ -326,6 +343,9 @@ class AsyncEngine:
             self._die(error)
         finally:
             clock.parked = True  # stopped, dead or cancelled: not a stall
+            for step in in_flight:  # no step may wait for masks that will never come
+                if step.masks is not None and not step.masks.bitmask.is_ready:
+                    step.masks.abandon()
 
     def _die(self, error: BaseException) -> None:
         """No step can run again: end every request with EngineDeadError, refuse new ones."""
@@ -340,19 +360,24 @@ class AsyncEngine:
             self._forget(state)
         self._stats.step_done(self.scheduler, self.kv_cache)
 
-    def _launch_step(self, output: SchedulerOutput) -> _StepInFlight | None:
-        """Prepare a scheduled step and queue it on the model thread (None if preparing failed)."""
+    def _launch_step(self, output: SchedulerOutput, fill_masks: bool) -> _StepInFlight | None:
+        """Prepare a scheduled step and queue it on the model thread (None if preparing
+        failed). Its structured-output masks are filled now if `fill_masks`, else once the
+        step in flight before it has returned its tokens."""
         self._mark_scheduled(output)
         loop = asyncio.get_running_loop()
         index = self._failures.launch()
+        masks = StepMasks.plan(output, self.hf_config.vocab_size)
         try:
             prepared = self.runner.prepare(output.plan)
         except Exception as error:
             self._step_failed(output, index, error, "preparing a model step failed")
             return None
+        if masks is not None and fill_masks:
+            self._fill_masks(masks)
         started = threading.Event()
         future = loop.run_in_executor(self._model_thread, self._execute, prepared, started)
-        return _StepInFlight(index, output, future, started)
+        return _StepInFlight(index, output, future, started, masks)
 
     def _execute(self, prepared: PreparedStep, started_event: threading.Event) -> _ExecutedStep:
         """On the model thread: run the step, noting when it started and ended."""
@@ -362,7 +387,37 @@ class AsyncEngine:
         return _ExecutedStep(output, started, time.monotonic())
 
     async def _finish_step(self, step: _StepInFlight, next_step: _StepInFlight | None) -> None:
-        """Wait for a step's tokens, then record them and deliver the outputs."""
+        """Wait for a step's tokens, record them and deliver the outputs; then fill the
+        structured-output masks of the step after it, which may be waiting for them."""
+        masks = next_step.masks if next_step is not None else None
+        try:
+            await self._record_step(step, next_step)
+        except BaseException:
+            if masks is not None:
+                masks.abandon()
+            raise
+        if masks is not None:
+            self._fill_masks(masks)
+
+    def _fill_masks(self, masks: StepMasks) -> None:
+        dead_ends = masks.fill()
+        if dead_ends:
+            self._end_with_error(dead_ends, "its structured output allows no further token")
+
+    def _end_with_error(self, requests: list[Request], why: str) -> None:
+        """End sequences that cannot go on, with finish_reason "error"."""
+        for request in requests:
+            logger.warning("request %s ends: %s", request.request_id, why)
+        ids = [request.request_id for request in requests]
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+        for request in requests:
+            state, index = self._sample_of.get(request.request_id, (None, 0))
+            if state is not None and state.samples[index].request is request:
+                self.output_processor.finish_sample(state.samples[index])
+                state.changed.add(index)
+                self._deliver(state)
+
+    async def _record_step(self, step: _StepInFlight, next_step: _StepInFlight | None) -> None:
         try:
             executed = await step.future
             if next_step is not None:
@@ -410,6 +465,7 @@ class AsyncEngine:
     ) -> None:
         touched: dict[str, RequestState] = {}
         stopped_by_text: list[str] = []
+        off_constraint: list[Request] = []
         now = time.monotonic()
         num_prompt_tokens = num_generated = 0
         first_token_latencies: list[float] = []
@@ -442,6 +498,8 @@ class AsyncEngine:
             if process_tokens(sample, appended, logprobs.get(request_id) if logprobs else None):
                 request.stop_reason = sample.stop_reason
                 stopped_by_text.append(request_id)
+            if request.matcher is not None and not accept_tokens(request, appended):
+                off_constraint.append(request)
             num_generated += len(appended)
             metrics = state.metrics
             if metrics.first_token_time is None:
@@ -453,6 +511,9 @@ class AsyncEngine:
             state.changed.add(index)
             touched[state.request_id] = state
         self.scheduler.finish_requests(stopped_by_text, RequestStatus.FINISHED_STOPPED)
+        off_constraint = [r for r in off_constraint if not r.status.is_finished]
+        if off_constraint:
+            self._end_with_error(off_constraint, "a sampled token broke its structured output")
         for request in finished:
             state, index = self._sample_of[request.request_id]
             self.output_processor.finish_sample(state.samples[index])

@@ -35,9 +35,10 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from aioserve.config.arguments import argument
 from aioserve.config.declaration import PlatformDefault
-from aioserve.config.engine import EngineConfig
+from aioserve.config.engine import DecodingConfig, EngineConfig
 from aioserve.engine.load_report import LoadReport, build_load_report, kv_cache_sized_by
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.loader import load_model
 from aioserve.platform import (
@@ -90,6 +91,8 @@ class EngineSettings:
     """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
     reasoning_parser: str = ""
     """--reasoning-parser: how chat answers split into reasoning and content ("": none)."""
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
+    """The structured-output defaults (--structured-outputs-config, --guided-decoding-*)."""
     load_report: LoadReport | None = None
     """What was loaded and the memory it holds (load_report.py); None around a stand-in runner."""
 
@@ -293,6 +296,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         reasoning_parser=config.decoding.reasoning_parser,
+        structured_outputs=structured_outputs_config(config.decoding),
         load_report=build_load_report(
             model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, current_platform())
         ),
@@ -309,6 +313,17 @@ def build_engine(config: EngineConfig) -> EngineParts:
         "on" if settings.async_scheduling else "off",
     )
     return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)
+
+
+def structured_outputs_config(decoding: DecodingConfig) -> StructuredOutputsConfig:
+    """The --guided-decoding-* settings, overridden by --structured-outputs-config's keys."""
+    settings = {
+        "backend": decoding.guided_decoding_backend,
+        "disable_fallback": decoding.guided_decoding_disable_fallback,
+        "disable_any_whitespace": decoding.guided_decoding_disable_any_whitespace,
+        "disable_additional_properties": decoding.guided_decoding_disable_additional_properties,
+    }
+    return StructuredOutputsConfig(**{**settings, **decoding.structured_outputs_config})
 
 
 def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:

@@ -9,8 +9,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aioserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from aioserve.engine.structured_outputs.matchers import Matcher
 
 
 class RequestStatus(enum.Enum):
@@ -66,6 +70,8 @@ class Request:
     """How many blocks of its table the runner has been told about."""
     num_registered_blocks: int = 0
     """Leading blocks of its table already offered to the prefix cache."""
+    matcher: Matcher | None = None
+    """Its structured output's matcher, advanced by each token it keeps (None: unconstrained)."""
 
     @property
     def num_prompt_tokens(self) -> int:

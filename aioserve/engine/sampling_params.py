@@ -26,9 +26,11 @@ import copy
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from enum import Enum, IntEnum
 from typing import Any
+
+from aioserve.engine.structured_outputs.params import StructuredOutputsParams
 
 # Below this temperature a request is greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
@@ -77,8 +79,15 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: InitVar[StructuredOutputsParams | None] = None
+    """vLLM's older name of `structured_outputs`."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, guided_decoding: StructuredOutputsParams | None = None) -> None:
+        if guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("give structured_outputs or guided_decoding, not both.")
+            self.structured_outputs = guided_decoding
         self._normalize_types()
         self._verify_args()
         if self.temperature < SAMPLING_EPS:
@@ -207,6 +216,16 @@ class SamplingParams:
             if any(t < 0 for t in ids):
                 raise ValueError(f"allowed_token_ids must be non-negative, got {list(ids)}.")
             self.allowed_token_ids = list(ids)
+
+        if isinstance(self.structured_outputs, Mapping):
+            self.structured_outputs = StructuredOutputsParams.from_dict(
+                dict(self.structured_outputs)
+            )
+        elif not isinstance(self.structured_outputs, (StructuredOutputsParams, type(None))):
+            raise ValueError(
+                "structured_outputs must be a StructuredOutputsParams, got "
+                f"{self.structured_outputs!r}."
+            )
 
     def _verify_args(self) -> None:
         if self.n < 1:

@@ -6,7 +6,8 @@ A step goes through three calls, on two threads:
   leave their slots, and the step's token layout and sampling rows are built.
 - `execute(step)` on the model thread, in step order: the slot changes reach the device,
   the inputs are copied there, the model runs, the prompt tokens of sequences that want
-  prompt logprobs are scored (prompt_logprobs.py) and the sampler draws. It returns a
+  prompt logprobs are scored (prompt_logprobs.py) and the sampler draws, once the
+  structured-output masks of the step (if any) are ready. It returns a
   `StepOutput` as soon as the work is queued on the device (on the CPU, once it is done).
 - `collect(output)` on the event loop's thread, once `output.is_ready()` (else after
   `output.wait()` off the loop): the host learns the sampled tokens.
@@ -36,7 +37,7 @@ from aioserve.runner.prompt_logprobs import (
 from aioserve.runner.sampling_inputs import HostSampling, build_host_sampling
 from aioserve.runner.sequence_slots import SequenceSlots, SlotAdmission, SlotTensors
 from aioserve.runner.step_inputs import HostStepInputs, build_host_inputs, host_to_device
-from aioserve.runner.step_plan import StepPlan, StepResult, TokenLogprobs
+from aioserve.runner.step_plan import StepPlan, StepResult, TokenBitmask, TokenLogprobs
 
 
 @dataclass
@@ -46,6 +47,7 @@ class PreparedStep:
     sampling: HostSampling | None
     sampled_seq_ids: list[str]  # the sequences that sample, in logits row order
     prompt_logprobs: HostPromptLogprobs | None = None
+    token_bitmask: TokenBitmask | None = None  # structured-output masks, filled late
 
 
 @dataclass
@@ -123,6 +125,7 @@ class ModelRunner:
             sampling=sampling,
             sampled_seq_ids=[plan.chunks[row].seq_id for row in sampled_rows],
             prompt_logprobs=plan_prompt_logprobs(plan, self.slots, inputs.query_start_loc),
+            token_bitmask=plan.token_bitmask,
         )
 
     # -- the model thread, in step order ------------------------------------------------------
@@ -152,7 +155,10 @@ class ModelRunner:
             return output
         logits = self.model_step.logits(hidden[inputs.logits_indices])
         slots = host_to_device(step.sampling.slots, self.device)
-        out = sample(logits, step.sampling.to_batch(state, slots, self.device))
+        if step.token_bitmask is not None:
+            step.token_bitmask.wait_ready()  # the engine fills it while the forward ran
+        batch = step.sampling.to_batch(state, slots, self.device, step.token_bitmask)
+        out = sample(logits, batch)
         penalty_rows = step.sampling.penalty_rows
         state.record_sampled(
             slots,

@@ -30,6 +30,7 @@ from aioserve.runner.sequence_slots import (
     SlotTensors,
 )
 from aioserve.runner.step_inputs import host_to_device
+from aioserve.runner.step_plan import TokenBitmask
 
 
 @dataclass
@@ -60,17 +61,20 @@ class HostSampling:
         wanted = [n for n in self.logprobs_wanted if n is not None]
         return max(wanted) if wanted else -1
 
-    def to_batch(self, state: SlotTensors, slots: Tensor, device: torch.device) -> SamplingBatch:
-        """The sampler's batch; `slots` is `self.slots` on the device."""
+    def to_batch(
+        self,
+        state: SlotTensors,
+        slots: Tensor,
+        device: torch.device,
+        structured: TokenBitmask | None = None,
+    ) -> SamplingBatch:
+        """The sampler's batch; `slots` is `self.slots` on the device, `structured` the
+        step's structured-output masks (filled)."""
         floats = host_to_device(self.float_settings, device)
         seeds_and_steps = host_to_device(self.seeds_and_steps, device)
         uses_penalties = self.penalty_rows is not None
         bias_ids, bias_values = self._bias(state, device)
-        token_bitmask = bitmask_rows = None
-        if self.bitmask_rows is not None:
-            masks = state.allowed_bitmasks
-            token_bitmask = torch.stack([masks[int(self.slots[r])] for r in self.bitmask_rows])
-            bitmask_rows = host_to_device(self.bitmask_rows, device)
+        token_bitmask, bitmask_rows = self._token_bitmask(state, device, structured)
         return SamplingBatch(
             temperature=floats[TEMPERATURE],
             top_k=host_to_device(self.top_k, device),
@@ -92,6 +96,24 @@ class HostSampling:
             token_bitmask=token_bitmask,
             bitmask_rows=bitmask_rows,
         )
+
+    def _token_bitmask(
+        self, state: SlotTensors, device: torch.device, structured: TokenBitmask | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """The bitmasks of the rows with allowed_token_ids or a structured output (both:
+        the tokens both allow), and those rows."""
+        if structured is not None and self.bitmask_rows is None:
+            return host_to_device(structured.words, device), host_to_device(structured.rows, device)
+        if self.bitmask_rows is None:
+            return None, None
+        allowed = state.allowed_bitmasks
+        masks = {int(r): allowed[int(self.slots[r])] for r in self.bitmask_rows}
+        if structured is not None:
+            words = host_to_device(structured.words, device)
+            for i, row in enumerate(structured.rows.tolist()):
+                masks[row] = masks[row] & words[i] if row in masks else words[i]
+        rows = sorted(masks)
+        return torch.stack([masks[r] for r in rows]), torch.tensor(rows, device=device)
 
     def _bias(self, state: SlotTensors, device: torch.device) -> tuple[Tensor | None, ...]:
         """[S, K] bias ids (padded with -1) and values for this step's rows with a bias."""

@@ -11,11 +11,18 @@ order, one `SequenceChunk` per scheduled sequence: which tokens to compute and w
 KV goes. With asynchronous scheduling the engine plans step N+1 before it knows the tokens
 step N samples; a decode of such a token says so (`token_ids=None`) and the runner takes
 it from its own record of step N's samples, on the device.
+
+A step with structured-output rows carries their allowed-token masks (`TokenBitmask`),
+which the engine fills once it knows every token sampled before the step: with
+asynchronous scheduling, while the step's forward pass already runs.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -68,11 +75,44 @@ class SequenceChunk:
     samples: bool  # the chunk ends at the sequence's last token: a token is sampled
 
 
+class TokenBitmask:
+    """The tokens each structured-output row of a step may sample, filled by the engine.
+
+    `rows` are sampling rows (the step's sampling chunks, in batch order); `words` holds
+    one bitmask per row, bit t % 32 of int32 word t // 32 set for each allowed token t.
+    The engine fills `words`, then calls `set_ready`; the runner calls `wait_ready` just
+    before it samples. `abandon` (the engine stopped) makes the wait raise instead.
+    """
+
+    def __init__(self, rows: list[int], vocab_size: int) -> None:
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.words = np.empty((len(rows), -(-vocab_size // 32)), dtype=np.int32)
+        self._ready = threading.Event()
+        self._abandoned = False
+
+    def set_ready(self) -> None:
+        self._ready.set()
+
+    def abandon(self) -> None:
+        self._abandoned = True
+        self._ready.set()
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self) -> None:
+        self._ready.wait()
+        if self._abandoned:
+            raise RuntimeError("the step's structured-output masks were never filled")
+
+
 @dataclass
 class StepPlan:
     new_sequences: list[NewSequence]  # entering the runner before this step
     chunks: list[SequenceChunk]  # the step's batch, in order
     finished_seq_ids: list[str]  # left since the last plan: the runner forgets them first
+    token_bitmask: TokenBitmask | None = None  # the structured-output rows' masks
 
     @property
     def num_tokens(self) -> int:

@@ -83,32 +83,11 @@ class BodyFields:
 
 def log_ignored_fields(body: dict[str, Any], known: frozenset[str]) -> None:
     """Log, as vLLM does, the keys of an accepted `body` outside its route's `known` fields."""
-    extra = body.keys() - known
+    # vLLM 0.32 removed the guided_* fields, which aioserve still honours.
+    extra = body.keys() - known - REMOVED_GUIDED_FIELDS
     if not extra:
         return
-    removed = extra & REMOVED_GUIDED_FIELDS
-    # A guided_json/regex/choice/grammar that asks for a constraint was refused with a 400
-    # (protocol.py); what reaches here is unset (null, empty) or constrains nothing alone
-    # (guided_decoding_backend, guided_whitespace_pattern), so the warning says no untruth.
-    if removed:
-        _warn_removed_guided_fields(frozenset(removed))
     logger.debug("The following fields were present in the request but ignored: %s", extra)
-
-
-_warned_guided_fields: set[frozenset[str]] = set()
-
-
-def _warn_removed_guided_fields(removed: frozenset[str]) -> None:
-    # Once per distinct set of fields, as vLLM's warning_once (cached on its arguments).
-    if removed in _warned_guided_fields:
-        return
-    _warned_guided_fields.add(removed)
-    logger.warning(
-        "Request contains the removed guided-decoding field(s) %s, which are ignored; "
-        "output will NOT be constrained. Structured outputs are not supported by aioserve "
-        "yet.",
-        str(sorted(removed)),
-    )
 
 
 def shown_value(value: Any, limit: int = 100) -> str:

@@ -30,6 +30,7 @@ from aioserve.server.reasoning import ReasoningSplitter, split_answer
 from aioserve.server.responses import ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
+from aioserve.server.structured_output_fields import compile_structured_output
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -38,6 +39,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request)
     check_serving(state, body)
     parsed = parse_chat_request(state, body)
+    await compile_structured_output(state.engine, parsed.params, parsed.structured_output_field)
     engine = state.engine
     with reserve_places(engine, parsed.params.n) as reservation:
         text, token_ids = await state.off_loop(

@@ -31,6 +31,7 @@ from aioserve.server.protocol import (
 from aioserve.server.responses import CompletionLogprobs, ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
+from aioserve.server.structured_output_fields import compile_structured_output
 
 
 @dataclass
@@ -45,6 +46,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request)
     check_serving(state, body)
     parsed = parse_completion_request(state, body)
+    await compile_structured_output(state.engine, parsed.params, parsed.structured_output_field)
     engine = state.engine
     with reserve_places(engine, len(parsed.prompts) * parsed.params.n) as reservation:
         prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]

@@ -3,7 +3,7 @@
 A body is a plain dict (decoded by orjson). Each field is read with the type its
 declaration in request_schema.py gives (the same declarations make /openapi.json's request
 schemas); a wrong type is a 400 naming the field and the value. Fields it knows
-but cannot honour (`suffix`, `guided_json` and its kin, beam search, ...) are
+but cannot honour (`suffix`, beam search, ...) are
 refused, so a request never silently means something else. Other fields are ignored, as
 OpenAI and vLLM ignore them, and logged as vLLM logs them: once a body is accepted, its
 keys outside the fields vLLM 0.32's request model for the route has (request_fields.py)
@@ -33,6 +33,7 @@ from typing import Any
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, shown_value
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
@@ -43,6 +44,7 @@ from aioserve.server.request_schema import (
     STREAM_OPTIONS_BODY,
 )
 from aioserve.server.state import ServerState
+from aioserve.server.structured_output_fields import body_field, read_structured_outputs
 from aioserve.server.tools import template_tools
 
 PromptInput = str | list[int]
@@ -53,11 +55,6 @@ _UNSUPPORTED: dict[str, str] = {
     "prompt_embeds": "prompt_embeds is not supported by aioserve",
     "use_beam_search": "beam search is not supported by aioserve",
     "functions": "function calling is not supported by aioserve yet",
-    "structured_outputs": "structured outputs are not supported by aioserve yet",
-    "guided_json": "guided decoding is not supported by aioserve yet",
-    "guided_regex": "guided decoding is not supported by aioserve yet",
-    "guided_choice": "guided decoding is not supported by aioserve yet",
-    "guided_grammar": "guided decoding is not supported by aioserve yet",
     "logits_processors": "logits processors are not supported by aioserve",
     "bad_words": "bad_words is not supported by aioserve yet",
     # vLLM request fields that would change the prompt, the output or its isolation.
@@ -103,6 +100,8 @@ class GenerationRequest:
     continuous_usage_stats: bool = False
     priority: int = 0
     return_token_ids: bool = False
+    structured_output_field: str = "structured_outputs"
+    """The field the structured output came from (response_format, guided_json, ...)."""
 
 
 @dataclass
@@ -160,6 +159,7 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
     logprobs = fields.get("logprobs")
     echo = fields.get("echo", False)
     echo_only = echo and max_tokens == 0
+    structured_outputs, structured_output_field = read_structured_outputs(fields)
     params = _sampling_params(
         state,
         fields,
@@ -168,11 +168,13 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
         logprobs,
         "logprobs",
         _prompt_logprobs(fields, logprobs if echo else None),
+        structured_outputs,
     )
     request = CompletionRequest(
         prompts=_prompts(body.get("prompt")),
         echo=echo,
         echo_only=echo_only,
+        structured_output_field=structured_output_field,
         **_generation_fields(state, fields, params, "max_tokens", "logprobs"),
     )
     log_ignored_fields(body, COMPLETION_FIELDS)
@@ -204,6 +206,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
             )
     logprobs = (top_logprobs or 0) if wants_logprobs else None
     echo = fields.get("echo", False)
+    structured_outputs, structured_output_field = read_structured_outputs(fields)
     params = _sampling_params(
         state,
         fields,
@@ -212,6 +215,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         logprobs,
         "top_logprobs",
         _prompt_logprobs(fields, top_logprobs if echo else None),
+        structured_outputs,
     )
     request = ChatRequest(
         messages=messages,
@@ -221,6 +225,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         tools=template_tools(fields, state.frontend.exclude_tools_when_tool_choice_none),
         echo=echo,
         include_reasoning=fields.get("include_reasoning", True),
+        structured_output_field=structured_output_field,
         **_generation_fields(state, fields, params, max_tokens_field, "top_logprobs"),
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
@@ -238,6 +243,8 @@ def check_prompt(
     except InvalidRequest as error:
         renamed = {"prompt": prompt_field, "logprobs": request.logprobs_field}
         param = renamed.get(error.param, error.param)
+        if param.startswith("structured_outputs"):
+            param = body_field(param, request.structured_output_field)
         raise bad_parameter(param, shown_value(error.value), str(error)) from None
     max_tokens, max_model_len = request.params.max_tokens, engine.settings.max_model_len
     if max_tokens is not None and len(token_ids) + max_tokens > max_model_len:
@@ -264,13 +271,6 @@ def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
                 f"only {name}={str(default).lower()} (vLLM's default here) is supported by "
                 "aioserve yet",
             )
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_parameter(
-            "response_format",
-            shown_value(response_format),
-            "only the text response format is supported by aioserve yet",
-        )
 
 
 def _sampling_params(
@@ -281,6 +281,7 @@ def _sampling_params(
     logprobs: int | None,
     logprobs_field: str,
     prompt_logprobs: int | None,
+    structured_outputs: StructuredOutputsParams | None,
 ) -> SamplingParams:
     values: dict[str, Any] = dict(state.engine.settings.default_sampling)
     request_names = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}
@@ -291,6 +292,7 @@ def _sampling_params(
     values["max_tokens"] = max_tokens
     values["logprobs"] = logprobs
     values["prompt_logprobs"] = prompt_logprobs
+    values["structured_outputs"] = structured_outputs
     # A stream sends what is new after each step; a JSON answer only the final output.
     stream = fields.get("stream", False)
     output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY

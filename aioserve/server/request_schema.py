@@ -68,6 +68,53 @@ SAMPLING_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("spaces_between_special_tokens", _BOOLEAN),
 )
 
+# Structured outputs (structured_output_fields.py): both routes.
+_JSON_SCHEMA = {"oneOf": [_STRING, _OBJECT]}
+STRUCTURED_OUTPUT_BODY_FIELDS: dict[str, BodyField] = _declare(
+    BodyField(
+        "response_format",
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {
+                "type": {"enum": ["text", "json_object", "json_schema"]},
+                "json_schema": {
+                    "type": "object",
+                    "required": ["name", "schema"],
+                    "properties": {
+                        "name": _STRING,
+                        "description": _STRING,
+                        "schema": _OBJECT,
+                        "strict": _BOOLEAN,
+                    },
+                },
+            },
+        },
+    ),
+    BodyField(
+        "structured_outputs",
+        {
+            "type": "object",
+            "properties": {
+                "json": _JSON_SCHEMA,
+                "regex": _STRING,
+                "choice": _STRINGS,
+                "grammar": _STRING,
+                "json_object": _BOOLEAN,
+                "disable_any_whitespace": _BOOLEAN,
+                "disable_additional_properties": _BOOLEAN,
+                "whitespace_pattern": _STRING,
+            },
+        },
+    ),
+    BodyField("guided_json", _JSON_SCHEMA),
+    BodyField("guided_regex", _STRING),
+    BodyField("guided_choice", _STRINGS),
+    BodyField("guided_grammar", _STRING),
+    BodyField("guided_whitespace_pattern", _STRING),
+    BodyField("guided_decoding_backend", _STRING),
+)
+
 STREAM_OPTIONS_BODY: dict[str, BodyField] = _declare(
     BodyField("include_usage", _BOOLEAN),
     BodyField("continuous_usage_stats", _BOOLEAN),
@@ -98,6 +145,7 @@ COMPLETION_BODY: dict[str, BodyField] = _declare(
     BodyField("prompt_logprobs", {"type": ["integer", "null"]}),
     *_ANSWER_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
+    *STRUCTURED_OUTPUT_BODY_FIELDS.values(),
 )
 
 CHAT_BODY: dict[str, BodyField] = _declare(
@@ -151,6 +199,7 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     BodyField("include_reasoning", _BOOLEAN),
     *_ANSWER_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
+    *STRUCTURED_OUTPUT_BODY_FIELDS.values(),
 )
 
 

@@ -1,0 +1,15 @@
+"""Structured outputs: constraints on what a request may generate, enforced token by token.
+
+`params` holds the request's constraint (vLLM's StructuredOutputsParams), `compiler`
+compiles and caches constraints and picks the backend, `matchers` holds the two backends
+(outlines, guidance) and the per-sequence matcher the engine advances, and `json_schemas`
+reads JSON schemas for the compiler. Only `params` is imported here: the backends load
+with the compiler, which the engine builds.
+"""
+
+from aioserve.engine.structured_outputs.params import (
+    GuidedDecodingParams,
+    StructuredOutputsParams,
+)
+
+__all__ = ["GuidedDecodingParams", "StructuredOutputsParams"]

@@ -1,0 +1,223 @@
+"""Constraints compiled once, cached, and turned into one matcher per sequence.
+
+`StructuredOutputCompiler.compile(params)` picks the backend (matchers.py) and compiles:
+
+- `auto` (the default, as in vLLM): outlines for regexes, choices and the JSON schemas its
+  regexes enforce entirely; guidance for grammars, any-JSON objects and the schemas that
+  use a keyword outlines would silently ignore (`minimum`, `multipleOf`, ...), so that
+  every output validates against its schema. A constraint outlines refuses falls back to
+  guidance unless --guided-decoding-disable-fallback.
+- `outlines`: as auto without the fallback, grammars excepted (outlines hands them to
+  llguidance too); a schema keyword it cannot enforce is refused by name.
+- `guidance`: everything through llguidance.
+
+Compiled constraints are cached by (backend, kind, constraint, whitespace) in a small LRU.
+`compile_async` compiles on a thread of its own, so that a slow schema never holds up the
+event loop (outlines' compiler releases the GIL); the server awaits it before it admits a
+request, and a constraint that does not compile is an InvalidRequest naming its field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from aioserve.engine.admission import InvalidRequest
+from aioserve.engine.structured_outputs.json_schemas import (
+    forbid_additional_properties,
+    keyword_outlines_ignores,
+    parse_schema,
+)
+from aioserve.engine.structured_outputs.matchers import (
+    DEFAULT_JSON_WHITESPACE,
+    GuidanceGrammar,
+    Matcher,
+    OutlinesIndex,
+    TokenBytes,
+    guidance_grammar,
+    guidance_json_grammar,
+    json_schema_regex,
+)
+from aioserve.engine.structured_outputs.params import (
+    StructuredOutputsConfig,
+    StructuredOutputsParams,
+)
+
+BACKENDS = ("auto", "outlines", "guidance")
+VLLM_BACKENDS = ("xgrammar", "lm-format-enforcer")  # vLLM's others: refused by name
+CACHE_SIZE = 256
+
+Compiled = OutlinesIndex | GuidanceGrammar
+
+
+class StructuredOutputCompiler:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | None,
+        vocab_size: int,
+        config: StructuredOutputsConfig,
+    ) -> None:
+        self.config = config
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._tokens: TokenBytes | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple, Compiled] = OrderedDict()
+        self._executor: ThreadPoolExecutor | None = None
+
+    def new_matcher(self, params: StructuredOutputsParams) -> Matcher:
+        """A matcher for one sequence (compiling the constraint unless it is cached)."""
+        return self.compile(params).new_matcher()
+
+    async def compile_async(self, params: StructuredOutputsParams) -> None:
+        """Compile `params` off the event loop, so that `new_matcher` finds it cached."""
+        if self._cached(self._key(params)) is not None:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="aioserve-grammar")
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.compile, params)
+
+    def compile(self, params: StructuredOutputsParams) -> Compiled:
+        """The compiled constraint; InvalidRequest naming the field when it cannot be."""
+        key = self._key(params)
+        compiled = self._cached(key)
+        if compiled is None:
+            compiled = self._compile(params, *key)
+            with self._lock:
+                self._cache[key] = compiled
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return compiled
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _cached(self, key: tuple) -> Compiled | None:
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+            return compiled
+
+    def _key(self, params: StructuredOutputsParams) -> tuple[str, str, str, str, bool]:
+        backend = params.backend or self.config.backend
+        if backend in VLLM_BACKENDS:
+            raise InvalidRequest(
+                f"structured-output backend {backend!r} is not supported by aioserve yet "
+                f"(it has {', '.join(BACKENDS)})",
+                "structured_outputs.backend",
+                backend,
+            )
+        if backend not in BACKENDS:
+            raise InvalidRequest(
+                f"unknown structured-output backend {backend!r}; choose one of "
+                f"{', '.join(BACKENDS)}",
+                "structured_outputs.backend",
+                backend,
+            )
+        if params.disable_any_whitespace or self.config.disable_any_whitespace:
+            whitespace = ""
+        elif params.whitespace_pattern is not None:
+            whitespace = params.whitespace_pattern
+        else:
+            whitespace = DEFAULT_JSON_WHITESPACE
+        no_additional = (
+            params.disable_additional_properties or self.config.disable_additional_properties
+        )
+        return (backend, *params.kind_and_spec(), whitespace, no_additional)
+
+    def _token_bytes(self) -> TokenBytes:
+        with self._lock:
+            if self._tokens is None:
+                if self._tokenizer is None:
+                    raise InvalidRequest(
+                        "structured outputs need the tokenizer, which is not loaded "
+                        "(--skip-tokenizer-init)",
+                        "structured_outputs",
+                        None,
+                    )
+                self._tokens = TokenBytes(self._tokenizer, self._vocab_size)
+            return self._tokens
+
+    def _compile(
+        self, params: StructuredOutputsParams, backend: str, kind: str, spec: str,
+        whitespace: str, no_additional: bool,
+    ) -> Compiled:  # fmt: skip
+        field = f"structured_outputs.{kind}"
+        value: Any = getattr(params, kind)
+        tokens = self._token_bytes()
+        if kind == "json":
+            try:
+                schema = parse_schema(spec)
+            except ValueError as error:
+                raise InvalidRequest(f"invalid JSON schema: {error}", field, value) from None
+            if no_additional:
+                schema = forbid_additional_properties(copy.deepcopy(schema))
+        elif kind == "json_object":
+            schema = {"type": "object"}
+        if kind == "grammar" or (kind == "json_object" and backend != "outlines"):
+            backend = "guidance"
+        outlines_error = None
+        if backend != "guidance":
+            try:
+                outline_schema = schema if kind in ("json", "json_object") else None
+                return self._compile_outlines(kind, spec, outline_schema, whitespace, tokens)
+            except ValueError as error:
+                outlines_error = str(error)
+            if backend == "outlines" or self.config.disable_fallback:
+                raise InvalidRequest(
+                    f"the {kind} constraint cannot be compiled by outlines: {outlines_error}",
+                    field,
+                    value,
+                )
+        try:
+            if kind == "json" or kind == "json_object":
+                grammar = guidance_json_grammar(schema, whitespace)
+            else:
+                grammar = guidance_grammar(kind, spec)
+            return GuidanceGrammar.compile(grammar, tokens)
+        except ValueError as error:
+            reason = str(error).strip()
+            if outlines_error is not None:
+                reason = f"{outlines_error} (outlines); {reason} (guidance)"
+            raise InvalidRequest(
+                f"the {kind} constraint cannot be compiled: {reason}", field, value
+            ) from None
+
+    @staticmethod
+    def _compile_outlines(
+        kind: str, spec: str, schema: dict[str, Any] | None, whitespace: str, tokens: TokenBytes
+    ) -> OutlinesIndex:
+        if schema is not None:
+            ignored = keyword_outlines_ignores(schema)
+            if ignored is not None:
+                raise ValueError(f"it does not enforce the schema keyword {ignored!r}")
+            regex = json_schema_regex(schema, whitespace)
+        elif kind == "choice":
+            regex = choice_regex(spec)
+        else:
+            regex = spec
+        return OutlinesIndex.compile(regex, tokens)
+
+
+def choice_regex(spec: str) -> str:
+    """A regex matching exactly one of the choices (a JSON list of strings)."""
+    return "(" + "|".join(_escape(choice) for choice in json.loads(spec)) + ")"
+
+
+def _escape(text: str) -> str:
+    # Only the metacharacters: outlines' regex syntax refuses some of Python's escapes.
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+_REGEX_META = frozenset("\\.+*?()|[]{}^$")

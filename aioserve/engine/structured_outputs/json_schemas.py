@@ -1,0 +1,78 @@
+"""JSON schemas as the structured-output compiler reads them.
+
+outlines turns a schema into a regex and skips the keywords a regex cannot express
+(`minimum`, `multipleOf`, `uniqueItems`, ...): its outputs could then break the schema.
+`keyword_outlines_ignores` finds the first keyword outside the set outlines enforces, so
+that such a schema goes to guidance (or is refused by name under `outlines`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Keywords whose meaning outlines' regex enforces, or that constrain nothing.
+_OUTLINES_KEYWORDS = frozenset(
+    {
+        "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+        "minItems", "maxItems", "enum", "const", "pattern", "minLength", "maxLength",
+        "format", "$ref", "$defs", "definitions", "anyOf", "allOf",
+        "title", "description", "default", "examples", "$schema", "$id", "$comment",
+    }
+)  # fmt: skip
+# Keywords whose value maps names to subschemas, or is one subschema or a list of them.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = (
+    "additionalProperties", "items", "prefixItems", "anyOf", "allOf", "oneOf", "not",
+    "if", "then", "else", "contains", "propertyNames",
+)  # fmt: skip
+
+
+def parse_schema(spec: str) -> dict[str, Any]:
+    """The schema of a JSON text (ValueError unless it is a JSON object)."""
+    try:
+        schema = json.loads(spec)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error})") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"a schema must be a JSON object, got {spec[:80]}")
+    return schema
+
+
+def subschemas(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schemas directly inside `schema`."""
+    found = []
+    for key in _SCHEMA_MAPS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            found.extend(v for v in value.values() if isinstance(v, dict))
+    for key in _SUBSCHEMAS:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            found.append(value)
+        elif isinstance(value, list):
+            found.extend(v for v in value if isinstance(v, dict))
+    return found
+
+
+def keyword_outlines_ignores(schema: dict[str, Any]) -> str | None:
+    """The first keyword of `schema` (or of a schema inside it) that outlines does not enforce."""
+    for key in schema:
+        if key not in _OUTLINES_KEYWORDS:
+            return key
+    for inner in subschemas(schema):
+        found = keyword_outlines_ignores(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def forbid_additional_properties(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` (changed in place) with `additionalProperties: false` on every object schema
+    that lists its properties and says nothing of others (vLLM's
+    disable_additional_properties)."""
+    for inner in subschemas(schema):
+        forbid_additional_properties(inner)
+    if "additionalProperties" not in schema and isinstance(schema.get("properties"), dict):
+        schema["additionalProperties"] = False
+    return schema
