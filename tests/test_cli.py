@@ -363,8 +363,10 @@ def test_every_vllm_argument_is_declared(parser):
     # Added to vLLM after the versions the inventory was built from: --shutdown-timeout in
     # 0.18, the queue caps in PR #49445 (vllm_samples/24_metrics.txt has their
     # vllm:admission_rejections_total), --exclude-tools-when-tool-choice-none (in vLLM
-    # 0.32's entrypoints/launchers/cli_args.py, as installed by ../shared/peers/).
+    # 0.32's entrypoints/launchers/cli_args.py, as installed by ../shared/peers/),
+    # --structured-outputs-config (0.10's StructuredOutputsConfig, beside --guided-decoding-*).
     later = {
+        "--structured-outputs-config",
         "--shutdown-timeout",
         "--max-num-queued-reqs",
         "--max-num-queued-tokens",

@@ -112,6 +112,11 @@ SUPPORTED_FLAGS = [
     (["--max-num-queued-tokens", "32k"], "scheduler.max_num_queued_tokens", 32000),
     (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
     (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
+    (["--guided-decoding-backend", "guidance"], "decoding.guided_decoding_backend", "guidance"),
+    (["--guided-decoding-disable-fallback"], "decoding.guided_decoding_disable_fallback", True),
+    (["--guided-decoding-disable-any-whitespace"], "decoding.guided_decoding_disable_any_whitespace", True),
+    (["--guided-decoding-disable-additional-properties"], "decoding.guided_decoding_disable_additional_properties", True),
+    (["--structured-outputs-config", '{"backend": "outlines"}'], "decoding.structured_outputs_config", {"backend": "outlines"}),
 ]  # fmt: skip
 
 
@@ -194,6 +199,20 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
             'accepts "" (none), deepseek_r1, qwen3)',
         ),
         (["--max-num-queued-tokens", "1.5K"], "--max-num-queued-tokens takes whole numbers"),
+        (
+            ["--guided-decoding-backend", "xgrammar"],
+            "structured-output backend 'xgrammar' is not supported by aioserve yet "
+            "(--guided-decoding-backend accepts auto, outlines, guidance)",
+        ),
+        (
+            ["--structured-outputs-config", '{"backend": "xgrammar"}'],
+            "--structured-outputs-config key 'backend' must be one of auto, outlines, guidance",
+        ),
+        (
+            ["--structured-outputs-config", '{"enable_in_reasoning": true}'],
+            "--structured-outputs-config key 'enable_in_reasoning' is not supported by aioserve yet",
+        ),
+        (["--structured-outputs-config", '{"foo": 1}'], "--structured-outputs-config has no key 'foo'"),
         (["--seed", "1.5"], "--seed must be an integer, got '1.5'"),
         (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be a number greater than 0"),
         (["--gpu-memory-utilization", "1.01"], "--gpu-memory-utilization must be a number greater than 0"),

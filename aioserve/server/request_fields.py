@@ -192,7 +192,8 @@ DETOKENIZE_FIELDS: frozenset[str] = frozenset(
     }
 )
 
-# The guided-decoding fields vLLM removed (for structured_outputs); it warns about them.
+# The guided-decoding fields vLLM removed (for structured_outputs): it ignores them with a
+# warning; aioserve reads them (structured_output_fields.py).
 REMOVED_GUIDED_FIELDS: frozenset[str] = frozenset(
     {
         "guided_choice",

@@ -37,6 +37,7 @@ _RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 def read_structured_outputs(fields: BodyFields) -> tuple[StructuredOutputsParams | None, str]:
     """(the body's constraint or None, the field it came from, for errors)."""
     given = fields.get("structured_outputs")
+    whitespace = fields.get("guided_whitespace_pattern")
     guided = {kind: fields.get(name) for name, kind in GUIDED_FIELDS.items()}
     guided = {kind: value for kind, value in guided.items() if value is not None}
     source = "structured_outputs"
@@ -50,8 +51,8 @@ def read_structured_outputs(fields: BodyFields) -> tuple[StructuredOutputsParams
                 f"give one structured-output constraint; {source} comes with {', '.join(others)}",
             )  # fmt: skip
         given = dict(guided)
-        if fields.get("guided_whitespace_pattern") is not None:
-            given["whitespace_pattern"] = fields.get("guided_whitespace_pattern")
+        if whitespace is not None:
+            given["whitespace_pattern"] = whitespace
     backend = fields.get("guided_decoding_backend")
     override, format_source = _response_format_constraint(fields.get("response_format"))
     if given is None and override is None:

@@ -348,7 +348,8 @@ def test_errors_like_vllms(openai_server, name, status, param):
         ({"continue_final_message": True}, "continue_final_message", "Cannot set both"),
         ({"chat_template_kwargs": "x"}, "chat_template_kwargs", "value=x"),
         ({"tools": [{"type": "function"}]}, "tools[0].function", "value=null"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "json_object"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "'json_schema' field"),
+        ({"guided_regex": "(a"}, "guided_regex", "unclosed group"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content[0].type",

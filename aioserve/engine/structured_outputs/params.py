@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from aioserve.engine.structured_outputs.json_schemas import parse_schema
+
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -46,6 +48,8 @@ class StructuredOutputsParams:
             raise ValueError(
                 f"json must be a JSON schema (an object or its text), got {self.json!r}"
             )
+        if isinstance(self.json, str):
+            parse_schema(self.json)
         for name in ("regex", "grammar", "whitespace_pattern"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
@@ -69,7 +73,7 @@ class StructuredOutputsParams:
         """(kind, the constraint as canonical text)."""
         kind = self.kind
         if kind == "json":
-            schema = json.loads(self.json) if isinstance(self.json, str) else self.json
+            schema = parse_schema(self.json) if isinstance(self.json, str) else self.json
             return kind, json.dumps(schema, sort_keys=True, separators=(",", ":"))
         if kind == "choice":
             return kind, json.dumps(self.choice)

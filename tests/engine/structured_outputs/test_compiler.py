@@ -1,0 +1,163 @@
+"""The compiler's backend choice, its errors, its cache, and the matchers of both backends.
+
+The matchers are checked by random walks on the real tokenizer: from each mask draw an
+allowed token (seeded), advance, and stop on EOS; the decoded text must then satisfy the
+constraint as an independent checker reads it (`re.fullmatch`, `jsonschema`, `lark`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema
+import lark
+import numpy as np
+import pytest
+
+from aioserve.engine.admission import InvalidRequest
+from aioserve.engine.structured_outputs import StructuredOutputsParams as Constraint
+from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
+from aioserve.engine.structured_outputs.matchers import GuidanceGrammar, OutlinesIndex
+from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
+from aioserve.models.checkpoint import open_checkpoint
+
+VOCAB = 49152
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3},
+        "ref": {"$ref": "#/$defs/code"},
+    },
+    "required": ["name", "tags"],
+    "$defs": {"code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]$"}},
+}
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 18, "maximum": 30},
+        "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    },
+    "required": ["age", "score"],
+    "additionalProperties": False,
+}
+SQL = 'start: "SELECT " NAME " FROM " NAME ";"\nNAME: /[a-z]{1,6}/'
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_gguf):
+    return open_checkpoint(str(smollm2_gguf)).load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer) -> StructuredOutputCompiler:
+    return StructuredOutputCompiler(tokenizer, VOCAB, StructuredOutputsConfig())
+
+
+def allowed(words: np.ndarray) -> np.ndarray:
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:VOCAB])
+
+
+def random_walk(compiler, tokenizer, constraint: Constraint, seed: int, limit: int = 120) -> str:
+    matcher = compiler.new_matcher(constraint)
+    rng = random.Random(seed)
+    words = np.zeros(-(-VOCAB // 32), dtype=np.int32)
+    tokens = []
+    for _ in range(limit):
+        matcher.fill_bitmask(words)
+        choices = allowed(words)
+        assert choices.size, "the matcher allows nothing before the end"
+        # Prefer ending once allowed half the time, so that walks stay short.
+        eos = tokenizer.eos_token_id
+        if eos in choices and rng.random() < 0.5:
+            token = eos
+        else:
+            token = int(rng.choice(choices.tolist()))
+        assert matcher.accept(token)
+        if token == eos:
+            return tokenizer.decode(tokens)
+        tokens.append(token)
+    pytest.fail(f"no EOS after {limit} tokens: {tokenizer.decode(tokens)!r}")
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(
+    ("constraint", "check"),
+    [
+        (Constraint(regex=r"[0-9]{3}-[a-z]{2}"), lambda t: re.fullmatch(r"[0-9]{3}-[a-z]{2}", t)),
+        (
+            Constraint(choice=["red", "green", "blue (dark)"]),
+            lambda t: t in ("red", "green", "blue (dark)"),
+        ),
+        (Constraint(json=PERSON), lambda t: jsonschema.validate(json.loads(t), PERSON) or True),
+        (Constraint(json=BOUNDED), lambda t: jsonschema.validate(json.loads(t), BOUNDED) or True),
+        (Constraint(grammar=SQL), lambda t: lark.Lark(SQL).parse(t)),
+    ],
+    ids=["regex", "choice", "json-outlines", "json-guidance", "grammar"],
+)
+def test_random_walks_satisfy_the_constraint(compiler, tokenizer, constraint, check, seed):
+    text = random_walk(compiler, tokenizer, constraint, seed)
+    assert check(text), text
+
+
+def test_auto_picks_outlines_where_it_enforces_the_schema_and_guidance_elsewhere(compiler):
+    assert isinstance(compiler.compile(Constraint(json=PERSON)), OutlinesIndex)
+    assert isinstance(compiler.compile(Constraint(regex="a+")), OutlinesIndex)
+    assert isinstance(compiler.compile(Constraint(json=BOUNDED)), GuidanceGrammar)
+    assert isinstance(compiler.compile(Constraint(grammar=SQL)), GuidanceGrammar)
+    assert isinstance(compiler.compile(Constraint(json_object=True)), GuidanceGrammar)
+    forced = Constraint(json=PERSON, backend="guidance")
+    assert isinstance(compiler.compile(forced), GuidanceGrammar)
+
+
+def test_outlines_refuses_a_keyword_it_would_ignore(compiler):
+    with pytest.raises(InvalidRequest, match="does not enforce the schema keyword") as caught:
+        compiler.compile(Constraint(json=BOUNDED, backend="outlines"))
+    assert caught.value.param == "structured_outputs.json"
+
+
+def test_without_fallback_auto_refuses_what_outlines_cannot_compile(tokenizer):
+    strict = StructuredOutputCompiler(
+        tokenizer, VOCAB, StructuredOutputsConfig(disable_fallback=True)
+    )
+    with pytest.raises(InvalidRequest, match="outlines"):
+        strict.compile(Constraint(json=BOUNDED))
+
+
+@pytest.mark.parametrize(
+    ("constraint", "param", "message"),
+    [
+        (Constraint(json={"type": "strin"}), "structured_outputs.json", "strin"),
+        (Constraint(regex="(a"), "structured_outputs.regex", "unclosed"),
+        (Constraint(grammar="start: foo"), "structured_outputs.grammar", "foo"),
+        (Constraint(json={"uniqueItems": True}), "structured_outputs.json", "uniqueItems"),
+        (Constraint(regex="a", backend="xgrammar"), "structured_outputs.backend", "not supported"),
+        (Constraint(regex="a", backend="nope"), "structured_outputs.backend", "unknown"),
+    ],
+)
+def test_a_constraint_that_cannot_compile_is_refused_naming_its_field(
+    compiler, constraint, param, message
+):
+    with pytest.raises(InvalidRequest, match=message) as caught:
+        compiler.compile(constraint)
+    assert caught.value.param == param
+
+
+def test_the_same_constraint_compiles_once(compiler):
+    first = compiler.compile(
+        Constraint(json={"type": "object", "properties": {"a": {"type": "integer"}}})
+    )
+    reordered = {"properties": {"a": {"type": "integer"}}, "type": "object"}
+    assert compiler.compile(Constraint(json=json.dumps(reordered))) is first
+    spaced = Constraint(json=reordered, disable_any_whitespace=True)
+    assert compiler.compile(spaced) is not first
+
+
+def test_disable_any_whitespace_leaves_no_space(compiler, tokenizer):
+    constraint = Constraint(json=PERSON, disable_any_whitespace=True)
+    for seed in range(3):
+        text = random_walk(compiler, tokenizer, constraint, seed)
+        assert json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False) == text

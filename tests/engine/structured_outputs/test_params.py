@@ -1,0 +1,74 @@
+"""StructuredOutputsParams (vLLM's checks) and the JSON-schema reading of the compiler."""
+
+from __future__ import annotations
+
+import pytest
+
+from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
+from aioserve.engine.structured_outputs.json_schemas import (
+    forbid_additional_properties,
+    keyword_outlines_ignores,
+)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({}, "got 0"),
+        ({"regex": "a", "choice": ["a"]}, "got 2 \\(regex, choice\\)"),
+        ({"choice": []}, "non-empty"),
+        ({"json": 3}, "JSON schema"),
+        ({"json": "{not json"}, "not valid JSON"),
+        ({"json": "[1]"}, "must be a JSON object"),
+        ({"json_object": False}, "must be true"),
+        ({"regex": "a", "disable_any_whitespace": "yes"}, "boolean"),
+    ],
+)
+def test_exactly_one_well_typed_constraint(fields, message):
+    with pytest.raises(ValueError, match=message):
+        StructuredOutputsParams(**fields)
+
+
+def test_from_dict_refuses_unknown_keys_and_structural_tags():
+    with pytest.raises(ValueError, match="unknown structured_outputs field"):
+        StructuredOutputsParams.from_dict({"regex": "a", "foo": 1})
+    with pytest.raises(ValueError, match="structural_tag is not supported"):
+        StructuredOutputsParams.from_dict({"structural_tag": "{}"})
+
+
+def test_choices_become_text_and_schemas_a_canonical_key():
+    assert StructuredOutputsParams(choice=[1, True, "x"]).choice == ["1", "true", "x"]
+    a = StructuredOutputsParams(json={"type": "object", "title": "t"})
+    b = StructuredOutputsParams(json='{"title": "t", "type": "object"}')
+    assert a.kind_and_spec() == b.kind_and_spec()
+
+
+def test_sampling_params_take_both_names_and_dicts():
+    constraint = GuidedDecodingParams(regex="[0-9]+")
+    assert SamplingParams(guided_decoding=constraint).structured_outputs is constraint
+    from_dict = SamplingParams.from_dict({"structured_outputs": {"choice": ["a", "b"]}})
+    assert from_dict.structured_outputs == StructuredOutputsParams(choice=["a", "b"])
+    assert from_dict.clone().structured_outputs == from_dict.structured_outputs
+    with pytest.raises(ValueError, match="not both"):
+        SamplingParams(structured_outputs=constraint, guided_decoding=constraint)
+
+
+def test_keywords_outlines_ignores_are_found_however_deep():
+    assert keyword_outlines_ignores({"type": "string", "pattern": "a"}) is None
+    nested = {"properties": {"a": {"items": {"anyOf": [{"type": "integer", "maximum": 3}]}}}}
+    assert keyword_outlines_ignores(nested) == "maximum"
+    in_defs = {"$defs": {"x": {"type": "array", "uniqueItems": True}}, "$ref": "#/$defs/x"}
+    assert keyword_outlines_ignores(in_defs) == "uniqueItems"
+
+
+def test_forbid_additional_properties_closes_every_listed_object():
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "object", "properties": {"b": {}}}},
+        "$defs": {"c": {"properties": {}, "additionalProperties": True}},
+    }
+    closed = forbid_additional_properties(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["$defs"]["c"]["additionalProperties"] is True  # said explicitly: kept
