@@ -256,8 +256,6 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
     [
         (["-tp", "2"], "--tensor-parallel-size (-tp)"),
         (["--tensor-parallel-size", "1"], "--tensor-parallel-size (-tp)"),  # vLLM's default too
-        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice"),
-        (["--tool-call-parser", "hermes"], "--tool-call-parser"),
         (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
         (["--enable-lora"], "--enable-lora"),
         (["--no-enable-lora"], "--enable-lora"),

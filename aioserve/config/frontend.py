@@ -39,6 +39,9 @@ class FrontendConfig:
     return_tokens_as_token_ids: bool
     disable_frontend_multiprocessing: bool
     enable_request_id_headers: bool
+    enable_auto_tool_choice: bool
+    tool_call_parser: str | None
+    tool_parser_plugin: str  # "": none
     exclude_tools_when_tool_choice_none: bool
     enable_prompt_tokens_details: bool
     enable_server_load_tracking: bool

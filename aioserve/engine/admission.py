@@ -7,7 +7,11 @@ from typing import TYPE_CHECKING, Any
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from aioserve.engine.build import EngineSettings
+
+PromptType = str | dict[str, Any] | list[int]
 
 
 class InvalidRequest(ValueError):
@@ -21,6 +25,29 @@ class InvalidRequest(ValueError):
         super().__init__(message)
         self.param = param
         self.value = value
+
+
+def tokenize_prompt(
+    tokenizer: PreTrainedTokenizerBase | None, prompt: PromptType
+) -> tuple[str | None, list[int]]:
+    """(prompt text, prompt token ids) of a string, {"prompt": ...} or {"prompt_token_ids": ...}."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        if "prompt" not in prompt:
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        prompt = prompt["prompt"]
+    if isinstance(prompt, list):
+        return None, [int(t) for t in prompt]
+    if not isinstance(prompt, str):
+        raise TypeError(
+            f"a prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
+        )
+    if tokenizer is None:
+        raise ValueError(
+            "the tokenizer is not loaded (--skip-tokenizer-init): send prompt_token_ids"
+        )
+    return prompt, tokenizer(prompt).input_ids
 
 
 def validate_request(

@@ -39,10 +39,15 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from aioserve.config.engine import EngineConfig
-from aioserve.engine.admission import max_new_tokens, sibling_seed, validate_request
+from aioserve.engine.admission import (
+    PromptType,
+    max_new_tokens,
+    sibling_seed,
+    tokenize_prompt,
+    validate_request,
+)
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
 from aioserve.engine.health import EngineDeadError, LoopClock, StepFailures, death_message
 from aioserve.engine.kv_cache_manager import KVCacheManager
@@ -57,14 +62,16 @@ from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.stats import StatLogger, StatsReporter
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
-from aioserve.engine.structured_outputs.step_masks import StepMasks, accept_tokens
+from aioserve.engine.structured_outputs.step_masks import (
+    ReasoningGate,
+    StepMasks,
+    advance_constraint,
+)
 from aioserve.platform import is_gpu
 from aioserve.runner.model_runner import PreparedStep, StepOutput
 from aioserve.runner.step_plan import StepResult
 
 logger = logging.getLogger("aioserve")
-
-PromptType = str | dict[str, Any] | list[int]
 
 
 SHUTDOWN_WAIT_S = 5.0
@@ -150,23 +157,7 @@ class AsyncEngine:
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """(prompt text, prompt token ids) of a string, {"prompt": ...} or {"prompt_token_ids": ...}."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-            if "prompt" not in prompt:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-            prompt = prompt["prompt"]
-        if isinstance(prompt, list):
-            return None, [int(t) for t in prompt]
-        if not isinstance(prompt, str):
-            raise TypeError(
-                f"a prompt must be a string, a token id list or a dict, got {type(prompt).__name__}"
-            )
-        if self.tokenizer is None:
-            raise ValueError(
-                "the tokenizer is not loaded (--skip-tokenizer-init): send prompt_token_ids"
-            )
-        return prompt, self.tokenizer(prompt).input_ids
+        return tokenize_prompt(self.tokenizer, prompt)
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidRequest if add_request would refuse this prompt with `params`
@@ -235,6 +226,8 @@ class AsyncEngine:
             )
             if params.structured_outputs is not None:
                 request.matcher = self.structured_outputs.new_matcher(params.structured_outputs)
+                if params.reasoning_end is not None:
+                    request.reasoning_gate = ReasoningGate(params.reasoning_end)
             state.samples.append(self.output_processor.new_sample(index, request))
             self._sample_of[sequence_id] = (state, index)
         try:
@@ -396,7 +389,7 @@ class AsyncEngine:
             if masks is not None:
                 masks.abandon()
             raise
-        if masks is not None:
+        if masks is not None and not masks.bitmask.is_ready:
             self._fill_masks(masks)
 
     def _fill_masks(self, masks: StepMasks) -> None:
@@ -498,8 +491,9 @@ class AsyncEngine:
             if process_tokens(sample, appended, logprobs.get(request_id) if logprobs else None):
                 request.stop_reason = sample.stop_reason
                 stopped_by_text.append(request_id)
-            if request.matcher is not None and not accept_tokens(request, appended):
-                off_constraint.append(request)
+            if request.matcher is not None:
+                if not advance_constraint(request, appended, lambda s=sample: s.text):
+                    off_constraint.append(request)
             num_generated += len(appended)
             metrics = state.metrics
             if metrics.first_token_time is None:
@@ -620,6 +614,7 @@ class AsyncEngine:
         for request_id in list(self._states):
             self.abort(request_id)
         await self.stop_loop()
+        self.structured_outputs.shutdown()
         self._model_thread.shutdown(wait=False)
         if self._waiter is not None:
             self._waiter.shutdown(wait=False)

@@ -15,6 +15,7 @@ from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from aioserve.engine.structured_outputs.matchers import Matcher
+    from aioserve.engine.structured_outputs.step_masks import ReasoningGate
 
 
 class RequestStatus(enum.Enum):
@@ -72,6 +73,8 @@ class Request:
     """Leading blocks of its table already offered to the prefix cache."""
     matcher: Matcher | None = None
     """Its structured output's matcher, advanced by each token it keeps (None: unconstrained)."""
+    reasoning_gate: ReasoningGate | None = None
+    """Holds the matcher back while the output still reasons (step_masks.py)."""
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -82,6 +82,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: InitVar[StructuredOutputsParams | None] = None
     """vLLM's older name of `structured_outputs`."""
+    reasoning_end: str | None = None
+    """The text that ends the output's reasoning (`</think>`): structured outputs apply only
+    after it. The server sets it for chat requests with --reasoning-parser."""
 
     def __post_init__(self, guided_decoding: StructuredOutputsParams | None = None) -> None:
         if guided_decoding is not None:
@@ -221,7 +224,13 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams.from_dict(
                 dict(self.structured_outputs)
             )
-        elif not isinstance(self.structured_outputs, (StructuredOutputsParams, type(None))):
+        if self.reasoning_end is not None and not (
+            isinstance(self.reasoning_end, str) and self.reasoning_end
+        ):
+            raise ValueError(
+                f"reasoning_end must be a non-empty string, got {self.reasoning_end!r}."
+            )
+        if not isinstance(self.structured_outputs, (StructuredOutputsParams, type(None))):
             raise ValueError(
                 "structured_outputs must be a StructuredOutputsParams, got "
                 f"{self.structured_outputs!r}."

@@ -31,6 +31,7 @@ from aioserve.server.responses import ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.structured_output_fields import compile_structured_output
+from aioserve.server.tool_calls.streaming import ToolCallStream, tool_call_objects
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -49,7 +50,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             add_generation_prompt=parsed.add_generation_prompt,
             continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
-            tools=parsed.tools,
+            tools=parsed.tool_use.tools,
         )
         check_prompt(engine, token_ids, parsed, "messages")
         if parsed.add_generation_prompt:
@@ -108,16 +109,18 @@ async def _full_response(
         parser = state.engine.settings.reasoning_parser
         if parser:
             reasoning, content = split_answer(parser, sample.text, parsed.chat_template_kwargs)
+        content, tool_calls, finish_reason = _calls_in_answer(parsed, content, sample.finish_reason)
         choices.append(
             responses.chat_choice(
                 sample.index,
                 role,
                 echo + (content or "") if echo or content is not None else None,
                 logprobs,
-                sample.finish_reason,
+                finish_reason,
                 sample.stop_reason,
                 sample.token_ids if parsed.return_token_ids else None,
                 reasoning if parsed.include_reasoning else None,
+                tool_calls,
             )
         )
     details = state.frontend.enable_prompt_tokens_details
@@ -129,6 +132,22 @@ async def _full_response(
     prompt_ids = prompt_token_ids if parsed.return_token_ids else None
     body = responses.chat_response(head, choices, usage, prompt_ids, final.prompt_logprobs)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def _calls_in_answer(
+    parsed: ChatRequest, content: str | None, finish_reason: str | None
+) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
+    """(content, tool_calls, finish_reason) of a finished answer, as tools.py describes."""
+    tool_use = parsed.tool_use
+    if tool_use.parser is None or content is None:
+        return content, None, finish_reason
+    answer = tool_use.parser.read(content, final=True)
+    if not answer.has_calls:
+        return content, None, finish_reason
+    if tool_use.calls_finish_as_tool_calls:
+        finish_reason = "tool_calls"
+    text = answer.content or (None if tool_use.constraint is None else "")
+    return text, tool_call_objects(answer), finish_reason
 
 
 async def _chunks(
@@ -152,6 +171,8 @@ async def _chunks(
     splitters = [
         ReasoningSplitter(parser, parsed.chat_template_kwargs) for _ in range(n if parser else 0)
     ]
+    tool_parser = parsed.tool_use.parser
+    call_streams = [ToolCallStream(tool_parser) for _ in range(n if tool_parser else 0)]
     async with aclosing(outputs):
         async for output in outputs:
             cached_tokens = output.num_cached_tokens
@@ -185,8 +206,15 @@ async def _chunks(
                     content = split.content or None
                     if parsed.include_reasoning:
                         reasoning = split.reasoning or None
+                tool_calls, finish_reason = None, sample.finish_reason
+                if tool_parser is not None:
+                    calls = call_streams[sample.index]
+                    content, tool_calls = calls.feed(content or "", last=finish_reason is not None)
+                    if calls.made_calls and finish_reason is not None:
+                        if parsed.tool_use.calls_finish_as_tool_calls:
+                            finish_reason = "tool_calls"
                 if (
-                    not (content or reasoning)
+                    not (content or reasoning or tool_calls)
                     and sample.finish_reason is None
                     and not has_token_data
                 ):
@@ -200,10 +228,11 @@ async def _chunks(
                     sample.index,
                     content,
                     logprobs,
-                    sample.finish_reason,
+                    finish_reason,
                     sample.stop_reason,
                     sample.token_ids if parsed.return_token_ids else None,
                     reasoning,
+                    tool_calls,
                 )
                 if sample.finish_reason is not None:
                     unfinished -= 1

@@ -36,6 +36,7 @@ from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, shown_value
 from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.reasoning import THINK_END, thinks
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
 from aioserve.server.request_schema import (
     CHAT_BODY,
@@ -45,7 +46,7 @@ from aioserve.server.request_schema import (
 )
 from aioserve.server.state import ServerState
 from aioserve.server.structured_output_fields import body_field, read_structured_outputs
-from aioserve.server.tools import template_tools
+from aioserve.server.tools import ToolUse, read_tool_use
 
 PromptInput = str | list[int]
 
@@ -119,8 +120,8 @@ class ChatRequest(GenerationRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    """What the chat template gets as `tools` (see tools.py)."""
+    tool_use: ToolUse = field(default_factory=lambda: ToolUse(None))
+    """What the chat template gets as `tools`, and how the output becomes calls (tools.py)."""
     include_reasoning: bool = True
     """With --reasoning-parser: send the reasoning (reasoning.py), or drop it."""
     echo: bool = False
@@ -207,6 +208,16 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     logprobs = (top_logprobs or 0) if wants_logprobs else None
     echo = fields.get("echo", False)
     structured_outputs, structured_output_field = read_structured_outputs(fields)
+    tool_use = read_tool_use(fields, state.frontend)
+    if tool_use.constraint is not None:
+        if structured_outputs is not None:
+            raise bad_parameter(
+                "tool_choice",
+                shown_value(fields.get("tool_choice")),
+                f"tool_choice {fields.get('tool_choice', 'required')} constrains the output, "
+                f"and so does {structured_output_field}: give one",
+            )
+        structured_outputs, structured_output_field = tool_use.constraint, "tool_choice"
     params = _sampling_params(
         state,
         fields,
@@ -217,12 +228,19 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         _prompt_logprobs(fields, top_logprobs if echo else None),
         structured_outputs,
     )
+    if tool_use.parser is not None and not tool_use.parser.skip_special_tokens:
+        params.skip_special_tokens = False  # its markers are special tokens (vLLM does so too)
+    template_kwargs = fields.get("chat_template_kwargs")
+    if params.structured_outputs is not None and thinks(
+        state.engine.settings.reasoning_parser, template_kwargs
+    ):
+        params.reasoning_end = THINK_END  # the answer after the reasoning is constrained
     request = ChatRequest(
         messages=messages,
         add_generation_prompt=fields.get("add_generation_prompt", True),
         continue_final_message=fields.get("continue_final_message", False),
         chat_template_kwargs=fields.get("chat_template_kwargs"),
-        tools=template_tools(fields, state.frontend.exclude_tools_when_tool_choice_none),
+        tool_use=tool_use,
         echo=echo,
         include_reasoning=fields.get("include_reasoning", True),
         structured_output_field=structured_output_field,

@@ -31,15 +31,20 @@ class Split:
     content: str = ""
 
 
+def thinks(parser: str, chat_template_kwargs: dict | None) -> bool:
+    """Whether an answer starts with reasoning under `parser` ("": no parser)."""
+    if not parser:
+        return False
+    return parser != "qwen3" or bool((chat_template_kwargs or {}).get("enable_thinking", True))
+
+
 class ReasoningSplitter:
     """Splits one answer's text, fed in pieces, into reasoning and content."""
 
     def __init__(self, parser: str, chat_template_kwargs: dict | None = None) -> None:
         if parser not in REASONING_PARSERS:
             raise ValueError(f"unknown reasoning parser {parser!r}")
-        self.thinking = parser != "qwen3" or bool(
-            (chat_template_kwargs or {}).get("enable_thinking", True)
-        )
+        self.thinking = thinks(parser, chat_template_kwargs)
         self._state = _AT_START if self.thinking else _CONTENT
         self._held = ""  # the start of what may be a marker, not yet given to either field
 

@@ -238,18 +238,22 @@ def chat_choice(
     stop_reason: int | str | None,
     token_ids: list[int] | None,
     reasoning: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    message = {
+        "role": role,
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if tool_calls:  # vLLM leaves the key out when no call was made
+        message["tool_calls"] = tool_calls
+    message["reasoning"] = reasoning
     return {
         "index": index,
-        "message": {
-            "role": role,
-            "content": content,
-            "refusal": None,
-            "annotations": None,
-            "audio": None,
-            "function_call": None,
-            "reasoning": reasoning,
-        },
+        "message": message,
         "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": stop_reason,
@@ -307,11 +311,15 @@ def chat_chunk_choice(
     stop_reason: int | str | None,
     token_ids: list[int] | None,
     reasoning: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A chat stream chunk's choice; its delta has `content`, and `reasoning` when given."""
+    """A chat stream chunk's choice; its delta has `content`, and `reasoning` and
+    `tool_calls` when given."""
     delta: dict[str, Any] = {"content": content}
     if reasoning is not None:
         delta["reasoning"] = reasoning
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
     choice: dict[str, Any] = {
         "index": index,
         "delta": delta,

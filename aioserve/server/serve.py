@@ -47,6 +47,7 @@ from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
+from aioserve.server.tool_calls import check_tool_call_settings
 
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
@@ -139,6 +140,7 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(frontend.uvicorn_log_level)
     ssl_context = build_ssl_context(frontend)
     import_middlewares(frontend.middleware)
+    check_tool_call_settings(frontend)
     # The modules below load torch and transformers (seconds): a refused argument is
     # reported before that.
     from aioserve.engine.async_engine import AsyncEngine

@@ -1,30 +1,54 @@
-"""`tools` and `tool_choice` in a chat request, checked as vLLM 0.32 checks them.
+"""`tools` and `tool_choice` in a chat request: what the template gets, and how the
+output becomes tool calls.
 
-aioserve has no tool-call parser yet (--tool-call-parser is refused at start), so it
-serves what vLLM serves without one. A request whose tool_choice is "none" is answered as
-plain content, its tools given to the chat template (`apply_chat_template(tools=...)`),
-or left out with --exclude-tools-when-tool-choice-none. "auto" (the default when tools
-are given), "required" and a named function need a parser to turn the output into calls:
-400s with vLLM's messages. History messages with `tool_calls`, and `tool` messages, go to
-the template as they are. POST /tokenize takes `tools` too (`checked_tools`), as vLLM's.
+- "none": plain content, the tools given to the chat template
+  (`apply_chat_template(tools=...)`), or left out with --exclude-tools-when-tool-choice-none.
+- "auto" (the default when tools are given): with --enable-auto-tool-choice and a
+  --tool-call-parser, the output is read by that parser (tool_calls/parsers.py) and a
+  call made gives finish_reason "tool_calls"; without them, vLLM's 400.
+- "required" and a named function: enforced by structured outputs (tool_calls/forced.py),
+  so the output is always a valid call; "required" finishes with "tool_calls", a named
+  function with "stop", as in vLLM.
+
+History messages with `tool_calls`, and `tool` messages, go to the template as they are.
+POST /tokenize takes `tools` too (`checked_tools`), as vLLM's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from aioserve.config.frontend import FrontendConfig
+from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.server.body_fields import BodyFields, shown_value
 from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.tool_calls.forced import (
+    NamedCallParser,
+    RequiredCallsParser,
+    parameters_schema,
+    required_calls_schema,
+)
+from aioserve.server.tool_calls.parsers import ToolParser, new_tool_parser
 
 _NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
-_NO_PARSER = "tool call parsers are not supported by aioserve yet"
 
 
-def template_tools(fields: BodyFields, exclude_when_none: bool) -> list[dict[str, Any]] | None:
-    """The tools the chat template gets (None: none), or a 400 for a tool or a tool_choice
-    that is malformed or that needs a tool-call parser."""
+@dataclass
+class ToolUse:
+    """What a chat request's tools and tool_choice ask of the answer."""
+
+    tools: list[dict[str, Any]] | None  # for the chat template
+    parser: ToolParser | None = None  # reads the output into calls (None: plain content)
+    constraint: StructuredOutputsParams | None = None  # forces the output into calls
+    calls_finish_as_tool_calls: bool = True  # finish_reason "tool_calls" once calls are made
+
+
+def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
+    """The request's ToolUse, or a 400 for a tool or tool_choice that is malformed or that
+    this server cannot serve."""
     tools = fields.get("tools")
-    fields.get("parallel_tool_calls")  # checked; without a parser there are no calls to split
+    parallel = fields.get("parallel_tool_calls")
     if tools is not None:
         if not tools:
             raise APIError(
@@ -35,26 +59,30 @@ def template_tools(fields: BodyFields, exclude_when_none: bool) -> list[dict[str
         tools = checked_tools(tools)
     choice = fields.get("tool_choice", "auto" if tools else "none")
     if choice == "none":
-        return None if tools is None or exclude_when_none else tools
+        exclude = frontend.exclude_tools_when_tool_choice_none
+        return ToolUse(None if tools is None or exclude else tools)
     if tools is None:
         raise APIError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
     if isinstance(choice, dict):
-        name = _named_function(choice, tools)
-        raise APIError(
-            f'tool_choice=function "{name}" requires --tool-call-parser to be set ({_NO_PARSER})',
-            param="tool_choice",
-        )
-    if choice == "auto":
-        raise APIError(
-            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
-            f"be set ({_NO_PARSER})",
-            param="tool_choice",
-        )
+        tool = _named_tool(choice, tools)
+        constraint = StructuredOutputsParams(json=parameters_schema(tool))
+        parser = NamedCallParser(tool["function"]["name"])
+        return ToolUse(tools, parser, constraint, calls_finish_as_tool_calls=False)
     if choice == "required":
-        raise APIError(
-            f'tool_choice="required" requires --tool-call-parser to be set ({_NO_PARSER})',
-            param="tool_choice",
-        )
+        try:
+            schema = required_calls_schema(tools, parallel)
+        except ValueError as error:
+            raise APIError(str(error), param="tools") from None
+        constraint = StructuredOutputsParams(json=schema)
+        return ToolUse(tools, RequiredCallsParser(), constraint)
+    if choice == "auto":
+        if not (frontend.enable_auto_tool_choice and frontend.tool_call_parser):
+            raise APIError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set",
+                param="tool_choice",
+            )
+        return ToolUse(tools, new_tool_parser(frontend.tool_call_parser))
     raise bad_parameter(
         "tool_choice",
         shown_value(choice),
@@ -102,8 +130,8 @@ def _tool(index: int, tool: Any) -> dict[str, Any]:
     return {**tool, "type": "function"}
 
 
-def _named_function(choice: dict[str, Any], tools: list[dict[str, Any]]) -> str:
-    """The name of a named tool_choice, checked against the tools."""
+def _named_tool(choice: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The tool a named tool_choice names, checked against the tools."""
     function = choice.get("function")
     if not isinstance(function, dict):
         raise APIError(
@@ -121,9 +149,10 @@ def _named_function(choice: dict[str, Any], tools: list[dict[str, Any]]) -> str:
             f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_NAMED_USAGE}",
             param="tool_choice.function.name",
         )
-    if all(tool["function"]["name"] != name for tool in tools):
-        raise APIError(
-            "The tool specified in `tool_choice` does not match any of the specified `tools`",
-            param="tool_choice",
-        )
-    return name
+    for tool in tools:
+        if tool["function"]["name"] == name:
+            return tool
+    raise APIError(
+        "The tool specified in `tool_choice` does not match any of the specified `tools`",
+        param="tool_choice",
+    )

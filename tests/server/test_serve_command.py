@@ -59,6 +59,9 @@ FRONTEND_FLAGS = [
     (["--return-tokens-as-token-ids"], "return_tokens_as_token_ids", True),
     (["--disable-frontend-multiprocessing"], "disable_frontend_multiprocessing", True),
     (["--enable-request-id-headers"], "enable_request_id_headers", True),
+    (["--enable-auto-tool-choice"], "enable_auto_tool_choice", True),
+    (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
+    (["--tool-parser-plugin", "/x/plugin.py"], "tool_parser_plugin", "/x/plugin.py"),
     (
         ["--exclude-tools-when-tool-choice-none"],
         "exclude_tools_when_tool_choice_none",
@@ -177,8 +180,9 @@ def _stop(process: subprocess.Popen) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice is a vLLM argument that "),
-        (["--tool-call-parser", "hermes", "--headless"], "--tool-call-parser, --headless are vLLM"),
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
+        (["--tool-call-parser", "qwen3_xml"], "tool-call parser 'qwen3_xml' is not supported"),
+        (["--headless", "--disable-log-stats"], "--headless is a vLLM argument that "),
         (["--port", "70000"], "--port must be a TCP port from 0 to 65535, got 70000"),
         (["--chat-template", "no-such-file"], "--chat-template 'no-such-file' is neither"),
         (["--middleware", "no.such.module"], "--middleware no.such.module: cannot import it"),

@@ -1,7 +1,8 @@
-"""Tools without a tool-call parser, served as vLLM 0.32 serves them: with tool_choice
+"""Tools as vLLM 0.32 serves them without --enable-auto-tool-choice: with tool_choice
 "none" the tools reach the chat template and the answer is plain content; "auto" (the
-default when tools are given), "required" and a named function are 400s saying they need
-a parser, as are malformed tools and tool choices (vLLM's messages).
+default when tools are given) is a 400 saying it needs the flag and a parser, as are
+malformed tools and tool choices (vLLM's messages). "required" and named functions, which
+need no parser, are tested in test_tool_calls.py.
 
 The reference for what the template receives is transformers' own `apply_chat_template`
 with the same template, tools and messages, on the same tokenizer: the request's
@@ -112,18 +113,11 @@ def test_the_exclude_flag_leaves_the_tools_out(engine, start_openai_server):
     assert reply.json()["usage"]["prompt_tokens"] == reference_prompt_tokens(engine, QUESTION, None)
 
 
-NAMED = {"type": "function", "function": {"name": "get_weather"}}
-
-
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
         ({"tools": [WEATHER]}, "tool_choice", '"auto" tool choice requires --enable-auto-tool'),
         ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice", '"auto" tool choice'),
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice",
-         'tool_choice="required" requires --tool-call-parser'),
-        ({"tools": [WEATHER], "tool_choice": NAMED}, "tool_choice",
-         'tool_choice=function "get_weather" requires --tool-call-parser'),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
          "tool_choice", "does not match any of the specified `tools`"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice.function",

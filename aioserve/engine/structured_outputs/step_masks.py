@@ -6,10 +6,17 @@ step is in flight, else right after the step before it has returned its tokens â
 this step's forward pass runs, so that with asynchronous scheduling the device does not
 wait for the host. A matcher that allows no token at all is a dead end: its row allows
 every token (the sample is dropped) and the engine ends the request.
+
+A request that reasons first (`SamplingParams.reasoning_end`) keeps its constraint closed
+until its output text contains the end of its reasoning (`ReasoningGate`): until then its
+rows allow every token and its tokens do not reach the matcher. The gate is checked when
+the masks are filled, so a step planned before the reasoning ended is still constrained
+from the token after it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aioserve.engine.request import Request
@@ -44,8 +51,8 @@ class StepMasks:
         """Fill every row and hand the masks to the runner; returns the dead ends."""
         dead_ends = []
         for words, request in zip(self.bitmask.words, self.requests, strict=True):
-            if request.status.is_finished:
-                words.fill(-1)  # its sample will be dropped
+            if request.status.is_finished or request.reasoning_gate is not None:
+                words.fill(-1)  # its sample will be dropped, or it is still reasoning
                 continue
             request.matcher.fill_bitmask(words)
             if not words.any():
@@ -59,7 +66,27 @@ class StepMasks:
         self.bitmask.abandon()
 
 
-def accept_tokens(request: Request, token_ids: list[int]) -> bool:
-    """Advance a constrained sequence's matcher; False when a token breaks the constraint."""
+class ReasoningGate:
+    """Holds a constraint back until the output's reasoning ends with `marker`."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self._scanned = 0  # how much of the text has been searched
+
+    def ended(self, text: str) -> bool:
+        start = max(0, self._scanned - len(self.marker) + 1)
+        self._scanned = len(text)
+        return text.find(self.marker, start) >= 0
+
+
+def advance_constraint(request: Request, token_ids: list[int], text: Callable[[], str]) -> bool:
+    """Take a constrained sequence's new tokens: open its reasoning gate once `text()` (its
+    output so far) ends the reasoning, else advance its matcher. False when a token breaks
+    the constraint."""
+    gate = request.reasoning_gate
+    if gate is not None:
+        if gate.ended(text()):
+            request.reasoning_gate = None  # the tokens that ended it are reasoning
+        return True
     matcher = request.matcher
     return all(matcher.accept(token_id) for token_id in token_ids)

@@ -150,3 +150,34 @@ def test_a_dead_end_ends_the_request_with_an_error(engine, monkeypatch):
     assert outputs[0].finish_reason == "error"
     assert re.fullmatch("[0-9]{2}", outputs[0].text)
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_the_constraint_waits_for_the_end_of_the_reasoning(engine):
+    """The first tokens of the unconstrained greedy answer stand in for a reasoning that
+    ends with their text: the output must be that text, then the constrained answer."""
+    prompt = chat_prompt(engine, [{"role": "user", "content": "Tell me about Paris."}])
+    free = SamplingParams(max_tokens=3, temperature=0.0)
+    head = asyncio.run(run_all(engine, {"head": (prompt, free)}))["head"][0].text
+    gated = SamplingParams(
+        max_tokens=40,
+        temperature=0.0,
+        structured_outputs=Constraint(regex=" [0-9]{4}"),
+        reasoning_end=head,
+    )
+    (output,) = asyncio.run(run_all(engine, {"gated": (prompt, gated)}))["gated"]
+    assert output.text.startswith(head)
+    assert re.fullmatch(" [0-9]{4}", output.text[len(head) :]), output.text
+    assert output.finish_reason == "stop"
+
+
+def test_a_reasoning_gate_finds_its_marker_across_pieces():
+    from aioserve.engine.structured_outputs.step_masks import ReasoningGate
+
+    text = "thinking hard </think> answer"
+    for cut in range(len(text)):
+        gate = ReasoningGate("</think>")
+        if gate.ended(text[:cut]):
+            assert "</think>" in text[:cut]
+        else:
+            assert "</think>" not in text[:cut]
+            assert gate.ended(text)

@@ -1,0 +1,47 @@
+"""Tool calls: model outputs read into OpenAI tool calls, whole or as they stream.
+
+`parsers` holds vLLM's formats (hermes, llama3_json, mistral, pythonic) and the registry a
+--tool-parser-plugin adds to, `forced` the outputs of tool_choice "required" and of a
+named function (enforced by structured outputs), `streaming` the deltas of one choice, and
+`partial_json` the reading of JSON still being generated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from aioserve.config.declaration import ConfigError
+from aioserve.config.frontend import FrontendConfig
+from aioserve.server.tool_calls.parsers import ToolParser, register_tool_parser, tool_parser_names
+
+__all__ = ["ToolParser", "check_tool_call_settings", "register_tool_parser"]
+
+
+def check_tool_call_settings(frontend: FrontendConfig) -> None:
+    """Import --tool-parser-plugin, then check --tool-call-parser and
+    --enable-auto-tool-choice; a ConfigError naming the flag otherwise."""
+    if frontend.tool_parser_plugin:
+        _import_plugin(Path(frontend.tool_parser_plugin))
+    if (
+        frontend.tool_call_parser is not None
+        and frontend.tool_call_parser not in tool_parser_names()
+    ):
+        raise ConfigError(
+            f"tool-call parser {frontend.tool_call_parser!r} is not supported by aioserve yet "
+            f"(--tool-call-parser accepts {', '.join(tool_parser_names())}; a "
+            "--tool-parser-plugin may register more)"
+        )
+    if frontend.enable_auto_tool_choice and frontend.tool_call_parser is None:
+        raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")
+
+
+def _import_plugin(path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(f"aioserve_tool_plugin_{path.stem}", path)
+    if not path.is_file() or spec is None or spec.loader is None:
+        raise ConfigError(f"--tool-parser-plugin {path}: no such Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise ConfigError(f"--tool-parser-plugin {path}: importing it failed: {error}") from None
