@@ -181,3 +181,17 @@ def test_a_reasoning_gate_finds_its_marker_across_pieces():
         else:
             assert "</think>" not in text[:cut]
             assert gate.ended(text)
+
+
+def test_the_offline_llm_takes_guided_decoding(smollm2_gguf):
+    from aioserve import LLM
+    from aioserve.engine.structured_outputs import GuidedDecodingParams
+
+    params = SamplingParams(
+        max_tokens=20,
+        temperature=0.0,
+        guided_decoding=GuidedDecodingParams(choice=["Paris", "Rome"]),
+    )
+    with LLM(model=str(smollm2_gguf), dtype="float32", enforce_eager=True) as llm:
+        (output,) = llm.generate(["The capital of France is"], params)
+    assert output.outputs[0].text in ("Paris", "Rome")
