@@ -50,25 +50,28 @@ from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
 
 # Per platform, for head sizes up to 128: rows (query tokens x GQA group) of a prefill
-# tile, keys per step of the prefill and decode loops, warps and pipeline stages. Larger
-# heads halve the key steps and double the warps (see `_launch_config`). These must not
-# depend on the batch, or batch invariance is lost.
+# tile, keys per step of the prefill and decode loops, warps and pipeline stages; wider
+# heads take the smaller tiles of _WIDE_HEAD_CONFIG. These must not depend on the batch,
+# or batch invariance is lost. The GPU entries are the largest tiles that compile without
+# a register spill for sm_90a and gfx942 at head sizes 64, 128 and 256 and GQA groups 1 to
+# 8 (tests/kernels/test_gpu_compile.py checks it); they are not yet timed on a GPU.
 _CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"block_m": 64, "block_n": 64, "decode_block_n": 64, "num_warps": 4, "num_stages": 2},
+    "cuda": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 8, "num_stages": 2},
     "rocm": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 4, "num_stages": 1},
     "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 1, "num_stages": 1},
+}
+_WIDE_HEAD_CONFIG: dict[str, dict[str, int]] = {
+    "cuda": {"block_m": 32, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 2},
+    "rocm": {"block_m": 64, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 1},
+    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 2, "num_stages": 1},
 }
 # tl.dot needs at least 16 rows, columns and reduction depth on every GPU target.
 _MIN_DOT = 16
 
 
 def _launch_config(head_block: int) -> dict[str, int]:
-    config = dict(_CONFIG[current_platform()])
-    if head_block > 128:
-        config["block_n"] = max(_MIN_DOT, config["block_n"] // 2)
-        config["decode_block_n"] = max(_MIN_DOT, config["decode_block_n"] // 2)
-        config["num_warps"] *= 2
-    return config
+    table = _WIDE_HEAD_CONFIG if head_block > 128 else _CONFIG
+    return dict(table[current_platform()])
 
 
 @triton.jit

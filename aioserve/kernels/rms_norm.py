@@ -24,7 +24,7 @@ from aioserve.platform import current_platform
 # walked in slices), how many row elements one warp/wavefront should cover, and the
 # most warps per program. A ROCm wavefront has 64 lanes, so it covers twice as much.
 _CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"max_block": 8192, "elements_per_warp": 256, "max_warps": 8},
+    "cuda": {"max_block": 8192, "elements_per_warp": 256, "max_warps": 16},  # 8 spill at 4096
     "rocm": {"max_block": 8192, "elements_per_warp": 512, "max_warps": 8},
     "cpu": {"max_block": 1024, "elements_per_warp": 256, "max_warps": 1},
 }

@@ -39,32 +39,28 @@ def _penalize(
 
 
 @triton.jit
-def _bias_penalties_kernel(
+def _penalties_kernel(
     logits_ptr,
     out_ptr,
     counts_ptr,
     prompt_mask_ptr,
     state_rows_ptr,
-    bias_ids_ptr,
-    bias_values_ptr,
     presence_ptr,
     frequency_ptr,
     repetition_ptr,
     vocab_size,
-    num_bias,
     stride_logits,
     stride_out,
     stride_counts,
     stride_prompt,
-    stride_bias,
     HAS_COUNTS: tl.constexpr,
     HAS_PROMPT_MASK: tl.constexpr,
     HAS_STATE_ROWS: tl.constexpr,
     HAS_PENALTIES: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
-    BLOCK_BIAS: tl.constexpr,
 ):
+    """A float32 copy of each row, penalized when HAS_PENALTIES (in place when out is the
+    logits)."""
     row = tl.program_id(0).to(tl.int64)
     logits_row = logits_ptr + row * stride_logits
     out_row = out_ptr + row * stride_out
@@ -77,15 +73,11 @@ def _bias_penalties_kernel(
     presence = tl.load(presence_ptr + row)
     frequency = tl.load(frequency_ptr + row)
     repetition = tl.load(repetition_ptr + row)
-
-    # The bias comes before the penalties. Without a bias one pass does everything;
-    # with one, the float32 copy is written first, the bias is scattered into it
-    # (atomically, so a token listed twice gets both values), then the penalties.
     for start in range(0, vocab_size, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < vocab_size
         x = tl.load(logits_row + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_PENALTIES and not HAS_BIAS:
+        if HAS_PENALTIES:
             x = _penalize(
                 x,
                 cols,
@@ -100,34 +92,29 @@ def _bias_penalties_kernel(
             )
         tl.store(out_row + cols, x, mask=mask)
 
-    if HAS_BIAS:
-        tl.debug_barrier()
-        for start in range(0, num_bias, BLOCK_BIAS):
-            entries = start + tl.arange(0, BLOCK_BIAS)
-            in_row = entries < num_bias
-            ids = tl.load(bias_ids_ptr + row * stride_bias + entries, mask=in_row, other=-1)
-            values = tl.load(bias_values_ptr + row * stride_bias + entries, mask=in_row, other=0.0)
-            valid = in_row & (ids >= 0) & (ids < vocab_size)
-            tl.atomic_add(out_row + ids, values, mask=valid)
-        if HAS_PENALTIES:
-            tl.debug_barrier()
-            for start in range(0, vocab_size, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < vocab_size
-                x = tl.load(out_row + cols, mask=mask, other=0.0)
-                x = _penalize(
-                    x,
-                    cols,
-                    mask,
-                    counts_row,
-                    prompt_row,
-                    presence,
-                    frequency,
-                    repetition,
-                    HAS_COUNTS,
-                    HAS_PROMPT_MASK,
-                )
-                tl.store(out_row + cols, x, mask=mask)
+
+@triton.jit
+def _bias_kernel(
+    out_ptr,
+    bias_ids_ptr,
+    bias_values_ptr,
+    vocab_size,
+    num_bias,
+    stride_out,
+    stride_bias,
+    BLOCK_BIAS: tl.constexpr,
+):
+    """Each row's bias pairs added to its float32 logits, atomically, so that a token
+    listed twice gets both values."""
+    row = tl.program_id(0).to(tl.int64)
+    out_row = out_ptr + row * stride_out
+    for start in range(0, num_bias, BLOCK_BIAS):
+        entries = start + tl.arange(0, BLOCK_BIAS)
+        in_row = entries < num_bias
+        ids = tl.load(bias_ids_ptr + row * stride_bias + entries, mask=in_row, other=-1)
+        values = tl.load(bias_values_ptr + row * stride_bias + entries, mask=in_row, other=0.0)
+        valid = in_row & (ids >= 0) & (ids < vocab_size)
+        tl.atomic_add(out_row + ids, values, mask=valid)
 
 
 def _needs_processing(batch: SamplingBatch) -> bool:
@@ -154,37 +141,62 @@ def apply_bias_and_penalties_triton(logits: Tensor, batch: SamplingBatch) -> Ten
     if bias_ids is not None:
         bias_ids, bias_values = bias_ids.contiguous(), bias_values.contiguous()
     num_bias = bias_ids.shape[1] if bias_ids is not None else 0
+    has_penalties = counts is not None or prompt_mask is not None
+    # The bias comes before the penalties. Without one, one launch copies and penalizes.
+    # With one: copy, add the bias, then penalize in place, each its own launch. Stores
+    # and atomics of one launch on the same address are not ordered by a barrier on ROCm
+    # (s_barrier does not wait for global stores), so the copy and the bias that lands on
+    # it must be separate launches, which the device runs in order.
+    _launch_penalties(logits, out, batch, counts, prompt_mask, has_penalties and not num_bias)
+    if num_bias:
+        _bias_kernel[(num_rows,)](
+            out,
+            bias_ids,
+            bias_values,
+            vocab_size,
+            num_bias,
+            out.stride(0),
+            bias_ids.stride(0),
+            BLOCK_BIAS=min(triton.next_power_of_2(num_bias), 1024),
+        )
+        if has_penalties:
+            _launch_penalties(out, out, batch, counts, prompt_mask, True)
+    return out
+
+
+def _launch_penalties(
+    logits: Tensor,
+    out: Tensor,
+    batch: SamplingBatch,
+    counts: Tensor | None,
+    prompt_mask: Tensor | None,
+    penalize: bool,
+) -> None:
+    vocab_size = logits.shape[1]
     block, num_warps = _launch_config(vocab_size)
-    _bias_penalties_kernel[(num_rows,)](
+    _penalties_kernel[(logits.shape[0],)](
         logits,
         out,
         counts if counts is not None else out,
         prompt_mask if prompt_mask is not None else out,
         batch.state_rows if batch.state_rows is not None else out,
-        bias_ids if bias_ids is not None else out,
-        bias_values if bias_values is not None else out,
         batch.presence_penalty,
         batch.frequency_penalty,
         batch.repetition_penalty,
         vocab_size,
-        num_bias,
         logits.stride(0),
         out.stride(0),
         counts.stride(0) if counts is not None else 0,
         prompt_mask.stride(0) if prompt_mask is not None else 0,
-        bias_ids.stride(0) if bias_ids is not None else 0,
         HAS_COUNTS=counts is not None,
         HAS_PROMPT_MASK=prompt_mask is not None,
         HAS_STATE_ROWS=batch.state_rows is not None,
-        HAS_PENALTIES=counts is not None or prompt_mask is not None,
-        HAS_BIAS=num_bias > 0,
+        HAS_PENALTIES=penalize,
         BLOCK=block,
-        BLOCK_BIAS=min(triton.next_power_of_2(max(num_bias, 1)), 1024),
         num_warps=num_warps,
         # No fused multiply-add: `x - penalty * count` rounds as the reference's does.
         enable_fp_fusion=False,
     )
-    return out
 
 
 def apply_bias_and_penalties_reference(logits: Tensor, batch: SamplingBatch) -> Tensor:

@@ -1,0 +1,183 @@
+"""Compile every Triton kernel for NVIDIA sm_90a and AMD gfx942 on a machine without a GPU.
+
+Run as `python -m tests.kernels.gpu_compile [cuda|rocm ...]` (without TRITON_INTERPRET: the
+compiler needs real JIT functions); it prints one JSON object per compiled launch. tests/kernels/
+test_gpu_compile.py runs it and checks the results.
+
+Each kernel is reached through its launcher, as the engine calls it: bench/kernel_cases.py
+builds the calls at the shapes of COMPILE_WORKLOAD in bf16 and fp16, on CPU tensors, with
+the platform's launch table (each kernel module's `current_platform` answers "cuda" or
+"rocm"). `JITFunction.run` is replaced by a recorder, so nothing is launched: the launch
+that would have been made (arguments, constexprs, num_warps, ...) is compiled with
+`triton.compile` for the target instead. Reported for each: a compile error, the register
+spills (ptxas's spill stores on NVIDIA; the kernel descriptor's vgpr spill count on AMD), and whether the kernel has both a barrier and an atomic (the store -> barrier ->
+atomic pattern that races on ROCm, where a barrier does not wait for global stores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+from aioserve import kernels
+from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
+from bench.kernel_cases import (
+    LLAMA3_8B,
+    SMOLLM2_135M,
+    ModelShape,
+    TokenBatch,
+    Workload,
+    build_cases,
+)
+
+TARGETS = {"cuda": GPUTarget("cuda", 90, 32), "rocm": GPUTarget("hip", "gfx942", 64)}
+# Head sizes 64 (SmolLM2), 128 (Llama-3-8B) and 256, query heads per KV head 3, 4, 1 and 8.
+COMPILE_WORKLOAD = Workload(
+    models=(
+        SMOLLM2_135M,
+        LLAMA3_8B,
+        ModelShape("head256-gqa1", 2048, 8, 8, 256, 8192, 32000),
+        ModelShape("head128-gqa8", 4096, 32, 4, 128, 14336, 32000),
+    ),
+    token_batches=(TokenBatch.decode(1), TokenBatch.prefill(64)),
+    attention_batches=(
+        ("decode 2x64", ((1, 64), (1, 64))),
+        ("prefill 64", ((64, 64),)),
+        ("chunk 32 after 32 + 2 decodes", ((32, 64), (1, 17), (1, 5))),
+    ),
+    sample_rows=(1, 4),
+)
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg")
+_TRITON_TYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+}
+
+
+@dataclass
+class Launch:
+    kernel: JITFunction
+    values: dict[str, Any]  # every parameter by name
+    options: dict[str, Any]
+
+    def key(self) -> str:
+        shown = {n: _type_of(v) if not self.is_constexpr(n) else v for n, v in self.values.items()}
+        return f"{self.kernel.__name__}|{shown}|{self.options}"
+
+    def is_constexpr(self, name: str) -> bool:
+        return self.kernel.params[self.kernel.arg_names.index(name)].is_constexpr
+
+    def source(self) -> ASTSource:
+        signature, constexprs = {}, {}
+        for name, value in self.values.items():
+            if self.is_constexpr(name) or value is None:
+                signature[name] = "constexpr"
+                constexprs[name] = value
+            else:
+                signature[name] = _type_of(value)
+        return ASTSource(self.kernel, signature, constexprs=constexprs)
+
+
+def _type_of(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _TRITON_TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"cannot type a kernel argument {value!r}")
+
+
+def record_launches(platform: str) -> list[Launch]:
+    """Every distinct launch the launchers make on `platform` across COMPILE_WORKLOAD."""
+    launches: dict[str, Launch] = {}
+
+    def record(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        options = {k: kwargs.pop(k) for k in _OPTIONS if k in kwargs}
+        values = dict(zip(self.arg_names, args, strict=False)) | kwargs
+        for param in self.params[len(args) :]:
+            if param.name not in values:
+                values[param.name] = param.default
+        launch = Launch(self, {n: values[n] for n in self.arg_names}, options)
+        launches.setdefault(launch.key(), launch)
+
+    modules = [m for m in sys.modules.values() if m and m.__name__.startswith(kernels.__name__)]
+    patched = [m for m in modules if hasattr(m, "current_platform")]
+    originals = [m.current_platform for m in patched]
+    original_run = JITFunction.run
+    JITFunction.run = record
+    try:
+        for module in patched:
+            module.current_platform = lambda: platform
+        dtypes = (torch.bfloat16, torch.float16)
+        for case in build_cases(COMPILE_WORKLOAD, dtypes, torch.device("cpu")):
+            case.run()
+        for model in COMPILE_WORKLOAD.models:  # not a bench case: structured outputs' mask
+            logits = torch.zeros(4, model.vocab)
+            bitmask = torch.zeros(2, -(-model.vocab // 32), dtype=torch.int32)
+            apply_token_bitmask_triton(logits, bitmask, torch.tensor([0, 3]))
+    finally:
+        JITFunction.run = original_run
+        for module, original in zip(patched, originals, strict=True):
+            module.current_platform = original
+    return list(launches.values())
+
+
+def compile_launch(launch: Launch, platform: str) -> tuple[Any, int]:
+    """The compiled kernel and its spills: bytes of spill stores in ptxas's own report of
+    the compile (NVIDIA), or the vector registers spilled to scratch (AMD)."""
+    log = io.StringIO()
+    knobs.nvidia.dump_ptxas_log = platform == "cuda"
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(launch.source(), target=TARGETS[platform], options=launch.options)
+    if platform == "rocm":
+        counts = re.findall(r"\.vgpr_spill_count:\s*(\d+)", compiled.asm["amdgcn"])
+    else:
+        counts = re.findall(r"(\d+) bytes spill stores", log.getvalue())
+    return compiled, sum(int(c) for c in counts)
+
+
+def main(platforms: list[str]) -> None:
+    knobs.compilation.always_compile = True  # a cached kernel has no ptxas report
+    for platform in platforms:
+        for launch in record_launches(platform):
+            result: dict[str, Any] = {
+                "kernel": launch.kernel.__name__,
+                "platform": platform,
+                "constexprs": {n: v for n, v in launch.values.items() if launch.is_constexpr(n)},
+                "options": launch.options,
+            }
+            try:
+                compiled, result["spills"] = compile_launch(launch, platform)
+            except Exception as error:  # reported, not raised: the test names each one
+                result["error"] = f"{type(error).__name__}: {error}"[:2000]
+            else:
+                ttir = compiled.asm["ttir"]
+                barrier = re.search(r"\b(gpu|ttg)\.barrier\b", ttir) is not None
+                result["barrier_and_atomic"] = barrier and "atomic_rmw" in ttir
+            print(json.dumps(result, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or list(TARGETS))
