@@ -12,8 +12,11 @@ Triton path: two kernels, and every sequence goes to exactly one of them by its 
 q_len, so the split never depends on the rest of the batch:
 
 - the decode kernel takes the sequences with q_len == 1: one program per
-  (sequence, kv head) holds the whole GQA group of query heads as the rows of one tile
-  and walks the sequence's keys from first to last;
+  (sequence, kv head, segment) holds the whole GQA group of query heads as the rows of
+  one tile and walks the segment's keys from first to last. Segments have a fixed number
+  of keys (`decode_segment`, by device), so a long context is spread over many programs
+  even at batch 1; a sequence of several segments has them merged, in segment order, by
+  a second kernel (split-KV, as flash-decoding does);
 - the prefill kernel takes the sequences with q_len > 1: one program per
   (tile of query tokens, kv head), its rows being BLOCK_Q consecutive tokens times the GQA
   group, again walking the keys from first to last, up to the tile's causal limit.
@@ -23,8 +26,9 @@ table (so any block size works), online softmax in float32, tl.dot for QK^T and 
 launch grid of the prefill kernel counts tiles over the whole flat batch; each program finds
 its sequence by binary search over `query_start_loc`. Tiles start at fixed offsets within
 their sequence, block sizes depend only on the device and the head size, and keys are
-always reduced in the same order, so a sequence's output is bitwise the same whatever
-shares its batch (DESIGN: batch invariance). No split-K.
+always reduced in the same order (a decode's segments too: how it splits depends on its
+own length only), so a sequence's output is bitwise the same whatever shares its batch
+(DESIGN: batch invariance).
 
 Reference path (the CPU production path): aioserve/kernels/attention_reference.py.
 
@@ -50,21 +54,29 @@ from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
 
 # Per platform, for head sizes up to 128: rows (query tokens x GQA group) of a prefill
-# tile, keys per step of the prefill and decode loops, warps and pipeline stages; wider
+# tile, keys per step of the prefill and decode loops, warps, pipeline stages and the keys
+# of one decode segment (a fixed size: how a decode splits depends on its length only,
+# never on its batch); wider
 # heads take the smaller tiles of _WIDE_HEAD_CONFIG. These must not depend on the batch,
 # or batch invariance is lost. The GPU entries are the largest tiles that compile without
 # a register spill for sm_90a and gfx942 at head sizes 64, 128 and 256 and GQA groups 1 to
 # 8 (tests/kernels/test_gpu_compile.py checks it); they are not yet timed on a GPU.
 _CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 8, "num_stages": 2},
-    "rocm": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 4, "num_stages": 1},
-    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 1, "num_stages": 1},
-}
+    "cuda": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 8, "num_stages": 2,
+             "decode_segment": 256},
+    "rocm": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 4, "num_stages": 1,
+             "decode_segment": 256},
+    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 1, "num_stages": 1,
+            "decode_segment": 32},
+}  # fmt: skip
 _WIDE_HEAD_CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"block_m": 32, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 2},
-    "rocm": {"block_m": 64, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 1},
-    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 2, "num_stages": 1},
-}
+    "cuda": {"block_m": 32, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 2,
+             "decode_segment": 256},
+    "rocm": {"block_m": 64, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 1,
+             "decode_segment": 256},
+    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 2, "num_stages": 1,
+            "decode_segment": 32},
+}  # fmt: skip
 # tl.dot needs at least 16 rows, columns and reduction depth on every GPU target.
 _MIN_DOT = 16
 
@@ -75,9 +87,10 @@ def _launch_config(head_block: int) -> dict[str, int]:
 
 
 @triton.jit
-def _attend_rows(
+def _attend_keys(
     q,
     row_positions,
+    first_key,
     num_keys,
     block_table_ptr,
     key_head_ptr,
@@ -93,19 +106,20 @@ def _attend_rows(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Attention of the query rows `q` [BLOCK_M, BLOCK_D] over keys 0..num_keys-1.
+    """Attention of the query rows `q` [BLOCK_M, BLOCK_D] over keys first_key..num_keys-1,
+    unnormalized: (sum of p·v, the rows' running max, the sum of p), all float32.
 
-    Row r attends to keys 0..row_positions[r]. The keys come in tiles of BLOCK_N positions,
-    each position's physical block looked up in the sequence's block table. `qk_scale` is
-    the softmax scale times log2(e): the softmax runs in base 2. Returns the normalized
-    output rows in float32.
+    Row r attends to keys up to row_positions[r]; the first key is visible to every row.
+    The keys come in tiles of BLOCK_N positions, each position's physical block looked up
+    in the sequence's block table. `qk_scale` is the softmax scale times log2(e): the
+    softmax runs in base 2.
     """
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < head_size
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(0, num_keys, BLOCK_N):
+    for start in range(first_key, num_keys, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         key_mask = keys < num_keys
         # Masked loads: table entries and cache slots past the sequence are never read.
@@ -121,15 +135,15 @@ def _attend_rows(
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         # Causality also hides the keys past num_keys from every row that gets stored.
         scores = tl.where(keys[None, :] <= row_positions[:, None], scores, float("-inf"))
-        # Key 0 is visible to every row, so row_max is finite from the first tile on and a
-        # tile a row cannot see changes its state by exactly nothing.
+        # The first key is visible to every row, so row_max is finite from the first tile on
+        # and a tile a row cannot see changes its state by exactly nothing.
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         correction = tl.exp2(row_max - new_max)
         p = tl.exp2(scores - new_max[:, None])
         row_sum = row_sum * correction + tl.sum(p, axis=1)
         acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_max = new_max
-    return acc / row_sum[:, None]
+    return acc, row_max, row_sum
 
 
 @triton.jit
@@ -141,6 +155,8 @@ def _decode_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     block_tables_ptr,
+    partial_ptr,
+    partial_stats_ptr,
     qk_scale,
     stride_query_token,
     stride_query_head,
@@ -155,19 +171,27 @@ def _decode_kernel(
     stride_block_table,
     block_size,
     head_size,
+    max_segments,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SEGMENT: tl.constexpr,
 ):
-    # One program per (sequence, kv head); rows are the GQA group's query heads.
+    # One program per (sequence, kv head, segment of SEGMENT keys); rows are the GQA
+    # group's query heads. A sequence of one segment writes its output; a longer one writes
+    # each segment's unnormalized sum and its (max, sum) for _merge_segments_kernel.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
     query_start = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
     if query_len != 1:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
+    num_segments = tl.cdiv(seq_len, SEGMENT)
+    if segment >= num_segments:
+        return
 
     rows = tl.arange(0, BLOCK_G)
     heads = kv_head * GROUP + rows
@@ -180,10 +204,11 @@ def _decode_kernel(
         other=0.0,
     )
     row_positions = tl.zeros([BLOCK_G], dtype=tl.int32) + (seq_len - 1)
-    out = _attend_rows(
+    acc, row_max, row_sum = _attend_keys(
         q,
         row_positions,
-        seq_len,
+        segment * SEGMENT,
+        tl.minimum(seq_len, (segment + 1) * SEGMENT),
         block_tables_ptr + seq.to(tl.int64) * stride_block_table,
         key_cache_ptr + kv_head * stride_key_head,
         value_cache_ptr + kv_head * stride_value_head,
@@ -198,10 +223,65 @@ def _decode_kernel(
         BLOCK_N,
         BLOCK_D,
     )
+    if num_segments == 1:
+        tl.store(
+            out_ptr + token * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
+            (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
+    else:
+        # partial [B, Hq, max_segments, BLOCK_D] float32; stats [B, Hq, max_segments, 2].
+        slots = (seq.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads) * max_segments + segment
+        tl.store(partial_ptr + slots[:, None] * BLOCK_D + dims[None, :], acc, mask=mask)
+        row_mask = rows < GROUP
+        tl.store(partial_stats_ptr + slots * 2, row_max, mask=row_mask)
+        tl.store(partial_stats_ptr + slots * 2 + 1, row_sum, mask=row_mask)
+
+
+@triton.jit
+def _merge_segments_kernel(
+    out_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    partial_ptr,
+    partial_stats_ptr,
+    stride_out_token,
+    stride_out_head,
+    head_size,
+    max_segments,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SEGMENT: tl.constexpr,
+):
+    # One program per (sequence, query head) of a decode split into segments: the
+    # segments' sums rescaled to the largest max and added in segment order (a fixed
+    # order, so the result does not depend on the batch).
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    query_start = tl.load(query_start_loc_ptr + seq)
+    query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_segments = tl.cdiv(seq_len, SEGMENT)
+    if (query_len != 1) | (num_segments <= 1):
+        return
+    first_slot = (seq.to(tl.int64) * tl.num_programs(1) + head) * max_segments
+    segments = tl.arange(0, BLOCK_S)
+    in_seq = segments < num_segments
+    maxes = tl.load(partial_stats_ptr + (first_slot + segments) * 2, mask=in_seq, other=-1e30)
+    top = tl.max(maxes, axis=0)
+    dims = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    total = 0.0
+    for segment in range(0, num_segments):
+        slot = first_slot + segment
+        scale = tl.exp2(tl.load(partial_stats_ptr + slot * 2) - top)
+        total += scale * tl.load(partial_stats_ptr + slot * 2 + 1)
+        acc += scale * tl.load(partial_ptr + slot * BLOCK_D + dims)
+    token = query_start.to(tl.int64)
     tl.store(
-        out_ptr + token * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=mask,
+        out_ptr + token * stride_out_token + head * stride_out_head + dims,
+        (acc / total).to(out_ptr.dtype.element_ty),
+        mask=dims < head_size,
     )
 
 
@@ -285,9 +365,10 @@ def _prefill_kernel(
         other=0.0,
     )
     last_token = tl.minimum(first_token + BLOCK_Q, query_len) - 1
-    out = _attend_rows(
+    acc, _, row_sum = _attend_keys(
         q,
         context_len + tokens,
+        0,
         context_len + last_token + 1,
         block_tables_ptr + seq.to(tl.int64) * stride_block_table,
         key_cache_ptr + kv_head * stride_key_head,
@@ -308,7 +389,7 @@ def _prefill_kernel(
         + token_offsets[:, None] * stride_out_token
         + heads[:, None] * stride_out_head
         + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
+        (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty),
         mask=mask,
     )
 
@@ -360,17 +441,49 @@ def paged_attention_triton(
     )
     tensors = (query, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables)
 
-    _decode_kernel[(num_seqs, num_kv_heads)](
+    segment = config["decode_segment"]
+    max_segments = triton.cdiv(max_seq_len, segment)
+    # Workspace of the sequences split into segments (none when every decode fits one).
+    partial = torch.empty(
+        (num_seqs, num_q_heads, max_segments, block_d) if max_segments > 1 else (1,),
+        dtype=torch.float32,
+        device=query.device,
+    )
+    stats = torch.empty(
+        (num_seqs, num_q_heads, max_segments, 2) if max_segments > 1 else (1,),
+        dtype=torch.float32,
+        device=query.device,
+    )
+    _decode_kernel[(num_seqs, num_kv_heads, max_segments)](
         *tensors,
+        partial,
+        stats,
         qk_scale,
         *common,
+        max_segments,
         GROUP=group,
         BLOCK_G=max(_MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_N=config["decode_block_n"],
         BLOCK_D=block_d,
+        SEGMENT=segment,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
+    if max_segments > 1:
+        _merge_segments_kernel[(num_seqs, num_q_heads)](
+            out,
+            query_start_loc,
+            seq_lens,
+            partial,
+            stats,
+            out.stride(0),
+            out.stride(1),
+            head_size,
+            max_segments,
+            BLOCK_S=triton.next_power_of_2(max_segments),
+            BLOCK_D=block_d,
+            SEGMENT=segment,
+        )
     if max_query_len > 1:
         block_m = max(config["block_m"], triton.next_power_of_2(group))
         block_q = block_m // group

@@ -54,6 +54,7 @@ COMPILE_WORKLOAD = Workload(
     token_batches=(TokenBatch.decode(1), TokenBatch.prefill(64)),
     attention_batches=(
         ("decode 2x64", ((1, 64), (1, 64))),
+        ("decode 2x600: split into segments", ((1, 600), (1, 600))),
         ("prefill 64", ((64, 64),)),
         ("chunk 32 after 32 + 2 decodes", ((32, 64), (1, 17), (1, 5))),
     ),

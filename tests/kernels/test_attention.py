@@ -300,3 +300,29 @@ def test_gpu_triton_batch_invariance(triton_backend, device, dtype):
     alone, together = _alone_and_in_batch(dtype, device)
     for a, t in zip(alone, together, strict=True):
         assert torch.equal(a, t)
+
+
+def test_triton_split_decode_over_many_segments_matches_reference(triton_backend, device):
+    # The interpreter's decode segments hold 32 keys: 150 keys are 5 segments, 33 are 2.
+    seqs = [(1, 150), (1, 33), (1, 32), (1, 1), (1, 97)]
+    for dtype in (torch.float32, torch.float16):
+        batch = make_batch(seqs, 4, 2, 64, 16, dtype, device, seed=3)
+        out = paged_attention(*batch.args())
+        expected = paged_attention_reference(*batch.args())
+        torch.testing.assert_close(out, expected, **_TOLERANCE[dtype])
+
+
+def test_triton_split_decode_is_the_same_alone_and_at_batch_64(triton_backend, device):
+    args = (2, 1, 32, 16, torch.float16, device)
+    single = make_batch([(1, 150)], *args, seed=20)
+    alone = paged_attention(*single.args())
+    lengths = [1 + (37 * i) % 200 for i in range(64)]
+    lengths[41] = 150
+    batch = make_batch([(1, n) for n in lengths], *args, seed=21)
+    batch.query[41] = single.query[0]
+    for i in range(math.ceil(150 / 16)):
+        dst, src = int(batch.block_tables[41, i]), int(single.block_tables[0, i])
+        batch.key_cache[dst] = single.key_cache[src]
+        batch.value_cache[dst] = single.value_cache[src]
+    together = paged_attention(*batch.args())
+    assert torch.equal(together[41], alone[0])
