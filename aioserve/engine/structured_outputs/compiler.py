@@ -25,7 +25,7 @@ import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -35,26 +35,36 @@ from aioserve.engine.structured_outputs.json_schemas import (
     keyword_outlines_ignores,
     parse_schema,
 )
-from aioserve.engine.structured_outputs.matchers import (
-    DEFAULT_JSON_WHITESPACE,
-    GuidanceGrammar,
-    Matcher,
-    OutlinesIndex,
-    TokenBytes,
-    guidance_grammar,
-    guidance_json_grammar,
-    json_schema_regex,
-)
 from aioserve.engine.structured_outputs.params import (
     StructuredOutputsConfig,
     StructuredOutputsParams,
 )
 
+if TYPE_CHECKING:  # the backends load with the first constraint (see _backends)
+    from aioserve.engine.structured_outputs.matchers import (
+        GuidanceGrammar,
+        Matcher,
+        OutlinesIndex,
+        TokenBytes,
+    )
+
+    Compiled = OutlinesIndex | GuidanceGrammar
+
 BACKENDS = ("auto", "outlines", "guidance")
 VLLM_BACKENDS = ("xgrammar", "lm-format-enforcer")  # vLLM's others: refused by name
 CACHE_SIZE = 256
 
-Compiled = OutlinesIndex | GuidanceGrammar
+# outlines' own default: at most one space where JSON allows whitespace. Free whitespace
+# lets a small model loop on newlines until max_tokens, leaving the JSON unfinished.
+DEFAULT_JSON_WHITESPACE = "[ ]?"
+
+
+def _backends():
+    """matchers.py, imported on first use: a server that never sees a constraint does not
+    load outlines-core and llguidance (nor need them installed)."""
+    from aioserve.engine.structured_outputs import matchers
+
+    return matchers
 
 
 class StructuredOutputCompiler:
@@ -146,7 +156,7 @@ class StructuredOutputCompiler:
                         "structured_outputs",
                         None,
                     )
-                self._tokens = TokenBytes(self._tokenizer, self._vocab_size)
+                self._tokens = _backends().TokenBytes(self._tokenizer, self._vocab_size)
             return self._tokens
 
     def _compile(
@@ -179,10 +189,10 @@ class StructuredOutputCompiler:
                 )
         try:
             if kind == "json" or kind == "json_object":
-                grammar = guidance_json_grammar(schema, whitespace)
+                grammar = _backends().guidance_json_grammar(schema, whitespace)
             else:
-                grammar = guidance_grammar(kind, spec)
-            return GuidanceGrammar.compile(grammar, tokens)
+                grammar = _backends().guidance_grammar(kind, spec)
+            return _backends().GuidanceGrammar.compile(grammar, tokens)
         except ValueError as error:
             reason = str(error).strip()
             if outlines_error is not None:
@@ -199,12 +209,12 @@ class StructuredOutputCompiler:
             ignored = keyword_outlines_ignores(schema)
             if ignored is not None:
                 raise ValueError(f"it does not enforce the schema keyword {ignored!r}")
-            regex = json_schema_regex(schema, whitespace)
+            regex = _backends().json_schema_regex(schema, whitespace)
         elif kind == "choice":
             regex = choice_regex(spec)
         else:
             regex = spec
-        return OutlinesIndex.compile(regex, tokens)
+        return _backends().OutlinesIndex.compile(regex, tokens)
 
 
 def choice_regex(spec: str) -> str:

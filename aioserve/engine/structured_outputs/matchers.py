@@ -28,10 +28,6 @@ import outlines_core
 from outlines_core.json_schema import build_regex_from_schema
 from transformers import PreTrainedTokenizerBase
 
-# outlines' own default: at most one space where JSON allows whitespace. Free whitespace
-# lets a small model loop on newlines until max_tokens, leaving the JSON unfinished.
-DEFAULT_JSON_WHITESPACE = "[ ]?"
-
 
 class Matcher(Protocol):
     def fill_bitmask(self, words: np.ndarray) -> None:
