@@ -26,7 +26,7 @@ from aioserve.server.protocol import (
     check_serving,
     parse_chat_request,
 )
-from aioserve.server.reasoning import ReasoningSplitter, split_answer
+from aioserve.server.reasoning import ReasoningSplitter, reasoning_closed, split_answer
 from aioserve.server.responses import ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
@@ -52,6 +52,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             chat_template_kwargs=parsed.chat_template_kwargs,
             tools=parsed.tool_use.tools,
         )
+        if parsed.params.reasoning_end is not None and reasoning_closed(text):
+            parsed.params.reasoning_end = None  # the prompt already ended the reasoning
         check_prompt(engine, token_ids, parsed, "messages")
         if parsed.add_generation_prompt:
             role = state.frontend.response_role

@@ -38,6 +38,12 @@ def thinks(parser: str, chat_template_kwargs: dict | None) -> bool:
     return parser != "qwen3" or bool((chat_template_kwargs or {}).get("enable_thinking", True))
 
 
+def reasoning_closed(prompt: str) -> bool:
+    """Whether a rendered prompt ends its reasoning itself (its last `<think>` is closed),
+    as vLLM's parsers check the prompt: the answer then starts with content."""
+    return prompt.rfind(THINK_END) > prompt.rfind(THINK_START)
+
+
 class ReasoningSplitter:
     """Splits one answer's text, fed in pieces, into reasoning and content."""
 

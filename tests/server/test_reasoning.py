@@ -116,3 +116,12 @@ def test_qwen3_without_thinking_answers_in_content(parsed_by, openai_server):
     assert (message["reasoning"], message["content"]) == (None, plain)
     assert streamed_fields(url, **kwargs) == ("", plain)
     assert answer(url)["reasoning"] == plain  # thinking, by default
+
+
+def test_a_prompt_that_closes_its_reasoning_is_seen_as_closed():
+    from aioserve.server.reasoning import reasoning_closed
+
+    assert not reasoning_closed("<|im_start|>assistant\n<think>\n")
+    assert reasoning_closed("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not reasoning_closed("earlier <think>a</think> turn, then <think>\n")
+    assert not reasoning_closed("no markers at all")

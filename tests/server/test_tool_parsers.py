@@ -45,6 +45,7 @@ CASES = {
         ),
         ('{"name": "search", "arguments": ' + json.dumps(TRICKY[1]) + "}", "", [TRICKY]),
         ("The weather is fine {really}.", "The weather is fine {really}.", []),
+        ('{"name": "Bob", "age": 30}', '{"name": "Bob", "age": 30}', []),
     ],
     "mistral": [
         (
@@ -69,6 +70,7 @@ CASES = {
         ),
         ("[search(q='a \"quoted\" } brace ] <tool_call>', n=[1, 2.5, None, True])]", "", [TRICKY]),
         ("Nothing to call.", "Nothing to call.", []),
+        ("[Note] a list of no call", "[Note] a list of no call", []),
     ],
 }
 
@@ -137,3 +139,11 @@ def test_forced_outputs():
             content, streamed, _ = stream(parser, text, cuts)
             assert content == ""
             assert [(n, json.loads(a)) for n, a in streamed] == calls
+
+
+def test_a_streamed_call_cut_short_is_not_sent_again_as_content():
+    stream = ToolCallStream(new_tool_parser("hermes"))
+    content, deltas = stream.feed('Hi <tool_call>{"name": "f", "arguments": {"a": 1', last=False)
+    assert content == "Hi " and deltas[0]["function"]["name"] == "f"
+    assert stream.feed("", last=True) == (None, None)
+    assert not stream.made_calls

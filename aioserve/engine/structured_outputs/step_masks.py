@@ -16,12 +16,15 @@ from the token after it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aioserve.engine.request import Request
 from aioserve.engine.scheduler import SchedulerOutput
 from aioserve.runner.step_plan import TokenBitmask
+
+logger = logging.getLogger("aioserve")
 
 
 @dataclass
@@ -54,7 +57,11 @@ class StepMasks:
             if request.status.is_finished or request.reasoning_gate is not None:
                 words.fill(-1)  # its sample will be dropped, or it is still reasoning
                 continue
-            request.matcher.fill_bitmask(words)
+            try:
+                request.matcher.fill_bitmask(words)
+            except Exception:  # the request's own failure: it ends, the engine goes on
+                logger.exception("request %s: its structured output failed", request.request_id)
+                words.fill(0)
             if not words.any():
                 words.fill(-1)
                 dead_ends.append(request)
@@ -89,4 +96,8 @@ def advance_constraint(request: Request, token_ids: list[int], text: Callable[[]
             request.reasoning_gate = None  # the tokens that ended it are reasoning
         return True
     matcher = request.matcher
-    return all(matcher.accept(token_id) for token_id in token_ids)
+    try:
+        return all(matcher.accept(token_id) for token_id in token_ids)
+    except Exception:  # the request's own failure: it ends, the engine goes on
+        logger.exception("request %s: its structured output failed", request.request_id)
+        return False

@@ -74,10 +74,12 @@ def call_from_object(
     text: str, pos: int, arguments_keys: tuple[str, ...]
 ) -> tuple[CallSoFar, int | None]:
     """The call in the JSON object at text[pos] == '{', and the index after it (None while
-    it is open)."""
+    it is open). Its name counts only once its arguments have begun: an object without
+    them is not a call (`{"name": "Bob", "age": 30}`)."""
     members, end = object_members(text, pos)
     name = None
-    if "name" in members and members["name"].end is not None:
+    has_arguments = any(key in members for key in arguments_keys)
+    if has_arguments and "name" in members and members["name"].end is not None:
         name = json.loads(text[members["name"].start : members["name"].end])
         if not isinstance(name, str):
             raise ValueError("a tool call's name must be a string")
@@ -111,13 +113,12 @@ def checked(parsed: ParsedOutput, text: str, final: bool) -> ParsedOutput:
     if not final or not parsed.calls:
         return parsed
     for call in parsed.calls:
-        if not (call.complete and call.name):
-            return ParsedOutput(text)
+        if not (call.complete and call.name and call.arguments):
+            return ParsedOutput(text)  # a call needs its arguments (or parameters), as in vLLM
         try:
-            json.loads(call.arguments or "{}")
+            json.loads(call.arguments)
         except json.JSONDecodeError:
             return ParsedOutput(text)
-        call.arguments = call.arguments or "{}"
     return parsed
 
 
@@ -223,7 +224,10 @@ class PythonicParser(ToolParser):
         if text[pos] != "[":
             return ParsedOutput(text)
         parsed = ParsedOutput("")
-        for segment in _complete_calls(text, pos + 1):
+        segments = _complete_calls(text, pos + 1)
+        if final and not segments:
+            return ParsedOutput(text)  # a list, but of no call: content
+        for segment in segments:
             call = ast.parse(segment.strip(), mode="eval").body
             if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
                 raise ValueError("a pythonic tool call is name(keyword=value, ...)")

@@ -44,6 +44,11 @@ class ToolCallStream:
         """(new content or None, new tool_calls deltas or None)."""
         self.text += piece
         parsed = self.parser.read(self.text, last)
+        if last and self._arguments_sent and not parsed.has_calls:
+            # A call already streamed turned out unfinished or not JSON (cut by max_tokens,
+            # say): its text is not sent again as content, and no call was made.
+            self.made_calls = False
+            return None, None
         content = parsed.content[self._content_sent :] or None
         self._content_sent = max(self._content_sent, len(parsed.content))
         deltas = []
