@@ -38,7 +38,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from aioserve.config.engine import EngineConfig
 from aioserve.engine.admission import (
@@ -61,6 +60,7 @@ from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.stats import StatLogger, StatsReporter
+from aioserve.engine.steps_in_flight import StepInFlight, run_timed
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.step_masks import (
     ReasoningGate,
@@ -68,7 +68,6 @@ from aioserve.engine.structured_outputs.step_masks import (
     advance_constraint,
 )
 from aioserve.platform import is_gpu
-from aioserve.runner.model_runner import PreparedStep, StepOutput
 from aioserve.runner.step_plan import StepResult
 
 logger = logging.getLogger("aioserve")
@@ -76,24 +75,6 @@ logger = logging.getLogger("aioserve")
 
 SHUTDOWN_WAIT_S = 5.0
 """How long `shutdown` waits for a running model step before leaving it behind."""
-
-
-@dataclass
-class _ExecutedStep:
-    """A step back from the model thread, with when it started and ended there."""
-
-    output: StepOutput
-    started: float
-    ended: float
-
-
-@dataclass
-class _StepInFlight:
-    index: int  # in launch order
-    scheduled: SchedulerOutput
-    future: asyncio.Future  # of an _ExecutedStep
-    started: threading.Event  # set by the model thread as it begins the step
-    masks: StepMasks | None  # its structured-output masks, filled before it samples
 
 
 class AsyncEngine:
@@ -305,7 +286,7 @@ class AsyncEngine:
 
     async def _engine_loop(self) -> None:
         depth = 2 if self.settings.async_scheduling else 1
-        in_flight: deque[_StepInFlight] = deque()
+        in_flight: deque[StepInFlight] = deque()
         self._last_step_end = None
         clock = self.loop_clock
         try:
@@ -353,7 +334,7 @@ class AsyncEngine:
             self._forget(state)
         self._stats.step_done(self.scheduler, self.kv_cache)
 
-    def _launch_step(self, output: SchedulerOutput, fill_masks: bool) -> _StepInFlight | None:
+    def _launch_step(self, output: SchedulerOutput, fill_masks: bool) -> StepInFlight | None:
         """Prepare a scheduled step and queue it on the model thread (None if preparing
         failed). Its structured-output masks are filled now if `fill_masks`, else once the
         step in flight before it has returned its tokens."""
@@ -369,17 +350,10 @@ class AsyncEngine:
         if masks is not None and fill_masks:
             self._fill_masks(masks)
         started = threading.Event()
-        future = loop.run_in_executor(self._model_thread, self._execute, prepared, started)
-        return _StepInFlight(index, output, future, started, masks)
+        future = loop.run_in_executor(self._model_thread, run_timed, self.runner, prepared, started)
+        return StepInFlight(index, output, future, started, masks)
 
-    def _execute(self, prepared: PreparedStep, started_event: threading.Event) -> _ExecutedStep:
-        """On the model thread: run the step, noting when it started and ended."""
-        started = time.monotonic()
-        started_event.set()
-        output = self.runner.execute(prepared)
-        return _ExecutedStep(output, started, time.monotonic())
-
-    async def _finish_step(self, step: _StepInFlight, next_step: _StepInFlight | None) -> None:
+    async def _finish_step(self, step: StepInFlight, next_step: StepInFlight | None) -> None:
         """Wait for a step's tokens, record them and deliver the outputs; then fill the
         structured-output masks of the step after it, which may be waiting for them."""
         masks = next_step.masks if next_step is not None else None
@@ -410,7 +384,7 @@ class AsyncEngine:
                 state.changed.add(index)
                 self._deliver(state)
 
-    async def _record_step(self, step: _StepInFlight, next_step: _StepInFlight | None) -> None:
+    async def _record_step(self, step: StepInFlight, next_step: StepInFlight | None) -> None:
         try:
             executed = await step.future
             if next_step is not None:

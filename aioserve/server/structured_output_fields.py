@@ -15,13 +15,13 @@ Errors, here and from the engine's compiler, name the field the request used.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs import StructuredOutputsParams
+from aioserve.engine.structured_outputs.params import KINDS
 from aioserve.server.body_fields import BodyFields, shown_value
 from aioserve.server.errors import bad_parameter
 
@@ -54,32 +54,27 @@ def read_structured_outputs(fields: BodyFields) -> tuple[StructuredOutputsParams
         if whitespace is not None:
             given["whitespace_pattern"] = whitespace
     backend = fields.get("guided_decoding_backend")
-    override, format_source = _response_format_constraint(fields.get("response_format"))
-    if given is None and override is None:
+    override = _response_format_constraint(fields.get("response_format"))
+    if override is not None:  # it replaces structured_outputs' constraint, keeps its options
+        source = "response_format"
+        options = {k: v for k, v in (given or {}).items() if k not in KINDS}
+        given = options | override
+    if given is None:
         return None, source  # a backend alone constrains nothing
     try:
-        params = StructuredOutputsParams.from_dict(given) if given is not None else None
-        if override is not None:
-            source = format_source
-            if params is None:
-                params = StructuredOutputsParams(**override)
-            else:
-                cleared = {
-                    kind: None for kind in ("json", "regex", "choice", "grammar", "json_object")
-                }
-                params = replace(params, **{**cleared, **override})
+        params = StructuredOutputsParams.from_dict(given)
     except ValueError as error:
-        raise bad_parameter(source, shown_value(given or override), str(error)) from None
+        raise bad_parameter(source, shown_value(given), str(error)) from None
     if backend is not None:
         params.backend = backend
     return params, source
 
 
-def _response_format_constraint(response_format: Any) -> tuple[dict[str, Any] | None, str]:
+def _response_format_constraint(response_format: Any) -> dict[str, Any] | None:
     """The constraint a `response_format` asks for (None for text or none)."""
     field = "response_format"
     if response_format is None:
-        return None, field
+        return None
     kind = response_format.get("type")
     if kind not in _RESPONSE_FORMATS:
         if kind == "structural_tag":
@@ -88,9 +83,9 @@ def _response_format_constraint(response_format: Any) -> tuple[dict[str, Any] | 
             message = f"response_format type must be one of {', '.join(_RESPONSE_FORMATS)}"
         raise bad_parameter(field, shown_value(response_format), message)
     if kind == "text":
-        return None, field
+        return None
     if kind == "json_object":
-        return {"json_object": True}, field
+        return {"json_object": True}
     json_schema = response_format.get("json_schema")
     if not isinstance(json_schema, dict):
         raise bad_parameter(
@@ -105,7 +100,7 @@ def _response_format_constraint(response_format: Any) -> tuple[dict[str, Any] | 
             shown_value(response_format),
             "response_format.json_schema.schema must be an object",
         )
-    return {"json": schema}, field
+    return {"json": schema}
 
 
 async def compile_structured_output(

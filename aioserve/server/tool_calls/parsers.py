@@ -142,7 +142,7 @@ class ToolParser:
 class HermesParser(ToolParser):
     name = "hermes"
     skip_special_tokens = False
-    start, stop = "<tool_call>", "</tool_call>"
+    start = "<tool_call>"
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         content, start = content_until(text, self.start, final)
