@@ -22,6 +22,7 @@ from aioserve.config.arguments import CPU_KVCACHE_SPACE_ENV
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import cpu_kvcache_space_bytes
 from aioserve.config.parser import EngineArgumentParser, build_engine_parser
+from aioserve.host_memory import keep_host_memory
 
 
 def _version(distribution: str) -> str | None:
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `aioserve` with `argv` (default: sys.argv[1:]); return the exit status."""
     args = build_parser().parse_args(argv)
+    keep_host_memory()
     try:
         return args.run(args)
     except ConfigError as error:

@@ -1,125 +1,144 @@
-"""Where a model step's time goes: wall time per kernel, for prefill and for decode steps.
+"""Where a model step's time goes: steps by kind, and torch's operator table for one of each.
 
-Runs the offline engine on random prompts and times, on the model thread, every call the
-decoder makes to a kernel (rms_norm, apply_rotary, write_kv_cache, paged_attention,
-silu_and_mul), every linear layer, the output head and sampling. Prints, for the steps of
-each kind, the median step time and the median time per kernel within a step.
+Runs the offline engine (the compiled step, as served) on random prompts of --input-len
+tokens, every prompt given at once, and times each model step on the model thread. Prints,
+for prefill steps (--max-num-batched-tokens rows), decode steps (one row per prompt) and the
+rest, how many ran, their total and their median; then, with --ops, the torch profiler's
+operator table (self CPU time) for one prefill step and for one decode step taken past the
+warm-up. Inside the compiled step, `## Call CompiledFxGraph` is the time spent in the code
+inductor generated (normalization, rotary, activation, residual adds), `aten::mm` the
+dense layers, and `aioserve::paged_attention` the attention op with its gathers and SDPA.
 
-    python bench/step_profile.py --num-prompts 64 --input-len 256 --output-len 24
+    python bench/step_profile.py --num-prompts 64 --input-len 256 --output-len 64 --ops
+    python bench/step_profile.py --no-keep-host-memory      # glibc's and torch's defaults
 
-With those settings the prefill steps are the 4096-token ones (the default
-max_num_batched_tokens on the CPU) and the decode steps hold 64 rows. Wall-clock timing of
-kernels adds a few microseconds per call; on a GPU it would need synchronization and
-measures nothing useful, so this is a CPU tool.
+By default the process tunes its allocators as `aioserve serve` does
+(aioserve/host_memory.py), before torch is imported; the page faults the run took are
+printed, so the two settings can be compared. Profiling adds overhead to each operator; the
+step times printed are taken without the profiler, except for the two profiled steps.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import random
+import resource
 import statistics
+import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 
-import aioserve.models.llama as llama
-from aioserve import LLM, SamplingParams
-from aioserve.models.linear import Linear
-from aioserve.runner import model_runner
-
-KERNELS = ("rms_norm", "apply_rotary", "write_kv_cache", "paged_attention", "silu_and_mul")
+from aioserve import host_memory
 
 
-class StepClock:
-    """Per-step totals of wall time, by kernel, for steps of a chosen size."""
-
-    def __init__(self) -> None:
-        self.current: dict[str, float] | None = None
-        self.steps: dict[str, list[tuple[float, dict[str, float]]]] = defaultdict(list)
-
-    def timed(self, name: str, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            if self.current is None:
-                return fn(*args, **kwargs)
-            start = time.perf_counter()
-            result = fn(*args, **kwargs)
-            self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - start
-            return result
-
-        return wrapper
-
-    def record_step(self, kind: str, execute: Callable) -> Callable:
-        def run(*args, **kwargs):
-            self.current = {}
-            start = time.perf_counter()
-            try:
-                return execute(*args, **kwargs)
-            finally:
-                self.steps[kind].append((time.perf_counter() - start, self.current))
-                self.current = None
-
-        return run
-
-
-def instrument(clock: StepClock, decode_rows: int, prefill_tokens: int) -> None:
-    for name in KERNELS:
-        setattr(llama, name, clock.timed(name, getattr(llama, name)))
-    Linear.forward = clock.timed("linear layers", Linear.forward)
-    llama.LlamaForCausalLM.compute_logits = clock.timed(
-        "output head", llama.LlamaForCausalLM.compute_logits
-    )
-    model_runner.sample = clock.timed("sampling", model_runner.sample)
-    execute = model_runner.ModelRunner.execute
-
-    def execute_and_time(runner, step):
-        tokens = int(step.inputs.input_ids.shape[0])
-        kind = {decode_rows: "decode", prefill_tokens: "prefill"}.get(tokens)
-        if kind is None:
-            return execute(runner, step)
-        return clock.record_step(kind, execute)(runner, step)
-
-    model_runner.ModelRunner.execute = execute_and_time
-
-
-def report(clock: StepClock, skip_decodes: int) -> None:
-    for kind, steps in clock.steps.items():
-        kept = steps[skip_decodes:] if kind == "decode" else steps
-        print(
-            f"\n{kind}: {len(kept)} steps, median {statistics.median(t for t, _ in kept) * 1e3:.1f} ms"
-        )
-        names = sorted({name for _, parts in kept for name in parts})
-        rows = [
-            (name, statistics.median(parts.get(name, 0.0) for _, parts in kept)) for name in names
-        ]
-        for name, seconds in sorted(rows, key=lambda row: -row[1]):
-            print(f"  {name:16s} {seconds * 1e3:9.1f} ms")
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=24)
+    parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    parser.add_argument("--skip", type=int, default=3, help="decode steps left out as warm-up")
-    args = parser.parse_args()
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--ops", action="store_true", help="print the profiler's tables")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=8, help="decode steps before the profiled one"
+    )
+    parser.add_argument(
+        "--keep-host-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tune the allocators as `aioserve serve` does",
+    )
+    return parser.parse_args()
 
-    clock = StepClock()
-    instrument(clock, decode_rows=args.num_prompts, prefill_tokens=args.max_num_batched_tokens)
-    llm = LLM(model=args.model, seed=0, max_num_batched_tokens=args.max_num_batched_tokens)
+
+class StepTimer:
+    """Wraps ModelRunner.execute: the wall time of every step by kind, and a profile of one
+    step of each kind when asked."""
+
+    def __init__(self, prefill_rows: int, decode_rows: int, profile_after: int | None) -> None:
+        self.kinds = {prefill_rows: "prefill", decode_rows: "decode"}
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self.profile_after = profile_after
+        self.tables: dict[str, str] = {}
+
+    def kind(self, rows: int) -> str:
+        return self.kinds.get(rows, "other")
+
+    def wrap(self, execute):
+        import torch
+
+        def timed_execute(runner, step):
+            kind = self.kind(int(step.inputs.input_ids.shape[0]))
+            profile = (
+                self.profile_after is not None
+                and kind != "other"
+                and kind not in self.tables
+                and (kind == "prefill" or len(self.times["decode"]) >= self.profile_after)
+            )
+            if not profile:
+                start = time.perf_counter()
+                result = execute(runner, step)
+                self.times[kind].append(time.perf_counter() - start)
+                return result
+            # The engine runs steps on its model thread; the profiler records the thread
+            # that starts it, so it is started here.
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                result = execute(runner, step)
+            self.tables[kind] = prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=48
+            )
+            return result
+
+        return timed_execute
+
+
+def main() -> None:
+    args = parse_args()
+    if args.keep_host_memory:
+        host_memory.keep_host_memory()  # before torch is imported, as the CLI does
+    from aioserve import LLM, SamplingParams
+    from aioserve.runner import model_runner
+
+    llm = LLM(
+        model=args.model,
+        seed=0,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+    )
     rng = random.Random(0)
     vocab = llm.get_tokenizer().vocab_size
-    prompts = [
-        {"prompt_token_ids": [rng.randrange(vocab) for _ in range(args.input_len)]}
-        for _ in range(args.num_prompts)
-    ]
+
+    def prompts(count: int) -> list[dict]:
+        return [
+            {"prompt_token_ids": [rng.randrange(vocab) for _ in range(args.input_len)]}
+            for _ in range(count)
+        ]
+
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0)
-    llm.generate(prompts, params, use_tqdm=False)
-    report(clock, args.skip)
+    llm.generate(prompts(2), params, use_tqdm=False)  # every graph compiled before timing
+
+    timer = StepTimer(
+        args.max_num_batched_tokens, args.num_prompts, args.warmup_steps if args.ops else None
+    )
+    model_runner.ModelRunner.execute = timer.wrap(model_runner.ModelRunner.execute)
+    faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    start = time.perf_counter()
+    llm.generate(prompts(args.num_prompts), params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
+
+    tokens = args.num_prompts * (args.input_len + args.output_len)
+    print(f"host memory tuning: {'; '.join(host_memory.changes) or 'none'}")
+    print(f"{tokens} tokens in {wall:.2f} s ({tokens / wall:.1f} tok/s), {faults} page faults")
+    for kind, times in sorted(timer.times.items()):
+        print(
+            f"{kind:8s} {len(times):4d} steps, {sum(times):7.2f} s, "
+            f"median {statistics.median(times) * 1e3:8.1f} ms"
+        )
+    for kind, table in timer.tables.items():
+        print(f"\none {kind} step, by operator:\n{table}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
-from aioserve import __version__
+from aioserve import __version__, host_memory
 from aioserve.config.arguments import argument
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args
@@ -155,6 +155,8 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ConfigError(str(error)) from None
     logger.info("aioserve API server version %s", __version__)
     logger.info("non-default args: %s", _given_arguments(args))
+    if host_memory.changes:
+        logger.info("host memory: %s (see aioserve/host_memory.py)", "; ".join(host_memory.changes))
     try:
         engine = AsyncEngine.from_config(config)
     except ValueError as error:  # a model that cannot be found or does not fit the settings

@@ -1,0 +1,73 @@
+"""How the serving process takes host memory: large blocks kept once taken, on huge pages.
+
+A CPU model step allocates its activations afresh every layer (inductor's buffers, tens of
+megabytes at a 4,096-token prefill). glibc's malloc serves blocks over 32 MiB with `mmap`
+and gives them back with `munmap`, so every such buffer is faulted in and zeroed by the
+kernel page by page, every layer, every step: a 64-prompt prefill took 3.3 million page
+faults where 1.5 million are the KV pool's and the weights' first touch. vLLM avoids this
+by preloading tcmalloc into its CPU workers; here glibc itself is told to keep what it
+took (no `mmap` for large blocks, no trimming of the heap), which measured the same as
+tcmalloc (bench/RESULTS.md). Tensors of 2 MiB and more also go on transparent huge pages
+(torch's `THP_MEM_ALLOC_ENABLE`), which cuts the KV pool's first touch from a million
+faults to a few thousand.
+
+The cost: memory the process freed stays in its heap, so its resident size is its peak,
+not its current use. Nothing here applies where the user chose otherwise: another
+allocator in `LD_PRELOAD`, or any of glibc's `MALLOC_*` tunables, or `THP_MEM_ALLOC_ENABLE`
+already set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+from collections.abc import Mapping
+
+# mallopt(3) parameter numbers, from glibc's <malloc.h>.
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_MAX = -4
+
+_NEVER_TRIM = 2**31 - 1  # mallopt takes a C int
+_TOP_PAD_BYTES = 256 << 20
+
+_USER_ALLOCATOR_HINTS = ("tcmalloc", "jemalloc", "mimalloc")
+
+
+def _user_chose_allocator(env: Mapping[str, str]) -> bool:
+    preload = env.get("LD_PRELOAD", "")
+    if any(name in preload for name in _USER_ALLOCATOR_HINTS):
+        return True
+    return any(key.startswith("MALLOC_") for key in env) or "GLIBC_TUNABLES" in env
+
+
+# What keep_host_memory changed in this process, for the start-up log.
+changes: list[str] = []
+
+
+def keep_host_memory() -> None:
+    """Tune this process's allocators as the module says, recording what changed in `changes`.
+
+    Call before torch is imported: torch reads `THP_MEM_ALLOC_ENABLE` once, at its first
+    allocation.
+    """
+    if "THP_MEM_ALLOC_ENABLE" not in os.environ and "torch" not in sys.modules:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
+        changes.append("tensors of 2 MiB and more on transparent huge pages")
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    if _user_chose_allocator(os.environ):
+        return
+    libc = ctypes.CDLL(None)
+    applied = all(
+        libc.mallopt(parameter, value) == 1
+        for parameter, value in (
+            (_M_MMAP_MAX, 0),
+            (_M_TRIM_THRESHOLD, _NEVER_TRIM),
+            (_M_TOP_PAD, _TOP_PAD_BYTES),
+        )
+    )
+    if applied:
+        changes.append("glibc malloc keeps the large blocks it took (no mmap, no trim)")
