@@ -82,6 +82,36 @@ def test_mask_ties_at_the_boundary_are_kept(device, triton_backend):
     assert torch.equal(kept[2], expected_keep(row.cpu(), 1.0, -1, 0.7, 0.0))
 
 
+def test_radix_select_finds_the_references_thresholds_on_hard_rows(device, triton_backend):
+    # The kernel's thresholds come from 8 radix passes a row; the reference's from torch's
+    # topk and a sort. Rows with many exact ties, banned (-inf) tokens, negative and tiny
+    # logits (probabilities near 0, whose bits need every digit), and k and p at their
+    # extremes, over a vocabulary that spans several of the kernel's histogram blocks.
+    gen = torch.Generator().manual_seed(7)
+    vocab_size, num_rows = 300, 12
+    tied = torch.randint(-4, 5, (4, vocab_size), generator=gen).float() * 0.5
+    spread = torch.randn((4, vocab_size), generator=gen) * 30.0
+    banned = torch.randn((4, vocab_size), generator=gen)
+    banned[torch.rand((4, vocab_size), generator=gen) < 0.6] = -INF
+    logits = torch.cat([tied, spread, banned]).to(device)
+    top_k = torch.tensor([1, 2, 150, 299, 5, 1, 300, 64, 3, 7, 0, 119], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.3, 0.99, 0.5, 1e-6, 0.9, 0.999, 0.2, 1.0, 0.6, 0.75, 0.05])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.0])
+    temperature = torch.tensor([1.0, 0.7, 1.3, 1.0, 2.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 3.0])
+    args = [t.to(device) for t in (temperature, top_k, top_p, min_p)]
+    reference = apply_sampling_masks_reference(logits, *args)
+    assert torch.equal(apply_sampling_masks_triton(logits, *args), reference)
+    for row in range(num_rows):
+        keep = expected_keep(
+            logits[row].cpu(),
+            float(temperature[row]),
+            int(top_k[row]),
+            float(top_p[row]),
+            float(min_p[row]),
+        )
+        assert torch.equal(reference[row].cpu() > -INF, keep), f"row {row}"
+
+
 # ---------------------------------------------------------------------------------------
 # Bias and penalties
 # ---------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Sampling step 5 without the draw: temperature, then the min-p, top-k and top-p masks.
 
-The Triton kernel finds the top-k and top-p thresholds without sorting, by bisection over
-the order-preserving integer image of float32 values; probability mass is summed in
-2**-40 fixed point, so the masks do not depend on summation order.
+The Triton kernel finds the top-k and top-p thresholds without sorting, by radix select
+over the order-preserving integer image of float32 values: 8 passes over the row each
+(against the 32 and 30 of a bisection), every pass counting (top-k) or weighing
+(top-p) the remaining candidates by their next 4-bit digit, from the top. Probability mass
+is summed in 2**-40 fixed point, so the masks do not depend on summation order, and the
+thresholds are exactly the reference's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from aioserve.kernels.triton_compat import tl, triton
 # Probability mass is summed as int64 multiples of 2**-40 (see the module docstring).
 _MASS_SCALE = float(2**40)
 
+# The kernel's radix select: 4-bit digits, 16 bins a pass, 8 passes for 32 bits.
+_RADIX_BINS = 16
+
 
 # The reference's top-p sorts only the tokens with e >= this floor, lowering it (2**-20,
 # 2**-30, ..., then 0) until they hold the top_p mass; most rows need only the first.
@@ -28,6 +34,19 @@ def _order_key(x):
     # float32 -> int32 with the same order (and -0.0, +0.0 both mapped to 0).
     bits = x.to(tl.int32, bitcast=True)
     return tl.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))
+
+
+@triton.jit
+def _next_digit(hist, held_above, target):
+    # hist [16]: the candidates' count or mass by their next digit; held_above: what the
+    # tokens above the candidates hold. Returns the largest digit d such that the
+    # candidates with digit >= d and the tokens above them hold at least `target`
+    # (compared in float64), and what the tokens above digit d then hold.
+    bins = tl.arange(0, 16)
+    suffix = tl.sum(tl.where(bins[None, :] >= bins[:, None], hist[None, :], 0), axis=1)
+    reaches = (held_above + suffix).to(tl.float64) >= target
+    digit = tl.max(tl.where(reaches, bins, -1), axis=0)
+    return digit, held_above + tl.sum(tl.where(bins > digit, hist, 0), axis=0)
 
 
 @triton.jit
@@ -44,6 +63,7 @@ def _mask_kernel(
     stride_out,
     greedy_below,
     BLOCK: tl.constexpr,
+    HIST_BLOCK: tl.constexpr,
 ):
     # Random rows only: out = src / temperature, with -inf where min-p, top-k or top-p
     # drops the token; row_max = the row's largest scaled logit. Greedy rows are skipped.
@@ -68,29 +88,34 @@ def _mask_kernel(
         tl.store(row_max_ptr + row, row_max)
         tl.debug_barrier()  # the passes below read back what this one stored
 
-        # Top-k: the order key of the k-th largest value is the largest t with
-        # count(key >= t) >= k. Bisection over the int32 keys of -inf..+inf.
+        # Top-k: the order key of the k-th largest value, found digit by digit from the
+        # top. Keys are offset by 0x7F800000 to [0, 0xFF000000]; the candidates of a pass
+        # are the tokens whose higher digits are the `prefix` found so far.
         top_k_key = tl.full([], -0x7F800000, tl.int64)
         if (top_k > 0) & (top_k < vocab_size):
-            lo = tl.full([], -0x7F800000, tl.int64)
-            hi = tl.full([], 0x7F800000, tl.int64)
-            for _ in range(32):
-                mid = lo + ((hi - lo + 1) >> 1)
-                count = tl.zeros([BLOCK], dtype=tl.int32)
-                for start in range(0, vocab_size, BLOCK):
-                    cols = start + tl.arange(0, BLOCK)
+            prefix = tl.full([], 0, tl.int64)
+            larger = tl.full([], 0, tl.int32)
+            for radix_pass in range(8):
+                shift = 28 - 4 * radix_pass
+                hist = tl.zeros([16], dtype=tl.int32)
+                for start in range(0, vocab_size, HIST_BLOCK):
+                    cols = start + tl.arange(0, HIST_BLOCK)
                     mask = cols < vocab_size
                     s = tl.load(out_row + cols, mask=mask, other=0.0)
-                    count += (mask & (_order_key(s) >= mid)).to(tl.int32)
-                enough = tl.sum(count, axis=0) >= top_k
-                lo = tl.where(enough, mid, lo)
-                hi = tl.where(enough, hi, mid - 1)
-            top_k_key = lo
+                    key = _order_key(s).to(tl.int64) + 0x7F800000
+                    candidate = mask & ((key >> (shift + 4)) == prefix)
+                    digit = (key >> shift) & 15
+                    in_bin = (digit[:, None] == tl.arange(0, 16)[None, :]) & candidate[:, None]
+                    hist += tl.sum(in_bin.to(tl.int32), axis=0)
+                digit, larger = _next_digit(hist, larger, top_k.to(tl.float64))
+                prefix = prefix * 16 + digit
+            top_k_key = prefix - 0x7F800000
 
-        # Top-p over the tokens min-p and top-k keep: the smallest bit pattern b of a
-        # probability such that the mass strictly above b is below top_p * total. The
-        # kept tokens are those whose e has bits >= b. Bisection over [0, bits(1.0)].
-        # Masses are int64 multiples of 2**-40 (1099511627776.0 = _MASS_SCALE).
+        # Top-p over the tokens min-p and top-k keep: the largest bit pattern b of a
+        # probability such that the tokens whose e has bits >= b hold at least
+        # top_p * total of the mass; they are the ones kept. Found digit by digit from the
+        # top, weighing the candidates by mass. Masses are int64 multiples of 2**-40
+        # (1099511627776.0 = _MASS_SCALE).
         top_p_bits = tl.full([], 0, tl.int64)
         if top_p < 1.0:
             total = tl.zeros([BLOCK], dtype=tl.int64)
@@ -102,23 +127,26 @@ def _mask_kernel(
                 kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
                 total += tl.where(kept, (e * 1099511627776.0).to(tl.int64), 0)
             limit = tl.sum(total, axis=0).to(tl.float64) * top_p.to(tl.float64)
-            lo = tl.full([], 0, tl.int64)
-            hi = tl.full([], 0x3F800000, tl.int64)
-            for _ in range(30):
-                mid = (lo + hi) >> 1
-                above = tl.zeros([BLOCK], dtype=tl.int64)
-                for start in range(0, vocab_size, BLOCK):
-                    cols = start + tl.arange(0, BLOCK)
+            prefix = tl.full([], 0, tl.int64)
+            heavier = tl.full([], 0, tl.int64)
+            for radix_pass in range(8):
+                shift = 28 - 4 * radix_pass
+                hist = tl.zeros([16], dtype=tl.int64)
+                for start in range(0, vocab_size, HIST_BLOCK):
+                    cols = start + tl.arange(0, HIST_BLOCK)
                     mask = cols < vocab_size
                     s = tl.load(out_row + cols, mask=mask, other=float("-inf"))
                     e = tl.exp(s - row_max)
                     kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
-                    kept = kept & (e.to(tl.int32, bitcast=True) > mid)
-                    above += tl.where(kept, (e * 1099511627776.0).to(tl.int64), 0)
-                below_limit = tl.sum(above, axis=0).to(tl.float64) < limit
-                hi = tl.where(below_limit, mid, hi)
-                lo = tl.where(below_limit, lo, mid + 1)
-            top_p_bits = lo
+                    bits = e.to(tl.int32, bitcast=True).to(tl.int64)
+                    candidate = kept & ((bits >> (shift + 4)) == prefix)
+                    digit = (bits >> shift) & 15
+                    in_bin = (digit[:, None] == tl.arange(0, 16)[None, :]) & candidate[:, None]
+                    mass = (e * 1099511627776.0).to(tl.int64)
+                    hist += tl.sum(tl.where(in_bin, mass[:, None], 0), axis=0)
+                digit, heavier = _next_digit(hist, heavier, limit)
+                prefix = prefix * 16 + digit
+            top_p_bits = prefix
 
         if (top_k_key > -0x7F800000) | (min_p > 0.0) | (top_p_bits > 0):
             tl.debug_barrier()
@@ -159,6 +187,8 @@ def _launch_masks(
         out.stride(0),
         SAMPLING_EPS,
         BLOCK=block,
+        # A radix pass holds a [HIST_BLOCK, 16] one-hot: as many elements as BLOCK.
+        HIST_BLOCK=max(block // _RADIX_BINS, 16),
         num_warps=num_warps,
     )
 
