@@ -3,9 +3,11 @@
 # GPU machine (no network there): compiled kernel and model-parity tests, every kernel's
 # achieved bandwidth, and an end-to-end offline throughput run.
 #
-# THE CALL (the device tool's `run`, from a session whose checkout holds .whl/, see below):
+# THE CALLS (the device tool's `run`, from a session whose checkout holds .whl/, see below);
+# a call may last 600 s, so the decode stage has a call of its own:
 #
 #   run(command="bash bench/gpu_session.sh", carry=[".whl"], timeout_s=600)
+#   run(command="bash bench/gpu_session.sh decode", carry=[".whl"], timeout_s=600)
 #
 # It ends, within the 12,000 characters the tool returns, with a summary: the kernel report
 # (bandwidth table), the test counts and failed test names, the throughput line, the device
@@ -17,6 +19,7 @@
 #   kernel_bandwidth.log its progress, one line per case (and tracebacks)
 #   kernel_bandwidth.json every row
 #   throughput.log/.json `aioserve bench throughput`
+#   decode_roofline.log  batch-1 decode ms/token and GB/s at Llama-3-8B's shape (decode stage)
 # Then record what passed and the bandwidth table in bench/RESULTS.md ("GPU" section),
 # with the device named.
 #
@@ -27,11 +30,17 @@
 #   throughput  python3 -m aioserve bench throughput, SmolLM2-135M's shapes with random
 #               weights (--load-format dummy) in bf16: the GGUF (96 MB) is over the 64 MiB a
 #               call carries, so bench/gpu_model/ holds its config and tokenizer (1.6 MB)
+#   decode      python3 bench/decode_roofline.py: one stream's decode ms/token at
+#               Llama-3-8B's shapes (bench/gpu_model_llama3_8b: its config only, random
+#               weights, bf16), the weights' bytes a token over that time against the
+#               device's HBM peak and a measured copy; not run unless named
 #   bash bench/gpu_session.sh kernels throughput
 # Time limits per stage (seconds; together 560, under the tool's 600 a call):
-# TESTS_TIMEOUT_S (180), KERNELS_TIMEOUT_S (230), THROUGHPUT_TIMEOUT_S (150). A stage cut
-# short still leaves its log, and kernel_bandwidth.py reports the cases it finished. THROUGHPUT_PROMPTS (1000) sizes the throughput workload (256
-# prompt tokens and 128 output tokens each).
+# TESTS_TIMEOUT_S (180), KERNELS_TIMEOUT_S (230), THROUGHPUT_TIMEOUT_S (150);
+# DECODE_TIMEOUT_S (300) for the decode stage's own call. A stage cut
+# short still leaves its log, and kernel_bandwidth.py reports the cases it finished.
+# THROUGHPUT_PROMPTS (1000) sizes the throughput workload (256 prompt tokens and 128 output
+# tokens each, at most 256 sequences a step).
 #
 # PREPARATION, once per checkout, on a machine with PyPI (done in the checkout where this
 # script was written; .whl/ is about 250 kB). The GPU image lacks two packages aioserve
@@ -61,12 +70,15 @@ TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-180}
 KERNELS_TIMEOUT_S=${KERNELS_TIMEOUT_S:-230}
 THROUGHPUT_TIMEOUT_S=${THROUGHPUT_TIMEOUT_S:-150}
 THROUGHPUT_PROMPTS=${THROUGHPUT_PROMPTS:-1000}
+DECODE_TIMEOUT_S=${DECODE_TIMEOUT_S:-300}
+DECODE_MODEL=${DECODE_MODEL:-bench/gpu_model_llama3_8b}
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(tests kernels throughput)
 for stage in "${STAGES[@]}"; do
     case $stage in
-        tests | kernels | throughput) ;;
-        *) echo "unknown stage '$stage': choose among tests, kernels, throughput" >&2; exit 2 ;;
+        tests | kernels | throughput | decode) ;;
+        *) echo "unknown stage '$stage': choose among tests, kernels, throughput, decode" >&2
+           exit 2 ;;
     esac
 done
 
@@ -157,7 +169,12 @@ throughput_stage() {
     limited "$THROUGHPUT_TIMEOUT_S" python3 -m aioserve bench throughput \
         --model bench/gpu_model --load-format dummy --dtype bfloat16 \
         --input-len 256 --output-len 128 --num-prompts "$THROUGHPUT_PROMPTS" \
-        --output-json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log"
+        --max-num-seqs 256 --output-json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log"
+}
+
+decode_stage() {
+    limited "$DECODE_TIMEOUT_S" python3 bench/decode_roofline.py --model "$DECODE_MODEL" \
+        --dtype bfloat16 2>&1 | tee "$OUT/decode_roofline.log"
 }
 
 for stage in "${STAGES[@]}"; do
@@ -201,6 +218,10 @@ elif [ -f "$OUT/pytest_gpu.log" ]; then
 fi
 if [ -f "$OUT/throughput.log" ]; then
     grep -E "^(Throughput|Total num)" "$OUT/throughput.log" || tail -n 3 "$OUT/throughput.log"
+fi
+if [ -f "$OUT/decode_roofline.log" ]; then
+    grep -E "^(device|decode at batch 1|achieved|peak):" "$OUT/decode_roofline.log" ||
+        tail -n 3 "$OUT/decode_roofline.log"
 fi
 grep -m1 -E "^(torch.cuda.get_device_name|torch sees no GPU)" "$OUT/environment.txt"
 for stage in "${STAGES[@]}"; do
