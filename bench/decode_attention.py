@@ -60,7 +60,10 @@ def measure(batch: int, context: int, repeats: int) -> tuple[float, float]:
         query_start_loc, seq_lens, tables, BLOCK_SIZE, torch.device("cpu")
     )
     write = median_us(
-        lambda: write_kv_cache_reference(key, value, key_cache, value_cache, slots), repeats
+        lambda: write_kv_cache_reference(
+            key, value, key_cache, value_cache, slots, skips_tokens=False
+        ),
+        repeats,
     )
     attend = median_us(
         lambda: paged_attention_reference(

@@ -43,7 +43,9 @@ class DecodeGroup:
     rows: Tensor  # [n] int64: each sequence's query row
     blocks: Tensor  # [n * width // block_size] int64: the blocks to gather, row by row
     padding: Tensor | None  # int64: gathered slots (of n * width) past their sequence's length
-    mask: Tensor | None  # [n, 1, 1, width] bool: True where a gathered slot is context
+    # [n, 1, 1, width] float32, added to the scores: 0 where a gathered slot is context,
+    # -inf where it is padding (SDPA would turn a boolean mask into this in every layer).
+    mask: Tensor | None
     width: int  # gathered slots per sequence (cut to its length for a group of one)
     first_row: int | None  # rows[0] when the rows are consecutive, else None
 
@@ -126,7 +128,7 @@ def plan_reference_attention(
             width = width_blocks * block_size
             valid = np.arange(width) < group_lens[:, None]
             padding = on_device(np.flatnonzero(~valid))
-            mask = on_device(valid)[:, None, None, :]
+            mask = on_device(np.where(valid, 0.0, -np.inf).astype(np.float32))[:, None, None, :]
         groups.append(
             DecodeGroup(
                 rows=on_device(rows),

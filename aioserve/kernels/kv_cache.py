@@ -123,10 +123,15 @@ def write_kv_cache_triton(
 
 
 def write_kv_cache_reference(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    skips_tokens: bool = True,
 ) -> None:
     """The torch path of `write_kv_cache`."""
-    if bool((slot_mapping < 0).any()):  # only padding and warm-up steps skip tokens
+    if skips_tokens and bool((slot_mapping < 0).any()):
         tokens = (slot_mapping >= 0).nonzero().squeeze(1)
         key, value, slot_mapping = key[tokens], value[tokens], slot_mapping[tokens]
     # The cache as rows of slots: one index_copy_ each (~8 us a decode step, against ~57
@@ -139,14 +144,20 @@ def write_kv_cache_reference(
 
 
 def write_kv_cache(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    skips_tokens: bool = True,
 ) -> None:
     """Write key/value [T, Hkv, D] into the cache slots of `slot_mapping` [T] (in place).
 
     Slot s is (block s // block_size, offset s % block_size); tokens with slot -1 are
-    skipped.
+    skipped. A caller that knows no slot is -1 says so with skips_tokens=False, sparing
+    the torch path a check in every layer.
     """
     if dispatch.use_triton():
         write_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping)
     else:
-        write_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping)
+        write_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping, skips_tokens)

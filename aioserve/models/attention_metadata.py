@@ -27,6 +27,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     plan: ReferencePlan | None = None
+    skips_kv_writes: bool = True  # whether a slot may be -1 (no write); False: none is
 
     @classmethod
     def without_kv_writes(cls, num_tokens: int, device: torch.device) -> AttentionMetadata:
@@ -39,4 +40,5 @@ class AttentionMetadata:
             block_tables=torch.zeros((num_tokens, 1), dtype=torch.int32, device=device),
             max_query_len=1,
             max_seq_len=1,
+            skips_kv_writes=True,
         )

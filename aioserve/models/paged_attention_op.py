@@ -22,7 +22,7 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: 
     step = current_step()
     meta = step.meta
     key_cache, value_cache = step.kv_caches[layer_index]
-    write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+    write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping, meta.skips_kv_writes)
     return paged_attention(
         query,
         key_cache,

@@ -68,6 +68,7 @@ class HostStepInputs:
             max_query_len=self.max_query_len,
             max_seq_len=self.max_seq_len,
             plan=self.attention_plan,
+            skips_kv_writes=bool((self.slot_mapping < 0).any()),
         )
         return StepInputs(
             input_ids=input_ids,

@@ -3,10 +3,13 @@ the reference (a pure copy, so exactly)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from aioserve.kernels.kv_cache import write_kv_cache, write_kv_cache_reference
+from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.runner.step_inputs import HostStepInputs
 
 
 def _inputs(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks):
@@ -38,6 +41,40 @@ def test_reference_matches_loop(device, block_size):
     write_kv_cache_reference(key, value, key_cache, value_cache, slots)
     assert torch.equal(key_cache, expected_keys)
     assert torch.equal(value_cache, expected_values)
+
+
+def test_a_step_without_padding_skips_the_check_and_writes_the_same(device):
+    key, value, key_cache, value_cache, slots = _inputs(device, torch.float32, 9, 2, 8, 4, 6)
+    written = slots >= 0
+    key, value, slots = key[written], value[written], slots[written]
+    checked_keys, checked_values = key_cache.clone(), value_cache.clone()
+    write_kv_cache_reference(key, value, checked_keys, checked_values, slots)
+    write_kv_cache_reference(key, value, key_cache, value_cache, slots, skips_tokens=False)
+    assert torch.equal(key_cache, checked_keys) and torch.equal(value_cache, checked_values)
+    assert not torch.equal(key_cache, _inputs(device, torch.float32, 9, 2, 8, 4, 6)[2])
+
+
+def test_step_inputs_say_whether_a_slot_is_skipped():
+    def meta(slot_mapping):
+        host = HostStepInputs(
+            input_ids=np.zeros(2, dtype=np.int64),
+            placeholder_rows=np.zeros(0, dtype=np.int64),
+            placeholder_slots=np.zeros(0, dtype=np.int64),
+            positions=np.zeros(2, dtype=np.int64),
+            slot_mapping=np.asarray(slot_mapping, dtype=np.int64),
+            query_start_loc=np.array([0, 1, 2], dtype=np.int32),
+            seq_lens=np.ones(2, dtype=np.int32),
+            block_tables=np.zeros((2, 1), dtype=np.int32),
+            logits_indices=np.array([0, 1], dtype=np.int64),
+            max_query_len=1,
+            max_seq_len=1,
+            attention_plan=None,
+        )
+        return host.to_device(torch.device("cpu"), torch.zeros(1, dtype=torch.int64)).attention
+
+    assert meta([3, 7]).skips_kv_writes is False
+    assert meta([3, -1]).skips_kv_writes is True
+    assert AttentionMetadata.without_kv_writes(2, torch.device("cpu")).skips_kv_writes is True
 
 
 def test_reference_casts_to_cache_dtype(device):
