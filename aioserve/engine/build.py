@@ -39,6 +39,7 @@ from aioserve.config.engine import DecodingConfig, EngineConfig
 from aioserve.engine.load_report import LoadReport, build_load_report, kv_cache_sized_by
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
+from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.loader import load_model
 from aioserve.platform import (
@@ -127,6 +128,22 @@ def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
     if stored in (torch.bfloat16, torch.float16):
         return stored
     return torch.float16
+
+
+def _batch_invariant_step(compiled: bool) -> bool:
+    """Check that VLLM_BATCH_INVARIANT=1 can hold here; return whether the step compiles."""
+    if current_platform() != "cpu":
+        raise ValueError(
+            "VLLM_BATCH_INVARIANT=1 is supported on the CPU only so far: the fixed-tile Triton "
+            "GEMM it needs on CUDA and ROCm is not built yet; unset it"
+        )
+    if compiled:
+        logger.info(
+            "VLLM_BATCH_INVARIANT=1: the model step runs eagerly, its dense products in tiles "
+            "of one shape and each decode's attention on its own, so a row's result does not "
+            "depend on its batch"
+        )
+    return False
 
 
 def resolve_row_weight_dtype(
@@ -258,6 +275,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "or lower --max-model-len"
         )
     compiled = current_platform() == "cpu" and not model_cfg.enforce_eager
+    if dispatch.batch_invariant():
+        compiled = _batch_invariant_step(compiled)
     runner = ModelRunner(
         model,
         num_blocks=num_blocks,

@@ -21,7 +21,8 @@ in float32:
 - Prefill rows go sequence by sequence, causal, the mask offset by the cached prefix.
 
 Unlike the Triton path it is not bitwise batch invariant: the padded width of a decode
-group can change the last bits of a row's result.
+group can change the last bits of a row's result. In batch-invariant mode
+(dispatch.batch_invariant) every decode is a group of one, cut to its own length.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from aioserve.kernels import dispatch
 
 DECODE_GROUP = 16
 
@@ -113,9 +116,10 @@ def plan_reference_attention(
         return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
     decodes = [b for b, n in enumerate(query_lens) if n == 1]
+    group_size = 1 if dispatch.batch_invariant() else DECODE_GROUP
     groups = []
-    for first in range(0, len(decodes), DECODE_GROUP):
-        seqs = decodes[first : first + DECODE_GROUP]
+    for first in range(0, len(decodes), group_size):
+        seqs = decodes[first : first + group_size]
         group_lens = np.array([lens[b] for b in seqs])
         blocks_per_seq = -(-group_lens // block_size)
         width_blocks = int(blocks_per_seq.max())

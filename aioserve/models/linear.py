@@ -19,6 +19,10 @@ one-stream decode is bound by (SmolLM2: 33 → 26 ms a token). The float32 weigh
 rounded to the same bfloat16 values, so a row gets the same weights whichever product
 computes it.
 
+In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
+in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
+row's bits then do not depend on how many rows share its product.
+
 Linear and Embedding leave their parameters uninitialized (torch.empty), as every
 parameter of a model here is: the loader fills them all, from the checkpoint or with small
 random values for `--load-format dummy`, and refuses a checkpoint that lacks one (torch's
@@ -31,8 +35,26 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aioserve.kernels import dispatch
+
 # At or below this many rows the CPU computes W @ xᵀ (the crossover measured at 128–256).
 SMALL_BATCH_ROWS = 128
+
+INVARIANT_TILE_ROWS = 16
+
+
+def _dense_in_row_tiles(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weightᵀ (+ bias), every product W @ tileᵀ of one shape (batch-invariant mode)."""
+    rows = x.shape[0]
+    tiles = -(-rows // INVARIANT_TILE_ROWS)
+    padded = x.new_zeros(tiles * INVARIANT_TILE_ROWS, x.shape[1])
+    padded[:rows] = x
+    out = x.new_empty(tiles * INVARIANT_TILE_ROWS, weight.shape[0])
+    for start in range(0, padded.shape[0], INVARIANT_TILE_ROWS):
+        tile = padded[start : start + INVARIANT_TILE_ROWS]
+        out[start : start + INVARIANT_TILE_ROWS] = torch.mm(weight, tile.t()).t()
+    out = out[:rows]
+    return out if bias is None else out + bias
 
 
 def dense(
@@ -43,6 +65,8 @@ def dense(
     row_weight, when given, holds the weight's values in a narrower dtype, read instead of
     it by the compiled single-row product.
     """
+    if dispatch.batch_invariant() and x.dim() == 2:
+        return _dense_in_row_tiles(x, weight, bias)
     if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > SMALL_BATCH_ROWS:
         return F.linear(x, weight, bias)
     if x.shape[0] == 1 and torch.compiler.is_compiling():

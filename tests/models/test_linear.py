@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from aioserve.kernels import dispatch
 from aioserve.models.linear import SMALL_BATCH_ROWS, Linear, dense, keep_row_weights
 from tests.models.tiny_models import hf_and_ours, tiny_configs
 
@@ -71,3 +72,23 @@ def test_compiled_single_row_reads_the_row_weight() -> None:
     out = product(x, weight, None, narrow)
     torch.testing.assert_close(out, F.linear(x, narrow.float()), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_invariant_mode_gives_each_row_the_same_bits_whatever_its_batch():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(96, 40, generator=gen)
+    bias = torch.randn(96, generator=gen)
+    x = torch.randn(37, 40, generator=gen)
+    dispatch.set_batch_invariant(True)
+    try:
+        together = dense(x, weight, bias)
+        alone = [dense(x[i : i + 1], weight, bias) for i in range(x.shape[0])]
+        in_threes = [dense(x[i : i + 3], weight, bias)[0:1] for i in range(x.shape[0] - 2)]
+    finally:
+        dispatch.set_batch_invariant(False)
+    assert together.shape == (37, 96)
+    torch.testing.assert_close(together, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    for i, row in enumerate(alone):
+        assert torch.equal(row, together[i : i + 1]), i
+    for i, row in enumerate(in_threes):
+        assert torch.equal(row, together[i : i + 1]), i

@@ -133,7 +133,12 @@ def compute_logprobs_reference(
     x = logits.float()
     if num_logprobs > x.shape[1]:
         raise ValueError(f"num_logprobs={num_logprobs} exceeds the vocabulary ({x.shape[1]})")
-    log_sum_exp = torch.logsumexp(x, dim=-1)
+    if dispatch.batch_invariant():
+        # torch splits the rows of a small batch across threads, which changes the order of
+        # a row's sum with the batch size; one row at a time, every row is summed alike.
+        log_sum_exp = torch.cat([torch.logsumexp(x[i : i + 1], dim=-1) for i in range(x.shape[0])])
+    else:
+        log_sum_exp = torch.logsumexp(x, dim=-1)
     token_logit = x.gather(1, token_ids[:, None])
     top_ids, top_values = _top_n_reference(x, num_logprobs)
     return LogprobsTensors(
