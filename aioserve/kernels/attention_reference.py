@@ -213,7 +213,8 @@ def _attend_decode_group(
         attn_mask=group.mask,
         scale=scale,
     )
-    return out.view(n, num_q_heads, head_size)
+    # reshape, not view: CUDA's SDPA kernels may return a transposed layout.
+    return out.reshape(n, num_q_heads, head_size)
 
 
 def _attend_prefill(
