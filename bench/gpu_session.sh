@@ -25,19 +25,20 @@
 #
 # Stages, in order; each one's exit code is recorded and a failed one does not stop the
 # next. Name some to run only those (e.g. a second call after a stage ran out of time):
-#   tests       pytest -m gpu over tests/kernels and tests/models (bf16, fp16 and fp32 cases)
+#   tests       pytest -m gpu over tests/kernels, tests/models and tests/runner (bf16, fp16
+#               and fp32 cases; decode steps replayed from CUDA graphs)
 #   kernels     python3 bench/kernel_bandwidth.py --json ...
 #   throughput  python3 -m aioserve bench throughput, SmolLM2-135M's shapes with random
 #               weights (--load-format dummy) in bf16: the GGUF (96 MB) is over the 64 MiB a
 #               call carries, so bench/gpu_model/ holds its config and tokenizer (1.6 MB)
-#   decode      python3 bench/decode_roofline.py: one stream's decode ms/token at
-#               Llama-3-8B's shapes (bench/gpu_model_llama3_8b: its config only, random
+#   decode      python3 bench/decode_roofline.py, with CUDA graphs and with --enforce-eager:
+#               one stream's decode ms/token at Llama-3-8B's shapes (bench/gpu_model_llama3_8b: its config only, random
 #               weights, bf16), the weights' bytes a token over that time against the
 #               device's HBM peak and a measured copy; not run unless named
 #   bash bench/gpu_session.sh kernels throughput
 # Time limits per stage (seconds; together 560, under the tool's 600 a call):
 # TESTS_TIMEOUT_S (180), KERNELS_TIMEOUT_S (230), THROUGHPUT_TIMEOUT_S (150);
-# DECODE_TIMEOUT_S (300) for the decode stage's own call. A stage cut
+# DECODE_TIMEOUT_S (400, half to each run) for the decode stage's own call. A stage cut
 # short still leaves its log, and kernel_bandwidth.py reports the cases it finished.
 # THROUGHPUT_PROMPTS (1000) sizes the throughput workload (256 prompt tokens and 128 output
 # tokens each, at most 256 sequences a step).
@@ -70,7 +71,7 @@ TESTS_TIMEOUT_S=${TESTS_TIMEOUT_S:-180}
 KERNELS_TIMEOUT_S=${KERNELS_TIMEOUT_S:-230}
 THROUGHPUT_TIMEOUT_S=${THROUGHPUT_TIMEOUT_S:-150}
 THROUGHPUT_PROMPTS=${THROUGHPUT_PROMPTS:-1000}
-DECODE_TIMEOUT_S=${DECODE_TIMEOUT_S:-300}
+DECODE_TIMEOUT_S=${DECODE_TIMEOUT_S:-400}
 DECODE_MODEL=${DECODE_MODEL:-bench/gpu_model_llama3_8b}
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(tests kernels throughput)
@@ -154,7 +155,7 @@ tests_stage() {
     local workers=()
     python3 -c "import xdist" 2> /dev/null && workers=(-n 4)
     limited "$TESTS_TIMEOUT_S" python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}" \
-        --junitxml="$OUT/pytest_gpu.xml" tests/kernels tests/models 2>&1 |
+        --junitxml="$OUT/pytest_gpu.xml" tests/kernels tests/models tests/runner 2>&1 |
         tee "$OUT/pytest_gpu.log"
 }
 
@@ -173,8 +174,14 @@ throughput_stage() {
 }
 
 decode_stage() {
-    limited "$DECODE_TIMEOUT_S" python3 bench/decode_roofline.py --model "$DECODE_MODEL" \
-        --dtype bfloat16 2>&1 | tee "$OUT/decode_roofline.log"
+    # Decode steps replayed from CUDA graphs (the default), then run eagerly, for the ratio.
+    local budget=$((DECODE_TIMEOUT_S / 2)) eager
+    : > "$OUT/decode_roofline.log"
+    for eager in "" --enforce-eager; do
+        echo "-- decode_roofline.py ${eager:-(CUDA graphs)}" | tee -a "$OUT/decode_roofline.log"
+        limited "$budget" python3 bench/decode_roofline.py --model "$DECODE_MODEL" \
+            --dtype bfloat16 $eager 2>&1 | tee -a "$OUT/decode_roofline.log"
+    done
 }
 
 for stage in "${STAGES[@]}"; do
@@ -220,7 +227,8 @@ if [ -f "$OUT/throughput.log" ]; then
     grep -E "^(Throughput|Total num)" "$OUT/throughput.log" || tail -n 3 "$OUT/throughput.log"
 fi
 if [ -f "$OUT/decode_roofline.log" ]; then
-    grep -E "^(device|decode at batch 1|achieved|peak):" "$OUT/decode_roofline.log" ||
+    grep -E "^(-- decode_roofline|device|decode at batch 1|achieved|peak):?" \
+        "$OUT/decode_roofline.log" ||
         tail -n 3 "$OUT/decode_roofline.log"
 fi
 grep -m1 -E "^(torch.cuda.get_device_name|torch sees no GPU)" "$OUT/environment.txt"

@@ -219,7 +219,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "costs start-up time, once per process), no CUDA/HIP graphs (less memory, "
              "slower).", "bool",
              convert=values.boolean),
-    _vllm("max-seq-len-to-capture", MODEL, 8192, "Longest sequence covered by CUDA graphs."),
+    Argument("max-seq-len-to-capture", MODEL, 8192,
+             "Longest context a decode step replayed from a CUDA/HIP graph may have; longer "
+             "ones run eagerly. Capped by --max-model-len.",
+             convert=values.integer_at_least(1)),
     Argument("max-logprobs", MODEL, 20,
              "Most log probabilities a request may ask for; -1 means no limit.",
              convert=values.integer_at_least(-1)),
@@ -445,7 +448,12 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("max-num-partial-prefills", SCHEDULER, 1, "Most prompts prefilled in chunks at once."),
     _vllm("max-long-partial-prefills", SCHEDULER, 1, "Most long prompts prefilled in chunks at once."),
     _vllm("long-prefill-token-threshold", SCHEDULER, 0, "Prompt length from which a prefill is long."),
-    _vllm("cuda-graph-sizes", SCHEDULER, [], "Batch sizes captured as CUDA graphs.", "list"),
+    Argument("cuda-graph-sizes", SCHEDULER, [],
+             "Decode batch sizes captured as CUDA/HIP graphs; a decode step is padded to the "
+             "smallest that holds it. One value N: 1, 2, 4 and the multiples of 8 up to N; "
+             "several: those. Default: N = min(2 * --max-num-seqs, 512) on a GPU; on the "
+             "CPU none (given, the CPU pads to them from static buffers, without graphs).",
+             "list", convert=values.positive_integers),
     _vllm("num-lookahead-slots", SCHEDULER, 0, "Extra KV slots per sequence for speculation."),
     _vllm("scheduler-delay-factor", SCHEDULER, 0.0,
           "Delay the next prompt by this factor times the last prompt's latency."),

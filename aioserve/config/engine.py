@@ -48,6 +48,7 @@ class ModelConfig:
     max_model_len: int | None  # None: the model's limit
     quantization: str | None  # None: the checkpoint's
     enforce_eager: bool
+    max_seq_len_to_capture: int
     max_logprobs: int
     generation_config: str
     override_generation_config: dict[str, Any]
@@ -78,6 +79,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool
     scheduling_policy: str
     async_scheduling: bool | None  # None: the platform default
+    cuda_graph_sizes: list[int]  # []: the platform default (decode_graphs.capture_sizes)
     max_num_queued_reqs: int | None  # None: no limit (load_shedding.py)
     max_num_queued_tokens: int | None
 

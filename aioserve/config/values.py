@@ -117,6 +117,14 @@ def names(value: Any) -> list[str]:
     return list(names)
 
 
+def positive_integers(value: Any) -> list[int]:
+    """One positive integer or several (the command line gives a list of strings)."""
+    numbers = [value] if isinstance(value, (int, str)) else value
+    if not isinstance(numbers, (list, tuple)):
+        raise ValueError(f"must be one or more positive integers, got {value!r}")
+    return [integer_at_least(1)(number) for number in numbers]
+
+
 def generation_config(value: Any) -> str:
     text = string(value)
     if text not in ("auto", "vllm") and not os.path.isdir(text):

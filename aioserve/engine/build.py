@@ -48,6 +48,7 @@ from aioserve.platform import (
     current_platform,
     device,
 )
+from aioserve.runner.decode_graphs import capture_sizes
 from aioserve.runner.kv_memory import num_kv_blocks
 from aioserve.runner.model_runner import ModelRunner
 
@@ -164,6 +165,16 @@ def resolve_row_weight_dtype(
         "bytes; the float32 weights are rounded to the same values (--dtype float32 keeps them)"
     )
     return torch.bfloat16
+
+
+def resolve_decode_graph_sizes(
+    requested: list[int], max_num_seqs: int, enforce_eager: bool
+) -> list[int]:
+    """The batch sizes decode steps are padded to (runner/decode_graphs.py): none under
+    --enforce-eager; on the CPU, which captures no graph, only those asked for."""
+    if enforce_eager or (current_platform() == "cpu" and not requested):
+        return []
+    return capture_sizes(requested, max_num_seqs)
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
@@ -287,6 +298,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
         device=dev,
         compile_model=compiled,
         row_weight_dtype=resolve_row_weight_dtype(model_cfg.dtype, dtype, compiled=compiled),
+        decode_graph_sizes=resolve_decode_graph_sizes(
+            sched_cfg.cuda_graph_sizes, max_num_seqs, model_cfg.enforce_eager
+        ),
+        max_seq_len_to_capture=model_cfg.max_seq_len_to_capture,
     )
     runner.warm_up()
 

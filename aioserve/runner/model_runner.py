@@ -27,6 +27,7 @@ from torch import nn
 from aioserve.kernels.sampling import LogprobsTensors, SamplerOutput, sample
 from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
+from aioserve.runner.decode_graphs import DecodeGraphs
 from aioserve.runner.kv_memory import allocate_kv_caches
 from aioserve.runner.prompt_logprobs import (
     HostPromptLogprobs,
@@ -81,6 +82,8 @@ class ModelRunner:
         device: torch.device,
         compile_model: bool = False,
         row_weight_dtype: torch.dtype | None = None,
+        decode_graph_sizes: list[int] | None = None,
+        max_seq_len_to_capture: int = 0,
     ) -> None:
         self.model = model
         # First, so that the KV pool is zeroed while the step compiles.
@@ -96,12 +99,25 @@ class ModelRunner:
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
         self.slot_tensors = SlotTensors(max_num_seqs, self.vocab_size, device)
+        # Decode steps padded to these batch sizes, from static buffers (decode_graphs.py).
+        self.decode_graphs = None
+        if decode_graph_sizes:
+            self.decode_graphs = DecodeGraphs(
+                self.model_step,
+                self.kv_caches,
+                sizes=decode_graph_sizes,
+                max_seq_len=min(max_seq_len_to_capture or max_model_len, max_model_len),
+                block_size=block_size,
+                device=device,
+            )
 
     def warm_up(self) -> None:
-        """Compile what the model step needs before the first request (see compiled_step.py);
-        return once the KV pool is zeroed too."""
+        """Compile what the model step needs before the first request (see compiled_step.py)
+        and capture the decode graphs; return once the KV pool is zeroed too."""
         self.model_step.warm_up(self.kv_caches)
         self._wait_for_kv_zeros()
+        if self.decode_graphs is not None:
+            self.decode_graphs.capture()
 
     def _wait_for_kv_zeros(self) -> None:
         if self._kv_zeroing is not None:
@@ -119,12 +135,15 @@ class ModelRunner:
         sampling = (
             build_host_sampling(self.slots, row_slots[sampled_rows]) if sampled_rows else None
         )
+        prompt_logprobs = plan_prompt_logprobs(plan, self.slots, inputs.query_start_loc)
+        if self.decode_graphs is not None:
+            inputs = self.decode_graphs.pad(inputs)
         return PreparedStep(
             admissions=admissions,
             inputs=inputs,
             sampling=sampling,
             sampled_seq_ids=[plan.chunks[row].seq_id for row in sampled_rows],
-            prompt_logprobs=plan_prompt_logprobs(plan, self.slots, inputs.query_start_loc),
+            prompt_logprobs=prompt_logprobs,
             token_bitmask=plan.token_bitmask,
         )
 
@@ -136,9 +155,13 @@ class ModelRunner:
         state = self.slot_tensors
         for admission in step.admissions:
             state.admit(admission)
-        inputs = step.inputs.to_device(self.device, state.last_sampled)
-        with step_context(inputs.attention, self.kv_caches):
-            hidden = self.model_step.forward(inputs.input_ids, inputs.positions)
+        if step.inputs.graph_size:
+            hidden, logits_indices = self.decode_graphs.run(step.inputs, state.last_sampled)
+        else:
+            inputs = step.inputs.to_device(self.device, state.last_sampled)
+            with step_context(inputs.attention, self.kv_caches):
+                hidden = self.model_step.forward(inputs.input_ids, inputs.positions)
+            logits_indices = inputs.logits_indices
         prompt_logprobs = None
         if step.prompt_logprobs is not None:
             tensors = compute_prompt_logprobs(
@@ -153,7 +176,7 @@ class ModelRunner:
                 output.done = torch.cuda.Event()
                 output.done.record()
             return output
-        logits = self.model_step.logits(hidden[inputs.logits_indices])
+        logits = self.model_step.logits(hidden[logits_indices])
         slots = host_to_device(step.sampling.slots, self.device)
         if step.token_bitmask is not None:
             step.token_bitmask.wait_ready()  # the engine fills it while the forward ran

@@ -53,6 +53,7 @@ class HostStepInputs:
     max_query_len: int
     max_seq_len: int
     attention_plan: object | None  # the attention backend's own per-step plan
+    graph_size: int = 0  # the decode batch size it is padded to (decode_graphs.py); 0: none
 
     def to_device(self, device: torch.device, last_sampled: torch.Tensor) -> StepInputs:
         input_ids = host_to_device(self.input_ids, device)

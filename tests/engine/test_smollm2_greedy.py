@@ -101,3 +101,19 @@ def test_prefix_caching_hits_and_keeps_outputs_exact(smollm2_gguf):
         rest = generate_ids(engine, shared[1:])
         assert stats.hits - hits_before >= 16 * 10, "the shared prefix should come from the cache"
         assert first + rest == expected
+
+
+def test_decode_steps_padded_to_graph_sizes_from_static_buffers(smollm2_gguf, cases):
+    # The CPU captures no graph, but given --cuda-graph-sizes it pads decode steps to them
+    # and runs them from the static buffers a GPU's graphs read (runner/decode_graphs.py).
+    with LLM(model=str(smollm2_gguf), dtype="float32", cuda_graph_sizes=[1, 2, 4, 16]) as engine:
+        graphs = engine.engine.runner.decode_graphs
+        assert graphs is not None and not graphs.graphs
+        padded = []
+        run = graphs.run
+        graphs.run = lambda inputs, last: padded.append(inputs.graph_size) or run(inputs, last)
+        names = list(cases)
+        assert_all_match(names, generate_ids(engine, [cases[n][0] for n in names]), cases)
+        assert 16 in padded, "the batch's decode steps should be padded to 16"
+        assert_all_match(names[:1], generate_ids(engine, [cases[names[0]][0]]), cases)
+        assert padded[-1] == 1
