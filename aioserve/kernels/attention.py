@@ -60,7 +60,8 @@ from aioserve.platform import current_platform
 # heads take the smaller tiles of _WIDE_HEAD_CONFIG. These must not depend on the batch,
 # or batch invariance is lost. The GPU entries are the largest tiles that compile without
 # a register spill for sm_90a and gfx942 at head sizes 64, 128 and 256 and GQA groups 1 to
-# 8 (tests/kernels/test_gpu_compile.py checks it); they are not yet timed on a GPU.
+# 8 (tests/kernels/test_gpu_compile.py checks it); timed on an H100 (bench/RESULTS.md, GPU),
+# not yet tuned there.
 _CONFIG: dict[str, dict[str, int]] = {
     "cuda": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 8, "num_stages": 2,
              "decode_segment": 256},

@@ -17,7 +17,7 @@ starts, so no request waits for a compile; inductor's cache on disk
 (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>) makes later starts
 quicker. If compiling fails (no C++ compiler, an unsupported model), the step runs eagerly
 and a warning names the cause. `--enforce-eager` skips compiling altogether. GPUs run
-eagerly for now.
+the step eagerly, their decode steps replayed from CUDA/HIP graphs (decode_graphs.py).
 """
 
 from __future__ import annotations
