@@ -66,6 +66,8 @@ def test_defaults():
     assert config.scheduler.scheduling_policy == "fcfs"
     assert config.scheduler.max_num_queued_reqs is None
     assert config.scheduler.max_num_queued_tokens is None
+    assert config.scheduler.cuda_graph_sizes == []  # the platform's (engine/build.py)
+    assert config.model.max_seq_len_to_capture == 8192
     assert _config() == config
 
 
@@ -82,6 +84,7 @@ SUPPORTED_FLAGS = [
     (["--quantization", "gguf"], "model.quantization", "gguf"),
     (["-q", "gguf"], "model.quantization", "gguf"),
     (["--enforce-eager"], "model.enforce_eager", True),
+    (["--max-seq-len-to-capture", "4096"], "model.max_seq_len_to_capture", 4096),
     (["--max-logprobs", "5"], "model.max_logprobs", 5),
     (["--max-logprobs", "-1"], "model.max_logprobs", -1),
     (["--generation-config", "vllm"], "model.generation_config", "vllm"),
@@ -109,6 +112,8 @@ SUPPORTED_FLAGS = [
     (["--no-async-scheduling"], "scheduler.async_scheduling", False),
     (["--scheduling-policy", "priority"], "scheduler.scheduling_policy", "priority"),
     (["--max-num-queued-reqs", "8"], "scheduler.max_num_queued_reqs", 8),
+    (["--cuda-graph-sizes", "64"], "scheduler.cuda_graph_sizes", [64]),
+    (["--cuda-graph-sizes", "1", "2", "128"], "scheduler.cuda_graph_sizes", [1, 2, 128]),
     (["--max-num-queued-tokens", "32k"], "scheduler.max_num_queued_tokens", 32000),
     (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
     (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
@@ -230,6 +235,9 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--hf-overrides", "[1, 2]"], "--hf-overrides must be a JSON object, got [1, 2]"),
         (["--override-generation-config", '"hot"'], "--override-generation-config must be a JSON object"),
         (["--model", ""], "--model must be a non-empty string"),
+        (["--cuda-graph-sizes", "0"], "--cuda-graph-sizes must be at least 1, got 0"),
+        (["--cuda-graph-sizes", "8", "x"], "--cuda-graph-sizes must be an integer, got 'x'"),
+        (["--max-seq-len-to-capture", "0"], "--max-seq-len-to-capture must be at least 1, got 0"),
     ],
 )  # fmt: skip
 def test_invalid_values_are_refused_naming_the_flag(argv, message):

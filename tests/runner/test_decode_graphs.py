@@ -142,3 +142,23 @@ def test_padding_rows_write_no_kv_slot():
         assert not changed.any(), "a padding row wrote into the KV cache"
     assert any((a != b).any() for a, b in zip(before, written, strict=True))
     torch.testing.assert_close(runner.kv_caches[0][0][0], before[0][0])
+
+
+@pytest.mark.parametrize(
+    "platform, requested, enforce_eager, expected",
+    [
+        ("cpu", [], False, []),  # nothing to capture on the CPU unless asked
+        ("cpu", [4], False, [1, 2, 4]),
+        ("cuda", [], False, [1, 2, 4, 8, 16]),  # min(2 * 8, 512), cut at max_num_seqs 8
+        ("rocm", [2, 8], False, [2, 8]),
+        ("cuda", [], True, []),
+        ("cpu", [4], True, []),
+    ],
+)
+def test_the_engine_pads_where_graphs_are_captured_or_sizes_given(
+    monkeypatch, platform, requested, enforce_eager, expected
+):
+    from aioserve.engine import build
+
+    monkeypatch.setattr(build, "current_platform", lambda: platform)
+    assert build.resolve_decode_graph_sizes(requested, 8, enforce_eager) == expected
