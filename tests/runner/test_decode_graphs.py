@@ -149,7 +149,7 @@ def test_padding_rows_write_no_kv_slot():
     [
         ("cpu", [], False, []),  # nothing to capture on the CPU unless asked
         ("cpu", [4], False, [1, 2, 4]),
-        ("cuda", [], False, [1, 2, 4, 8, 16]),  # min(2 * 8, 512), cut at max_num_seqs 8
+        ("cuda", [], False, [1, 2, 4, 8]),  # N = min(2 * 8, 512) = 16, cut at max_num_seqs 8
         ("rocm", [2, 8], False, [2, 8]),
         ("cuda", [], True, []),
         ("cpu", [4], True, []),
