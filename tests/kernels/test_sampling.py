@@ -82,11 +82,13 @@ def test_mask_ties_at_the_boundary_are_kept(device, triton_backend):
     assert torch.equal(kept[2], expected_keep(row.cpu(), 1.0, -1, 0.7, 0.0))
 
 
-def test_radix_select_finds_the_references_thresholds_on_hard_rows(device, triton_backend):
-    # The kernel's thresholds come from 8 radix passes a row; the reference's from torch's
+@pytest.mark.parametrize("splits", [None, 7])
+def test_radix_select_finds_the_references_thresholds_on_hard_rows(splits, device, triton_backend):
+    # The kernels' thresholds come from 8 radix passes a row; the reference's from torch's
     # topk and a sort. Rows with many exact ties, banned (-inf) tokens, negative and tiny
     # logits (probabilities near 0, whose bits need every digit), and k and p at their
-    # extremes, over a vocabulary that spans several of the kernel's histogram blocks.
+    # extremes, over a vocabulary that spans several of the kernels' histogram blocks; the
+    # rows whole in one program each, and split over 5 (7 asked, 64 tokens each).
     gen = torch.Generator().manual_seed(7)
     vocab_size, num_rows = 300, 12
     tied = torch.randint(-4, 5, (4, vocab_size), generator=gen).float() * 0.5
@@ -100,7 +102,7 @@ def test_radix_select_finds_the_references_thresholds_on_hard_rows(device, trito
     temperature = torch.tensor([1.0, 0.7, 1.3, 1.0, 2.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 3.0])
     args = [t.to(device) for t in (temperature, top_k, top_p, min_p)]
     reference = apply_sampling_masks_reference(logits, *args)
-    assert torch.equal(apply_sampling_masks_triton(logits, *args), reference)
+    assert torch.equal(apply_sampling_masks_triton(logits, *args, splits=splits), reference)
     for row in range(num_rows):
         keep = expected_keep(
             logits[row].cpu(),

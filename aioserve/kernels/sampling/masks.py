@@ -1,11 +1,16 @@
 """Sampling step 5 without the draw: temperature, then the min-p, top-k and top-p masks.
 
-The Triton kernel finds the top-k and top-p thresholds without sorting, by radix select
+The Triton kernels find the top-k and top-p thresholds without sorting, by radix select
 over the order-preserving integer image of float32 values: 8 passes over the row each
 (against the 32 and 30 of a bisection), every pass counting (top-k) or weighing
 (top-p) the remaining candidates by their next 4-bit digit, from the top. Probability mass
 is summed in 2**-40 fixed point, so the masks do not depend on summation order, and the
 thresholds are exactly the reference's.
+
+Each row is split over several programs, so that one row does not walk a 128k vocabulary
+on one GPU core (6.5 ms on an H100 when it did): every pass is a launch over
+(row, split) programs, each writing its split's histogram; the next pass adds the
+splits' histograms up (integers, so exactly) to know the digits found so far.
 """
 
 from __future__ import annotations
@@ -16,12 +21,20 @@ from torch import Tensor
 from aioserve.kernels import dispatch
 from aioserve.kernels.sampling.common import SAMPLING_EPS, _launch_config, _rows_where
 from aioserve.kernels.triton_compat import tl, triton
+from aioserve.platform import current_platform
 
 # Probability mass is summed as int64 multiples of 2**-40 (see the module docstring).
 _MASS_SCALE = float(2**40)
 
-# The kernel's radix select: 4-bit digits, 16 bins a pass, 8 passes for 32 bits.
+# The kernels' radix select: 4-bit digits, 16 bins a pass, 8 passes for 32 bits.
 _RADIX_BINS = 16
+
+# Programs the mask kernels aim for across a batch: a row is split over up to this many so
+# that a small batch still fills a GPU. Not more: every program adds up the histograms of
+# all the row's splits for each pass before it (splits squared reads a launch). The CPU's
+# figure only matters under Triton's interpreter (the CPU runs the reference), where a
+# split of a few programs is what the tests exercise.
+_ROW_PROGRAMS = {"cuda": 128, "rocm": 128, "cpu": 3}
 
 
 # The reference's top-p sorts only the tokens with e >= this floor, lowering it (2**-20,
@@ -50,114 +63,274 @@ def _next_digit(hist, held_above, target):
 
 
 @triton.jit
-def _mask_kernel(
+def _radix_prefix(hist_ptr, row, num_passes, target):
+    # The digits found by the first `num_passes` radix passes of `row`, as one number, and
+    # what the tokens above them hold. hist [rows, 8, splits, 16] int64: each pass's
+    # histogram by split, added up here 32 splits at a time (integers: any order is exact;
+    # all the splits at once would spill registers).
+    splits = tl.num_programs(1)
+    bins = tl.arange(0, 16)
+    prefix = tl.full([], 0, tl.int64)
+    held = tl.full([], 0, tl.int64)
+    for radix_pass in range(num_passes):
+        first = (row * 8 + radix_pass) * splits
+        hist = tl.zeros([16], dtype=tl.int64)
+        for chunk in range(0, splits, 32):
+            split_ids = chunk + tl.arange(0, 32)
+            parts = tl.load(
+                hist_ptr + (first + split_ids[:, None]) * 16 + bins[None, :],
+                mask=(split_ids < splits)[:, None],
+                other=0,
+            )
+            hist += tl.sum(parts, axis=0)
+        digit, held = _next_digit(hist, held, target)
+        prefix = prefix * 16 + digit
+    return prefix, held
+
+
+@triton.jit
+def _row_max(split_max_ptr, row, BLOCK_S: tl.constexpr):
+    splits = tl.num_programs(1)
+    split_ids = tl.arange(0, BLOCK_S)
+    maxes = tl.load(
+        split_max_ptr + row * splits + split_ids, mask=split_ids < splits, other=float("-inf")
+    )
+    return tl.max(maxes, axis=0)
+
+
+@triton.jit
+def _top_k_key(hist_k_ptr, row, top_k, vocab_size):
+    # The order key of the k-th largest scaled logit; the lowest key when top-k is off.
+    key = tl.full([], -0x7F800000, tl.int64)
+    if (top_k > 0) & (top_k < vocab_size):
+        prefix, _ = _radix_prefix(hist_k_ptr, row, 8, top_k.to(tl.float64))
+        key = prefix - 0x7F800000
+    return key
+
+
+@triton.jit
+def _top_p_limit(mass_ptr, row, top_p, BLOCK_S: tl.constexpr):
+    # top_p times the mass of the tokens min-p and top-k keep, summed over the splits.
+    splits = tl.num_programs(1)
+    split_ids = tl.arange(0, BLOCK_S)
+    parts = tl.load(mass_ptr + row * splits + split_ids, mask=split_ids < splits, other=0)
+    return tl.sum(parts, axis=0).to(tl.float64) * top_p.to(tl.float64)
+
+
+@triton.jit
+def _scale_kernel(
     src_ptr,
     out_ptr,
-    row_max_ptr,
+    split_max_ptr,
+    temperature_ptr,
+    vocab_size,
+    stride_src,
+    stride_out,
+    greedy_below,
+    span,
+    BLOCK: tl.constexpr,
+):
+    # One program per (row, split of `span` tokens), random rows only: out = src /
+    # temperature, and the split's largest value.
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    temperature = tl.load(temperature_ptr + row)
+    if temperature >= greedy_below:
+        begin = split * span
+        end = tl.minimum(begin + span, vocab_size)
+        block_max = tl.full([BLOCK], float("-inf"), tl.float32)
+        for start in range(begin, end, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < end
+            x = tl.load(src_ptr + row * stride_src + cols, mask=mask, other=0.0).to(tl.float32)
+            s = tl.math.div_rn(x, temperature)
+            tl.store(out_ptr + row * stride_out + cols, s, mask=mask)
+            block_max = tl.maximum(block_max, tl.where(mask, s, float("-inf")))
+        tl.store(split_max_ptr + row * tl.num_programs(1) + split, tl.max(block_max, axis=0))
+
+
+@triton.jit
+def _top_k_pass_kernel(
+    out_ptr,
+    hist_k_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    vocab_size,
+    stride_out,
+    greedy_below,
+    span,
+    radix_pass,
+    HIST_BLOCK: tl.constexpr,
+):
+    # Top-k, radix pass `radix_pass`: the order key of the k-th largest value is found
+    # digit by digit from the top. Keys are offset by 0x7F800000 to [0, 0xFF000000]; the
+    # candidates of a pass are the tokens whose higher digits are the prefix found so far.
+    # Each split counts its candidates by their next digit.
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    top_k = tl.load(top_k_ptr + row)
+    if (tl.load(temperature_ptr + row) >= greedy_below) & (top_k > 0) & (top_k < vocab_size):
+        prefix, _ = _radix_prefix(hist_k_ptr, row, radix_pass, top_k.to(tl.float64))
+        shift = 28 - 4 * radix_pass
+        begin = split * span
+        end = tl.minimum(begin + span, vocab_size)
+        hist = tl.zeros([16], dtype=tl.int64)
+        for start in range(begin, end, HIST_BLOCK):
+            cols = start + tl.arange(0, HIST_BLOCK)
+            mask = cols < end
+            s = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=0.0)
+            key = _order_key(s).to(tl.int64) + 0x7F800000
+            candidate = mask & ((key >> (shift + 4)) == prefix)
+            digit = (key >> shift) & 15
+            in_bin = (digit[:, None] == tl.arange(0, 16)[None, :]) & candidate[:, None]
+            hist += tl.sum(in_bin.to(tl.int64), axis=0)
+        slot = ((row * 8 + radix_pass) * tl.num_programs(1) + split) * 16
+        tl.store(hist_k_ptr + slot + tl.arange(0, 16), hist)
+
+
+@triton.jit
+def _top_p_mass_kernel(
+    out_ptr,
+    split_max_ptr,
+    hist_k_ptr,
+    mass_ptr,
     temperature_ptr,
     top_k_ptr,
     top_p_ptr,
     min_p_ptr,
     vocab_size,
-    stride_src,
     stride_out,
     greedy_below,
+    span,
+    BLOCK_S: tl.constexpr,
     BLOCK: tl.constexpr,
+):
+    # Top-p, first: each split's mass of the tokens min-p and top-k keep, as int64
+    # multiples of 2**-40 (1099511627776.0 = _MASS_SCALE).
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    if (tl.load(temperature_ptr + row) >= greedy_below) & (tl.load(top_p_ptr + row) < 1.0):
+        row_max = _row_max(split_max_ptr, row, BLOCK_S)
+        top_k_key = _top_k_key(hist_k_ptr, row, tl.load(top_k_ptr + row), vocab_size)
+        min_p = tl.load(min_p_ptr + row)
+        begin = split * span
+        end = tl.minimum(begin + span, vocab_size)
+        total = tl.full([], 0, tl.int64)  # a scalar: a [BLOCK] int64 sum spills registers
+        for start in range(begin, end, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < end
+            s = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=float("-inf"))
+            e = tl.exp(s - row_max)
+            kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
+            total += tl.sum(tl.where(kept, (e * 1099511627776.0).to(tl.int64), 0), axis=0)
+        tl.store(mass_ptr + row * tl.num_programs(1) + split, total)
+
+
+@triton.jit
+def _top_p_pass_kernel(
+    out_ptr,
+    split_max_ptr,
+    hist_k_ptr,
+    mass_ptr,
+    hist_p_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    vocab_size,
+    stride_out,
+    greedy_below,
+    span,
+    radix_pass,
+    BLOCK_S: tl.constexpr,
     HIST_BLOCK: tl.constexpr,
 ):
-    # Random rows only: out = src / temperature, with -inf where min-p, top-k or top-p
-    # drops the token; row_max = the row's largest scaled logit. Greedy rows are skipped.
+    # Top-p, radix pass `radix_pass`: the largest bit pattern b of a probability such that
+    # the kept tokens whose e has bits >= b hold at least top_p of their mass, found digit
+    # by digit from the top; each split weighs its candidates by mass.
     row = tl.program_id(0).to(tl.int64)
-    src_row = src_ptr + row * stride_src
-    out_row = out_ptr + row * stride_out
-    temperature = tl.load(temperature_ptr + row)
-    if temperature >= greedy_below:
-        top_k = tl.load(top_k_ptr + row)
-        top_p = tl.load(top_p_ptr + row)
+    split = tl.program_id(1)
+    top_p = tl.load(top_p_ptr + row)
+    if (tl.load(temperature_ptr + row) >= greedy_below) & (top_p < 1.0):
+        row_max = _row_max(split_max_ptr, row, BLOCK_S)
+        top_k_key = _top_k_key(hist_k_ptr, row, tl.load(top_k_ptr + row), vocab_size)
         min_p = tl.load(min_p_ptr + row)
+        limit = _top_p_limit(mass_ptr, row, top_p, BLOCK_S)
+        prefix, _ = _radix_prefix(hist_p_ptr, row, radix_pass, limit)
+        shift = 28 - 4 * radix_pass
+        begin = split * span
+        end = tl.minimum(begin + span, vocab_size)
+        hist = tl.zeros([16], dtype=tl.int64)
+        for start in range(begin, end, HIST_BLOCK):
+            cols = start + tl.arange(0, HIST_BLOCK)
+            mask = cols < end
+            s = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=float("-inf"))
+            e = tl.exp(s - row_max)
+            kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
+            bits = e.to(tl.int32, bitcast=True).to(tl.int64)
+            candidate = kept & ((bits >> (shift + 4)) == prefix)
+            digit = (bits >> shift) & 15
+            in_bin = (digit[:, None] == tl.arange(0, 16)[None, :]) & candidate[:, None]
+            mass = (e * 1099511627776.0).to(tl.int64)
+            hist += tl.sum(tl.where(in_bin, mass[:, None], 0), axis=0)
+        slot = ((row * 8 + radix_pass) * tl.num_programs(1) + split) * 16
+        tl.store(hist_p_ptr + slot + tl.arange(0, 16), hist)
 
-        block_max = tl.full([BLOCK], float("-inf"), tl.float32)
-        for start in range(0, vocab_size, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < vocab_size
-            x = tl.load(src_row + cols, mask=mask, other=0.0).to(tl.float32)
-            s = tl.math.div_rn(x, temperature)
-            tl.store(out_row + cols, s, mask=mask)
-            block_max = tl.maximum(block_max, tl.where(mask, s, float("-inf")))
-        row_max = tl.max(block_max, axis=0)
-        tl.store(row_max_ptr + row, row_max)
-        tl.debug_barrier()  # the passes below read back what this one stored
 
-        # Top-k: the order key of the k-th largest value, found digit by digit from the
-        # top. Keys are offset by 0x7F800000 to [0, 0xFF000000]; the candidates of a pass
-        # are the tokens whose higher digits are the `prefix` found so far.
-        top_k_key = tl.full([], -0x7F800000, tl.int64)
-        if (top_k > 0) & (top_k < vocab_size):
-            prefix = tl.full([], 0, tl.int64)
-            larger = tl.full([], 0, tl.int32)
-            for radix_pass in range(8):
-                shift = 28 - 4 * radix_pass
-                hist = tl.zeros([16], dtype=tl.int32)
-                for start in range(0, vocab_size, HIST_BLOCK):
-                    cols = start + tl.arange(0, HIST_BLOCK)
-                    mask = cols < vocab_size
-                    s = tl.load(out_row + cols, mask=mask, other=0.0)
-                    key = _order_key(s).to(tl.int64) + 0x7F800000
-                    candidate = mask & ((key >> (shift + 4)) == prefix)
-                    digit = (key >> shift) & 15
-                    in_bin = (digit[:, None] == tl.arange(0, 16)[None, :]) & candidate[:, None]
-                    hist += tl.sum(in_bin.to(tl.int32), axis=0)
-                digit, larger = _next_digit(hist, larger, top_k.to(tl.float64))
-                prefix = prefix * 16 + digit
-            top_k_key = prefix - 0x7F800000
-
-        # Top-p over the tokens min-p and top-k keep: the largest bit pattern b of a
-        # probability such that the tokens whose e has bits >= b hold at least
-        # top_p * total of the mass; they are the ones kept. Found digit by digit from the
-        # top, weighing the candidates by mass. Masses are int64 multiples of 2**-40
-        # (1099511627776.0 = _MASS_SCALE).
+@triton.jit
+def _apply_masks_kernel(
+    out_ptr,
+    row_max_ptr,
+    split_max_ptr,
+    hist_k_ptr,
+    mass_ptr,
+    hist_p_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    vocab_size,
+    stride_out,
+    greedy_below,
+    span,
+    BLOCK_S: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # Last: -inf wherever min-p, top-k or top-p drops the token; the row's max for the draw.
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    if tl.load(temperature_ptr + row) >= greedy_below:
+        row_max = _row_max(split_max_ptr, row, BLOCK_S)
+        if split == 0:
+            tl.store(row_max_ptr + row, row_max)
+        top_k_key = _top_k_key(hist_k_ptr, row, tl.load(top_k_ptr + row), vocab_size)
+        min_p = tl.load(min_p_ptr + row)
+        top_p = tl.load(top_p_ptr + row)
         top_p_bits = tl.full([], 0, tl.int64)
         if top_p < 1.0:
-            total = tl.zeros([BLOCK], dtype=tl.int64)
-            for start in range(0, vocab_size, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                mask = cols < vocab_size
-                s = tl.load(out_row + cols, mask=mask, other=float("-inf"))
-                e = tl.exp(s - row_max)
-                kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
-                total += tl.where(kept, (e * 1099511627776.0).to(tl.int64), 0)
-            limit = tl.sum(total, axis=0).to(tl.float64) * top_p.to(tl.float64)
-            prefix = tl.full([], 0, tl.int64)
-            heavier = tl.full([], 0, tl.int64)
-            for radix_pass in range(8):
-                shift = 28 - 4 * radix_pass
-                hist = tl.zeros([16], dtype=tl.int64)
-                for start in range(0, vocab_size, HIST_BLOCK):
-                    cols = start + tl.arange(0, HIST_BLOCK)
-                    mask = cols < vocab_size
-                    s = tl.load(out_row + cols, mask=mask, other=float("-inf"))
-                    e = tl.exp(s - row_max)
-                    kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
-                    bits = e.to(tl.int32, bitcast=True).to(tl.int64)
-                    candidate = kept & ((bits >> (shift + 4)) == prefix)
-                    digit = (bits >> shift) & 15
-                    in_bin = (digit[:, None] == tl.arange(0, 16)[None, :]) & candidate[:, None]
-                    mass = (e * 1099511627776.0).to(tl.int64)
-                    hist += tl.sum(tl.where(in_bin, mass[:, None], 0), axis=0)
-                digit, heavier = _next_digit(hist, heavier, limit)
-                prefix = prefix * 16 + digit
-            top_p_bits = prefix
-
+            limit = _top_p_limit(mass_ptr, row, top_p, BLOCK_S)
+            top_p_bits, _ = _radix_prefix(hist_p_ptr, row, 8, limit)
         if (top_k_key > -0x7F800000) | (min_p > 0.0) | (top_p_bits > 0):
-            tl.debug_barrier()
-            for start in range(0, vocab_size, BLOCK):
+            begin = split * span
+            end = tl.minimum(begin + span, vocab_size)
+            for start in range(begin, end, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                mask = cols < vocab_size
-                s = tl.load(out_row + cols, mask=mask, other=float("-inf"))
+                mask = cols < end
+                s = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=float("-inf"))
                 e = tl.exp(s - row_max)
                 kept = (_order_key(s) >= top_k_key) & (e >= min_p)
                 kept = kept & (e.to(tl.int32, bitcast=True) >= top_p_bits)
-                tl.store(out_row + cols, tl.where(kept, s, float("-inf")), mask=mask)
+                tl.store(
+                    out_ptr + row * stride_out + cols, tl.where(kept, s, float("-inf")), mask=mask
+                )
+
+
+def _num_splits(num_rows: int, vocab_size: int) -> int:
+    """Programs a row is split over: enough to fill the device at small batch, at least 16
+    tokens each. The masks come out the same for any split (their sums are integers), so
+    this may depend on the batch."""
+    wanted = triton.cdiv(_ROW_PROGRAMS[current_platform()], num_rows)
+    return max(1, min(wanted, triton.cdiv(vocab_size, 16)))
 
 
 def _launch_masks(
@@ -168,38 +341,61 @@ def _launch_masks(
     top_k: Tensor,
     top_p: Tensor,
     min_p: Tensor,
+    splits: int | None = None,
 ) -> None:
-    """Run the mask kernel from `src` into `out` (may be the same tensor) and `row_max`."""
+    """Run the mask kernels from `src` into `out` (may be the same tensor) and `row_max`:
+    one launch to scale, 8 radix passes for top-k, one to weigh top-p's mass, 8 passes for
+    top-p and one to mask, each over (row, split) programs. `splits` overrides the split."""
     num_rows, vocab_size = src.shape
     if num_rows == 0:
         return
-    block, num_warps = _launch_config(vocab_size)
-    _mask_kernel[(num_rows,)](
-        src,
-        out,
-        row_max,
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        vocab_size,
-        src.stride(0),
-        out.stride(0),
-        SAMPLING_EPS,
-        BLOCK=block,
-        # A radix pass holds a [HIST_BLOCK, 16] one-hot: as many elements as BLOCK.
-        HIST_BLOCK=max(block // _RADIX_BINS, 16),
-        num_warps=num_warps,
+    splits = splits or _num_splits(num_rows, vocab_size)
+    block, num_warps = _launch_config(triton.cdiv(vocab_size, splits))
+    span = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block  # whole blocks
+    splits = triton.cdiv(vocab_size, span)
+    device = src.device
+    split_max = torch.empty(num_rows * splits, dtype=torch.float32, device=device)
+    mass = torch.empty(num_rows * splits, dtype=torch.int64, device=device)
+    hist_k = torch.empty(num_rows * 8 * splits * _RADIX_BINS, dtype=torch.int64, device=device)
+    hist_p = torch.empty_like(hist_k)
+    grid = (num_rows, splits)
+    common = (vocab_size, out.stride(0), SAMPLING_EPS, span)
+    settings = (temperature, top_k, top_p, min_p)
+    sizes = {"BLOCK_S": triton.next_power_of_2(splits), "num_warps": num_warps}
+    # A radix pass holds a [HIST_BLOCK, 16] one-hot: as many elements as BLOCK.
+    hist_block = max(block // _RADIX_BINS, 16)
+    _scale_kernel[grid](
+        src, out, split_max, temperature, vocab_size, src.stride(0), out.stride(0),
+        SAMPLING_EPS, span, BLOCK=block, num_warps=num_warps,
+    )  # fmt: skip
+    for radix_pass in range(8):
+        _top_k_pass_kernel[grid](
+            out, hist_k, temperature, top_k, *common, radix_pass, HIST_BLOCK=hist_block,
+            num_warps=num_warps,
+        )  # fmt: skip
+    _top_p_mass_kernel[grid](out, split_max, hist_k, mass, *settings, *common, BLOCK=block, **sizes)
+    for radix_pass in range(8):
+        _top_p_pass_kernel[grid](
+            out, split_max, hist_k, mass, hist_p, *settings, *common, radix_pass,
+            HIST_BLOCK=hist_block, **sizes,
+        )  # fmt: skip
+    _apply_masks_kernel[grid](
+        out, row_max, split_max, hist_k, mass, hist_p, *settings, *common, BLOCK=block, **sizes
     )
 
 
 def apply_sampling_masks_triton(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    min_p: Tensor,
+    splits: int | None = None,
 ) -> Tensor:
-    """The Triton path of `apply_sampling_masks`."""
+    """The Triton path of `apply_sampling_masks` (`splits`: see `_launch_masks`)."""
     out = logits.to(torch.float32, copy=True)
     row_max = torch.empty(out.shape[0], dtype=torch.float32, device=out.device)
-    _launch_masks(out, out, row_max, temperature, top_k, top_p, min_p)
+    _launch_masks(out, out, row_max, temperature, top_k, top_p, min_p, splits)
     return out
 
 
