@@ -36,10 +36,11 @@ Triton's CPU interpreter; a GPU's fast exp differs from torch's in the last bits
 can flip a near-tie between the GPU kernels and the CPU reference (rarely), never the
 result of one device from run to run.
 
-Each step has a Triton kernel (one program per row, walking the vocabulary in blocks:
-top-k and top-p thresholds are found without sorting, by bisection over the
-order-preserving integer image of float32 values) and a plain-torch reference, which is
-the execution path on the CPU. `sample` picks one with `dispatch.use_triton()`.
+Each step has Triton kernels (one program per row walking the vocabulary in blocks, except
+the masks, which split a row over several programs at small batch and find the top-k and
+top-p thresholds without sorting, by radix select over the order-preserving integer image
+of float32 values) and a plain-torch reference, which is the execution path on the CPU.
+`sample` picks one with `dispatch.use_triton()`.
 
 Modules, one stage each: `penalties` (steps 2-3), `masks` (step 5 without the draw),
 `uniform` (the hash), `sampler` (the draw and the whole pipeline), `logprobs` (step 6),
