@@ -89,6 +89,20 @@ def _radix_prefix(hist_ptr, row, num_passes, target):
 
 
 @triton.jit
+def _split_bounds(span, vocab_size):
+    # The tokens [begin, end) of this program's split of its row.
+    begin = tl.program_id(1) * span
+    return begin, tl.minimum(begin + span, vocab_size)
+
+
+@triton.jit
+def _kept(s, mask, row_max, top_k_key, min_p):
+    # e = exp(s - max), and which tokens min-p and top-k keep (of those under `mask`).
+    e = tl.exp(s - row_max)
+    return e, mask & (_order_key(s) >= top_k_key) & (e >= min_p)
+
+
+@triton.jit
 def _row_max(split_max_ptr, row, BLOCK_S: tl.constexpr):
     splits = tl.num_programs(1)
     split_ids = tl.arange(0, BLOCK_S)
@@ -136,8 +150,7 @@ def _scale_kernel(
     split = tl.program_id(1)
     temperature = tl.load(temperature_ptr + row)
     if temperature >= greedy_below:
-        begin = split * span
-        end = tl.minimum(begin + span, vocab_size)
+        begin, end = _split_bounds(span, vocab_size)
         block_max = tl.full([BLOCK], float("-inf"), tl.float32)
         for start in range(begin, end, BLOCK):
             cols = start + tl.arange(0, BLOCK)
@@ -172,8 +185,7 @@ def _top_k_pass_kernel(
     if (tl.load(temperature_ptr + row) >= greedy_below) & (top_k > 0) & (top_k < vocab_size):
         prefix, _ = _radix_prefix(hist_k_ptr, row, radix_pass, top_k.to(tl.float64))
         shift = 28 - 4 * radix_pass
-        begin = split * span
-        end = tl.minimum(begin + span, vocab_size)
+        begin, end = _split_bounds(span, vocab_size)
         hist = tl.zeros([16], dtype=tl.int64)
         for start in range(begin, end, HIST_BLOCK):
             cols = start + tl.arange(0, HIST_BLOCK)
@@ -213,15 +225,13 @@ def _top_p_mass_kernel(
         row_max = _row_max(split_max_ptr, row, BLOCK_S)
         top_k_key = _top_k_key(hist_k_ptr, row, tl.load(top_k_ptr + row), vocab_size)
         min_p = tl.load(min_p_ptr + row)
-        begin = split * span
-        end = tl.minimum(begin + span, vocab_size)
+        begin, end = _split_bounds(span, vocab_size)
         total = tl.full([], 0, tl.int64)  # a scalar: a [BLOCK] int64 sum spills registers
         for start in range(begin, end, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             mask = cols < end
             s = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=float("-inf"))
-            e = tl.exp(s - row_max)
-            kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
+            e, kept = _kept(s, mask, row_max, top_k_key, min_p)
             total += tl.sum(tl.where(kept, (e * 1099511627776.0).to(tl.int64), 0), axis=0)
         tl.store(mass_ptr + row * tl.num_programs(1) + split, total)
 
@@ -258,15 +268,13 @@ def _top_p_pass_kernel(
         limit = _top_p_limit(mass_ptr, row, top_p, BLOCK_S)
         prefix, _ = _radix_prefix(hist_p_ptr, row, radix_pass, limit)
         shift = 28 - 4 * radix_pass
-        begin = split * span
-        end = tl.minimum(begin + span, vocab_size)
+        begin, end = _split_bounds(span, vocab_size)
         hist = tl.zeros([16], dtype=tl.int64)
         for start in range(begin, end, HIST_BLOCK):
             cols = start + tl.arange(0, HIST_BLOCK)
             mask = cols < end
             s = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=float("-inf"))
-            e = tl.exp(s - row_max)
-            kept = mask & (_order_key(s) >= top_k_key) & (e >= min_p)
+            e, kept = _kept(s, mask, row_max, top_k_key, min_p)
             bits = e.to(tl.int32, bitcast=True).to(tl.int64)
             candidate = kept & ((bits >> (shift + 4)) == prefix)
             digit = (bits >> shift) & 15
@@ -311,14 +319,12 @@ def _apply_masks_kernel(
             limit = _top_p_limit(mass_ptr, row, top_p, BLOCK_S)
             top_p_bits, _ = _radix_prefix(hist_p_ptr, row, 8, limit)
         if (top_k_key > -0x7F800000) | (min_p > 0.0) | (top_p_bits > 0):
-            begin = split * span
-            end = tl.minimum(begin + span, vocab_size)
+            begin, end = _split_bounds(span, vocab_size)
             for start in range(begin, end, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
                 mask = cols < end
                 s = tl.load(out_ptr + row * stride_out + cols, mask=mask, other=float("-inf"))
-                e = tl.exp(s - row_max)
-                kept = (_order_key(s) >= top_k_key) & (e >= min_p)
+                e, kept = _kept(s, mask, row_max, top_k_key, min_p)
                 kept = kept & (e.to(tl.int32, bitcast=True) >= top_p_bits)
                 tl.store(
                     out_ptr + row * stride_out + cols, tl.where(kept, s, float("-inf")), mask=mask
