@@ -24,7 +24,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from aioserve.kernels.sampling import LogprobsTensors, SamplerOutput, sample
+from aioserve.kernels.sampling import (
+    LogprobsTensors,
+    SamplerOutput,
+    make_sampling_batch,
+    sample,
+)
 from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
 from aioserve.runner.decode_graphs import DecodeGraphs
@@ -95,6 +100,7 @@ class ModelRunner:
         )
         self.device = device
         self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
         self.vocab_size = model.config.vocab_size
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
@@ -118,6 +124,32 @@ class ModelRunner:
         self._wait_for_kv_zeros()
         if self.decode_graphs is not None:
             self.decode_graphs.capture()
+        if self.device.type != "cpu":
+            self._warm_up_sampler()
+
+    @torch.inference_mode()
+    def _warm_up_sampler(self) -> None:
+        """Compile the sampler's Triton kernels, which a GPU otherwise compiles on a
+        request's first step: greedy and random rows with every mask, penalties, a bias and
+        logprobs, at one row and at the most rows (the masks' two launch configurations)."""
+        vocab = self.vocab_size
+        for rows in sorted({1, self.max_num_seqs}):
+            batch = make_sampling_batch(
+                rows,
+                device=self.device,
+                temperature=[1.0] + [0.0] * (rows - 1),
+                top_k=50,
+                top_p=0.9,
+                min_p=0.05,
+                presence_penalty=0.5,
+                repetition_penalty=1.1,
+                output_token_counts=torch.zeros(rows, vocab, dtype=torch.int32, device=self.device),
+                prompt_token_mask=torch.zeros(rows, vocab, dtype=torch.bool, device=self.device),
+                logit_bias=[{0: 1.0}] * rows,
+                num_logprobs=5,
+            )
+            sample(torch.randn(rows, vocab, device=self.device), batch)
+        torch.cuda.synchronize(self.device)
 
     def _wait_for_kv_zeros(self) -> None:
         if self._kv_zeroing is not None:

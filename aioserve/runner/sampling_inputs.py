@@ -55,6 +55,8 @@ class HostSampling:
     logprobs_wanted: list[int | None]  # per row: its sequence's `logprobs` setting
     all_greedy: bool
     all_random: bool
+    uses_top_k: bool
+    uses_top_p: bool
 
     @property
     def num_logprobs(self) -> int:
@@ -95,6 +97,8 @@ class HostSampling:
             all_random=self.all_random,
             token_bitmask=token_bitmask,
             bitmask_rows=bitmask_rows,
+            uses_top_k=self.uses_top_k,
+            uses_top_p=self.uses_top_p,
         )
 
     def _token_bitmask(
@@ -146,6 +150,7 @@ def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSamp
     slots.num_sampled[row_slots] += 1
     settings = [slots.settings[slot] for slot in row_slots.tolist()]
     temperature = slots.float_settings[row_slots, TEMPERATURE]
+    top_k = slots.top_k[row_slots]
     penalty = [row for row, s in enumerate(settings) if s.uses_penalties]
     masked = np.flatnonzero(slots.has_allowed_bitmask[row_slots])
     bias_rows = []
@@ -159,7 +164,7 @@ def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSamp
     return HostSampling(
         slots=row_slots,
         float_settings=np.ascontiguousarray(slots.float_settings[row_slots].T),
-        top_k=slots.top_k[row_slots],
+        top_k=top_k,
         seeds_and_steps=np.stack([slots.seeds[row_slots], steps]),
         penalty_rows=np.asarray(penalty, dtype=np.int64) if penalty else None,
         bias_rows=bias_rows,
@@ -167,4 +172,6 @@ def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSamp
         logprobs_wanted=[s.logprobs for s in settings],
         all_greedy=bool((temperature == 0.0).all()),
         all_random=bool((temperature > 0.0).all()),
+        uses_top_k=bool((top_k > 0).any()),
+        uses_top_p=bool((slots.float_settings[row_slots, TOP_P] < 1.0).any()),
     )

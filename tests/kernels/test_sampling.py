@@ -88,7 +88,7 @@ def test_radix_select_finds_the_references_thresholds_on_hard_rows(splits, devic
     # topk and a sort. Rows with many exact ties, banned (-inf) tokens, negative and tiny
     # logits (probabilities near 0, whose bits need every digit), and k and p at their
     # extremes, over a vocabulary that spans several of the kernels' histogram blocks; the
-    # rows whole in one program each, and split over 5 (7 asked, 64 tokens each).
+    # rows whole in one program each, and split over 3 (7 asked; tiles of 128 tokens).
     gen = torch.Generator().manual_seed(7)
     vocab_size, num_rows = 300, 12
     tied = torch.randint(-4, 5, (4, vocab_size), generator=gen).float() * 0.5

@@ -52,6 +52,9 @@ class SamplingBatch:
     # int32, and [M] int64 the batch row each constrains. None: every token allowed.
     token_bitmask: Tensor | None = None
     bitmask_rows: Tensor | None = None
+    # Whether any row may use top-k / top-p: False lets the Triton path skip their passes.
+    uses_top_k: bool = True
+    uses_top_p: bool = True
 
 
 @dataclass
@@ -88,13 +91,15 @@ def make_sampling_batch(
     token_bitmask: Tensor | None = None,
     bitmask_rows: Tensor | None = None,
 ) -> SamplingBatch:
-    """A SamplingBatch from per-row values (a scalar applies to every row); for tests."""
+    """A SamplingBatch from per-row values (a scalar applies to every row); for tests and
+    the runner's warm-up."""
 
     def rows(value: float | Sequence[float], dtype: torch.dtype) -> Tensor:
         values = [value] * num_rows if isinstance(value, (int, float)) else list(value)
         return torch.tensor(values, dtype=dtype, device=device)
 
     temperature_t = rows(temperature, torch.float32)
+    top_k_t, top_p_t = rows(top_k, torch.int32), rows(top_p, torch.float32)
     bias_ids = bias_values = None
     width = max((len(b) for b in logit_bias), default=0) if logit_bias is not None else 0
     if width:
@@ -106,8 +111,8 @@ def make_sampling_batch(
         bias_ids, bias_values = bias_ids.to(device), bias_values.to(device)
     return SamplingBatch(
         temperature=temperature_t,
-        top_k=rows(top_k, torch.int32),
-        top_p=rows(top_p, torch.float32),
+        top_k=top_k_t,
+        top_p=top_p_t,
         min_p=rows(min_p, torch.float32),
         seeds=rows(seeds, torch.int64),
         steps=rows(steps, torch.int64),
@@ -123,6 +128,8 @@ def make_sampling_batch(
         all_random=bool((temperature_t >= SAMPLING_EPS).all()),
         token_bitmask=token_bitmask,
         bitmask_rows=bitmask_rows,
+        uses_top_k=bool((top_k_t > 0).any()),
+        uses_top_p=bool((top_p_t < 1.0).any()),
     )
 
 

@@ -348,15 +348,25 @@ def _launch_masks(
     top_p: Tensor,
     min_p: Tensor,
     splits: int | None = None,
+    *,
+    uses_top_k: bool = True,
+    uses_top_p: bool = True,
 ) -> None:
     """Run the mask kernels from `src` into `out` (may be the same tensor) and `row_max`:
     one launch to scale, 8 radix passes for top-k, one to weigh top-p's mass, 8 passes for
-    top-p and one to mask, each over (row, split) programs. `splits` overrides the split."""
+    top-p and one to mask, each over (row, split) programs. The passes of top-k (top-p) are
+    skipped when the caller knows no row uses it. `splits` overrides the split.
+
+    Two launch configurations per vocabulary size, whatever the batch: rows split (the
+    tile sized for the most splits) and rows whole, so a new batch size never compiles."""
     num_rows, vocab_size = src.shape
     if num_rows == 0:
         return
+    row_programs = _ROW_PROGRAMS[current_platform()]
     splits = splits or _num_splits(num_rows, vocab_size)
-    block, num_warps = _launch_config(triton.cdiv(vocab_size, splits))
+    block, num_warps = _launch_config(
+        vocab_size if splits == 1 else triton.cdiv(vocab_size, row_programs)
+    )
     span = triton.cdiv(triton.cdiv(vocab_size, splits), block) * block  # whole blocks
     splits = triton.cdiv(vocab_size, span)
     device = src.device
@@ -367,24 +377,28 @@ def _launch_masks(
     grid = (num_rows, splits)
     common = (vocab_size, out.stride(0), SAMPLING_EPS, span)
     settings = (temperature, top_k, top_p, min_p)
-    sizes = {"BLOCK_S": triton.next_power_of_2(splits), "num_warps": num_warps}
+    block_s = triton.next_power_of_2(max(splits, row_programs))
+    sizes = {"BLOCK_S": block_s, "num_warps": num_warps}
     # A radix pass holds a [HIST_BLOCK, 16] one-hot: as many elements as BLOCK.
     hist_block = max(block // _RADIX_BINS, 16)
     _scale_kernel[grid](
         src, out, split_max, temperature, vocab_size, src.stride(0), out.stride(0),
         SAMPLING_EPS, span, BLOCK=block, num_warps=num_warps,
     )  # fmt: skip
-    for radix_pass in range(8):
+    for radix_pass in range(8 if uses_top_k else 0):
         _top_k_pass_kernel[grid](
             out, hist_k, temperature, top_k, *common, radix_pass, HIST_BLOCK=hist_block,
             num_warps=num_warps,
         )  # fmt: skip
-    _top_p_mass_kernel[grid](out, split_max, hist_k, mass, *settings, *common, BLOCK=block, **sizes)
-    for radix_pass in range(8):
-        _top_p_pass_kernel[grid](
-            out, split_max, hist_k, mass, hist_p, *settings, *common, radix_pass,
-            HIST_BLOCK=hist_block, **sizes,
-        )  # fmt: skip
+    if uses_top_p:
+        _top_p_mass_kernel[grid](
+            out, split_max, hist_k, mass, *settings, *common, BLOCK=block, **sizes
+        )
+        for radix_pass in range(8):
+            _top_p_pass_kernel[grid](
+                out, split_max, hist_k, mass, hist_p, *settings, *common, radix_pass,
+                HIST_BLOCK=hist_block, **sizes,
+            )  # fmt: skip
     _apply_masks_kernel[grid](
         out, row_max, split_max, hist_k, mass, hist_p, *settings, *common, BLOCK=block, **sizes
     )

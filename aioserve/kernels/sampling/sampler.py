@@ -126,7 +126,15 @@ def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
             masked = torch.empty_like(logits, dtype=torch.float32)
         # Otherwise in place: the kernel leaves greedy rows as they are.
         _launch_masks(
-            processed, masked, row_max, batch.temperature, batch.top_k, batch.top_p, batch.min_p
+            processed,
+            masked,
+            row_max,
+            batch.temperature,
+            batch.top_k,
+            batch.top_p,
+            batch.min_p,
+            uses_top_k=batch.uses_top_k,
+            uses_top_p=batch.uses_top_p,
         )
     block, num_warps = _launch_config(vocab_size)
     _sample_kernel[(num_rows,)](
