@@ -178,6 +178,17 @@ def test_reference_half_precision_matches_naive(device):
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("seqs", [MIXED, [(1, 5 + 9 * i) for i in range(DECODE_GROUP + 3)]])
+def test_reference_bfloat16_matches_naive(device, seqs):
+    # bfloat16 runs SDPA in bfloat16 (float32 accumulation, the probabilities rounded to
+    # bfloat16 before the product with V): within 2e-2 of float64 on the same inputs, the
+    # tolerance the Triton kernels are held to in bfloat16.
+    batch = make_batch(seqs, 8, 2, 64, 16, torch.bfloat16, device)
+    out = paged_attention_reference(*batch.args())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-2, rtol=2e-2)
+
+
 def test_reference_writes_into_out_and_leaves_padding_rows(device):
     batch = make_batch(MIXED, 4, 2, 64, 16, torch.float32, device)
     num_tokens = batch.query.shape[0]
