@@ -4,7 +4,7 @@ alone, the output head and the sampler, each timed on the device.
     python bench/decode_parts.py --model bench/gpu_model_llama3_8b   # Llama-3-8B shape
 
 The engine is built as decode_roofline.py builds it (random weights, bf16, decode graphs
-captured). Each part is replayed or run --iters times between two CUDA events:
+captured); run it as a script, from the repository root. Each part is replayed or run --iters times between two CUDA events:
 
 - forward: the batch-1 decode graph, over a context of --context tokens;
 - dense layers: every layer's four products at one row (qkv, o, gate_up, down), captured
@@ -21,8 +21,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+from decode_roofline import random_weight_llm  # this script's folder is on sys.path
 
-from aioserve import LLM, SamplingParams
+from aioserve import SamplingParams
 from aioserve.kernels.sampling import make_sampling_batch, sample
 
 
@@ -71,14 +72,7 @@ def dense_layers_graph(model: torch.nn.Module, dtype: torch.dtype) -> torch.cuda
 
 def main() -> None:
     args = parse_args()
-    llm = LLM(
-        model=args.model,
-        load_format="dummy",
-        dtype=args.dtype,
-        skip_tokenizer_init=True,
-        max_model_len=max(2048, args.context + 1),
-        seed=0,
-    )
+    llm = random_weight_llm(args.model, args.dtype, max(2048, args.context + 1))
     runner = llm.engine.runner
     model = runner.model
     if runner.decode_graphs is None or 1 not in runner.decode_graphs.graphs:

@@ -104,17 +104,24 @@ def timed_generation(llm: LLM, prompt: list[int], tokens: int) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    args = parse_args()
-    llm = LLM(
-        model=args.model,
+def random_weight_llm(
+    model: str, dtype: str, max_model_len: int, enforce_eager: bool = False
+) -> LLM:
+    """The offline engine on `model`'s config with random weights and no tokenizer."""
+    return LLM(
+        model=model,
         load_format="dummy",
-        dtype=args.dtype,
+        dtype=dtype,
         skip_tokenizer_init=True,
-        max_model_len=args.max_model_len,
-        enforce_eager=args.enforce_eager,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
         seed=0,
     )
+
+
+def main() -> None:
+    args = parse_args()
+    llm = random_weight_llm(args.model, args.dtype, args.max_model_len, args.enforce_eager)
     model = llm.engine.runner.model
     device = next(model.parameters()).device
     vocab = model.config.vocab_size

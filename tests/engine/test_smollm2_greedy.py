@@ -13,6 +13,7 @@ import pytest
 
 from aioserve import LLM, SamplingParams
 from tests.engine.smollm2 import NEW_TOKENS, hf_greedy, prompts, shared_prefix_prompts
+from tests.runner.plans import record_padded_sizes
 
 pytestmark = pytest.mark.slow
 
@@ -109,9 +110,7 @@ def test_decode_steps_padded_to_graph_sizes_from_static_buffers(smollm2_gguf, ca
     with LLM(model=str(smollm2_gguf), dtype="float32", cuda_graph_sizes=[1, 2, 4, 16]) as engine:
         graphs = engine.engine.runner.decode_graphs
         assert graphs is not None and not graphs.graphs
-        padded = []
-        run = graphs.run
-        graphs.run = lambda inputs, last: padded.append(inputs.graph_size) or run(inputs, last)
+        padded = record_padded_sizes(engine.engine.runner)
         names = list(cases)
         assert_all_match(names, generate_ids(engine, [cases[n][0] for n in names]), cases)
         assert 16 in padded, "the batch's decode steps should be padded to 16"

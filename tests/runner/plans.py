@@ -130,3 +130,16 @@ def run_step(runner: ModelRunner, plan: StepPlan):
         assert output.is_ready()
     output.wait()
     return runner.collect(output)
+
+
+def record_padded_sizes(runner: ModelRunner) -> list[int]:
+    """The batch size each padded decode step of `runner` runs at, appended as it runs."""
+    sizes: list[int] = []
+    run = runner.decode_graphs.run
+
+    def recording_run(inputs, last_sampled):
+        sizes.append(inputs.graph_size)
+        return run(inputs, last_sampled)
+
+    runner.decode_graphs.run = recording_run
+    return sizes

@@ -9,7 +9,7 @@ import torch
 
 from aioserve.runner.decode_graphs import capture_sizes
 from aioserve.runner.step_plan import SamplingSettings
-from tests.runner.plans import PlanMaker, run_step, tiny_runner
+from tests.runner.plans import PlanMaker, record_padded_sizes, run_step, tiny_runner
 from tests.runner.test_model_runner import PROMPTS, greedy_run, hf_greedy
 
 
@@ -72,11 +72,7 @@ def test_steps_past_the_largest_size_or_the_capture_length_run_as_they_are():
 def test_padded_steps_give_the_same_greedy_tokens_as_unpadded_ones(known):
     hf, plain = tiny_runner()
     _, padded = tiny_runner(decode_graph_sizes=[2, 8])
-    padded_steps = []
-    run = padded.decode_graphs.run
-    padded.decode_graphs.run = lambda inputs, last: (
-        padded_steps.append(inputs.graph_size) or run(inputs, last)
-    )
+    padded_steps = record_padded_sizes(padded)
     out = greedy_run(padded, 4, 8, known=known)
     assert out == greedy_run(plain, 4, 8, known=known)
     assert out["a"] == hf_greedy(hf, PROMPTS["a"], 8)
@@ -91,11 +87,7 @@ def test_replayed_graphs_give_the_eager_steps_tokens_on_a_gpu(known, triton_back
     _, graphed = tiny_runner(decode_graph_sizes=[1, 2, 4, 8], device="cuda")
     graphed.warm_up()
     assert sorted(graphed.decode_graphs.graphs) == [1, 2, 4, 8]
-    replays = []
-    run = graphed.decode_graphs.run
-    graphed.decode_graphs.run = lambda inputs, last: (
-        replays.append(inputs.graph_size) or run(inputs, last)
-    )
+    replays = record_padded_sizes(graphed)
     out = greedy_run(graphed, 4, 8, known=known)
     assert out == greedy_run(eager, 4, 8, known=known)
     assert set(replays) == {2, 4}
