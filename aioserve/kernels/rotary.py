@@ -199,8 +199,32 @@ def apply_rotary_triton(
     )
 
 
+def _rotate_functional(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) -> Tensor:
+    """The same values as _rotate_reference's in-place passes, as one expression, which is
+    what inductor fuses well: at 4,096 tokens of SmolLM2 on a Xeon, compiled, 1.4 ms
+    against 8.3 for the in-place form (which inductor lowers to masked scatters)."""
+    rotary_dim = 2 * cos.shape[-1]
+    x_f32 = x.float()
+    rotated = x_f32[..., :rotary_dim]
+    if is_neox_style:
+        x1, x2 = rotated.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    if rotary_dim < x.shape[-1]:
+        out = torch.cat((out, x_f32[..., rotary_dim:]), dim=-1)
+    return out.to(x.dtype)
+
+
 def _rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) -> Tensor:
-    """Rotate x [T, heads, head_size] by cos/sin [T, 1, rotary_dim/2]."""
+    """Rotate x [T, heads, head_size] by cos/sin [T, 1, rotary_dim/2].
+
+    Eagerly, in place, a pass per product (faster there at prefill sizes: 4.5 against
+    6.7 ms at 4,096 tokens); under torch.compile, `_rotate_functional`.
+    """
+    if torch.compiler.is_compiling():
+        return _rotate_functional(x, cos, sin, is_neox_style)
     rotary_dim = 2 * cos.shape[-1]
     x_f32 = x.float()
     out = torch.empty_like(x_f32)

@@ -9,6 +9,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from aioserve.kernels import rotary
 from aioserve.kernels.rotary import apply_rotary, apply_rotary_reference, build_cos_sin_cache
 
 _TOLERANCE = {
@@ -125,6 +126,28 @@ def test_partial_rotary_passes_the_rest_through(is_neox_style):
     )
     assert torch.equal(q[..., :32], head_q) and torch.equal(k[..., :32], head_k)
     assert torch.equal(q[..., 32:], query[..., 32:]) and torch.equal(k[..., 32:], key[..., 32:])
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("is_neox_style", [True, False])
+def test_the_compiled_form_gives_the_eager_in_place_forms_bits(is_neox_style, dtype, rotary_dim):
+    # Under torch.compile the reference rotates with one expression (_rotate_functional),
+    # eagerly with in-place passes: the same products in float32, so the same bits, both
+    # eagerly and as inductor compiles the expression.
+    cache = build_cos_sin_cache(rotary_dim, 512, 10000.0, LLAMA3)
+    gen = torch.Generator().manual_seed(rotary_dim)
+    positions = torch.randint(0, 512, (37,), generator=gen)
+    query = torch.randn(37, 9, 64, generator=gen).to(dtype)
+    key = torch.randn(37, 3, 64, generator=gen).to(dtype)
+    in_place = apply_rotary_reference(positions, query, key, cache, is_neox_style)
+    cos, sin = cache[positions].float().unsqueeze(1).chunk(2, dim=-1)
+    functional = [rotary._rotate_functional(x, cos, sin, is_neox_style) for x in (query, key)]
+    compiled = torch.compile(apply_rotary_reference, dynamic=True)(
+        positions, query, key, cache, is_neox_style
+    )
+    for got in (functional, compiled):
+        assert torch.equal(got[0], in_place[0]) and torch.equal(got[1], in_place[1])
 
 
 def _check_triton(device, dtype, num_tokens, shape, is_neox_style, cache_dtype=torch.float32):
