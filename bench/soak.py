@@ -86,6 +86,7 @@ class SoakConfig:
     eager_free: bool = False  # the server's glibc gives freed memory back at once (TRIM_TUNABLES)
     settle_s: float = 10.0
     model: str | None = None  # None: the default model's GGUF
+    dtype: str = "auto"  # the server's --dtype
 
 
 # --- the server process --------------------------------------------------------------------
@@ -106,7 +107,7 @@ def default_model_path() -> str:
 def serve_argv(config: SoakConfig, port: int) -> list[str]:
     argv = [sys.executable, "-m", "aioserve", "serve", config.model or default_model_path()]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--seed", str(config.seed)]
-    argv += ["--max-model-len", str(config.max_model_len)]
+    argv += ["--max-model-len", str(config.max_model_len), "--dtype", config.dtype]
     argv += ["--num-gpu-blocks-override", str(config.num_blocks)]
     argv += ["--served-model-name", MODEL_NAME, "--api-key", API_KEY]
     if config.max_num_batched_tokens:
@@ -371,6 +372,7 @@ def parse_args(argv: list[str] | None) -> tuple[SoakConfig, argparse.Namespace]:
     parser.add_argument("--settle", dest="settle_s", type=float, default=defaults.settle_s,
                         help="seconds the server may take to be idle after the last answer")  # fmt: skip
     parser.add_argument("--model", default=None, help="default: the default model's GGUF")
+    parser.add_argument("--dtype", default=defaults.dtype, help="the server's --dtype")
     parser.add_argument("--log", type=Path, default=None, help="the server's output")
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = parser.parse_args(argv)
