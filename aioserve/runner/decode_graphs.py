@@ -135,10 +135,7 @@ class DecodeGraphs:
         """The padded step's hidden states [size, hidden] and its logits rows."""
         size = inputs.graph_size
         _copy_in(self.input_ids[:size], inputs.input_ids)
-        if inputs.placeholder_rows.size:
-            rows = host_to_device(inputs.placeholder_rows, self.device)
-            slots = host_to_device(inputs.placeholder_slots, self.device)
-            self.input_ids[rows] = last_sampled[slots]
+        inputs.fill_placeholders(self.input_ids, last_sampled)
         _copy_in(self.positions[:size], inputs.positions)
         _copy_in(self.slot_mapping[:size], inputs.slot_mapping)
         _copy_in(self.seq_lens[:size], inputs.seq_lens)

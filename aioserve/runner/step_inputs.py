@@ -55,12 +55,18 @@ class HostStepInputs:
     attention_plan: object | None  # the attention backend's own per-step plan
     graph_size: int = 0  # the decode batch size it is padded to (decode_graphs.py); 0: none
 
-    def to_device(self, device: torch.device, last_sampled: torch.Tensor) -> StepInputs:
-        input_ids = host_to_device(self.input_ids, device)
+    def fill_placeholders(self, input_ids: torch.Tensor, last_sampled: torch.Tensor) -> None:
+        """Write each placeholder row's token, its sequence's last sample, into `input_ids`
+        (on the device, where `last_sampled` is)."""
         if self.placeholder_rows.size:
+            device = input_ids.device
             rows = host_to_device(self.placeholder_rows, device)
             slots = host_to_device(self.placeholder_slots, device)
             input_ids[rows] = last_sampled[slots]
+
+    def to_device(self, device: torch.device, last_sampled: torch.Tensor) -> StepInputs:
+        input_ids = host_to_device(self.input_ids, device)
+        self.fill_placeholders(input_ids, last_sampled)
         attention = AttentionMetadata(
             slot_mapping=host_to_device(self.slot_mapping, device),
             query_start_loc=host_to_device(self.query_start_loc, device),
