@@ -18,7 +18,12 @@ in bfloat16 for a bfloat16 model (SDPA accumulates in float32) and in float32 ot
   query-length axis ([n, Hkv, group, D]), so each kv head's keys are read once for all of
   its query heads. A group whose query rows are consecutive (a step of decodes only) reads
   and writes them as slices.
-- Prefill rows go sequence by sequence, causal, the mask offset by the cached prefix.
+- Prefill rows go sequence by sequence, causal, the mask offset by the cached prefix. Query
+  rows and keys are padded to a multiple of PREFILL_ALIGN (padded keys zeroed and masked,
+  padded rows dropped). In bfloat16, SDPA runs oneDNN kernels built for the exact tails of
+  its query and key blocks and cached for good: on a Xeon with AMX every new prompt length
+  kept ~0.6 MiB (302 MiB over lengths 1 to 512, 861 MiB more for chunks over cached
+  prefixes), against 78 MiB for every length up to 4,096 once padded to 16.
 
 Unlike the Triton path it is not bitwise batch invariant: the padded width of a decode
 group can change the last bits of a row's result. In batch-invariant mode
@@ -37,6 +42,7 @@ from torch import Tensor
 from aioserve.kernels import dispatch
 
 DECODE_GROUP = 16
+PREFILL_ALIGN = 16
 
 
 @dataclass
@@ -61,7 +67,13 @@ class PrefillSequence:
     end: int
     blocks: Tensor  # [ceil(seq_len / block_size)] int64
     seq_len: int
-    mask: Tensor | None  # [q_len, seq_len] bool with a cached prefix; None: plain causal
+    # Padded to PREFILL_ALIGN: query rows (rows past end are dropped) and keys (keys past
+    # seq_len are zeroed, never attended by a real row).
+    padded_query_len: int
+    padded_seq_len: int
+    # [padded_query_len, padded_seq_len] bool with a cached prefix (a padding row attends
+    # key 0, so that no row is empty); None: plain causal.
+    mask: Tensor | None
 
 
 @dataclass
@@ -150,21 +162,32 @@ def plan_reference_attention(
             continue
         seq_len = lens[b]
         context_len = seq_len - query_len
+        padded_query_len = _round_up(query_len, PREFILL_ALIGN)
+        padded_seq_len = _round_up(seq_len, PREFILL_ALIGN)
         mask = None
         if context_len > 0:
             # Query row i sits at position context_len + i.
             query_positions = context_len + np.arange(query_len)
-            mask = on_device(np.arange(seq_len)[None, :] <= query_positions[:, None])
+            padded = np.zeros((padded_query_len, padded_seq_len), dtype=bool)
+            padded[:query_len, :seq_len] = np.arange(seq_len)[None, :] <= query_positions[:, None]
+            padded[query_len:, 0] = True
+            mask = on_device(padded)
         prefills.append(
             PrefillSequence(
                 start=starts[b],
                 end=starts[b] + query_len,
                 blocks=on_device(tables[b, : -(-seq_len // block_size)]),
                 seq_len=seq_len,
+                padded_query_len=padded_query_len,
+                padded_seq_len=padded_seq_len,
                 mask=mask,
             )
         )
     return ReferencePlan(groups, prefills)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -237,13 +260,16 @@ def _attend_prefill(
     query: Tensor, key_cache: Tensor, value_cache: Tensor, seq: PrefillSequence, scale: float
 ) -> Tensor:
     """Causal attention of one sequence's query rows: [q_len, Hq, D] in the compute dtype."""
-    num_q_heads = query.shape[1]
+    num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
     dtype = _compute_dtype(query.dtype)
-    keys = _gather_blocks(key_cache, seq.blocks, dtype=dtype)[: seq.seq_len]  # [seq_len, Hkv, D]
-    values = _gather_blocks(value_cache, seq.blocks, dtype=dtype)[: seq.seq_len]
+    keys = _padded_keys(key_cache, seq, dtype)  # [padded_seq_len, Hkv, D]
+    values = _padded_keys(value_cache, seq, dtype)
+    query_len = seq.end - seq.start
+    rows = query.new_zeros((seq.padded_query_len, num_q_heads, head_size), dtype=dtype)
+    rows[:query_len] = query[seq.start : seq.end]
     out = F.scaled_dot_product_attention(
-        query[seq.start : seq.end].to(dtype).transpose(0, 1).unsqueeze(0),
+        rows.transpose(0, 1).unsqueeze(0),
         keys.transpose(0, 1).unsqueeze(0),
         values.transpose(0, 1).unsqueeze(0),
         attn_mask=seq.mask,
@@ -251,7 +277,19 @@ def _attend_prefill(
         scale=scale,
         enable_gqa=num_q_heads != num_kv_heads,
     )
-    return out.squeeze(0).transpose(0, 1)
+    return out.squeeze(0).transpose(0, 1)[:query_len]
+
+
+def _padded_keys(cache: Tensor, seq: PrefillSequence, dtype: torch.dtype) -> Tensor:
+    """The sequence's keys (or values) as `dtype` [padded_seq_len, Hkv, D], zero past seq_len:
+    a real row never attends them, but a NaN left in a free slot would survive the mask."""
+    slots = _gather_blocks(cache, seq.blocks, dtype=dtype)  # a fresh tensor: written below
+    missing = seq.padded_seq_len - slots.shape[0]
+    if missing > 0:  # blocks smaller than PREFILL_ALIGN
+        slots = torch.cat([slots, slots.new_zeros((missing, *slots.shape[1:]))])
+    slots = slots[: seq.padded_seq_len]
+    slots[seq.seq_len :] = 0
+    return slots
 
 
 def paged_attention_reference(

@@ -15,8 +15,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from aioserve.kernels import attention_reference
 from aioserve.kernels.attention import paged_attention
-from aioserve.kernels.attention_reference import DECODE_GROUP, paged_attention_reference
+from aioserve.kernels.attention_reference import (
+    DECODE_GROUP,
+    PREFILL_ALIGN,
+    paged_attention_reference,
+)
 
 _TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=1e-5),
@@ -187,6 +192,29 @@ def test_reference_bfloat16_matches_naive(device, seqs):
     out = paged_attention_reference(*batch.args())
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("block_size", [16, 8, 1])
+def test_reference_prefill_attends_in_padded_shapes(device, monkeypatch, block_size):
+    # Prefill SDPA sees query and key lengths rounded up to PREFILL_ALIGN (so that bfloat16
+    # builds a bounded set of kernels, see the module), and the padding changes no row:
+    # full prompts and chunks over a cached prefix, lengths on both sides of the alignment,
+    # NaN in the cache slots past every sequence.
+    seqs = [(1, 9), (17, 17), (16, 16), (5, 37), (31, 47), (2, 33)]
+    batch = make_batch(seqs, 8, 2, 64, block_size, torch.bfloat16, device)
+    lengths = []
+    sdpa = attention_reference.F.scaled_dot_product_attention
+
+    def recording_sdpa(query, key, value, **kwargs):
+        if kwargs.get("enable_gqa") is not None:  # prefill calls pass it, decode calls do not
+            lengths.append((query.shape[-2], key.shape[-2]))
+        return sdpa(query, key, value, **kwargs)
+
+    monkeypatch.setattr(attention_reference.F, "scaled_dot_product_attention", recording_sdpa)
+    out = paged_attention_reference(*batch.args())
+    assert lengths == [(32, 32), (16, 16), (16, 48), (32, 48), (16, 48)]
+    assert all(n % PREFILL_ALIGN == 0 for pair in lengths for n in pair)
+    torch.testing.assert_close(out.double(), naive_attention(batch), **_TOLERANCE[torch.bfloat16])
 
 
 def test_reference_writes_into_out_and_leaves_padding_rows(device):
