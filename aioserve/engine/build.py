@@ -41,6 +41,7 @@ from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
+from aioserve.models.linear import onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.platform import (
     FAST_BF16_CPU_FLAGS,
@@ -165,6 +166,13 @@ def resolve_row_weight_dtype(
         "bytes; the float32 weights are rounded to the same values (--dtype float32 keeps them)"
     )
     return torch.bfloat16
+
+
+def resolve_packed_weights(dtype: torch.dtype) -> bool:
+    """Whether the dense products run oneDNN on weights packed once (models/linear.py): on a
+    CPU with bfloat16 arithmetic, for a bfloat16 model, outside batch-invariant mode (whose
+    products go in tiles of one shape)."""
+    return current_platform() == "cpu" and onednn_packs(dtype) and not dispatch.batch_invariant()
 
 
 def resolve_decode_graph_sizes(
@@ -298,6 +306,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         device=dev,
         compile_model=compiled,
         row_weight_dtype=resolve_row_weight_dtype(model_cfg.dtype, dtype, compiled=compiled),
+        packed_weights=resolve_packed_weights(dtype),
         decode_graph_sizes=resolve_decode_graph_sizes(
             sched_cfg.cuda_graph_sizes, max_num_seqs, model_cfg.enforce_eager
         ),

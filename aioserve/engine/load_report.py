@@ -24,6 +24,11 @@ from aioserve.runner.model_runner import ModelRunner
 # Buffers under these names are copies of weights kept for one-row products
 # (Linear.row_weight and LlamaForCausalLM.head_row_weight), not weights of their own.
 _ROW_COPY_SUFFIX = "row_weight"
+# Buffers under these names hold weights in oneDNN's packed layout (models/linear.py
+# `pack_weights`): a Linear's in place of its released plain weight (counted by the
+# parameter's shape), the tied output head's as a copy of the embedding table.
+_PACKED_SUFFIX = "packed_weight"
+_PACKED_COPY_NAME = "head_packed_weight"
 _STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
 
 
@@ -42,6 +47,10 @@ class LoadReport:
     """The model's parameters and buffers, the row copies left out."""
     row_copy_dtype: str | None
     row_copy_bytes: int
+    packed: bool
+    """Whether the dense layers' weights are held in oneDNN's packed layout."""
+    packed_copy_bytes: int
+    """The tied output head's packed copy of the embedding table."""
     kv_cache_dtype: str
     kv_cache_bytes: int
     num_blocks: int
@@ -61,6 +70,10 @@ class LoadReport:
             form = _STORED_FORMATS.get(self.load_format, self.load_format)
             weights = f"{form} {stored} weights ({on_disk} on disk) held in {self.dtype}"
         weights += f": {format_bytes(self.weight_bytes)}"
+        if self.packed:
+            weights += ", the dense layers' packed for oneDNN"
+        if self.packed_copy_bytes:
+            weights += f", plus {format_bytes(self.packed_copy_bytes)} of the head's packed copy"
         if self.row_copy_bytes:
             weights += (
                 f", plus {format_bytes(self.row_copy_bytes)} of {self.row_copy_dtype} copies "
@@ -83,10 +96,15 @@ def build_load_report(
     held = {p.dtype for p in model.parameters()}
     row_copy_bytes = 0
     row_copy_dtypes: set[torch.dtype] = set()
+    packed, packed_copy_bytes = False, 0
     for name, buffer in model.named_buffers():
         if name.endswith(_ROW_COPY_SUFFIX):
             row_copy_bytes += buffer.nbytes
             row_copy_dtypes.add(buffer.dtype)
+        elif name == _PACKED_COPY_NAME:
+            packed_copy_bytes += buffer.nbytes
+        elif name.endswith(_PACKED_SUFFIX):
+            packed = True
         else:
             weight_bytes += buffer.nbytes
     kv_tensors = [t for pair in runner.kv_caches for t in pair]
@@ -99,6 +117,8 @@ def build_load_report(
         weight_bytes=weight_bytes,
         row_copy_dtype=_dtype_names(row_copy_dtypes) if row_copy_dtypes else None,
         row_copy_bytes=row_copy_bytes,
+        packed=packed,
+        packed_copy_bytes=packed_copy_bytes,
         kv_cache_dtype=_dtype_names({t.dtype for t in kv_tensors}),
         kv_cache_bytes=sum(t.nbytes for t in kv_tensors),
         num_blocks=int(num_blocks),

@@ -19,6 +19,17 @@ one-stream decode is bound by (SmolLM2: 33 → 26 ms a token). The float32 weigh
 rounded to the same bfloat16 values, so a row gets the same weights whichever product
 computes it.
 
+On a CPU with bfloat16 arithmetic (AVX-512-BF16, AMX) a bfloat16 model's weights are handed
+to oneDNN once, in its blocked layout (`pack_weights`), and every product runs oneDNN's
+matmul on them (`torch.ops.mkldnn._linear_pointwise`, the op inductor's weight freezing
+uses); torch's own bfloat16 product reorders the weight on every call. On a Xeon with AMX,
+a step's 120 SmolLM2 layer products with the weights streaming from memory (`python
+bench/packed_products.py`) took 18.4 → 12.0 ms at one row, 24.8 → 15.9 at 64, 44.7 → 29.5
+at 256, and about the same from 512 rows up. Served, the one-stream decode step went from
+31–32 to 29.7 ms; a 64-row step's products took as long as before (bench/RESULTS.md). The
+plain weight is released (a Linear keeps only its shape), so the model's memory does not
+grow; a tied output head keeps its plain table for the embedding and gets a packed copy.
+
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
 in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
 row's bits then do not depend on how many rows share its product.
@@ -42,6 +53,36 @@ SMALL_BATCH_ROWS = 128
 
 INVARIANT_TILE_ROWS = 16
 
+# The row count oneDNN lays a packed weight out for; 1, 64 and 2,048 measured alike.
+PACKED_FOR_ROWS = 64
+
+
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether this CPU's oneDNN multiplies `dtype` weights held in its blocked layout."""
+    return (
+        dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
+@torch.library.custom_op("aioserve::packed_dense", mutates_args=())
+def _packed_dense_op(x: Tensor, packed_weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+
+
+@_packed_dense_op.register_fake
+def _(x: Tensor, packed_weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty((x.shape[0], packed_weight.shape[0]))
+
+
+def _packed_dense(x: Tensor, packed_weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weightᵀ (+ bias) by oneDNN on its packed weight: an opaque op under torch.compile
+    (inductor would not pass an opaque tensor to its own kernels), a direct call eagerly."""
+    if torch.compiler.is_compiling():
+        return _packed_dense_op(x, packed_weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+
 
 def _dense_in_row_tiles(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weightᵀ (+ bias), every product W @ tileᵀ of one shape (batch-invariant mode)."""
@@ -58,13 +99,20 @@ def _dense_in_row_tiles(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tenso
 
 
 def dense(
-    x: Tensor, weight: Tensor, bias: Tensor | None = None, row_weight: Tensor | None = None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    row_weight: Tensor | None = None,
+    packed_weight: Tensor | None = None,
 ) -> Tensor:
     """x [T, in] @ weight [out, in]ᵀ (+ bias [out]) as a contiguous [T, out].
 
     row_weight, when given, holds the weight's values in a narrower dtype, read instead of
-    it by the compiled single-row product.
+    it by the compiled single-row product; packed_weight, when given, holds them in
+    oneDNN's layout and is read instead of `weight` (see `pack_weights`).
     """
+    if packed_weight is not None:
+        return _packed_dense(x, packed_weight, bias)
     if dispatch.batch_invariant() and x.dim() == 2:
         return _dense_in_row_tiles(x, weight, bias)
     if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > SMALL_BATCH_ROWS:
@@ -90,12 +138,13 @@ class Linear(nn.Linear):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.register_buffer("row_weight", None, persistent=False)
+        self.register_buffer("packed_weight", None, persistent=False)
 
     def reset_parameters(self) -> None:
         """Nothing: the loader fills the parameters."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return dense(x, self.weight, self.bias, self.row_weight)
+        return dense(x, self.weight, self.bias, self.row_weight, self.packed_weight)
 
 
 class Embedding(nn.Embedding):
@@ -128,3 +177,25 @@ def keep_row_weights(model: nn.Module, dtype: torch.dtype) -> int:
         model.head_row_weight = rounded_copy(model.embed_tokens.weight, dtype)
         added += model.head_row_weight.nbytes
     return added
+
+
+def _pack(weight: Tensor) -> Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_FOR_ROWS)
+
+
+@torch.no_grad()
+def pack_weights(model: nn.Module) -> int:
+    """Hand every Linear's weight of `model` to oneDNN in its blocked layout (onednn_packs
+    must hold for their dtype) and release the plain weight, of which a Linear then keeps
+    only the shape. A tied output head gets a packed copy of the embedding table.
+
+    Returns the bytes the copies take (the head's).
+    """
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.packed_weight = _pack(module.weight)
+            module.weight.data = module.weight.new_zeros(()).expand(module.weight.shape)
+    if not getattr(model, "tie_word_embeddings", False):
+        return 0
+    model.head_packed_weight = _pack(model.embed_tokens.weight)
+    return model.embed_tokens.weight.nbytes

@@ -166,8 +166,10 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        # The tied head's narrow copy for single-row products (linear.keep_row_weights).
+        # The tied head's narrow copy for single-row products (linear.keep_row_weights),
+        # and its copy in oneDNN's layout (linear.pack_weights).
         self.register_buffer("head_row_weight", None, persistent=False)
+        self.register_buffer("head_packed_weight", None, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's flat batch of tokens.
@@ -186,7 +188,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tie_word_embeddings:
-            return dense(hidden, self.embed_tokens.weight, row_weight=self.head_row_weight).float()
+            return dense(
+                hidden,
+                self.embed_tokens.weight,
+                row_weight=self.head_row_weight,
+                packed_weight=self.head_packed_weight,
+            ).float()
         return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from aioserve.models.attention_metadata import AttentionMetadata
-from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights
+from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, pack_weights
 from aioserve.models.step_context import KVCache, step_context
 from aioserve.platform import current_platform
 
@@ -41,11 +41,23 @@ class ModelStep:
     """`forward(input_ids, positions)` and `logits(hidden_rows)`, compiled or eager."""
 
     def __init__(
-        self, model: nn.Module, *, compiled: bool, row_weight_dtype: torch.dtype | None = None
+        self,
+        model: nn.Module,
+        *,
+        compiled: bool,
+        row_weight_dtype: torch.dtype | None = None,
+        packed_weights: bool = False,
     ) -> None:
         self.model = model
         self.compiled = compiled
         self._logits = model.compute_logits
+        if packed_weights:
+            added = pack_weights(model)
+            logger.info(
+                "dense products run oneDNN on its packed layout of the weights "
+                "(%.0f MiB more memory, the output head's copy)",
+                added / 2**20,
+            )
         if compiled and row_weight_dtype is not None:
             added = keep_row_weights(model, row_weight_dtype)
             logger.info(

@@ -87,6 +87,7 @@ class ModelRunner:
         device: torch.device,
         compile_model: bool = False,
         row_weight_dtype: torch.dtype | None = None,
+        packed_weights: bool = False,
         decode_graph_sizes: list[int] | None = None,
         max_seq_len_to_capture: int = 0,
     ) -> None:
@@ -96,7 +97,10 @@ class ModelRunner:
             model.config, num_blocks, block_size, dtype, device
         )
         self.model_step = ModelStep(
-            model, compiled=compile_model, row_weight_dtype=row_weight_dtype
+            model,
+            compiled=compile_model,
+            row_weight_dtype=row_weight_dtype,
+            packed_weights=packed_weights,
         )
         self.device = device
         self.block_size = block_size

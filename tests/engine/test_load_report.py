@@ -20,7 +20,7 @@ from aioserve.engine.load_report import (
     resident_memory_bytes,
 )
 from aioserve.models.checkpoint import open_checkpoint
-from aioserve.models.linear import Linear
+from aioserve.models.linear import Linear, onednn_packs
 from tests.runner.plans import tiny_runner
 
 
@@ -76,6 +76,29 @@ def test_row_weight_copies_are_counted_apart_from_the_weights(smollm2_gguf):
         r"KV cache [\d.]+ [KM]iB \(float32, 32 blocks of 4 tokens\), "
         r"set by --num-gpu-blocks-override 32",
         report.describe(),
+    ), report.describe()
+
+
+@pytest.mark.skipif(
+    not onednn_packs(torch.bfloat16), reason="this CPU's oneDNN has no bfloat16 packed products"
+)
+def test_packed_weights_count_once_and_the_heads_packed_copy_apart(smollm2_gguf):
+    # Each Linear's packed weight replaces its plain one (counted once, by its parameter's
+    # shape); the tied head's packed copy of the embedding table is memory of its own.
+    _, runner = tiny_runner("qwen2-tied", dtype=torch.bfloat16, packed_weights=True, num_blocks=32)
+    model = runner.model
+    report = build_load_report(
+        "SmolLM2", open_checkpoint(str(smollm2_gguf)), runner, "--num-gpu-blocks-override 32"
+    )
+    assert report.weight_bytes == sum(p.nbytes for p in model.parameters())
+    assert report.packed
+    assert report.packed_copy_bytes == model.embed_tokens.weight.nbytes
+    assert f"dequantized to bfloat16: {format_bytes(report.weight_bytes)}, the dense " in (
+        report.describe()
+    )
+    assert (
+        f"layers' packed for oneDNN, plus {format_bytes(report.packed_copy_bytes)} of the "
+        "head's packed copy; KV cache" in report.describe()
     ), report.describe()
 
 

@@ -1,5 +1,6 @@
-"""The dense layer: the same product as F.linear whichever way round the GEMM is done, and
-bfloat16 row weights that hold the rounded weights' values."""
+"""The dense layer: the same product as F.linear whichever way round the GEMM is done,
+bfloat16 row weights that hold the rounded weights' values, and weights packed for oneDNN
+that give F.linear's products on the weights they replaced."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from aioserve.kernels import dispatch
-from aioserve.models.linear import SMALL_BATCH_ROWS, Linear, dense, keep_row_weights
+from aioserve.models.linear import (
+    SMALL_BATCH_ROWS,
+    Linear,
+    dense,
+    keep_row_weights,
+    onednn_packs,
+    pack_weights,
+)
 from tests.models.tiny_models import hf_and_ours, tiny_configs
 
 
@@ -92,3 +100,32 @@ def test_batch_invariant_mode_gives_each_row_the_same_bits_whatever_its_batch():
         assert torch.equal(row, together[i : i + 1]), i
     for i, row in enumerate(in_threes):
         assert torch.equal(row, together[i : i + 1]), i
+
+
+@pytest.mark.skipif(
+    not onednn_packs(torch.bfloat16), reason="this CPU's oneDNN has no bfloat16 packed products"
+)
+def test_packed_weights_give_f_linears_products_on_the_released_weights() -> None:
+    config = tiny_configs()["qwen2-tied"]  # biases on qkv, a tied output head
+    _, model = hf_and_ours(config)
+    model.to(torch.bfloat16)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    plain = {id(m): (m.weight.detach().clone(), m.bias) for m in linears}
+    table = model.embed_tokens.weight.detach().clone()
+    added = pack_weights(model)
+    assert added == table.nbytes  # the head's copy; each Linear's weight is replaced
+    generator = torch.Generator().manual_seed(0)
+    for layer in linears:
+        weight, bias = plain[id(layer)]
+        assert layer.weight.shape == weight.shape and layer.weight.stride() == (0, 0)
+        for rows in (1, 7, 64, 300):
+            x = torch.randn(rows, weight.shape[1], generator=generator).to(torch.bfloat16)
+            out = layer(x)
+            assert out.shape == (rows, weight.shape[0]) and out.dtype == torch.bfloat16
+            # bfloat16 products, float32 accumulation: oneDNN's own, as F.linear's are.
+            expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+            torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
+    hidden = torch.randn(3, config.hidden_size, generator=generator).to(torch.bfloat16)
+    torch.testing.assert_close(
+        model.compute_logits(hidden), F.linear(hidden.float(), table.float()), rtol=1e-2, atol=1e-2
+    )

@@ -28,26 +28,30 @@ def tiny_runner(
     max_num_seqs: int = 8,
     compile_model: bool = False,
     row_weight_dtype: torch.dtype | None = None,
+    packed_weights: bool = False,
     decode_graph_sizes: list[int] | None = None,
     max_seq_len_to_capture: int = 0,
     device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ):
     """(transformers model, ModelRunner) on the same random weights, float32; the runner's
-    model on `device`."""
+    model on `device`, in `dtype`."""
     config = tiny_configs()[config_name]
     if vocab_size is not None:
         config.vocab_size = vocab_size
     hf, ours = hf_and_ours(config, device=device)
+    ours.to(dtype)
     runner = ModelRunner(
         ours,
         num_blocks=num_blocks,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         max_model_len=config.max_position_embeddings,
-        dtype=torch.float32,
+        dtype=dtype,
         device=torch.device(device),
         compile_model=compile_model,
         row_weight_dtype=row_weight_dtype,
+        packed_weights=packed_weights,
         decode_graph_sizes=decode_graph_sizes,
         max_seq_len_to_capture=max_seq_len_to_capture,
     )

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights
+from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, onednn_packs
 from aioserve.runner import compiled_step
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 from tests.runner.test_model_runner import greedy_run
@@ -33,6 +33,27 @@ def test_compiled_greedy_tokens_equal_eager(config_name):
     compiled.warm_up()
     assert compiled.model_step.compiled
     assert greedy_run(compiled, 4, 8, known=False) == greedy_run(eager, 4, 8, known=False)
+
+
+@pytest.mark.skipif(
+    not onednn_packs(torch.bfloat16), reason="this CPU's oneDNN has no bfloat16 packed products"
+)
+@pytest.mark.parametrize("config_name", ["llama-gqa4-llama3-rope", "qwen2-tied"])
+def test_compiled_steps_on_packed_weights_give_the_eager_steps_tokens(config_name):
+    # bfloat16 with the weights packed for oneDNN, the products an opaque op in the graph;
+    # one graph still serves every layer (no compile after warm-up), and the eager step on
+    # the same packed weights gives the same greedy tokens.
+    _, eager = tiny_runner(config_name, dtype=torch.bfloat16, packed_weights=True)
+    _, compiled = tiny_runner(
+        config_name, dtype=torch.bfloat16, packed_weights=True, compile_model=True
+    )
+    compiled.warm_up()
+    assert compiled.model_step.compiled
+    assert compiled.model.layers[0].mlp.down_proj.packed_weight is not None
+    counters.clear()
+    tokens = greedy_run(compiled, 4, 8, known=False)
+    assert not counters["stats"]["unique_graphs"], dict(counters["stats"])
+    assert tokens == greedy_run(eager, 4, 8, known=False)
 
 
 @pytest.mark.parametrize("config_name", ["llama-gqa4-llama3-rope", "qwen2-tied"])
