@@ -6,7 +6,9 @@ attention stays an opaque custom op (models/paged_attention_op.py), everything e
 inductor can. For a single-token step, dense layers become multiply-reduce loops that read
 each weight once at close to memory speed (models/linear.py); the output head too. Given a
 `row_weight_dtype` (bfloat16, chosen by dtype auto on a float32 CPU), those loops read
-copies of the weights in that dtype: half the bytes.
+copies of the weights in that dtype: half the bytes. Given `packed_weights` (a bfloat16
+model on a CPU with bfloat16 arithmetic), every dense product is instead oneDNN's matmul on
+weights packed once (models/linear.py `pack_weights`), an opaque op in the graph.
 
 Every layer runs the same code with its own weights as inputs and its index as an
 unspecialized integer, so one compiled graph serves all of them: compiling costs one
