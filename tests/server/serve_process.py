@@ -1,10 +1,17 @@
 """A real `python -m aioserve serve` process for end-to-end tests, and how to talk to it.
 
 `start_server` runs the default model's GGUF on a free port of 127.0.0.1 with
-`--max-model-len 1024 --seed 0 --api-key`, under the model name of vLLM's recorded
+`--max-model-len 1024 --seed 0 --api-key --dtype float32`, under the model name of vLLM's recorded
 samples; its output goes to a log file whose tail is shown if it does not start, and it is
 killed at the end whatever happens (conftest.py's `server_process` fixture gives one per
 test module). The rest are the raw-HTTP and /metrics helpers the tests read it with.
+
+float32 on every host: the tests compare texts exactly across requests that compute the same
+tokens in other shapes (streamed against whole, alone against 63 others, a prompt whose
+prefix is cached against its first run). In bfloat16 (what `--dtype auto` picks on a CPU
+with bfloat16 arithmetic) the default model's first answer to the tests' question is a near
+tie ("The" and "L" two bfloat16 steps apart in the logits), and which shape computed it can
+flip it, as it would in vLLM; batch-invariant results are VLLM_BATCH_INVARIANT=1's to give.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ def start_server(gguf: Path, log: Path) -> Iterator[Server]:
     port = free_port()
     argv = [sys.executable, "-m", "aioserve", "serve", str(gguf)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN)]
-    argv += ["--seed", "0", "--api-key", API_KEY, "--enforce-eager"]
+    argv += ["--seed", "0", "--api-key", API_KEY, "--enforce-eager", "--dtype", "float32"]
     argv += ["--served-model-name", MODEL]  # the name in vLLM's recorded requests
     environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     process = start_logged(argv, log, environment)
