@@ -91,7 +91,10 @@ def test_a_freed_buffer_is_reused_without_page_faults() -> None:
         "glibc malloc keeps the large blocks it took (no mmap, no trim)",
     ]
     # 4 rounds × 64 MiB would be 65,536 faults of 4 KiB pages if each took fresh memory.
-    assert tuned["faults"] < 2_000, tuned
+    # Reused, the rounds fault 0-2 pages; on an AMX Xeon VM one run in three or four took
+    # 2,176 (8.5 MiB of 4 KiB pages, whatever oneDNN's cache sizes), so the bound is 8,000:
+    # an eighth of the failure it is there to catch.
+    assert tuned["faults"] < 8_000, tuned
 
 
 def test_without_the_tuning_each_round_faults_its_buffer_in_again() -> None:
