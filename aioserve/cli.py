@@ -33,8 +33,25 @@ def _version(distribution: str) -> str | None:
 
 
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-_ENV_ALWAYS_SHOWN = (CPU_KVCACHE_SPACE_ENV, "TRITON_INTERPRET", "AIOSERVE_KERNEL_BACKEND")
-_ENV_PREFIXES = ("VLLM_", "AIOSERVE_", "TRITON_", "HF_", "CUDA_", "HIP_", "ROCR_", "PYTORCH_")
+_ENV_ALWAYS_SHOWN = (
+    CPU_KVCACHE_SPACE_ENV,
+    "TRITON_INTERPRET",
+    "AIOSERVE_KERNEL_BACKEND",
+    "LRU_CACHE_CAPACITY",  # ideep's cache of oneDNN primitives (host_memory.py)
+    "THP_MEM_ALLOC_ENABLE",
+)
+_ENV_PREFIXES = (
+    "VLLM_",
+    "AIOSERVE_",
+    "TRITON_",
+    "HF_",
+    "CUDA_",
+    "HIP_",
+    "ROCR_",
+    "PYTORCH_",
+    "ONEDNN_",
+    "MALLOC_",
+)
 
 
 def environment_report() -> str:

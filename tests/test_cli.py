@@ -317,6 +317,12 @@ def test_collect_env():
     assert "cpu kv cache: 2 GiB" in out
     assert "VLLM_CPU_KVCACHE_SPACE=2" in out and "TRITON_INTERPRET=1" in out
     assert "AIOSERVE_KERNEL_BACKEND=" in out
+    # What the process set for itself before torch loaded (host_memory.py), unless inherited.
+    assert (
+        f"ONEDNN_PRIMITIVE_CACHE_CAPACITY={os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY', 16)}"
+        in out
+    )
+    assert f"LRU_CACHE_CAPACITY={os.environ.get('LRU_CACHE_CAPACITY', 16)}" in out
     assert "VLLM_API_KEY=<hidden>" in out and "sekrit" not in out
 
 
