@@ -9,7 +9,8 @@ and the device at hand:
   slower there), where the compiled single-row products (decode at one stream) read
   bfloat16 copies of the weights, the float32 weights rounded to the same values
   (models/linear.py); on a GPU the checkpoint's dtype, float32 checkpoints running in
-  float16 as in vLLM;
+  float16 as in vLLM; where the dense products then run on packed bfloat16 weights, a
+  GGUF checkpoint's 4-bit layers are also kept as stored for steps of a few rows;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
 - max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
@@ -41,7 +42,8 @@ from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
-from aioserve.models.linear import onednn_packs
+from aioserve.models.int4_weights import keep_int4_weights
+from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.platform import (
     FAST_BF16_CPU_FLAGS,
@@ -175,6 +177,13 @@ def resolve_packed_weights(dtype: torch.dtype) -> bool:
     return current_platform() == "cpu" and onednn_packs(dtype) and not dispatch.batch_invariant()
 
 
+def resolve_int4_weights(checkpoint: Checkpoint, dtype: torch.dtype) -> bool:
+    """Whether small steps read a GGUF checkpoint's 4-bit weights as stored
+    (models/int4_weights.py): where the dense products run on packed bfloat16 weights,
+    beside which torch's int4 CPU op serves steps of a few rows."""
+    return checkpoint.load_format == "gguf" and resolve_packed_weights(dtype)
+
+
 def resolve_decode_graph_sizes(
     requested: list[int], max_num_seqs: int, enforce_eager: bool
 ) -> list[int]:
@@ -276,6 +285,14 @@ def build_engine(config: EngineConfig) -> EngineParts:
         dummy=config.load.load_format == "dummy",
         seed=model_cfg.seed,
     )
+    if resolve_int4_weights(checkpoint, dtype):
+        added = keep_int4_weights(model, checkpoint, dtype)
+        logger.info(
+            "steps of up to %d rows read the checkpoint's 4-bit weights as stored "
+            "(%.0f MiB more memory)",
+            INT4_MAX_ROWS,
+            added / 2**20,
+        )
     num_blocks = num_kv_blocks(
         model,
         block_size=block_size,

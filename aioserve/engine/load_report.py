@@ -19,6 +19,7 @@ import torch
 from aioserve.config.arguments import CPU_KVCACHE_SPACE_ENV, DEFAULT_CPU_KVCACHE_SPACE_GIB
 from aioserve.config.engine import CacheConfig
 from aioserve.models.checkpoint import Checkpoint
+from aioserve.models.linear import INT4_MAX_ROWS
 from aioserve.runner.model_runner import ModelRunner
 
 # Buffers under these names are copies of weights kept for one-row products
@@ -29,6 +30,9 @@ _ROW_COPY_SUFFIX = "row_weight"
 # parameter's shape), the tied output head's as a copy of the embedding table.
 _PACKED_SUFFIX = "packed_weight"
 _PACKED_COPY_NAME = "head_packed_weight"
+# Buffers under these names hold a GGUF checkpoint's 4-bit weights as stored, beside the
+# float ones, for steps of a few rows (models/int4_weights.py).
+_INT4_SUFFIXES = ("int4_weight", "int4_scales_and_zeros")
 _STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
 
 
@@ -51,6 +55,9 @@ class LoadReport:
     """Whether the dense layers' weights are held in oneDNN's packed layout."""
     packed_copy_bytes: int
     """The tied output head's packed copy of the embedding table."""
+    int4_bytes: int
+    """The 4-bit weights kept as stored for steps of up to `int4_max_rows` rows."""
+    int4_max_rows: int
     kv_cache_dtype: str
     kv_cache_bytes: int
     num_blocks: int
@@ -74,6 +81,11 @@ class LoadReport:
             weights += ", the dense layers' packed for oneDNN"
         if self.packed_copy_bytes:
             weights += f", plus {format_bytes(self.packed_copy_bytes)} of the head's packed copy"
+        if self.int4_bytes:
+            weights += (
+                f", plus {format_bytes(self.int4_bytes)} of the 4-bit layers as stored, for "
+                f"steps of up to {self.int4_max_rows} rows"
+            )
         if self.row_copy_bytes:
             weights += (
                 f", plus {format_bytes(self.row_copy_bytes)} of {self.row_copy_dtype} copies "
@@ -96,7 +108,7 @@ def build_load_report(
     held = {p.dtype for p in model.parameters()}
     row_copy_bytes = 0
     row_copy_dtypes: set[torch.dtype] = set()
-    packed, packed_copy_bytes = False, 0
+    packed, packed_copy_bytes, int4_bytes = False, 0, 0
     for name, buffer in model.named_buffers():
         if name.endswith(_ROW_COPY_SUFFIX):
             row_copy_bytes += buffer.nbytes
@@ -105,6 +117,8 @@ def build_load_report(
             packed_copy_bytes += buffer.nbytes
         elif name.endswith(_PACKED_SUFFIX):
             packed = True
+        elif name.endswith(_INT4_SUFFIXES):
+            int4_bytes += buffer.nbytes
         else:
             weight_bytes += buffer.nbytes
     kv_tensors = [t for pair in runner.kv_caches for t in pair]
@@ -119,6 +133,8 @@ def build_load_report(
         row_copy_bytes=row_copy_bytes,
         packed=packed,
         packed_copy_bytes=packed_copy_bytes,
+        int4_bytes=int4_bytes,
+        int4_max_rows=INT4_MAX_ROWS,
         kv_cache_dtype=_dtype_names({t.dtype for t in kv_tensors}),
         kv_cache_bytes=sum(t.nbytes for t in kv_tensors),
         num_blocks=int(num_blocks),

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
+from aioserve.kernels.gguf_linear_reference import FOUR_BIT_TYPES
 from aioserve.models.loaders import hf_folder
 from aioserve.models.loaders.gguf import GGUFFile
 from aioserve.models.loaders.gguf_tokenizer import load_gguf_tokenizer
@@ -52,6 +54,17 @@ class Checkpoint:
                 yield tensor.name, tensor.dequantize()
         elif self.load_format != "dummy":
             yield from hf_folder.iter_weights(self._weight_files)
+
+    def four_bit_weights(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """(HF parameter name, "q4_0" or "q4_1", uint8 blocks [rows, bytes]) of each tensor a
+        GGUF file stores in a 4-bit type, rows in HF order; nothing for other checkpoints."""
+        if self.load_format != "gguf":
+            return
+        assert self._gguf is not None
+        for tensor in self._gguf.tensors():
+            qtype = tensor.qtype.name.lower()
+            if qtype in FOUR_BIT_TYPES:
+                yield tensor.name, qtype, torch.from_numpy(np.array(tensor.raw))
 
     def num_weight_tensors(self) -> int:
         """How many tensors `weights()` yields (for a progress bar)."""

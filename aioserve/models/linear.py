@@ -29,6 +29,9 @@ at 256, and about the same from 512 rows up. Served, the one-stream decode step 
 31–32 to 29.7 ms; a 64-row step's products took as long as before (bench/RESULTS.md). The
 plain weight is released (a Linear keeps only its shape), so the model's memory does not
 grow; a tied output head keeps its plain table for the embedding and gets a packed copy.
+Beside the packed weights, a GGUF checkpoint's 4-bit layers can be kept as stored
+(models/int4_weights.py): the same op then multiplies steps of up to INT4_MAX_ROWS rows by
+them with torch's int4 CPU matmul, reading a third of the bytes.
 
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
 in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
@@ -47,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.gguf_linear_reference import int4_linear
 
 # At or below this many rows the CPU computes W @ xᵀ (the crossover measured at 128–256).
 SMALL_BATCH_ROWS = 128
@@ -55,6 +59,12 @@ INVARIANT_TILE_ROWS = 16
 
 # The row count oneDNN lays a packed weight out for; 1, 64 and 2,048 measured alike.
 PACKED_FOR_ROWS = 64
+
+# Up to this many rows a product reads a GGUF 4-bit checkpoint's weights as stored, where
+# the model keeps them (models/int4_weights.py): torch's int4 op walks the weight once per
+# row, so it gains 2-3x at one to four rows and nothing from about eight on
+# (`python bench/packed_products.py`).
+INT4_MAX_ROWS = 4
 
 
 def onednn_packs(dtype: torch.dtype) -> bool:
@@ -69,10 +79,23 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 # Registered through torch.library.Library rather than custom_op: the compiled step calls
 # it ~120 times a token, and custom_op's Python layers cost ~4 us more a call.
 _LIBRARY = torch.library.Library("aioserve", "FRAGMENT")
-_LIBRARY.define("packed_dense(Tensor x, Tensor packed_weight, Tensor? bias) -> Tensor")
+_LIBRARY.define(
+    "packed_dense(Tensor x, Tensor packed_weight, Tensor? bias, Tensor? int4_weight, "
+    "Tensor? int4_scales_and_zeros) -> Tensor"
+)
 
 
-def _packed_product(x: Tensor, packed_weight: Tensor, bias: Tensor | None) -> Tensor:
+def _packed_product(
+    x: Tensor,
+    packed_weight: Tensor,
+    bias: Tensor | None,
+    int4_weight: Tensor | None,
+    int4_scales_and_zeros: Tensor | None,
+) -> Tensor:
+    # Decided here, at run time, rather than in the traced code: a branch on the row count
+    # there would split the compiled graph for every count into two.
+    if int4_weight is not None and x.shape[0] <= INT4_MAX_ROWS:
+        return int4_linear(x, int4_weight, int4_scales_and_zeros, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
 
 
@@ -80,16 +103,31 @@ _LIBRARY.impl("packed_dense", _packed_product, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("aioserve::packed_dense")
-def _(x: Tensor, packed_weight: Tensor, bias: Tensor | None) -> Tensor:
+def _(
+    x: Tensor,
+    packed_weight: Tensor,
+    bias: Tensor | None,
+    int4_weight: Tensor | None,
+    int4_scales_and_zeros: Tensor | None,
+) -> Tensor:
     return x.new_empty((x.shape[0], packed_weight.shape[0]))
 
 
-def _packed_dense(x: Tensor, packed_weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ weightᵀ (+ bias) by oneDNN on its packed weight: an opaque op under torch.compile
+def _packed_dense(
+    x: Tensor,
+    packed_weight: Tensor,
+    bias: Tensor | None,
+    int4_weight: Tensor | None,
+    int4_scales_and_zeros: Tensor | None,
+) -> Tensor:
+    """x @ weightᵀ (+ bias) by oneDNN on its packed weight, or for a few rows by torch's int4
+    op on the 4-bit weights when the model keeps them: an opaque op under torch.compile
     (inductor would not pass an opaque tensor to its own kernels), a direct call eagerly."""
     if torch.compiler.is_compiling():
-        return torch.ops.aioserve.packed_dense(x, packed_weight, bias)
-    return _packed_product(x, packed_weight, bias)
+        return torch.ops.aioserve.packed_dense(
+            x, packed_weight, bias, int4_weight, int4_scales_and_zeros
+        )
+    return _packed_product(x, packed_weight, bias, int4_weight, int4_scales_and_zeros)
 
 
 def _dense_in_row_tiles(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -112,15 +150,19 @@ def dense(
     bias: Tensor | None = None,
     row_weight: Tensor | None = None,
     packed_weight: Tensor | None = None,
+    int4_weight: Tensor | None = None,
+    int4_scales_and_zeros: Tensor | None = None,
 ) -> Tensor:
     """x [T, in] @ weight [out, in]ᵀ (+ bias [out]) as a contiguous [T, out].
 
     row_weight, when given, holds the weight's values in a narrower dtype, read instead of
     it by the compiled single-row product; packed_weight, when given, holds them in
-    oneDNN's layout and is read instead of `weight` (see `pack_weights`).
+    oneDNN's layout and is read instead of `weight` (see `pack_weights`); with it, the
+    int4 pair holds a GGUF 4-bit checkpoint's weights as stored, read instead for steps of
+    up to INT4_MAX_ROWS rows (models/int4_weights.py).
     """
     if packed_weight is not None:
-        return _packed_dense(x, packed_weight, bias)
+        return _packed_dense(x, packed_weight, bias, int4_weight, int4_scales_and_zeros)
     if dispatch.batch_invariant() and x.dim() == 2:
         return _dense_in_row_tiles(x, weight, bias)
     if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > SMALL_BATCH_ROWS:
@@ -147,12 +189,22 @@ class Linear(nn.Linear):
         super().__init__(*args, **kwargs)
         self.register_buffer("row_weight", None, persistent=False)
         self.register_buffer("packed_weight", None, persistent=False)
+        self.register_buffer("int4_weight", None, persistent=False)
+        self.register_buffer("int4_scales_and_zeros", None, persistent=False)
 
     def reset_parameters(self) -> None:
         """Nothing: the loader fills the parameters."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return dense(x, self.weight, self.bias, self.row_weight, self.packed_weight)
+        return dense(
+            x,
+            self.weight,
+            self.bias,
+            self.row_weight,
+            self.packed_weight,
+            self.int4_weight,
+            self.int4_scales_and_zeros,
+        )
 
 
 class Embedding(nn.Embedding):

@@ -201,33 +201,48 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for hf_name, tensor in weights:
-            name = hf_name.removeprefix("model.")
-            if "rotary_emb.inv_freq" in name:
+            target = self.parameter_for(hf_name)
+            if target is None:
                 continue
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue
-            for fragment, (stacked, shard) in self.stacked_params.items():
-                if fragment in name:
-                    name = name.replace(fragment, stacked)
-                    self._copy_shard(params[name], tensor, name, shard)
-                    break
-            else:
-                if name not in params:
-                    raise ValueError(
-                        f"checkpoint tensor {hf_name!r} has no parameter in {type(self).__name__}"
-                    )
+            name, shard = target
+            if name not in params:
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has no parameter in {type(self).__name__}"
+                )
+            if shard is None:
                 _copy_checked(params[name], tensor, name)
+            else:
+                start, size = self.shard_rows(name, shard)
+                shard_param = params[name].data[start : start + size]
+                _copy_checked(shard_param, tensor, f"{name}[shard {shard}]")
             loaded.add(name)
         return loaded
 
-    def _copy_shard(self, param: torch.Tensor, tensor: torch.Tensor, name: str, shard: int) -> None:
+    def parameter_for(self, hf_name: str) -> tuple[str, int | None] | None:
+        """(our parameter name, index of the shard in it or None) of an HF checkpoint tensor;
+        None for a tensor the model does not take (rotary tables, a tied head's copy)."""
+        name = hf_name.removeprefix("model.")
+        if "rotary_emb.inv_freq" in name:
+            return None
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            return None
+        for fragment, (stacked, shard) in self.stacked_params.items():
+            if fragment in name:
+                return name.replace(fragment, stacked), shard
+        return name, None
+
+    def shard_rows(self, name: str, shard: int) -> tuple[int, int]:
+        """(first row, row count) of shard `shard` of the stacked parameter `name`."""
         if ".qkv_proj." in name:
             attn = self.layers[0].self_attn
             sizes = [attn.q_size, attn.kv_size, attn.kv_size]
         else:
-            sizes = [param.shape[0] // 2] * 2
-        start = sum(sizes[:shard])
-        _copy_checked(param.data[start : start + sizes[shard]], tensor, f"{name}[shard {shard}]")
+            sizes = [self.layers[0].mlp.gate_up_proj.out_features // 2] * 2
+        return sum(sizes[:shard]), sizes[shard]
+
+    def shard_count(self, name: str) -> int:
+        """How many checkpoint tensors are stacked into the parameter `name`."""
+        return sum(stacked in name for stacked, _ in self.stacked_params.values()) or 1
 
 
 def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

@@ -19,8 +19,9 @@ from aioserve.engine.load_report import (
     kv_cache_sized_by,
     resident_memory_bytes,
 )
+from aioserve.kernels.gguf_linear_reference import fits_int4, pack_int4
 from aioserve.models.checkpoint import open_checkpoint
-from aioserve.models.linear import Linear, onednn_packs
+from aioserve.models.linear import INT4_MAX_ROWS, Linear, onednn_packs
 from tests.runner.plans import tiny_runner
 
 
@@ -99,6 +100,31 @@ def test_packed_weights_count_once_and_the_heads_packed_copy_apart(smollm2_gguf)
     assert (
         f"layers' packed for oneDNN, plus {format_bytes(report.packed_copy_bytes)} of the "
         "head's packed copy; KV cache" in report.describe()
+    ), report.describe()
+
+
+@pytest.mark.skipif(
+    not onednn_packs(torch.bfloat16), reason="this CPU's oneDNN has no bfloat16 packed products"
+)
+def test_4bit_weights_kept_as_stored_are_counted_apart(smollm2_gguf):
+    _, runner = tiny_runner("qwen2-tied", dtype=torch.bfloat16, packed_weights=True, num_blocks=32)
+    model = runner.model
+    kept = [m for m in model.modules() if isinstance(m, Linear) and fits_int4(*m.weight.shape)]
+    assert kept
+    for module in kept:  # as models/int4_weights.py leaves them
+        rows, cols = module.weight.shape
+        codes = torch.zeros(rows, cols, dtype=torch.uint8)
+        scale = torch.ones(rows, cols // 32)
+        module.int4_weight, module.int4_scales_and_zeros = pack_int4(codes, scale, scale)
+    report = build_load_report(
+        "SmolLM2", open_checkpoint(str(smollm2_gguf)), runner, "--num-gpu-blocks-override 32"
+    )
+    int4_bytes = sum(m.int4_weight.nbytes + m.int4_scales_and_zeros.nbytes for m in kept)
+    assert report.int4_bytes == int4_bytes
+    assert report.weight_bytes == sum(p.nbytes for p in model.parameters())
+    assert (
+        f", plus {format_bytes(int4_bytes)} of the 4-bit layers as stored, for steps of up "
+        f"to {INT4_MAX_ROWS} rows; KV cache" in report.describe()
     ), report.describe()
 
 

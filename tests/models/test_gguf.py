@@ -1,7 +1,7 @@
 """Our GGUF loader against the gguf package and against transformers' own GGUF loading.
 
 - dequantization of each type equals `gguf.quants.dequantize` (numpy);
-- tiny GGUF files written here with `gguf.GGUFWriter` (Q/K permuted the way llama.cpp's
+- tiny GGUF files written with `gguf.GGUFWriter` (tiny_gguf.py: Q/K permuted the way llama.cpp's
   converter does) read back as the state dict they were written from;
 - the default model (SmolLM2-135M-Instruct, Q4_1): config, every tensor and the tokenizer
   equal what transformers builds from the same file.
@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.loaders.gguf import SUPPORTED_QTYPES, GGUFFile, QType, check_qtype, dequantize
+from tests.models.tiny_gguf import tiny_state_dict, write_tiny_gguf
 
 ROWS, COLS = 3, 512  # two 256-value super-blocks per row for the K types
 
@@ -69,118 +70,11 @@ def test_unsupported_type_is_named():
 # --- tiny GGUF files written here ---------------------------------------------------------
 
 
-def _llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
-    """What llama.cpp's convert_hf_to_gguf.py does to the llama Q and K rows."""
-    return (
-        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
-
-
-def _tiny_state_dict(arch: str) -> dict[str, np.ndarray]:
-    """A 2-layer model: llama and qwen2 with q/k/v biases, qwen3 with q/k norms and lm_head."""
-    rng = np.random.default_rng(2)
-    hidden, heads, kv_heads, head_dim, ffn, vocab = 64, 4, 2, 32, 96, 40
-
-    def w(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    state = {"model.embed_tokens.weight": w(vocab, hidden), "model.norm.weight": w(hidden)}
-    for layer in range(2):
-        prefix = f"model.layers.{layer}."
-        state |= {
-            prefix + "self_attn.q_proj.weight": w(heads * head_dim, hidden),
-            prefix + "self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
-            prefix + "self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
-            prefix + "self_attn.o_proj.weight": w(hidden, heads * head_dim),
-            prefix + "mlp.gate_proj.weight": w(ffn, hidden),
-            prefix + "mlp.up_proj.weight": w(ffn, hidden),
-            prefix + "mlp.down_proj.weight": w(hidden, ffn),
-            prefix + "input_layernorm.weight": w(hidden),
-            prefix + "post_attention_layernorm.weight": w(hidden),
-        }
-        if arch in ("llama", "qwen2"):
-            state[prefix + "self_attn.q_proj.bias"] = w(heads * head_dim)
-            state[prefix + "self_attn.k_proj.bias"] = w(kv_heads * head_dim)
-            state[prefix + "self_attn.v_proj.bias"] = w(kv_heads * head_dim)
-        if arch == "qwen3":
-            state[prefix + "self_attn.q_norm.weight"] = w(head_dim)
-            state[prefix + "self_attn.k_norm.weight"] = w(head_dim)
-    if arch == "qwen3":
-        state["lm_head.weight"] = w(vocab, hidden)
-    return state
-
-
-_GGUF_NAMES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
-
-
-def _gguf_name(hf_name: str) -> str:
-    top = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-    }
-    if hf_name in top:
-        return top[hf_name]
-    if hf_name == "lm_head.weight":
-        return "output.weight"
-    _, _, layer, *module, kind = hf_name.split(".")
-    return f"blk.{layer}.{_GGUF_NAMES['.'.join(module)]}.{kind}"
-
-
-def _write_tiny_gguf(path, arch: str, state: dict[str, np.ndarray]) -> None:
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(2)
-    writer.add_context_length(256)
-    writer.add_embedding_length(64)
-    writer.add_feed_forward_length(96)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_key_length(32)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_rope_freq_base(500000.0)
-    writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-    writer.add_rope_scaling_factor(4.0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{i}" for i in range(40)])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_eot_token_id(3)
-    writer.add_chat_template("{{ messages[0]['content'] }}")
-    for name, value in state.items():
-        if arch == "llama" and ".q_proj." in name:
-            value = _llama_cpp_permute(value, 4)
-        elif arch == "llama" and ".k_proj." in name:
-            value = _llama_cpp_permute(value, 2)
-        if name.endswith("mlp.up_proj.weight"):  # one quantized tensor per layer
-            writer.add_tensor(
-                _gguf_name(name), gguf_quantize(value, QType.Q8_0), raw_dtype=QType.Q8_0
-            )
-        else:
-            writer.add_tensor(_gguf_name(name), value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_gguf_reads_back_as_written(tmp_path, arch):
-    state = _tiny_state_dict(arch)
+    state = tiny_state_dict(arch)
     path = tmp_path / f"tiny-{arch}.gguf"
-    _write_tiny_gguf(path, arch, state)
+    write_tiny_gguf(path, arch, state)
 
     gguf_file = GGUFFile(path)
     config = gguf_file.hf_config()
@@ -222,8 +116,8 @@ def test_tiny_gguf_reads_back_as_written(tmp_path, arch):
 
 
 def test_open_checkpoint_on_a_gguf(tmp_path):
-    state = _tiny_state_dict("llama")
-    _write_tiny_gguf(tmp_path / "tiny.gguf", "llama", state)
+    state = tiny_state_dict("llama")
+    write_tiny_gguf(tmp_path / "tiny.gguf", "llama", state)
     checkpoint = open_checkpoint(str(tmp_path), quantization="gguf")  # the folder's one GGUF
     assert (checkpoint.source.kind, checkpoint.load_format) == ("gguf", "gguf")
     assert dict(checkpoint.weights()).keys() == state.keys()

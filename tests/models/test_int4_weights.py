@@ -1,0 +1,144 @@
+"""GGUF 4-bit weights kept as stored (models/int4_weights.py, kernels/gguf_linear_reference.py)
+against the float32 product of the weights dequantized.
+
+- `unpack_blocks` reads what gguf-py's quantizer wrote: its dequantization, exactly;
+- `int4_linear` on `pack_int4`'s layout equals the float32 product within bfloat16's rounding
+  of the scales, zeros and output (relative error under 1%; a wrong nibble order or group
+  gives ~100%);
+- a tiny Qwen2 GGUF with Q4_0/Q4_1 layers and one Q8_0 shard: exactly the Linears whose
+  shards are all 4-bit get int4 weights, each reproducing the loader's dequantized weights;
+- `dense` on packed weights reads the int4 ones up to INT4_MAX_ROWS rows and oneDNN's from
+  there on (where this CPU has bfloat16 arithmetic).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from aioserve.kernels.gguf_linear_reference import (
+    dequantize_codes,
+    gguf_linear_reference,
+    int4_linear,
+    pack_int4,
+    unpack_blocks,
+)
+from aioserve.models.checkpoint import open_checkpoint
+from aioserve.models.int4_weights import keep_int4_weights
+from aioserve.models.linear import INT4_MAX_ROWS, Linear, dense, onednn_packs, pack_weights
+from aioserve.models.loader import load_model
+from aioserve.models.loaders.gguf import QType
+from tests.models.tiny_gguf import tiny_state_dict, write_tiny_gguf
+
+TYPES = {"q4_0": QType.Q4_0, "q4_1": QType.Q4_1}
+
+
+def _blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    """gguf-py's quantization of random weights: (blocks as a torch tensor, their values)."""
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    raw = gguf_quantize(values, TYPES[qtype]).view(np.uint8)
+    return torch.from_numpy(raw.copy()), gguf_dequantize(raw, TYPES[qtype])
+
+
+def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_unpacked_blocks_are_gguf_pys_weights(qtype):
+    blocks, expected = _blocks(qtype, rows=5, cols=96)
+    codes, scale, zero = unpack_blocks(blocks, qtype)
+    assert codes.shape == (5, 96) and scale.shape == zero.shape == (5, 3)
+    assert int(codes.max()) <= 15
+    weights = dequantize_codes(codes, scale, zero)
+    torch.testing.assert_close(weights, torch.from_numpy(expected), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_int4_product_matches_the_float_product(qtype, rows):
+    blocks, _ = _blocks(qtype, rows=80, cols=160, seed=rows)
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(1)).bfloat16()
+    bias = torch.randn(80).bfloat16()
+    packed, scales_and_zeros = pack_int4(*unpack_blocks(blocks, qtype))
+    got = int4_linear(x, packed, scales_and_zeros, bias)
+    expected = gguf_linear_reference(x.float(), blocks, qtype, bias.float())
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 80)
+    assert _relative_error(got, expected) < 1e-2
+
+
+def test_shapes_outside_the_int4_layout_are_refused():
+    for rows, cols in ((16, 48), (24, 64)):
+        codes = torch.zeros(rows, cols, dtype=torch.uint8)
+        with pytest.raises(ValueError, match="does not fit torch's int4 layout"):
+            pack_int4(codes, torch.ones(rows, 2), torch.zeros(rows, 2))
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A 2-layer qwen2 (q/k/v biases) whose layers are 4-bit, but for one Q8_0 up_proj."""
+    path = tmp_path_factory.mktemp("int4") / "tiny-q4.gguf"
+    quantized = {  # the first suffix that matches decides
+        "layers.1.mlp.up_proj.weight": QType.Q8_0,
+        "q_proj.weight": QType.Q4_0,
+        "k_proj.weight": QType.Q4_1,
+        "v_proj.weight": QType.Q4_1,
+        "o_proj.weight": QType.Q4_0,
+        "gate_proj.weight": QType.Q4_1,
+        "up_proj.weight": QType.Q4_1,
+        "down_proj.weight": QType.Q4_1,  # rows of 96: three blocks of 32
+    }
+    write_tiny_gguf(path, "qwen2", tiny_state_dict("qwen2"), quantized)
+    return path
+
+
+def test_the_4bit_layers_get_int4_weights_equal_to_the_dequantized_ones(tiny_gguf):
+    checkpoint = open_checkpoint(str(tiny_gguf))
+    model = load_model(checkpoint, dtype=torch.float32, device=torch.device("cpu"), use_tqdm=False)
+    added = keep_int4_weights(model, checkpoint, torch.bfloat16)
+
+    with_int4 = {
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, Linear) and m.int4_weight is not None
+    }
+    expected = {
+        f"layers.{layer}.{part}"
+        for layer in (0, 1)
+        for part in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.down_proj")
+    } | {"layers.0.mlp.gate_up_proj"}  # layer 1's up_proj shard is Q8_0
+    assert with_int4 == expected
+    assert added == sum(
+        m.int4_weight.nbytes + m.int4_scales_and_zeros.nbytes
+        for m in model.modules()
+        if isinstance(m, Linear) and m.int4_weight is not None
+    )
+
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0)).bfloat16()
+    for name in sorted(with_int4):
+        module = model.get_submodule(name)
+        inputs = x[:, : module.in_features]
+        got = int4_linear(inputs, module.int4_weight, module.int4_scales_and_zeros)
+        reference = inputs.float() @ module.weight.t()  # the loader's dequantized float32
+        assert _relative_error(got, reference) < 1e-2, name
+
+
+@pytest.mark.skipif(
+    not onednn_packs(torch.bfloat16), reason="this CPU has no bfloat16 arithmetic for oneDNN"
+)
+def test_dense_reads_int4_weights_for_small_steps_only(tiny_gguf):
+    checkpoint = open_checkpoint(str(tiny_gguf))
+    model = load_model(checkpoint, dtype=torch.bfloat16, device=torch.device("cpu"), use_tqdm=False)
+    keep_int4_weights(model, checkpoint, torch.bfloat16)
+    pack_weights(model)
+    layer = model.get_submodule("layers.0.mlp.down_proj")
+    x = torch.randn(INT4_MAX_ROWS + 1, 96).bfloat16()
+    for rows in (1, INT4_MAX_ROWS, INT4_MAX_ROWS + 1):
+        got = layer(x[:rows])
+        int4 = int4_linear(x[:rows], layer.int4_weight, layer.int4_scales_and_zeros)
+        packed = dense(x[:rows], layer.weight, packed_weight=layer.packed_weight)
+        assert not torch.equal(int4, packed)  # the two products differ in their last bits
+        assert torch.equal(got, int4 if rows <= INT4_MAX_ROWS else packed), rows
