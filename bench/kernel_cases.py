@@ -8,13 +8,16 @@ zeros: they hide unwritten outputs and run faster than real data). It carries:
   once and every output written once. The formula sits next to each builder below and
   in FORMULAS, in the notation of `ModelShape` (e = bytes per element of the dtype);
 - `flops`: for attention, the useful floating-point operations (causal: a query row at
-  position p sees p + 1 keys; 2·D for q·k and 2·D for p·v per visible key and head);
+  position p sees p + 1 keys; 2·D for q·k and 2·D for p·v per visible key and head), for
+  a linear layer 2·M·N·K;
 - `run`: the call that is timed;
 - `check`: compares the Triton output with the kernel's torch reference on the same
   inputs and returns None when they agree, else what differs.
 
-This module imports triton (through aioserve's kernels), so TRITON_INTERPRET must be set
-before it is imported when the kernels are to be interpreted on the CPU.
+The types these share are in bench/kernel_case_types.py, the cases of the linear layers
+(GGUF 4-bit weights) in bench/kernel_cases_linear.py. This module imports triton (through
+aioserve's kernels), so TRITON_INTERPRET must be set before it is imported when the
+kernels are to be interpreted on the CPU.
 """
 
 from __future__ import annotations
@@ -49,13 +52,13 @@ from aioserve.kernels.sampling.penalties import (
     apply_bias_and_penalties_triton,
 )
 from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
+from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
+from bench.kernel_cases_linear import FORMULAS as LINEAR_FORMULAS
+from bench.kernel_cases_linear import gguf_linear_cases
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
-# Largest ‖triton − reference‖ / ‖reference‖ accepted: a few units of the output's
-# rounding (bf16 keeps 8 bits, fp16 11), float32 a little above its rounding.
-_RELATIVE_TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 2e-5}
 # The random sampling case: least share of rows where the Triton kernels draw the
 # reference's token. A GPU's exp differs from torch's in the last bits, which can flip
 # a near-tie (aioserve/kernels/sampling/__init__.py), so not every row must agree.
@@ -85,42 +88,12 @@ FORMULAS = {
     "written: 13·B·V (+ the bias pairs)",
     "logprobs": f"float32 logits read + ids + n={_NUM_LOGPROBS} top (id, logprob) written: "
     "4·B·V + 8·B + 12·B + 12·n·B",
-}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of one model that the kernels see."""
-
-    name: str
-    hidden: int  # H
-    q_heads: int  # Hq
-    kv_heads: int  # Hkv
-    head: int  # D
-    intermediate: int  # I
-    vocab: int  # V
+} | LINEAR_FORMULAS
 
 
 SMOLLM2_135M = ModelShape("smollm2-135m", 576, 9, 3, 64, 1536, 49152)
 LLAMA3_8B = ModelShape("llama3-8b", 4096, 32, 8, 128, 14336, 128256)
 TINY = ModelShape("tiny", 64, 4, 2, 32, 96, 512)
-
-
-@dataclass(frozen=True)
-class TokenBatch:
-    """The rows of a per-token kernel: one token of each of n sequences, or one prompt."""
-
-    label: str
-    n: int  # N
-    is_prefill: bool
-
-    @classmethod
-    def decode(cls, n: int) -> TokenBatch:
-        return cls(f"decode {n}", n, False)
-
-    @classmethod
-    def prefill(cls, n: int) -> TokenBatch:
-        return cls(f"prefill {n}", n, True)
 
 
 @dataclass(frozen=True)
@@ -172,20 +145,6 @@ TINY_CHECKS = Workload(
 )
 
 
-@dataclass
-class Case:
-    """One kernel call to check and time."""
-
-    kernel: str
-    model: str
-    shape: str
-    dtype: torch.dtype
-    bytes: int
-    flops: int
-    run: Callable[[], object]
-    check: Callable[[], str | None]
-
-
 def _sampler_case(
     kernel: str,
     model: ModelShape,
@@ -198,47 +157,12 @@ def _sampler_case(
     return Case(kernel, model.name, _rows_label(rows), torch.float32, traffic, 0, run, check)
 
 
-class _Random:
-    """Fresh random tensors on one device, from one seeded generator per case."""
-
-    def __init__(self, device: torch.device, seed: int) -> None:
-        self.device = device
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def normal(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> Tensor:
-        values = torch.randn(shape, generator=self.generator, device=self.device, dtype=dtype)
-        return values.mul_(scale) if scale != 1.0 else values
-
-    def integers(self, low: int, high: int, *shape: int, dtype=torch.int64) -> Tensor:
-        return torch.randint(
-            low, high, shape, generator=self.generator, device=self.device, dtype=dtype
-        )
-
-    def permutation(self, n: int) -> Tensor:
-        return torch.randperm(n, generator=self.generator, device=self.device)
-
-    def uniform(self, *shape: int) -> Tensor:
-        return torch.rand(shape, generator=self.generator, device=self.device)
-
-
-def compare(out: Tensor, reference: Tensor, dtype: torch.dtype) -> str | None:
-    """None when `out` matches `reference` to the dtype's relative tolerance; else why not."""
-    if out.shape != reference.shape:
-        return f"shape {tuple(out.shape)} != reference {tuple(reference.shape)}"
-    out64, ref64 = out.double(), reference.double()
-    if not torch.isfinite(out64).all():
-        return "non-finite values in the Triton output"
-    error = ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
-    tolerance = _RELATIVE_TOLERANCE[dtype]
-    return None if error <= tolerance else f"relative error {error:.2e} > {tolerance:.0e}"
-
-
 def _first_failure(*results: str | None) -> str | None:
     return next((r for r in results if r is not None), None)
 
 
 def rms_norm_case(
-    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, with_residual: bool
+    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, with_residual: bool
 ) -> Case:
     """rms_norm of N rows of H, with or without the fused residual add."""
     n = batch.n
@@ -271,7 +195,7 @@ def rms_norm_case(
 
 
 def rotary_case(
-    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, is_neox: bool
+    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, is_neox: bool
 ) -> Case:
     """RoPE over q and k, views into a fused qkv row, full rotary dimension."""
     n, d = batch.n, model.head
@@ -306,7 +230,7 @@ def rotary_case(
 
 
 def silu_and_mul_case(
-    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype
+    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype
 ) -> Case:
     """SiLU-and-multiply of N rows of the gate|up projection (2·I wide)."""
     x = rand.normal(batch.n, 2 * model.intermediate, dtype=dtype, scale=2.0)
@@ -328,7 +252,7 @@ def silu_and_mul_case(
 
 
 def write_kv_cache_case(
-    rand: _Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, block_size: int
+    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, block_size: int
 ) -> Case:
     """N tokens' keys and values written into the paged cache through a slot mapping."""
     n, heads, d = batch.n, model.kv_heads, model.head
@@ -367,7 +291,7 @@ def write_kv_cache_case(
 
 
 def attention_case(
-    rand: _Random,
+    rand: Random,
     model: ModelShape,
     label: str,
     seqs: tuple[tuple[int, int], ...],
@@ -437,12 +361,12 @@ def _rows_label(rows: int) -> str:
     return "1 row" if rows == 1 else f"{rows} rows"
 
 
-def _logits(rand: _Random, rows: int, vocab: int) -> Tensor:
+def _logits(rand: Random, rows: int, vocab: int) -> Tensor:
     # float32, as the model's compute_logits hands them to the sampler.
     return rand.normal(rows, vocab, scale=3.0)
 
 
-def sample_greedy_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+def sample_greedy_case(rand: Random, model: ModelShape, rows: int) -> Case:
     """The whole Triton sampler, every row greedy: one argmax pass."""
     logits = _logits(rand, rows, model.vocab)
     batch = make_sampling_batch(rows, device=rand.device, temperature=0.0)
@@ -459,7 +383,7 @@ def sample_greedy_case(rand: _Random, model: ModelShape, rows: int) -> Case:
     )
 
 
-def sample_random_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+def sample_random_case(rand: Random, model: ModelShape, rows: int) -> Case:
     """The whole Triton sampler with temperature, top-k and top-p: masks, then the draw."""
     logits = _logits(rand, rows, model.vocab)
     settings = dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.0)
@@ -484,7 +408,7 @@ def sample_random_case(rand: _Random, model: ModelShape, rows: int) -> Case:
     )
 
 
-def bias_and_penalties_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+def bias_and_penalties_case(rand: Random, model: ModelShape, rows: int) -> Case:
     """Logit bias, then repetition, frequency and presence penalties, on every row."""
     vocab = model.vocab
     logits = _logits(rand, rows, vocab)
@@ -517,7 +441,7 @@ def bias_and_penalties_case(rand: _Random, model: ModelShape, rows: int) -> Case
     )
 
 
-def logprobs_case(rand: _Random, model: ModelShape, rows: int) -> Case:
+def logprobs_case(rand: Random, model: ModelShape, rows: int) -> Case:
     """Raw logprobs of given tokens, their rank and the top n."""
     logits = _logits(rand, rows, model.vocab)
     token_ids = rand.integers(0, model.vocab, rows)
@@ -552,13 +476,13 @@ def build_cases(
 ) -> Iterator[Case]:
     """Every case of `workload`, built one at a time (each one's inputs freed after it).
 
-    The per-token kernels and attention run in each of `dtypes`; the sampling kernels run
-    once, on float32 logits, as the engine calls them.
+    The per-token kernels, attention and the linear layers run in each of `dtypes`; the
+    sampling kernels run once, on float32 logits, as the engine calls them.
     """
     seeds = itertools.count(1)
 
-    def rand() -> _Random:
-        return _Random(device, next(seeds))
+    def rand() -> Random:
+        return Random(device, next(seeds))
 
     per_token = [
         functools.partial(rms_norm_case, with_residual=False),
@@ -580,3 +504,4 @@ def build_cases(
         for build_sampling in sampling:
             for rows in workload.sample_rows:
                 yield build_sampling(rand(), model, rows)
+        yield from gguf_linear_cases(rand(), model, workload.token_batches, dtypes)

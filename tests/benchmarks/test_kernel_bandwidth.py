@@ -16,7 +16,14 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "kernel_bandwidth.py"
-KERNELS = ("rms_norm", "rotary", "silu_and_mul", "write_kv_cache", "paged_attention")
+KERNELS = (
+    "rms_norm",
+    "rotary",
+    "silu_and_mul",
+    "write_kv_cache",
+    "paged_attention",
+    "gguf_linear",
+)
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:

@@ -44,6 +44,7 @@ from bench.kernel_cases import (
 
 TARGETS = {"cuda": GPUTarget("cuda", 90, 32), "rocm": GPUTarget("hip", "gfx942", 64)}
 # Head sizes 64 (SmolLM2), 128 (Llama-3-8B) and 256, query heads per KV head 3, 4, 1 and 8.
+# Token batches of 1, 16 and 64 rows: the GGUF linear layers' GEMV, small and large tiles.
 COMPILE_WORKLOAD = Workload(
     models=(
         SMOLLM2_135M,
@@ -51,7 +52,7 @@ COMPILE_WORKLOAD = Workload(
         ModelShape("head256-gqa1", 2048, 8, 8, 256, 8192, 32000),
         ModelShape("head128-gqa8", 4096, 32, 4, 128, 14336, 32000),
     ),
-    token_batches=(TokenBatch.decode(1), TokenBatch.prefill(64)),
+    token_batches=(TokenBatch.decode(1), TokenBatch.decode(16), TokenBatch.prefill(64)),
     attention_batches=(
         ("decode 2x64", ((1, 64), (1, 64))),
         ("decode 2x600: split into segments", ((1, 600), (1, 600))),

@@ -1,0 +1,470 @@
+"""Linear layers on GGUF 4-bit weights (Q4_0, Q4_1) read as stored: y = x Wᵀ (+ bias).
+
+The weight W [N, K] stays in the GGUF file's layout (gguf_linear_reference.py describes
+it): `blocks` uint8 [N, K / 32 * block bytes], rows contiguous. The kernels read the
+blocks and dequantize them in registers, never writing W out, so a product moves 4.5
+(Q4_0) or 5 (Q4_1) bits a weight where a bfloat16 W would move 16: a decode step is
+bound by exactly those bytes.
+
+Two kernels compute the product, with fp32 accumulation:
+
+- `_gemv_kernel`, for a batch of up to `_GEMV_CONFIG["max_rows"]` rows (decode at one
+  stream): one program per (row of x, BLOCK_N output columns, split of K), walking K
+  BLOCK_G blocks of 32 weights at a time with plain multiply-adds;
+- `_gemm_kernel` for more rows: tiles of BLOCK_M rows × BLOCK_N columns, the dequantized
+  W tile cast to x's dtype and multiplied with tl.dot. A block's byte j holds weights j
+  and j + 16, so each step makes two dots, the low nibbles' against x's columns j and the
+  high nibbles' against columns j + 16, and no tile is shuffled back into K's order. The
+  tile is `_GEMM_CONFIG`'s "small" one (16 rows) for up to 16 rows, its "large" one
+  (128 rows on a GPU; float32 has its own) beyond.
+
+A weight with few output columns leaves most of the GPU idle, so both kernels may split K
+into `splits` consecutive ranges (`_SPLIT_CONFIG`): each split writes its float32 partial
+sums to a workspace and `_sum_splits_kernel` adds them in split order, then the bias. No
+atomics: the result is deterministic. The GEMV's split depends on N and K only, so a row's
+result does not depend on the batch it came in; a batch that takes the tiled path gets
+other bits (another tile, another order). In batch-invariant mode
+(`dispatch.batch_invariant`) every batch takes the tiled path with the widest tile and no
+split, which keeps a row's bits whatever shares its batch, at some cost to small batches.
+
+The launch tables are fixed per platform, never tuned at run time. The GPU entries compile
+without a register spill for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py) and are
+sized from the arithmetic in their comments; they are not yet timed on a GPU. The CPU
+entries serve Triton's interpreter only (the tests): small tiles, splits at small shapes.
+On the CPU the torch reference runs (gguf_linear_reference.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from aioserve.kernels import dispatch
+from aioserve.kernels.gguf_linear_reference import (
+    BLOCK_BYTES,
+    FOUR_BIT_TYPES,
+    GROUP_SIZE,
+    gguf_linear_reference,
+)
+from aioserve.kernels.triton_compat import tl, triton
+from aioserve.platform import current_platform
+
+# The launch tables, fixed per platform. "programs" is how many programs of the kernel the
+# GPU holds at once at the kernel's register use (sm_90a: 65,536 registers an SM, 132 SMs
+# on an H100; gfx942: 512 VGPRs a SIMD lane, 4 SIMDs a CU, 304 CUs on an MI300X): a launch
+# of fewer output tiles than that splits K (`_split`). Registers below are the compiler's
+# count in bf16 (tests/kernels/test_gpu_compile.py compiles every launch).
+
+# The GEMV: the most rows it takes, output columns and blocks of 32 weights per step,
+# warps. A row decodes every weight again, about five instructions a weight, which at one
+# row already keeps an H100 SM's ALUs ~2/3 busy at full memory speed (an MI300X CU fully);
+# from two rows on, the tiled path, which decodes a tile once for all its rows, is
+# expected to be faster. Few columns by many blocks: a thread's bytes then come from few
+# rows, so it holds few addresses (cuda: 72 registers, 7 programs an SM; 16 columns by 8
+# blocks took 139; rocm: 54 VGPRs, 8 programs a CU).
+_GEMV_CONFIG: dict[str, dict[str, int]] = {
+    "cuda": {"max_rows": 1, "block_n": 4, "block_g": 32, "num_warps": 4, "programs": 924},
+    "rocm": {"max_rows": 1, "block_n": 8, "block_g": 16, "num_warps": 4, "programs": 2432},
+    "cpu": {"max_rows": 4, "block_n": 16, "block_g": 2, "num_warps": 1, "programs": 8},
+}
+# The tiled product: the "small" tile for batches of up to _SMALL_TILE_ROWS rows (16 is
+# tl.dot's least), the "large" one for the rest, "float32" instead of "large" for float32
+# x (on NVIDIA its tl.dot runs on the FMA units, operands in registers: the large tile
+# spills there). The large tile is 128 rows deep because decoding a W tile costs about as
+# much as multiplying it by 64 rows (~5 ALU instructions a weight against 2 * 64
+# tensor-core FLOPs). Registers, cuda / rocm: small 120 / 64 (4 programs an SM, 8 a CU),
+# large 180 / 102 (1 an SM, 2 a CU), float32 174 / 119.
+_SMALL_TILE_ROWS = 16
+_GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
+    "cuda": {
+        "small": {"block_m": 16, "block_n": 64, "block_g": 2, "num_warps": 4, "num_stages": 2,
+                  "programs": 528},
+        "large": {"block_m": 128, "block_n": 128, "block_g": 1, "num_warps": 8, "num_stages": 2,
+                  "programs": 132},
+        "float32": {"block_m": 64, "block_n": 128, "block_g": 1, "num_warps": 8,
+                    "num_stages": 2, "programs": 132},
+    },
+    "rocm": {
+        "small": {"block_m": 16, "block_n": 64, "block_g": 2, "num_warps": 4, "num_stages": 2,
+                  "programs": 2432},
+        "large": {"block_m": 128, "block_n": 128, "block_g": 1, "num_warps": 8, "num_stages": 2,
+                  "programs": 608},
+        "float32": {"block_m": 128, "block_n": 128, "block_g": 1, "num_warps": 8,
+                    "num_stages": 2, "programs": 608},
+    },
+    "cpu": {
+        "small": {"block_m": 16, "block_n": 16, "block_g": 2, "num_warps": 1, "num_stages": 1,
+                  "programs": 8},
+        "large": {"block_m": 32, "block_n": 32, "block_g": 2, "num_warps": 1, "num_stages": 1,
+                  "programs": 8},
+        "float32": {"block_m": 32, "block_n": 32, "block_g": 2, "num_warps": 1,
+                    "num_stages": 1, "programs": 8},
+    },
+}  # fmt: skip
+# Splits of K: at most `max_splits`, each walking at least `min_groups` blocks of 32
+# weights, so that a split's partial sums (8 bytes a row and column, written and read
+# back) stay small beside its weights (at least 288 bytes a column).
+_SPLIT_CONFIG: dict[str, dict[str, int]] = {
+    "cuda": {"max_splits": 16, "min_groups": 16},
+    "rocm": {"max_splits": 16, "min_groups": 16},
+    "cpu": {"max_splits": 4, "min_groups": 2},
+}
+_SUM_BLOCK = 1024  # output columns per program of _sum_splits_kernel
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _dequantize(
+    block_at,
+    mask,
+    byte,
+    BYTE_AXIS: tl.constexpr,
+    BLOCK_BYTES: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+):
+    """The float32 weights in nibble byte `byte` (0..15) of the GGUF blocks that start at
+    `block_at` (a 2-D tile of pointers; `mask` the same shape), as (low nibbles', high
+    nibbles'), the byte axis inserted at BYTE_AXIS."""
+    # A block opens with d (Q4_1: then m), and every block starts at an even byte.
+    scale_at = block_at.to(tl.pointer_type(tl.float16), bitcast=True)
+    scale = tl.load(scale_at, mask=mask, other=0.0).to(tl.float32)
+    if HAS_MIN:  # Q4_1: d * q + m
+        zero = tl.load(scale_at + 1, mask=mask, other=0.0).to(tl.float32)
+    else:  # Q4_0: d * (q - 8)
+        zero = -8.0 * scale
+    scale = tl.expand_dims(scale, BYTE_AXIS)
+    zero = tl.expand_dims(zero, BYTE_AXIS)
+    nibbles_at = tl.expand_dims(block_at, BYTE_AXIS) + (BLOCK_BYTES - 16) + byte
+    packed = tl.load(nibbles_at, mask=tl.expand_dims(mask, BYTE_AXIS), other=0).to(tl.int32)
+    # A code q in the low mantissa bits of 2**23 is the float 2**23 + q: an OR and a
+    # subtraction, where an int-to-float conversion runs at a quarter rate on NVIDIA.
+    low = ((packed & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    high = ((packed >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return low * scale + zero, high * scale + zero
+
+
+@triton.jit
+def _write_result(
+    acc,
+    row,
+    cols,
+    mask,
+    split,
+    num_rows,
+    n,
+    stride_out,
+    out_ptr,
+    partial_ptr,
+    bias_ptr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """Store a program's float32 sums `acc` for rows `row` and columns `cols` (broadcast
+    against each other): as split `split`'s partial sums, or with the bias as the output."""
+    if SPLIT:
+        tl.store(partial_ptr + (split * num_rows + row) * n + cols, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    blocks_ptr,
+    bias_ptr,
+    out_ptr,
+    partial_ptr,
+    num_rows,
+    n,
+    groups_per_row,
+    groups_per_split,
+    stride_x,
+    stride_out,
+    BLOCK_BYTES: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    # One program per (row of x, BLOCK_N output columns, split of K). The tile of a step
+    # is [BLOCK_N columns, BLOCK_G blocks, 16 bytes]; products accumulate element-wise and
+    # are summed once, at the end.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    col_mask = cols < n
+    row_at = blocks_ptr + cols.to(tl.int64) * (groups_per_row * BLOCK_BYTES)
+    start = split * groups_per_split
+    end = tl.minimum(start + groups_per_split, groups_per_row)
+    byte = tl.arange(0, 16)
+    x_row = x_ptr + row * stride_x
+    acc = tl.zeros([BLOCK_N, BLOCK_G, 16], dtype=tl.float32)
+    for group in range(start, end, BLOCK_G):
+        groups = group + tl.arange(0, BLOCK_G)
+        group_mask = groups < end
+        low, high = _dequantize(
+            row_at[:, None] + groups[None, :] * BLOCK_BYTES,
+            col_mask[:, None] & group_mask[None, :],
+            byte[None, None, :],
+            2,
+            BLOCK_BYTES,
+            HAS_MIN,
+        )
+        x_at = x_row + groups[:, None] * 32 + byte[None, :]
+        x_low = tl.load(x_at, mask=group_mask[:, None], other=0.0).to(tl.float32)
+        x_high = tl.load(x_at + 16, mask=group_mask[:, None], other=0.0).to(tl.float32)
+        acc += low * x_low[None, :, :] + high * x_high[None, :, :]
+    result = tl.sum(tl.sum(acc, axis=2), axis=1)
+    _write_result(
+        result, row, cols, col_mask, split, num_rows, n, stride_out,
+        out_ptr, partial_ptr, bias_ptr, HAS_BIAS, SPLIT,
+    )  # fmt: skip
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr,
+    blocks_ptr,
+    bias_ptr,
+    out_ptr,
+    partial_ptr,
+    num_rows,
+    n,
+    groups_per_row,
+    groups_per_split,
+    stride_x,
+    stride_out,
+    BLOCK_BYTES: tl.constexpr,
+    HAS_MIN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    # One program per (BLOCK_M rows, BLOCK_N columns, split of K); the row tiles of one
+    # column tile are neighbours in the grid, so they find its weights in L2. Position i
+    # of a step's K tile (BLOCK_G * 16 deep) is byte i % 16 of block i // 16: the low
+    # nibbles' tile meets x's column 32 * (i // 16) + i % 16, the high nibbles' that + 16.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    row_mask = rows < num_rows
+    col_mask = cols < n
+    row_at = blocks_ptr + cols.to(tl.int64) * (groups_per_row * BLOCK_BYTES)
+    start = split * groups_per_split
+    end = tl.minimum(start + groups_per_split, groups_per_row)
+    depth = tl.arange(0, BLOCK_G * 16)
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for group in range(start, end, BLOCK_G):
+        groups = group + tl.arange(0, BLOCK_G)
+        group_mask = groups < end
+        low, high = _dequantize(
+            groups[:, None] * BLOCK_BYTES + row_at[None, :],
+            group_mask[:, None] & col_mask[None, :],
+            tl.arange(0, 16)[None, :, None],
+            1,
+            BLOCK_BYTES,
+            HAS_MIN,
+        )
+        low = tl.reshape(low, [BLOCK_G * 16, BLOCK_N]).to(x_ptr.dtype.element_ty)
+        high = tl.reshape(high, [BLOCK_G * 16, BLOCK_N]).to(x_ptr.dtype.element_ty)
+        depth_group = group + depth // 16
+        x_at = x_rows + (depth_group * 32 + depth % 16)[None, :]
+        x_mask = row_mask[:, None] & (depth_group < end)[None, :]
+        x_low = tl.load(x_at, mask=x_mask, other=0.0)
+        x_high = tl.load(x_at + 16, mask=x_mask, other=0.0)
+        acc = tl.dot(x_low, low, acc, input_precision="ieee")
+        acc = tl.dot(x_high, high, acc, input_precision="ieee")
+    _write_result(
+        acc, rows.to(tl.int64)[:, None], cols[None, :], row_mask[:, None] & col_mask[None, :],
+        split, num_rows, n, stride_out, out_ptr, partial_ptr, bias_ptr, HAS_BIAS, SPLIT,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sum_splits_kernel(
+    partial_ptr,
+    bias_ptr,
+    out_ptr,
+    num_rows,
+    n,
+    num_splits,
+    stride_out,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # One program per (row, BLOCK columns): the splits' partial sums added in split order.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for split in range(0, num_splits):
+        acc += tl.load(partial_ptr + (split * num_rows + row) * n + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one product is launched: which kernel, its tile and launch options, the split
+    of K."""
+
+    gemv: bool
+    block_m: int  # 1 for the GEMV: a row per program
+    block_n: int
+    block_g: int
+    num_warps: int
+    num_stages: int
+    splits: int
+    groups_per_split: int
+
+
+def _split(tiles: int, groups: int, config: dict[str, int]) -> tuple[int, int]:
+    """(splits, blocks per split) of a launch of `tiles` output tiles over `groups` blocks
+    of 32 weights with the kernel `config`; a split covers whole steps, the last may be
+    short."""
+    limits = _SPLIT_CONFIG[current_platform()]
+    wanted = min(limits["max_splits"], triton.cdiv(config["programs"], tiles))
+    splits = max(1, min(wanted, groups // limits["min_groups"]))
+    step = config["block_g"]
+    per_split = max(1, triton.cdiv(triton.cdiv(groups, splits), step)) * step
+    return max(1, triton.cdiv(groups, per_split)), per_split
+
+
+def _plan(num_rows: int, n: int, groups: int, dtype: torch.dtype) -> _Plan:
+    """The launch of a product of `num_rows` rows of x in `dtype`, `n` output columns and
+    `groups` blocks of 32 weights along K."""
+    platform = current_platform()
+    invariant = dispatch.batch_invariant()
+    gemv = _GEMV_CONFIG[platform]
+    if num_rows <= gemv["max_rows"] and not invariant:
+        # A single row's tiles set the split, whatever the batch (see the docstring).
+        splits, per_split = _split(triton.cdiv(n, gemv["block_n"]), groups, gemv)
+        return _Plan(
+            True, 1, gemv["block_n"], gemv["block_g"], gemv["num_warps"], 1, splits, per_split
+        )
+    if num_rows <= _SMALL_TILE_ROWS and not invariant:
+        tile = _GEMM_CONFIG[platform]["small"]
+    else:
+        tile = _GEMM_CONFIG[platform]["float32" if dtype == torch.float32 else "large"]
+    if invariant:
+        splits, per_split = 1, max(groups, 1)
+    else:
+        output_tiles = triton.cdiv(num_rows, tile["block_m"]) * triton.cdiv(n, tile["block_n"])
+        splits, per_split = _split(output_tiles, groups, tile)
+    return _Plan(
+        False,
+        tile["block_m"],
+        tile["block_n"],
+        tile["block_g"],
+        tile["num_warps"],
+        tile["num_stages"],
+        splits,
+        per_split,
+    )
+
+
+def _check(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | None) -> None:
+    if qtype not in BLOCK_BYTES:
+        raise ValueError(f"not a 4-bit GGUF type: {qtype!r}; expected one of {FOUR_BIT_TYPES}")
+    if x.dim() != 2 or x.dtype not in _DTYPES:
+        raise ValueError(f"x must be [M, K] in one of {_DTYPES}, got {x.dtype} {tuple(x.shape)}")
+    k = x.shape[1]
+    expected = k // GROUP_SIZE * BLOCK_BYTES[qtype]
+    if (
+        k % GROUP_SIZE
+        or blocks.dtype != torch.uint8
+        or blocks.dim() != 2
+        or blocks.shape[1] != expected
+    ):
+        raise ValueError(
+            f"{qtype} blocks for K = {k} must be uint8 [N, {expected}] (K a multiple of "
+            f"{GROUP_SIZE}), got {blocks.dtype} {tuple(blocks.shape)}"
+        )
+    if bias is not None and bias.shape != (blocks.shape[0],):
+        raise ValueError(f"bias must be [{blocks.shape[0]}], got {tuple(bias.shape)}")
+
+
+def gguf_linear_triton(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | None = None) -> Tensor:
+    """The Triton path of `gguf_linear`."""
+    _check(x, blocks, qtype, bias)
+    num_rows, k = x.shape
+    n = blocks.shape[0]
+    out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)
+    if num_rows == 0 or n == 0:
+        return out
+    x = x if x.stride(1) == 1 else x.contiguous()
+    blocks = blocks.contiguous()
+    if blocks.data_ptr() % 2:  # the kernels read each block's d as an aligned float16
+        blocks = blocks.clone()
+    plan = _plan(num_rows, n, k // GROUP_SIZE, x.dtype)
+    split = plan.splits > 1
+    partial = (
+        torch.empty((plan.splits, num_rows, n), dtype=torch.float32, device=x.device)
+        if split
+        else out
+    )
+    arguments = (
+        x,
+        blocks,
+        bias if bias is not None else out,
+        out,
+        partial,
+        num_rows,
+        n,
+        k // GROUP_SIZE,
+        plan.groups_per_split,
+        x.stride(0),
+        out.stride(0),
+    )
+    constants = dict(
+        BLOCK_BYTES=BLOCK_BYTES[qtype],
+        HAS_MIN=qtype == "q4_1",
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_N=plan.block_n,
+        BLOCK_G=plan.block_g,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+    )
+    column_tiles = triton.cdiv(n, plan.block_n)
+    if plan.gemv:
+        _gemv_kernel[(num_rows, column_tiles, plan.splits)](*arguments, **constants)
+    else:
+        row_tiles = triton.cdiv(num_rows, plan.block_m)
+        _gemm_kernel[(row_tiles, column_tiles, plan.splits)](
+            *arguments, BLOCK_M=plan.block_m, **constants
+        )
+    if split:
+        _sum_splits_kernel[(num_rows, triton.cdiv(n, _SUM_BLOCK))](
+            partial,
+            bias if bias is not None else out,
+            out,
+            num_rows,
+            n,
+            plan.splits,
+            out.stride(0),
+            HAS_BIAS=bias is not None,
+            BLOCK=_SUM_BLOCK,
+        )
+    return out
+
+
+def gguf_linear(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | None = None) -> Tensor:
+    """x [M, K] @ Wᵀ (+ bias [N]) as [M, N] in x's dtype, W [N, K] being the GGUF `qtype`
+    ("q4_0" or "q4_1") weight stored in `blocks`, uint8 [N, K / 32 * block bytes].
+
+    x is float16, bfloat16 or float32; the sums are float32, the bias added in float32
+    before the cast.
+    """
+    if dispatch.use_triton():
+        return gguf_linear_triton(x, blocks, qtype, bias)
+    return gguf_linear_reference(x, blocks, qtype, bias)

@@ -1,0 +1,99 @@
+"""What bench/kernel_cases.py and its companion modules share: the shapes a kernel sees,
+the Case they build, seeded random inputs, and the comparison with a torch reference.
+
+Imported as `bench.kernel_case_types` (the repository root is on sys.path: pytest runs
+from it and bench/kernel_bandwidth.py puts it there), so that kernel_cases, loaded as
+`kernel_cases` by that script and as `bench.kernel_cases` by the tests, and the
+companions it imports (kernel_cases_linear) share one copy of these types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# Largest ‖triton − reference‖ / ‖reference‖ accepted: a few units of the output's
+# rounding (bf16 keeps 8 bits, fp16 11), float32 a little above its rounding.
+_RELATIVE_TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 2e-5}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of one model that the kernels see."""
+
+    name: str
+    hidden: int  # H
+    q_heads: int  # Hq
+    kv_heads: int  # Hkv
+    head: int  # D
+    intermediate: int  # I
+    vocab: int  # V
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """The rows of a per-token kernel: one token of each of n sequences, or one prompt."""
+
+    label: str
+    n: int  # N
+    is_prefill: bool
+
+    @classmethod
+    def decode(cls, n: int) -> TokenBatch:
+        return cls(f"decode {n}", n, False)
+
+    @classmethod
+    def prefill(cls, n: int) -> TokenBatch:
+        return cls(f"prefill {n}", n, True)
+
+
+@dataclass
+class Case:
+    """One kernel call to check and time."""
+
+    kernel: str
+    model: str
+    shape: str
+    dtype: torch.dtype
+    bytes: int
+    flops: int
+    run: Callable[[], object]
+    check: Callable[[], str | None]
+
+
+class Random:
+    """Fresh random tensors on one device, from one seeded generator per case."""
+
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> Tensor:
+        values = torch.randn(shape, generator=self.generator, device=self.device, dtype=dtype)
+        return values.mul_(scale) if scale != 1.0 else values
+
+    def integers(self, low: int, high: int, *shape: int, dtype=torch.int64) -> Tensor:
+        return torch.randint(
+            low, high, shape, generator=self.generator, device=self.device, dtype=dtype
+        )
+
+    def permutation(self, n: int) -> Tensor:
+        return torch.randperm(n, generator=self.generator, device=self.device)
+
+    def uniform(self, *shape: int) -> Tensor:
+        return torch.rand(shape, generator=self.generator, device=self.device)
+
+
+def compare(out: Tensor, reference: Tensor, dtype: torch.dtype) -> str | None:
+    """None when `out` matches `reference` to the dtype's relative tolerance; else why not."""
+    if out.shape != reference.shape:
+        return f"shape {tuple(out.shape)} != reference {tuple(reference.shape)}"
+    out64, ref64 = out.double(), reference.double()
+    if not torch.isfinite(out64).all():
+        return "non-finite values in the Triton output"
+    error = ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
+    tolerance = _RELATIVE_TOLERANCE[dtype]
+    return None if error <= tolerance else f"relative error {error:.2e} > {tolerance:.0e}"

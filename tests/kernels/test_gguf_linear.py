@@ -1,0 +1,150 @@
+"""gguf_linear: the torch reference against a float64 product of the weights that gguf-py's
+own quantizer wrote and dequantizer reads (an independent oracle; tests/models/
+test_int4_weights.py checks `unpack_blocks` against gguf-py), and the Triton kernels
+against the reference.
+
+Under the interpreter the kernels take the CPU launch table, whose small tiles and splits
+let small shapes reach every path: the GEMV with one and several rows, the small and the
+large tile, each with K whole and split, K tails and partial column and row tiles
+(`test_shapes_reach_every_path` checks that they do).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from aioserve.kernels import dispatch
+from aioserve.kernels.gguf_linear import _plan, gguf_linear, gguf_linear_triton
+from aioserve.kernels.gguf_linear_reference import gguf_linear_reference
+
+_GGML_TYPES = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1}
+# Triton against the reference (float32 sums of float32 weights). float32: the sums'
+# order. float16: the output's rounding and, on the tiled path, each weight's, cast to
+# float16 for tl.dot (outputs are ~0.3 here, one float16 step 2.4e-4).
+_TOLERANCE = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+}
+# (N, K): one block of 32 along K; three, so the CPU table's 64-deep steps end in a half
+# step; five, split in two. N = 24 and 40 end in a partial column tile.
+_SHAPES = [(40, 32), (24, 96), (40, 160)]
+# The GEMV at one row and at three, the small tile, the large one with a partial row tile.
+_ROWS = [1, 3, 8, 40]
+
+
+def _blocks(n: int, k: int, qtype: str, seed: int) -> torch.Tensor:
+    """gguf-py's `qtype` blocks of random weights [N, K]; the first block of row 0 is all
+    zeros (d = 0)."""
+    weights = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    weights[0, :32] = 0.0
+    return torch.from_numpy(quantize(weights, _GGML_TYPES[qtype]))
+
+
+def _inputs(rows: int, n: int, k: int, qtype: str, dtype: torch.dtype, with_bias: bool):
+    blocks = _blocks(n, k, qtype, seed=rows * 1000 + n + k)
+    generator = torch.Generator().manual_seed(rows + k)
+    # x is a strided view (rows of a wider tensor), as a slice of a fused projection is.
+    x = torch.randn(rows, k + 8, generator=generator).to(dtype)[:, :k]
+    bias = torch.randn(n, generator=generator) if with_bias else None
+    return x, blocks, bias
+
+
+@pytest.mark.parametrize("qtype", list(_GGML_TYPES))
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_reference_matches_float64_product_of_gguf_weights(qtype, with_bias):
+    blocks = _blocks(24, 160, qtype, seed=2)
+    x = torch.randn(5, 160, generator=torch.Generator().manual_seed(3))
+    bias = torch.randn(24, generator=torch.Generator().manual_seed(4)) if with_bias else None
+    weights = dequantize(blocks.numpy(), _GGML_TYPES[qtype]).astype(np.float64)
+    expected = x.double().numpy() @ weights.T
+    if bias is not None:
+        expected += bias.double().numpy()
+    result = gguf_linear_reference(x, blocks, qtype, bias)
+    assert result.dtype == torch.float32
+    torch.testing.assert_close(result.double(), torch.from_numpy(expected), atol=1e-5, rtol=1e-5)
+
+
+def test_shapes_reach_every_path():
+    plans = [_plan(rows, n, k // 32, torch.float16) for rows in _ROWS for n, k in _SHAPES]
+    tiles = sorted({plan.block_m for plan in plans})  # 1 (the GEMV), small, large
+    assert len(tiles) == 3
+    paths = {(plan.block_m, plan.splits > 1) for plan in plans}
+    assert paths == {(tile, split) for tile in tiles for split in (False, True)}
+
+
+@pytest.mark.parametrize("qtype", list(_GGML_TYPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", _ROWS)
+@pytest.mark.parametrize("n, k", _SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_triton_matches_reference(triton_backend, qtype, dtype, rows, n, k, with_bias):
+    x, blocks, bias = _inputs(rows, n, k, qtype, dtype, with_bias)
+    result = gguf_linear(x, blocks, qtype, bias)
+    assert result.shape == (rows, n) and result.dtype == dtype
+    expected = gguf_linear_reference(x, blocks, qtype, bias)
+    torch.testing.assert_close(result, expected, **_TOLERANCE[dtype])
+
+
+def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch(triton_backend):
+    x, blocks, _ = _inputs(40, 40, 160, "q4_1", torch.float32, with_bias=False)
+    dispatch.set_batch_invariant(True)
+    try:
+        alone = [gguf_linear(x[i : i + 1], blocks, "q4_1") for i in (0, 17, 39)]
+        batched = gguf_linear(x, blocks, "q4_1")
+    finally:
+        dispatch.set_batch_invariant(False)
+    for i, row in zip((0, 17, 39), alone, strict=True):
+        assert torch.equal(row[0], batched[i])
+    expected = gguf_linear_reference(x, blocks, "q4_1")
+    torch.testing.assert_close(batched, expected, **_TOLERANCE[torch.float32])
+
+
+def test_reference_runs_without_the_triton_backend():
+    x, blocks, bias = _inputs(3, 24, 96, "q4_0", torch.float32, with_bias=True)
+    assert torch.equal(
+        gguf_linear(x, blocks, "q4_0", bias), gguf_linear_reference(x, blocks, "q4_0", bias)
+    )
+
+
+def test_triton_no_rows(triton_backend):
+    blocks = _blocks(24, 64, "q4_0", seed=5)
+    assert gguf_linear(torch.empty(0, 64), blocks, "q4_0").shape == (0, 24)
+
+
+@pytest.mark.parametrize(
+    "x_shape, qtype, blocks_shape, dtype",
+    [
+        ((2, 64), "q8_0", (4, 36), torch.float32),  # not a 4-bit type
+        ((2, 64), "q4_0", (4, 40), torch.float32),  # q4_1's width
+        ((2, 48), "q4_0", (4, 18), torch.float32),  # K not a multiple of 32
+        ((2, 64), "q4_0", (4, 36), torch.int32),  # x not floating point
+    ],
+)
+def test_triton_rejects_bad_inputs(x_shape, qtype, blocks_shape, dtype):
+    x = torch.zeros(x_shape, dtype=dtype)
+    with pytest.raises(ValueError):
+        gguf_linear_triton(x, torch.zeros(blocks_shape, dtype=torch.uint8), qtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", list(_GGML_TYPES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (6144, 4096), (4096, 14336)])
+def test_gpu_triton_matches_reference(triton_backend, device, qtype, dtype, rows, n, k):
+    from bench.kernel_case_types import Random
+    from bench.kernel_cases_linear import random_blocks
+
+    rand = Random(device, rows + n + k)
+    blocks = random_blocks(rand, n, k, qtype)
+    x = rand.normal(rows, k, dtype=dtype)
+    bias = rand.normal(n, dtype=dtype)
+    result = gguf_linear(x, blocks, qtype, bias).double()
+    expected = gguf_linear_reference(x, blocks, qtype, bias).double()
+    # Relative to the whole output, as bench/kernel_cases.py compares (bf16 keeps 8 bits).
+    error = ((result - expected).norm() / expected.norm()).item()
+    assert error <= {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 2e-5}[dtype]
