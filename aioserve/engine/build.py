@@ -10,7 +10,8 @@ and the device at hand:
   bfloat16 copies of the weights, the float32 weights rounded to the same values
   (models/linear.py); on a GPU the checkpoint's dtype, float32 checkpoints running in
   float16 as in vLLM; where the dense products then run on packed bfloat16 weights, a
-  GGUF checkpoint's 4-bit layers are also kept as stored for steps of a few rows;
+  GGUF checkpoint's 4-bit layers are also kept as stored for steps of a few rows (on a
+  GPU they are kept as stored only, for the Triton kernels);
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
 - max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
@@ -42,7 +43,7 @@ from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
-from aioserve.models.int4_weights import keep_int4_weights
+from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
 from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.platform import (
@@ -50,6 +51,7 @@ from aioserve.platform import (
     cpu_fast_bf16_flag,
     current_platform,
     device,
+    is_gpu,
 )
 from aioserve.runner.decode_graphs import capture_sizes
 from aioserve.runner.kv_memory import num_kv_blocks
@@ -177,9 +179,15 @@ def resolve_packed_weights(dtype: torch.dtype) -> bool:
     return current_platform() == "cpu" and onednn_packs(dtype) and not dispatch.batch_invariant()
 
 
+def resolve_gguf_blocks(checkpoint: Checkpoint) -> bool:
+    """Whether a GGUF checkpoint's 4-bit layers hold only their blocks, read as stored by the
+    Triton kernels (models/gguf_weights.py): on a GPU."""
+    return checkpoint.load_format == "gguf" and is_gpu()
+
+
 def resolve_int4_weights(checkpoint: Checkpoint, dtype: torch.dtype) -> bool:
     """Whether small steps read a GGUF checkpoint's 4-bit weights as stored
-    (models/int4_weights.py): where the dense products run on packed bfloat16 weights,
+    (models/gguf_weights.py): where the dense products run on packed bfloat16 weights,
     beside which torch's int4 CPU op serves steps of a few rows."""
     return checkpoint.load_format == "gguf" and resolve_packed_weights(dtype)
 
@@ -285,7 +293,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
         dummy=config.load.load_format == "dummy",
         seed=model_cfg.seed,
     )
-    if resolve_int4_weights(checkpoint, dtype):
+    if resolve_gguf_blocks(checkpoint):
+        kept = keep_gguf_blocks(model, checkpoint)
+        logger.info("the 4-bit layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
+    elif resolve_int4_weights(checkpoint, dtype):
         added = keep_int4_weights(model, checkpoint, dtype)
         logger.info(
             "steps of up to %d rows read the checkpoint's 4-bit weights as stored "

@@ -31,8 +31,10 @@ _ROW_COPY_SUFFIX = "row_weight"
 _PACKED_SUFFIX = "packed_weight"
 _PACKED_COPY_NAME = "head_packed_weight"
 # Buffers under these names hold a GGUF checkpoint's 4-bit weights as stored, beside the
-# float ones, for steps of a few rows (models/int4_weights.py).
+# float ones, for steps of a few rows (models/gguf_weights.py).
 _INT4_SUFFIXES = ("int4_weight", "int4_scales_and_zeros")
+# On a GPU, a GGUF checkpoint's 4-bit blocks in place of a Linear's released float weight.
+_BLOCKS_SUFFIX = "gguf_blocks"
 _STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
 
 
@@ -48,7 +50,9 @@ class LoadReport:
     dtype: str
     """The dtype the weights are held in."""
     weight_bytes: int
-    """The model's parameters and buffers, the row copies left out."""
+    """The model's parameters and buffers, the row copies and kept blocks left out."""
+    kept_blocks_bytes: int
+    """The 4-bit layers' GGUF blocks, kept as stored in place of float weights (a GPU)."""
     row_copy_dtype: str | None
     row_copy_bytes: int
     packed: bool
@@ -71,6 +75,11 @@ class LoadReport:
         on_disk = format_bytes(sum(size for _, size in self.stored_types))
         if self.load_format == "dummy":
             weights = f"random weights (--load-format dummy) in {self.dtype}"
+        elif self.load_format == "gguf" and self.kept_blocks_bytes:
+            weights = (
+                f"GGUF {stored} weights ({on_disk} on disk), the 4-bit layers kept as stored "
+                f"({format_bytes(self.kept_blocks_bytes)}), the rest dequantized to {self.dtype}"
+            )
         elif self.load_format == "gguf":
             weights = f"GGUF {stored} weights ({on_disk} on disk) dequantized to {self.dtype}"
         else:
@@ -108,7 +117,7 @@ def build_load_report(
     held = {p.dtype for p in model.parameters()}
     row_copy_bytes = 0
     row_copy_dtypes: set[torch.dtype] = set()
-    packed, packed_copy_bytes, int4_bytes = False, 0, 0
+    packed, packed_copy_bytes, int4_bytes, kept_blocks_bytes = False, 0, 0, 0
     for name, buffer in model.named_buffers():
         if name.endswith(_ROW_COPY_SUFFIX):
             row_copy_bytes += buffer.nbytes
@@ -119,6 +128,10 @@ def build_load_report(
             packed = True
         elif name.endswith(_INT4_SUFFIXES):
             int4_bytes += buffer.nbytes
+        elif name.endswith(_BLOCKS_SUFFIX):
+            kept_blocks_bytes += buffer.nbytes
+            # the Linear's weight parameter is only a shape now
+            weight_bytes -= model.get_submodule(name.rpartition(".")[0]).weight.nbytes
         else:
             weight_bytes += buffer.nbytes
     kv_tensors = [t for pair in runner.kv_caches for t in pair]
@@ -129,6 +142,7 @@ def build_load_report(
         stored_types=tuple(checkpoint.stored_weight_types().items()),
         dtype=_dtype_names(held),
         weight_bytes=weight_bytes,
+        kept_blocks_bytes=kept_blocks_bytes,
         row_copy_dtype=_dtype_names(row_copy_dtypes) if row_copy_dtypes else None,
         row_copy_bytes=row_copy_bytes,
         packed=packed,

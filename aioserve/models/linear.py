@@ -30,8 +30,9 @@ at 256, and about the same from 512 rows up. Served, the one-stream decode step 
 plain weight is released (a Linear keeps only its shape), so the model's memory does not
 grow; a tied output head keeps its plain table for the embedding and gets a packed copy.
 Beside the packed weights, a GGUF checkpoint's 4-bit layers can be kept as stored
-(models/int4_weights.py): the same op then multiplies steps of up to INT4_MAX_ROWS rows by
-them with torch's int4 CPU matmul, reading a third of the bytes.
+(models/gguf_weights.py): the same op then multiplies steps of up to INT4_MAX_ROWS rows by
+them with torch's int4 CPU matmul, reading a third of the bytes. On a GPU such a layer
+holds only the 4-bit blocks, multiplied by the Triton kernels of kernels/gguf_linear.py.
 
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
 in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
@@ -50,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.gguf_linear import gguf_linear
 from aioserve.kernels.gguf_linear_reference import int4_linear
 
 # At or below this many rows the CPU computes W @ xᵀ (the crossover measured at 128–256).
@@ -61,7 +63,7 @@ INVARIANT_TILE_ROWS = 16
 PACKED_FOR_ROWS = 64
 
 # Up to this many rows a product reads a GGUF 4-bit checkpoint's weights as stored, where
-# the model keeps them (models/int4_weights.py): torch's int4 op walks the weight once per
+# the model keeps them (models/gguf_weights.py): torch's int4 op walks the weight once per
 # row, so it gains 2-3x at one to four rows and nothing from about eight on
 # (`python bench/packed_products.py`).
 INT4_MAX_ROWS = 4
@@ -159,7 +161,7 @@ def dense(
     it by the compiled single-row product; packed_weight, when given, holds them in
     oneDNN's layout and is read instead of `weight` (see `pack_weights`); with it, the
     int4 pair holds a GGUF 4-bit checkpoint's weights as stored, read instead for steps of
-    up to INT4_MAX_ROWS rows (models/int4_weights.py).
+    up to INT4_MAX_ROWS rows (models/gguf_weights.py).
     """
     if packed_weight is not None:
         return _packed_dense(x, packed_weight, bias, int4_weight, int4_scales_and_zeros)
@@ -191,11 +193,17 @@ class Linear(nn.Linear):
         self.register_buffer("packed_weight", None, persistent=False)
         self.register_buffer("int4_weight", None, persistent=False)
         self.register_buffer("int4_scales_and_zeros", None, persistent=False)
+        # On a GPU, a GGUF checkpoint's 4-bit blocks in place of the weight, and their type
+        # (models/gguf_weights.py `keep_gguf_blocks`).
+        self.register_buffer("gguf_blocks", None, persistent=False)
+        self.gguf_qtype: str | None = None
 
     def reset_parameters(self) -> None:
         """Nothing: the loader fills the parameters."""
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gguf_blocks is not None:
+            return gguf_linear(x, self.gguf_blocks, self.gguf_qtype, self.bias)
         return dense(
             x,
             self.weight,

@@ -111,7 +111,7 @@ def test_4bit_weights_kept_as_stored_are_counted_apart(smollm2_gguf):
     model = runner.model
     kept = [m for m in model.modules() if isinstance(m, Linear) and fits_int4(*m.weight.shape)]
     assert kept
-    for module in kept:  # as models/int4_weights.py leaves them
+    for module in kept:  # as models/gguf_weights.py leaves them
         rows, cols = module.weight.shape
         codes = torch.zeros(rows, cols, dtype=torch.uint8)
         scale = torch.ones(rows, cols // 32)
@@ -125,6 +125,32 @@ def test_4bit_weights_kept_as_stored_are_counted_apart(smollm2_gguf):
     assert (
         f", plus {format_bytes(int4_bytes)} of the 4-bit layers as stored, for steps of up "
         f"to {INT4_MAX_ROWS} rows; KV cache" in report.describe()
+    ), report.describe()
+
+
+def test_blocks_kept_in_place_of_weights_are_counted_instead_of_them(smollm2_gguf):
+    # On a GPU (models/gguf_weights.py `keep_gguf_blocks`): the float weight is released.
+    _, runner = tiny_runner("qwen2-tied", num_blocks=32)
+    model = runner.model
+    all_params = sum(p.nbytes for p in model.parameters())
+    kept = [m for m in model.modules() if isinstance(m, Linear) and m.in_features % 32 == 0]
+    assert kept
+    released = sum(m.weight.nbytes for m in kept)
+    for module in kept:
+        rows, cols = module.weight.shape
+        module.gguf_blocks = torch.zeros(rows, cols // 32 * 20, dtype=torch.uint8)
+        module.gguf_qtype = "q4_1"
+        module.weight.data = module.weight.new_zeros(()).expand(rows, cols)
+    report = build_load_report(
+        "SmolLM2", open_checkpoint(str(smollm2_gguf)), runner, "--num-gpu-blocks-override 32"
+    )
+    blocks = sum(m.gguf_blocks.nbytes for m in kept)
+    assert report.kept_blocks_bytes == blocks
+    assert report.weight_bytes == all_params - released
+    assert (
+        f"weights ({format_bytes(sum(size for _, size in report.stored_types))} on disk), the "
+        f"4-bit layers kept as stored ({format_bytes(blocks)}), the rest dequantized to "
+        f"float32: {format_bytes(report.weight_bytes)}; KV cache" in report.describe()
     ), report.describe()
 
 

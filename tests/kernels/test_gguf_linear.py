@@ -1,6 +1,6 @@
 """gguf_linear: the torch reference against a float64 product of the weights that gguf-py's
 own quantizer wrote and dequantizer reads (an independent oracle; tests/models/
-test_int4_weights.py checks `unpack_blocks` against gguf-py), and the Triton kernels
+test_gguf_weights.py checks `unpack_blocks` against gguf-py), and the Triton kernels
 against the reference.
 
 Under the interpreter the kernels take the CPU launch table, whose small tiles and splits

@@ -1,5 +1,7 @@
-"""GGUF 4-bit weights kept as stored (models/int4_weights.py, kernels/gguf_linear_reference.py)
+"""GGUF 4-bit weights kept as stored (models/gguf_weights.py, kernels/gguf_linear_reference.py)
 against the float32 product of the weights dequantized.
+
+The CPU's int4 copy:
 
 - `unpack_blocks` reads what gguf-py's quantizer wrote: its dequantization, exactly;
 - `int4_linear` on `pack_int4`'s layout equals the float32 product within bfloat16's rounding
@@ -9,6 +11,13 @@ against the float32 product of the weights dequantized.
   shards are all 4-bit get int4 weights, each reproducing the loader's dequantized weights;
 - `dense` on packed weights reads the int4 ones up to INT4_MAX_ROWS rows and oneDNN's from
   there on (where this CPU has bfloat16 arithmetic).
+
+The GPU's blocks in place of the weights (`keep_gguf_blocks`), run here on the CPU:
+- exactly the Linears whose shards are all of one 4-bit type keep the blocks and release
+  their float weights, and compute what the float weights computed, through the torch
+  reference and through the Triton kernels (interpreted);
+- a tiny model holding them gives the dequantized model's greedy tokens over a prefill
+  and decodes (a ModelRunner, float32).
 """
 
 from __future__ import annotations
@@ -27,11 +36,13 @@ from aioserve.kernels.gguf_linear_reference import (
     unpack_blocks,
 )
 from aioserve.models.checkpoint import open_checkpoint
-from aioserve.models.int4_weights import keep_int4_weights
+from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
 from aioserve.models.linear import INT4_MAX_ROWS, Linear, dense, onednn_packs, pack_weights
 from aioserve.models.loader import load_model
 from aioserve.models.loaders.gguf import QType
+from aioserve.runner.model_runner import ModelRunner
 from tests.models.tiny_gguf import tiny_state_dict, write_tiny_gguf
+from tests.runner.plans import PlanMaker, run_step
 
 TYPES = {"q4_0": QType.Q4_0, "q4_1": QType.Q4_1}
 
@@ -142,3 +153,77 @@ def test_dense_reads_int4_weights_for_small_steps_only(tiny_gguf):
         packed = dense(x[:rows], layer.weight, packed_weight=layer.packed_weight)
         assert not torch.equal(int4, packed)  # the two products differ in their last bits
         assert torch.equal(got, int4 if rows <= INT4_MAX_ROWS else packed), rows
+
+
+def _float_model(path, **options):
+    return load_model(
+        open_checkpoint(str(path)), dtype=torch.float32, device=torch.device("cpu"), **options
+    )
+
+
+def test_layers_of_one_4bit_type_keep_their_blocks_in_place_of_the_weights(tiny_gguf):
+    checkpoint = open_checkpoint(str(tiny_gguf))
+    model = _float_model(tiny_gguf, use_tqdm=False)
+    dequantized = {
+        name: m.weight.clone() for name, m in model.named_modules() if isinstance(m, Linear)
+    }
+    kept_bytes = keep_gguf_blocks(model, checkpoint)
+
+    kept = {
+        n for n, m in model.named_modules() if isinstance(m, Linear) and m.gguf_blocks is not None
+    }
+    # q_proj is Q4_0 and k/v Q4_1: two types in one stacked layer; layer 1's up_proj is Q8_0
+    assert kept == {
+        "layers.0.self_attn.o_proj",
+        "layers.1.self_attn.o_proj",
+        "layers.0.mlp.down_proj",
+        "layers.1.mlp.down_proj",
+        "layers.0.mlp.gate_up_proj",
+    }
+    assert kept_bytes == sum(model.get_submodule(n).gguf_blocks.nbytes for n in kept)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
+    for name in sorted(kept):
+        module = model.get_submodule(name)
+        assert module.weight.stride() == (0, 0) and module.weight.shape == dequantized[name].shape
+        assert module.gguf_qtype == ("q4_0" if name.endswith("o_proj") else "q4_1")
+        inputs = x[:, : module.in_features]
+        torch.testing.assert_close(
+            module(inputs), inputs @ dequantized[name].t(), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_the_triton_kernels_compute_a_kept_layer(tiny_gguf, triton_backend):
+    model = _float_model(tiny_gguf, use_tqdm=False)
+    keep_gguf_blocks(model, open_checkpoint(str(tiny_gguf)))
+    layer = model.get_submodule("layers.0.mlp.gate_up_proj")
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(1))
+    expected = gguf_linear_reference(x, layer.gguf_blocks, "q4_1")
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def _greedy_tokens(model, steps: int = 6) -> list[int]:
+    runner = ModelRunner(
+        model,
+        num_blocks=16,
+        block_size=4,
+        max_num_seqs=2,
+        max_model_len=64,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        compile_model=False,
+    )
+    maker = PlanMaker(block_size=4, num_blocks=16)
+    maker.admit("a", [5, 17, 3, 9, 30, 12, 8])
+    tokens: list[int] = []
+    result = run_step(runner, maker.plan([("a", 7)]))
+    for _ in range(steps):
+        tokens += result.sampled["a"]
+        maker.learn(result.sampled)
+        result = run_step(runner, maker.plan([("a", 1)]))
+    return tokens + result.sampled["a"]
+
+
+def test_a_model_keeping_blocks_gives_the_dequantized_models_tokens(tiny_gguf):
+    kept = _float_model(tiny_gguf, use_tqdm=False)
+    assert keep_gguf_blocks(kept, open_checkpoint(str(tiny_gguf))) > 0
+    assert _greedy_tokens(kept) == _greedy_tokens(_float_model(tiny_gguf, use_tqdm=False))
