@@ -121,6 +121,7 @@ def test_padded_steps_keep_seeded_samples_and_logprobs():
 
 def test_padding_rows_write_no_kv_slot():
     _, runner = tiny_runner(decode_graph_sizes=[8], num_blocks=16)
+    runner.warm_up()  # the pool is zeroed on a thread: the snapshot must come after it
     before = [cache.clone() for pair in runner.kv_caches for cache in pair]
     maker = PlanMaker(4, 16)
     maker.admit("b", PROMPTS["b"], output=[7])
