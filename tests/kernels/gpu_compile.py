@@ -66,6 +66,11 @@ _TRITON_TYPES = {
     torch.float32: "fp32",
     torch.float16: "fp16",
     torch.bfloat16: "bf16",
+    # 8-bit floats: NVIDIA's e4m3 and AMD MI300's e4m3 "fnuz" (no negative zero, bias 8).
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e4m3fnuz: "fp8e4b8",
+    torch.float8_e5m2: "fp8e5",
+    torch.float8_e5m2fnuz: "fp8e5b16",
     torch.int64: "i64",
     torch.int32: "i32",
     torch.int16: "i16",
