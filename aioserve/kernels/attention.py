@@ -30,6 +30,10 @@ always reduced in the same order (a decode's segments too: how it splits depends
 own length only), so a sequence's output is bitwise the same whatever shares its batch
 (DESIGN: batch invariance).
 
+An fp8 cache (kv_cache.py) is loaded as stored and converted to the query's dtype in
+registers; its layer's k_scale multiplies the scores (folded into the softmax scale) and
+v_scale the weighted sum of values.
+
 Reference path (the CPU production path): aioserve/kernels/attention_reference.py.
 
 Rows of `out` past `query_start_loc[-1]` (padding) are not written.
@@ -50,6 +54,7 @@ from aioserve.kernels.attention_reference import (
     paged_attention_reference,
     plan_reference_attention,
 )
+from aioserve.kernels.kv_cache import is_fp8
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
 
@@ -106,6 +111,7 @@ def _attend_keys(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Attention of the query rows `q` [BLOCK_M, BLOCK_D] over keys first_key..num_keys-1,
     unnormalized: (sum of p·v, the rows' running max, the sum of p), all float32.
@@ -113,7 +119,8 @@ def _attend_keys(
     Row r attends to keys up to row_positions[r]; the first key is visible to every row.
     The keys come in tiles of BLOCK_N positions, each position's physical block looked up
     in the sequence's block table. `qk_scale` is the softmax scale times log2(e): the
-    softmax runs in base 2.
+    softmax runs in base 2. An fp8 cache (KV_FP8) is converted to the query's dtype as
+    loaded, unscaled: the caller scales.
     """
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < head_size
@@ -132,6 +139,9 @@ def _attend_keys(
         k = tl.load(key_head_ptr + key_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         value_rows = blocks * stride_value_block + in_block * stride_value_slot
         v = tl.load(value_head_ptr + value_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:  # through float32, which every fp8 format converts to exactly
+            k = k.to(tl.float32).to(q.dtype)
+            v = v.to(tl.float32).to(q.dtype)
 
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         # Causality also hides the keys past num_keys from every row that gets stored.
@@ -158,6 +168,8 @@ def _decode_kernel(
     block_tables_ptr,
     partial_ptr,
     partial_stats_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     stride_query_token,
     stride_query_head,
@@ -178,6 +190,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SEGMENT: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # One program per (sequence, kv head, segment of SEGMENT keys); rows are the GQA
     # group's query heads. A sequence of one segment writes its output; a longer one writes
@@ -205,6 +218,8 @@ def _decode_kernel(
         other=0.0,
     )
     row_positions = tl.zeros([BLOCK_G], dtype=tl.int32) + (seq_len - 1)
+    if KV_FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     acc, row_max, row_sum = _attend_keys(
         q,
         row_positions,
@@ -223,7 +238,10 @@ def _decode_kernel(
         BLOCK_G,
         BLOCK_N,
         BLOCK_D,
+        KV_FP8,
     )
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr)
     if num_segments == 1:
         tl.store(
             out_ptr + token * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
@@ -315,6 +333,8 @@ def _prefill_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     block_tables_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     num_seqs,
     stride_query_token,
@@ -335,6 +355,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # One program per (tile of BLOCK_Q query tokens, kv head); row r of the tile is token
     # r // GROUP of the tile and query head r % GROUP of the kv head's group.
@@ -366,6 +387,8 @@ def _prefill_kernel(
         other=0.0,
     )
     last_token = tl.minimum(first_token + BLOCK_Q, query_len) - 1
+    if KV_FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     acc, _, row_sum = _attend_keys(
         q,
         context_len + tokens,
@@ -384,7 +407,10 @@ def _prefill_kernel(
         BLOCK_M,
         BLOCK_N,
         BLOCK_D,
+        KV_FP8,
     )
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr)
     tl.store(
         out_ptr
         + token_offsets[:, None] * stride_out_token
@@ -406,11 +432,14 @@ def paged_attention_triton(
     max_query_len: int,
     max_seq_len: int,
     out: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """The Triton path of `paged_attention`: the decode kernel, then the prefill kernel."""
-    check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
-    if query.dtype != key_cache.dtype or value_cache.dtype != key_cache.dtype:
-        raise ValueError("the Triton path needs query and KV cache of one dtype")
+    check_shapes(query, key_cache, value_cache, block_tables, max_seq_len, k_scale, v_scale)
+    kv_fp8 = is_fp8(key_cache.dtype)
+    if value_cache.dtype != key_cache.dtype or not (kv_fp8 or query.dtype == key_cache.dtype):
+        raise ValueError("the Triton path needs a KV cache of the query's dtype, or fp8")
     if query.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError("query and KV cache need unit stride along head_size")
     num_tokens, num_q_heads, head_size = query.shape
@@ -441,6 +470,8 @@ def paged_attention_triton(
         head_size,
     )
     tensors = (query, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables)
+    # The scales are read only from an fp8 cache.
+    scales = (k_scale, v_scale) if kv_fp8 else (seq_lens, seq_lens)
 
     segment = config["decode_segment"]
     max_segments = triton.cdiv(max_seq_len, segment)
@@ -459,6 +490,7 @@ def paged_attention_triton(
         *tensors,
         partial,
         stats,
+        *scales,
         qk_scale,
         *common,
         max_segments,
@@ -467,6 +499,7 @@ def paged_attention_triton(
         BLOCK_N=config["decode_block_n"],
         BLOCK_D=block_d,
         SEGMENT=segment,
+        KV_FP8=kv_fp8,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
@@ -493,6 +526,7 @@ def paged_attention_triton(
         num_tiles = num_tokens // block_q + num_seqs
         _prefill_kernel[(num_tiles, num_kv_heads)](
             *tensors,
+            *scales,
             qk_scale,
             num_seqs,
             *common,
@@ -501,6 +535,7 @@ def paged_attention_triton(
             BLOCK_M=block_m,
             BLOCK_N=config["block_n"],
             BLOCK_D=block_d,
+            KV_FP8=kv_fp8,
             num_warps=config["num_warps"],
             num_stages=config["num_stages"],
         )
@@ -519,6 +554,8 @@ def paged_attention(
     max_seq_len: int,
     out: Tensor | None = None,
     plan: ReferencePlan | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """Causal attention of the step's query rows over their sequences' paged KV cache.
 
@@ -526,7 +563,7 @@ def paged_attention(
     query_start_loc int32 [B+1]; seq_lens int32 [B] (context including the new tokens);
     block_tables int32 [B, max_blocks_per_seq]. Returns [T, Hq, D] in query's dtype,
     written into `out` when given. `plan` is the step's plan from `plan_attention`, shared
-    by all layers.
+    by all layers. An fp8 cache needs its layer's k_scale and v_scale ([1] float32).
     """
     if dispatch.use_triton():
         return paged_attention_triton(
@@ -540,6 +577,8 @@ def paged_attention(
             max_query_len,
             max_seq_len,
             out,
+            k_scale,
+            v_scale,
         )
     return paged_attention_reference(
         query,
@@ -553,6 +592,8 @@ def paged_attention(
         max_seq_len,
         out,
         plan,
+        k_scale,
+        v_scale,
     )
 
 

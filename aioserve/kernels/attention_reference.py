@@ -25,6 +25,9 @@ in bfloat16 for a bfloat16 model (SDPA accumulates in float32) and in float32 ot
   kept ~0.6 MiB (302 MiB over lengths 1 to 512, 861 MiB more for chunks over cached
   prefixes), against 78 MiB for every length up to 4,096 once padded to 16.
 
+An fp8 cache (kv_cache.py) is converted to the compute dtype as it is gathered and
+multiplied by its layer's k_scale / v_scale there.
+
 Unlike the Triton path it is not bitwise batch invariant: the padded width of a decode
 group can change the last bits of a row's result. In batch-invariant mode
 (dispatch.batch_invariant) every decode is a group of one, cut to its own length.
@@ -40,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.kv_cache import is_fp8
 
 DECODE_GROUP = 16
 PREFILL_ALIGN = 16
@@ -93,9 +97,17 @@ class ReferencePlan:
 
 
 def check_shapes(
-    query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, max_seq_len: int
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_tables: Tensor,
+    max_seq_len: int,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> None:
-    """Raise ValueError when the cache, query and block tables do not fit together."""
+    """Raise ValueError when the cache, query, block tables and scales do not fit together."""
+    if is_fp8(key_cache.dtype) and (k_scale is None or v_scale is None):
+        raise ValueError(f"a {key_cache.dtype} KV cache needs its k_scale and v_scale")
     num_q_heads, head_size = query.shape[1:]
     _, block_size, num_kv_heads, cache_head_size = key_cache.shape
     if value_cache.shape != key_cache.shape:
@@ -203,8 +215,10 @@ def _gather_blocks(
     padding: Tensor | None = None,
     buffer: Tensor | None = None,
     dtype: torch.dtype = torch.float32,
+    scale: Tensor | None = None,
 ) -> Tensor:
-    """cache [num_blocks, block_size, Hkv, D] at `blocks`, as `dtype` [slots, Hkv, D].
+    """cache [num_blocks, block_size, Hkv, D] at `blocks`, as `dtype` [slots, Hkv, D]; an
+    fp8 cache's values times `scale`.
 
     Whole blocks are contiguous rows of the cache, so index_select copies long runs; they
     land in `buffer` when given.
@@ -217,7 +231,11 @@ def _gather_blocks(
         gathered = torch.index_select(rows, 0, blocks, out=buffer[: blocks.numel()])
     slots = gathered.view(-1, num_kv_heads, head_size)
     if padding is not None and padding.numel():
-        slots.index_fill_(0, padding, 0)
+        # As bytes: torch has no index_fill_ for fp8 on the CPU (zero bytes are 0.0 in
+        # every float format).
+        slots.view(torch.uint8 if is_fp8(slots.dtype) else slots.dtype).index_fill_(0, padding, 0)
+    if is_fp8(slots.dtype):
+        return slots.to(dtype).mul_(scale.to(dtype))
     return slots.to(dtype)
 
 
@@ -228,6 +246,7 @@ def _attend_decode_group(
     group: DecodeGroup,
     scale: float,
     buffers: tuple[Tensor, Tensor],
+    kv_scales: tuple[Tensor | None, Tensor | None],
 ) -> Tensor:
     """Attention of the group's query rows over their contexts: [n, Hq, D] in the compute
     dtype (_compute_dtype)."""
@@ -237,8 +256,10 @@ def _attend_decode_group(
     dtype = _compute_dtype(query.dtype)
     # A group of one is cut to its length: the slots past it are never read.
     width = n * group.width
-    keys = _gather_blocks(key_cache, group.blocks, group.padding, buffers[0], dtype)[:width]
-    values = _gather_blocks(value_cache, group.blocks, group.padding, buffers[1], dtype)[:width]
+    k_scale, v_scale = kv_scales
+    keys = _gather_blocks(key_cache, group.blocks, group.padding, buffers[0], dtype, k_scale)
+    values = _gather_blocks(value_cache, group.blocks, group.padding, buffers[1], dtype, v_scale)
+    keys, values = keys[:width], values[:width]
     if group.first_row is None:
         rows = query.index_select(0, group.rows)
     else:
@@ -257,14 +278,19 @@ def _attend_decode_group(
 
 
 def _attend_prefill(
-    query: Tensor, key_cache: Tensor, value_cache: Tensor, seq: PrefillSequence, scale: float
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    seq: PrefillSequence,
+    scale: float,
+    kv_scales: tuple[Tensor | None, Tensor | None],
 ) -> Tensor:
     """Causal attention of one sequence's query rows: [q_len, Hq, D] in the compute dtype."""
     num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
     dtype = _compute_dtype(query.dtype)
-    keys = _padded_keys(key_cache, seq, dtype)  # [padded_seq_len, Hkv, D]
-    values = _padded_keys(value_cache, seq, dtype)
+    keys = _padded_keys(key_cache, seq, dtype, kv_scales[0])  # [padded_seq_len, Hkv, D]
+    values = _padded_keys(value_cache, seq, dtype, kv_scales[1])
     query_len = seq.end - seq.start
     rows = query.new_zeros((seq.padded_query_len, num_q_heads, head_size), dtype=dtype)
     rows[:query_len] = query[seq.start : seq.end]
@@ -280,10 +306,13 @@ def _attend_prefill(
     return out.squeeze(0).transpose(0, 1)[:query_len]
 
 
-def _padded_keys(cache: Tensor, seq: PrefillSequence, dtype: torch.dtype) -> Tensor:
+def _padded_keys(
+    cache: Tensor, seq: PrefillSequence, dtype: torch.dtype, scale: Tensor | None
+) -> Tensor:
     """The sequence's keys (or values) as `dtype` [padded_seq_len, Hkv, D], zero past seq_len:
     a real row never attends them, but a NaN left in a free slot would survive the mask."""
-    slots = _gather_blocks(cache, seq.blocks, dtype=dtype)  # a fresh tensor: written below
+    # A fresh tensor (written below).
+    slots = _gather_blocks(cache, seq.blocks, dtype=dtype, scale=scale)
     missing = seq.padded_seq_len - slots.shape[0]
     if missing > 0:  # blocks smaller than PREFILL_ALIGN
         slots = torch.cat([slots, slots.new_zeros((missing, *slots.shape[1:]))])
@@ -304,13 +333,16 @@ def paged_attention_reference(
     max_seq_len: int,
     out: Tensor | None = None,
     plan: ReferencePlan | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> Tensor:
     """The torch path of `paged_attention`, with its arguments; `plan` is built when not given.
 
     max_query_len is not needed here (the plan sorts the rows), only taken so that both
     paths have one signature.
     """
-    check_shapes(query, key_cache, value_cache, block_tables, max_seq_len)
+    check_shapes(query, key_cache, value_cache, block_tables, max_seq_len, k_scale, v_scale)
+    kv_scales = (k_scale, v_scale)
     if plan is None:
         plan = plan_reference_attention(
             query_start_loc.cpu().numpy(),
@@ -323,12 +355,14 @@ def paged_attention_reference(
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for group in plan.decode_groups:
         buffers = plan.decode_gather_buffers(key_cache)
-        attended = _attend_decode_group(query, key_cache, value_cache, group, scale, buffers)
+        attended = _attend_decode_group(
+            query, key_cache, value_cache, group, scale, buffers, kv_scales
+        )
         if group.first_row is None:
             out.index_copy_(0, group.rows, attended.to(out.dtype))
         else:
             out[group.first_row : group.first_row + attended.shape[0]] = attended
     for seq in plan.prefills:
-        attended = _attend_prefill(query, key_cache, value_cache, seq, scale)
+        attended = _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales)
         out[seq.start : seq.end] = attended.to(out.dtype)
     return out

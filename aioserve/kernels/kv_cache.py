@@ -4,10 +4,17 @@ The cache is a pool of fixed-size blocks: key_cache/value_cache
 [num_blocks, block_size, num_kv_heads, head_size]. The runner gives each new token a slot,
 `block_id * block_size + offset`, in `slot_mapping`; slot -1 marks a padding token whose
 key and value are not written. The write happens in place, cast to the cache's dtype.
+
+An fp8 cache (`--kv-cache-dtype fp8`: float8_e4m3fn, float8_e4m3fnuz on ROCm's gfx94x, or
+float8_e5m2) stores key / k_scale and value / v_scale, saturated to the format's largest
+finite value (a NaN or inf in the cache would poison every score that reads it); the
+attention multiplies them back (attention.py, attention_reference.py). The scales are
+1-element float32 tensors, one pair per layer.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from aioserve.kernels import dispatch
@@ -20,6 +27,28 @@ _CONFIG: dict[str, dict[str, int]] = {
     "rocm": {"heads_per_program": 8, "num_warps": 4},
     "cpu": {"heads_per_program": 16, "num_warps": 1},
 }
+
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a KV cache of `dtype` holds scaled fp8 values."""
+    return dtype in FP8_KV_DTYPES
+
+
+def quantize_kv(x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """x / scale in the fp8 `dtype`, saturated to its finite range (the torch path)."""
+    finite = torch.finfo(dtype).max
+    return (x.float() / scale).clamp_(-finite, finite).to(dtype)
+
+
+def _check_scales(cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
+    """Whether the cache is fp8 (then both scales are needed)."""
+    if not is_fp8(cache.dtype):
+        return False
+    if k_scale is None or v_scale is None:
+        raise ValueError(f"a {cache.dtype} KV cache needs its k_scale and v_scale")
+    return True
 
 
 @triton.jit
@@ -39,11 +68,14 @@ def _write_kv_cache_kernel(
     stride_value_cache_block,
     stride_value_cache_slot,
     stride_value_cache_head,
+    k_scale_ptr,
+    v_scale_ptr,
     num_heads,
     head_size,
     block_size,
     BLOCK_HEADS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     # One program per (token, group of BLOCK_HEADS heads).
     token = tl.program_id(0).to(tl.int64)
@@ -79,14 +111,26 @@ def _write_kv_cache_kernel(
         + heads[:, None] * stride_value_cache_head
         + dims[None, :]
     )
+    if FP8_MAX > 0:  # an fp8 cache: scaled and saturated
+        key = key.to(tl.float32) / tl.load(k_scale_ptr)
+        key = tl.minimum(tl.maximum(key, -FP8_MAX), FP8_MAX)
+        value = value.to(tl.float32) / tl.load(v_scale_ptr)
+        value = tl.minimum(tl.maximum(value, -FP8_MAX), FP8_MAX)
     tl.store(key_dst, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(value_dst, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv_cache_triton(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> None:
     """The Triton path of `write_kv_cache`."""
+    fp8 = _check_scales(key_cache, k_scale, v_scale)
     if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError("the KV cache must have unit stride along head_size")
     key = key if key.stride(-1) == 1 else key.contiguous()
@@ -113,11 +157,14 @@ def write_kv_cache_triton(
         value_cache.stride(0),
         value_cache.stride(1),
         value_cache.stride(2),
+        k_scale if fp8 else slot_mapping,  # never read unless fp8
+        v_scale if fp8 else slot_mapping,
         num_heads,
         head_size,
         key_cache.shape[1],
         BLOCK_HEADS=block_heads,
         BLOCK_D=triton.next_power_of_2(head_size),
+        FP8_MAX=torch.finfo(key_cache.dtype).max if fp8 else 0.0,
         num_warps=config["num_warps"],
     )
 
@@ -129,6 +176,8 @@ def write_kv_cache_reference(
     value_cache: Tensor,
     slot_mapping: Tensor,
     skips_tokens: bool = True,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> None:
     """The torch path of `write_kv_cache`."""
     if skips_tokens and bool((slot_mapping < 0).any()):
@@ -137,6 +186,11 @@ def write_kv_cache_reference(
     # The cache as rows of slots: one index_copy_ each (~8 us a decode step, against ~57
     # for block/offset indexing, and it runs in every layer).
     num_heads, head_size = key_cache.shape[2:]
+    if _check_scales(key_cache, k_scale, v_scale):
+        # torch has no index_copy_ for fp8 on the CPU: the bytes are copied as uint8.
+        key = quantize_kv(key, k_scale, key_cache.dtype).view(torch.uint8)
+        value = quantize_kv(value, v_scale, value_cache.dtype).view(torch.uint8)
+        key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
     key_cache.view(-1, num_heads, head_size).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
     value_cache.view(-1, num_heads, head_size).index_copy_(
         0, slot_mapping, value.to(value_cache.dtype)
@@ -150,14 +204,18 @@ def write_kv_cache(
     value_cache: Tensor,
     slot_mapping: Tensor,
     skips_tokens: bool = True,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> None:
     """Write key/value [T, Hkv, D] into the cache slots of `slot_mapping` [T] (in place).
 
     Slot s is (block s // block_size, offset s % block_size); tokens with slot -1 are
     skipped. A caller that knows no slot is -1 says so with skips_tokens=False, sparing
-    the torch path a check in every layer.
+    the torch path a check in every layer. An fp8 cache needs k_scale and v_scale.
     """
     if dispatch.use_triton():
-        write_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping)
+        write_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     else:
-        write_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping, skips_tokens)
+        write_kv_cache_reference(
+            key, value, key_cache, value_cache, slot_mapping, skips_tokens, k_scale, v_scale
+        )
