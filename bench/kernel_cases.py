@@ -53,6 +53,8 @@ from aioserve.kernels.sampling.penalties import (
 )
 from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
 from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
+from bench.kernel_cases_fp8_linear import FORMULAS as FP8_LINEAR_FORMULAS
+from bench.kernel_cases_fp8_linear import fp8_linear_cases
 from bench.kernel_cases_linear import FORMULAS as LINEAR_FORMULAS
 from bench.kernel_cases_linear import gguf_linear_cases
 
@@ -88,7 +90,7 @@ FORMULAS = {
     "written: 13·B·V (+ the bias pairs)",
     "logprobs": f"float32 logits read + ids + n={_NUM_LOGPROBS} top (id, logprob) written: "
     "4·B·V + 8·B + 12·B + 12·n·B",
-} | LINEAR_FORMULAS
+} | LINEAR_FORMULAS | FP8_LINEAR_FORMULAS
 
 
 SMOLLM2_135M = ModelShape("smollm2-135m", 576, 9, 3, 64, 1536, 49152)
@@ -505,3 +507,4 @@ def build_cases(
             for rows in workload.sample_rows:
                 yield build_sampling(rand(), model, rows)
         yield from gguf_linear_cases(rand(), model, workload.token_batches, dtypes)
+        yield from fp8_linear_cases(rand(), model, workload.token_batches, dtypes)

@@ -58,6 +58,7 @@ def test_defaults():
     assert config.cache.gpu_memory_utilization == 0.9
     assert config.cache.num_gpu_blocks_override is None
     assert config.cache.enable_prefix_caching is True
+    assert config.cache.kv_cache_dtype == "auto"
     assert config.cache.cpu_kvcache_space_bytes == 4 * GiB
     assert config.scheduler.max_num_seqs == 256
     assert config.scheduler.max_num_batched_tokens is None  # the platform's (engine/build.py)
@@ -104,6 +105,8 @@ SUPPORTED_FLAGS = [
     (["--num-gpu-blocks-override", "64"], "cache.num_gpu_blocks_override", 64),
     (["--enable-prefix-caching"], "cache.enable_prefix_caching", True),
     (["--no-enable-prefix-caching"], "cache.enable_prefix_caching", False),
+    (["--kv-cache-dtype", "fp8"], "cache.kv_cache_dtype", "fp8"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "cache.kv_cache_dtype", "fp8_e5m2"),
     (["--max-num-seqs", "3"], "scheduler.max_num_seqs", 3),
     (["--max-num-batched-tokens", "512"], "scheduler.max_num_batched_tokens", 512),
     (["--enable-chunked-prefill"], "scheduler.enable_chunked_prefill", True),
@@ -264,7 +267,7 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
     [
         (["-tp", "2"], "--tensor-parallel-size (-tp)"),
         (["--tensor-parallel-size", "1"], "--tensor-parallel-size (-tp)"),  # vLLM's default too
-        (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
+        (["--calculate-kv-scales"], "--calculate-kv-scales"),
         (["--enable-lora"], "--enable-lora"),
         (["--no-enable-lora"], "--enable-lora"),
         (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
@@ -281,6 +284,17 @@ def test_unsupported_vllm_arguments_are_refused_by_name(argv, spelling):
     with pytest.raises(ConfigError) as error:
         _config("--max-num-seqs", "4", *argv)
     assert str(error.value) == f"{spelling} is a vLLM argument that aioserve does not support yet"
+
+
+def test_kv_cache_dtype_takes_fp8_and_refuses_fp8_inc_by_name():
+    for value in ("fp8", "fp8_e4m3", "fp8_e5m2", "auto"):
+        assert _config("--kv-cache-dtype", value).cache.kv_cache_dtype == value
+    with pytest.raises(ConfigError) as error:
+        _config("--kv-cache-dtype", "fp8_inc")
+    assert str(error.value) == (
+        "KV-cache dtype 'fp8_inc' is not supported by aioserve yet "
+        "(--kv-cache-dtype accepts auto, fp8, fp8_e4m3, fp8_e5m2)"
+    )
 
 
 def test_several_unsupported_arguments_are_all_named():
@@ -343,7 +357,13 @@ def test_help_lists_supported_groups_then_the_unsupported_ones():
     ]
     assert positions == sorted(positions)
     unsupported_part = text[positions[-1] :]
-    for flag in ("--tensor-parallel-size", "--headless", "--kv-cache-dtype", "--device", "--task"):
+    for flag in (
+        "--tensor-parallel-size",
+        "--headless",
+        "--calculate-kv-scales",
+        "--device",
+        "--task",
+    ):
         assert flag in unsupported_part
     assert "--max-num-seqs" not in unsupported_part
     assert "(default: 0.9)" in " ".join(text.split())
@@ -414,7 +434,7 @@ def test_frontend_names_are_not_engine_kwargs():
 
 
 @pytest.mark.parametrize(
-    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "kv_cache_dtype"]
+    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "calculate_kv_scales"]
 )
 def test_unsupported_kwargs_raise_value_error_naming_them(name):
     with pytest.raises(

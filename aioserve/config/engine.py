@@ -70,6 +70,7 @@ class CacheConfig:
     num_gpu_blocks_override: int | None
     enable_prefix_caching: bool
     cpu_kvcache_space_bytes: int  # from VLLM_CPU_KVCACHE_SPACE
+    kv_cache_dtype: str = "auto"  # the model's dtype; or fp8 (= fp8_e4m3), fp8_e5m2
 
 
 @dataclass(frozen=True)

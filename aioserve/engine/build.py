@@ -54,7 +54,7 @@ from aioserve.platform import (
     is_gpu,
 )
 from aioserve.runner.decode_graphs import capture_sizes
-from aioserve.runner.kv_memory import num_kv_blocks
+from aioserve.runner.kv_memory import kv_cache_torch_dtype, num_kv_blocks
 from aioserve.runner.model_runner import ModelRunner
 
 logger = logging.getLogger("aioserve")
@@ -304,10 +304,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
             INT4_MAX_ROWS,
             added / 2**20,
         )
+    kv_dtype = kv_cache_torch_dtype(cache_cfg.kv_cache_dtype, dtype)
     num_blocks = num_kv_blocks(
         model,
         block_size=block_size,
-        dtype=dtype,
+        dtype=kv_dtype,
         num_blocks_override=cache_cfg.num_gpu_blocks_override,
         cpu_kvcache_space_bytes=cache_cfg.cpu_kvcache_space_bytes,
         gpu_memory_utilization=cache_cfg.gpu_memory_utilization,
@@ -339,6 +340,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             sched_cfg.cuda_graph_sizes, max_num_seqs, model_cfg.enforce_eager
         ),
         max_seq_len_to_capture=model_cfg.max_seq_len_to_capture,
+        kv_cache_dtype=kv_dtype,
     )
     runner.warm_up()
 

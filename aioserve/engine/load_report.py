@@ -20,6 +20,7 @@ from aioserve.config.arguments import CPU_KVCACHE_SPACE_ENV, DEFAULT_CPU_KVCACHE
 from aioserve.config.engine import CacheConfig
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import INT4_MAX_ROWS
+from aioserve.runner.kv_memory import KV_CACHE_DTYPE_NAMES
 from aioserve.runner.model_runner import ModelRunner
 
 # Buffers under these names are copies of weights kept for one-row products
@@ -149,7 +150,7 @@ def build_load_report(
         packed_copy_bytes=packed_copy_bytes,
         int4_bytes=int4_bytes,
         int4_max_rows=INT4_MAX_ROWS,
-        kv_cache_dtype=_dtype_names({t.dtype for t in kv_tensors}),
+        kv_cache_dtype=_kv_dtype_names({t.dtype for t in kv_tensors}),
         kv_cache_bytes=sum(t.nbytes for t in kv_tensors),
         num_blocks=int(num_blocks),
         block_size=int(block_size),
@@ -190,6 +191,11 @@ def format_bytes(size: int) -> str:
             value = size / scale
             return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
     return f"{size} B"
+
+
+def _kv_dtype_names(dtypes: set[torch.dtype]) -> str:
+    """The KV pool's dtype: an fp8 one by its --kv-cache-dtype name ("fp8_e4m3")."""
+    return "/".join(sorted(KV_CACHE_DTYPE_NAMES.get(d) or _dtype_names({d}) for d in dtypes))
 
 
 def _dtype_names(dtypes: set[torch.dtype]) -> str:

@@ -7,10 +7,14 @@ any of them may tie the output head to the input embeddings.
 
 Parameter names follow the HF checkpoints, except that q/k/v are stacked into one `qkv_proj`
 and gate/up into one `gate_up_proj` (one matmul each); `load_weights` does the stacking.
+A checkpoint's fp8 KV-cache scales (`model.layers.N.self_attn.k_scale` / `v_scale`) land in
+`kv_scales`, [layers, 2] float32 (k, v), 1.0 where it has none; they scale the KV cache
+only when it is fp8 (runner/kv_memory.py).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -170,6 +174,9 @@ class LlamaForCausalLM(nn.Module):
         # and its copy in oneDNN's layout (linear.pack_weights).
         self.register_buffer("head_row_weight", None, persistent=False)
         self.register_buffer("head_packed_weight", None, persistent=False)
+        # Not buffers: they are not weights, and stay float32 whatever the model's dtype.
+        self.kv_scales = torch.ones((config.num_hidden_layers, 2), dtype=torch.float32)
+        self.kv_scales_loaded = False
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's flat batch of tokens.
@@ -201,6 +208,8 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for hf_name, tensor in weights:
+            if self._load_kv_scale(hf_name, tensor):
+                continue
             target = self.parameter_for(hf_name)
             if target is None:
                 continue
@@ -217,6 +226,18 @@ class LlamaForCausalLM(nn.Module):
                 _copy_checked(shard_param, tensor, f"{name}[shard {shard}]")
             loaded.add(name)
         return loaded
+
+    def _load_kv_scale(self, hf_name: str, tensor: torch.Tensor) -> bool:
+        """Whether `hf_name` is a layer's k_scale/v_scale, then kept in kv_scales."""
+        match = _KV_SCALE_NAME.fullmatch(hf_name)
+        if match is None:
+            return False
+        if tensor.numel() != 1:
+            raise ValueError(f"{hf_name} holds {tensor.numel()} values; one per layer is supported")
+        layer, kind = int(match["layer"]), match["kind"]
+        self.kv_scales[layer, 0 if kind == "k" else 1] = float(tensor.float().reshape(()))
+        self.kv_scales_loaded = True
+        return True
 
     def parameter_for(self, hf_name: str) -> tuple[str, int | None] | None:
         """(our parameter name, index of the shard in it or None) of an HF checkpoint tensor;
@@ -243,6 +264,9 @@ class LlamaForCausalLM(nn.Module):
     def shard_count(self, name: str) -> int:
         """How many checkpoint tensors are stacked into the parameter `name`."""
         return sum(stacked in name for stacked, _ in self.stacked_params.values()) or 1
+
+
+_KV_SCALE_NAME = re.compile(r"(?:model\.)?layers\.(?P<layer>\d+)\.self_attn\.(?P<kind>[kv])_scale")
 
 
 def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

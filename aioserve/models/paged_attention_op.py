@@ -5,7 +5,8 @@ plan is a Python object that changes every step) nor sees the KV caches, which t
 in the step context (step_context.py). So the whole model compiles as one graph with the
 token count dynamic, and the attention runs as it does eagerly, through
 `aioserve.kernels`. Eagerly, the op's Python body is called directly, skipping the
-dispatcher.
+dispatcher. The layer's KV caches, and an fp8 cache's scales, come from the step context
+by `layer_index`, so that one compiled graph serves every layer.
 """
 
 from __future__ import annotations
@@ -21,8 +22,21 @@ from aioserve.models.step_context import current_step
 def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: float) -> Tensor:
     step = current_step()
     meta = step.meta
-    key_cache, value_cache = step.kv_caches[layer_index]
-    write_kv_cache(key, value, key_cache, value_cache, meta.slot_mapping, meta.skips_kv_writes)
+    layer_cache = step.kv_caches[layer_index]
+    key_cache, value_cache = layer_cache
+    # An fp8 cache's scales (KVCache); a plain pair has none.
+    k_scale = getattr(layer_cache, "k_scale", None)
+    v_scale = getattr(layer_cache, "v_scale", None)
+    write_kv_cache(
+        key,
+        value,
+        key_cache,
+        value_cache,
+        meta.slot_mapping,
+        meta.skips_kv_writes,
+        k_scale,
+        v_scale,
+    )
     return paged_attention(
         query,
         key_cache,
@@ -34,6 +48,8 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: 
         meta.max_query_len,
         meta.max_seq_len,
         plan=meta.plan,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
 
 

@@ -19,13 +19,33 @@ import torch
 
 from aioserve.models.attention_metadata import AttentionMetadata
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
+
+class KVCache(tuple):
+    """One layer's (key cache, value cache), unpacked as a pair, and the scales of an fp8
+    cache: its stored values times `k_scale` (`v_scale`) are the keys (values). The scales
+    are 1-element float32 tensors, never Python floats, so that every layer runs the same
+    code with its own data (a compiled graph would specialize on a float); None for a cache
+    in the model's dtype."""
+
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+
+    def __new__(
+        cls,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> KVCache:
+        pair = super().__new__(cls, (key_cache, value_cache))
+        pair.k_scale, pair.v_scale = k_scale, v_scale
+        return pair
 
 
 @dataclass
 class StepContext:
     meta: AttentionMetadata
-    kv_caches: list[KVCache]  # one (key cache, value cache) per layer
+    kv_caches: list[KVCache]  # one (key cache, value cache) per layer, with its scales
 
 
 _current: StepContext | None = None

@@ -4,6 +4,11 @@ On the CPU the pool is VLLM_CPU_KVCACHE_SPACE (vLLM's variable); on a GPU it is 
 `--gpu-memory-utilization` of the device leaves after the weights and the activations of
 the largest step, measured by running one (`profile_peak_step`).
 `--num-gpu-blocks-override` overrides both. `allocate_kv_caches` then makes the pool.
+
+`--kv-cache-dtype` picks the pool's dtype (`kv_cache_torch_dtype`): the model's (auto) or
+an fp8 format of one byte an element, so that the same memory holds twice the blocks of a
+16-bit cache. An fp8 cache's values are scaled per layer (kernels/kv_cache.py): by the
+checkpoint's `k_scale`/`v_scale` when it has them (the model's `kv_scales`), else 1.0.
 """
 
 from __future__ import annotations
@@ -13,9 +18,56 @@ import threading
 import torch
 from torch import nn
 
+from aioserve.kernels.kv_cache import is_fp8
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, step_context
 from aioserve.platform import current_platform
+
+# --kv-cache-dtype values and the names the load report gives the pool's dtype.
+KV_CACHE_DTYPE_NAMES = {
+    torch.float8_e4m3fn: "fp8_e4m3",
+    torch.float8_e4m3fnuz: "fp8_e4m3 (fnuz)",
+    torch.float8_e5m2: "fp8_e5m2",
+}
+
+
+def kv_cache_torch_dtype(requested: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's dtype for --kv-cache-dtype `requested` (vLLM's names; fp8 is fp8_e4m3).
+
+    e4m3 is float8_e4m3fn, except on ROCm's MI300 family (gfx94x), whose hardware format is
+    float8_e4m3fnuz (no negative zero, exponent bias 8, largest value 240).
+    """
+    if requested == "auto":
+        return model_dtype
+    if requested == "fp8_e5m2":
+        return torch.float8_e5m2
+    if requested in ("fp8", "fp8_e4m3"):
+        if current_platform() == "rocm" and _is_gfx94x():
+            return torch.float8_e4m3fnuz
+        return torch.float8_e4m3fn
+    raise ValueError(f"KV-cache dtype {requested!r} is not supported")
+
+
+def _is_gfx94x() -> bool:
+    return torch.cuda.get_device_properties(0).gcnArchName.startswith("gfx94")
+
+
+def layer_kv_scales(model: nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
+    """[layers, 2] float32: each layer's (k_scale, v_scale) for a cache of `dtype`, None for
+    a cache that is not fp8.
+
+    The model's `kv_scales` (1.0 unless its checkpoint gave them). A checkpoint's scales
+    are for float8_e4m3fn: a float8_e4m3fnuz value is half the e4m3fn value of the same
+    bits, so they double there (as vLLM does).
+    """
+    if not is_fp8(dtype):
+        return None
+    scales = getattr(model, "kv_scales", None)
+    if scales is None:
+        raise ValueError(f"{type(model).__name__} has no KV-cache scales for an fp8 KV cache")
+    if dtype == torch.float8_e4m3fnuz and getattr(model, "kv_scales_loaded", False):
+        return scales * 2
+    return scales
 
 
 def kv_cache_shape(config, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
@@ -25,9 +77,16 @@ def kv_cache_shape(config, num_blocks: int, block_size: int) -> tuple[int, int, 
 
 
 def allocate_kv_caches(
-    config, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    config,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    scales: torch.Tensor | None = None,
 ) -> tuple[list[KVCache], threading.Thread | None]:
     """One (key cache, value cache) pair per layer, zeroed, and the thread zeroing them.
+
+    An fp8 pool's pairs carry their layer's row of `scales` [layers, 2] (1.0 when None).
 
     Zeros, not whatever memory held: attention reads the unwritten tail of a sequence's
     last block and masks it, and a NaN there would survive the mask (0 × NaN). And every
@@ -37,12 +96,18 @@ def allocate_kv_caches(
     the GIL while it fills); join the thread before a step reads the caches.
     """
     shape = kv_cache_shape(config, num_blocks, block_size)
+    num_layers = config.num_hidden_layers
+    if is_fp8(dtype) and scales is None:
+        scales = torch.ones((num_layers, 2), dtype=torch.float32)
+    if scales is not None:
+        scales = scales.to(device=device, dtype=torch.float32).contiguous()
     caches = [
-        (
+        KVCache(
             torch.empty(shape, dtype=dtype, device=device),
             torch.empty(shape, dtype=dtype, device=device),
+            *((scales[i, 0:1], scales[i, 1:2]) if scales is not None else ()),
         )
-        for _ in range(config.num_hidden_layers)
+        for i in range(num_layers)
     ]
     if device.type != "cpu":
         _zero_all(caches)
@@ -77,13 +142,10 @@ def kv_cache_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int
 def profile_peak_step(
     model: nn.Module, max_num_batched_tokens: int, max_num_seqs: int, dtype: torch.dtype
 ) -> int:
-    """Bytes a step of max_num_batched_tokens tokens needs beyond the weights (GPU only)."""
+    """Bytes a step of max_num_batched_tokens tokens needs beyond the weights (GPU only), with
+    a KV cache of `dtype`."""
     dev = next(model.parameters()).device
-    shape = kv_cache_shape(model.config, 1, 1)
-    kv = [
-        (torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
-        for _ in range(model.config.num_hidden_layers)
-    ]
+    kv, _ = allocate_kv_caches(model.config, 1, 1, dtype, dev)
     tokens = max_num_batched_tokens
     meta = AttentionMetadata.without_kv_writes(tokens, dev)
     torch.cuda.synchronize()
@@ -111,7 +173,7 @@ def num_kv_blocks(
     max_num_batched_tokens: int,
     max_num_seqs: int,
 ) -> int:
-    """The number of KV blocks the device can hold for `model`."""
+    """The number of KV blocks of `dtype` the device can hold for `model`."""
     if num_blocks_override is not None:
         return num_blocks_override
     per_block = kv_cache_bytes_per_block(model.config, block_size, dtype)

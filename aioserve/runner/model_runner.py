@@ -33,7 +33,7 @@ from aioserve.kernels.sampling import (
 from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
 from aioserve.runner.decode_graphs import DecodeGraphs
-from aioserve.runner.kv_memory import allocate_kv_caches
+from aioserve.runner.kv_memory import allocate_kv_caches, layer_kv_scales
 from aioserve.runner.prompt_logprobs import (
     HostPromptLogprobs,
     collect_prompt_logprobs,
@@ -90,11 +90,19 @@ class ModelRunner:
         packed_weights: bool = False,
         decode_graph_sizes: list[int] | None = None,
         max_seq_len_to_capture: int = 0,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
-        # First, so that the KV pool is zeroed while the step compiles.
+        # First, so that the KV pool is zeroed while the step compiles. Its dtype is the
+        # model's unless given (an fp8 pool: runner/kv_memory.py).
+        kv_dtype = dtype if kv_cache_dtype is None else kv_cache_dtype
         self.kv_caches, self._kv_zeroing = allocate_kv_caches(
-            model.config, num_blocks, block_size, dtype, device
+            model.config,
+            num_blocks,
+            block_size,
+            kv_dtype,
+            device,
+            layer_kv_scales(model, kv_dtype),
         )
         self.model_step = ModelStep(
             model,
