@@ -84,6 +84,8 @@ SUPPORTED_FLAGS = [
     (["--max-model-len", "2048"], "model.max_model_len", 2048),
     (["--quantization", "gguf"], "model.quantization", "gguf"),
     (["-q", "gguf"], "model.quantization", "gguf"),
+    (["--quantization", "awq"], "model.quantization", "awq"),
+    (["-q", "gptq_marlin"], "model.quantization", "gptq_marlin"),
     (["--enforce-eager"], "model.enforce_eager", True),
     (["--max-seq-len-to-capture", "4096"], "model.max_seq_len_to_capture", 4096),
     (["--max-logprobs", "5"], "model.max_logprobs", 5),
@@ -229,9 +231,9 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--dtype", "int8"], "--dtype must be one of auto, half, float16, bfloat16, float, float32; got 'int8'"),
         (["--block-size", "7"], "--block-size must be one of 1, 8, 16, 32, 64, 128; got 7"),
         (["--scheduling-policy", "lifo"], "--scheduling-policy must be one of fcfs, priority; got 'lifo'"),
-        (["--quantization", "awq"], "quantization method 'awq' is not supported by aioserve yet"),
-        (["-q", "gptq_marlin"], "quantization method 'gptq_marlin' is not supported by aioserve yet"),
-        (["--quantization", "nonsense"], "--quantization must be one of gguf; got 'nonsense'"),
+        (["--quantization", "bitsandbytes"], "quantization method 'bitsandbytes' is not supported by aioserve yet"),
+        (["-q", "gptq_marlin_24"], "quantization method 'gptq_marlin_24' is not supported by aioserve yet"),
+        (["--quantization", "nonsense"], "--quantization must be one of gguf, awq, awq_marlin, gptq, gptq_marlin; got 'nonsense'"),
         (["--load-format", "tensorizer"], "load format 'tensorizer' is not supported by aioserve yet"),
         (["--load-format", "zip"], "--load-format must be one of auto, safetensors, pt, gguf, dummy; got 'zip'"),
         (["--tokenizer-mode", "mistral"], "tokenizer mode 'mistral' is not supported by aioserve yet"),
@@ -251,8 +253,8 @@ def test_invalid_values_are_refused_naming_the_flag(argv, message):
 
 
 def test_refused_choice_says_what_is_accepted():
-    with pytest.raises(ConfigError, match=r"\(--quantization accepts gguf\)"):
-        _config("--quantization", "awq")
+    with pytest.raises(ConfigError, match=r"\(--quantization accepts gguf, awq, awq_marlin, gptq,"):
+        _config("--quantization", "bitsandbytes")
 
 
 def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
@@ -307,11 +309,12 @@ def test_several_unsupported_arguments_are_all_named():
 
 def test_every_problem_of_a_command_line_is_reported_at_once():
     with pytest.raises(ConfigError) as error:
-        _config("--swap-space", "8", "--quantization", "awq", "--max-num-seqs", "0", "--port", "x")
+        _config("--swap-space", "8", "--quantization", "hqq", "--max-num-seqs", "0", "--port", "x")
     assert str(error.value) == (
         "--swap-space is a vLLM argument that aioserve does not support yet; "
-        "--port must be an integer, got 'x'; quantization method 'awq' is not supported by "
-        "aioserve yet (--quantization accepts gguf); --max-num-seqs must be at least 1, got 0"
+        "--port must be an integer, got 'x'; quantization method 'hqq' is not supported by "
+        "aioserve yet (--quantization accepts gguf, awq, awq_marlin, gptq, gptq_marlin); "
+        "--max-num-seqs must be at least 1, got 0"
     )
 
 
@@ -451,7 +454,7 @@ def test_unsupported_kwargs_raise_value_error_naming_them(name):
         ({"max_num_seqs": 2.0}, "max_num_seqs must be an integer, got 2.0"),
         ({"enforce_eager": "yes"}, "enforce_eager must be true or false, got 'yes'"),
         ({"max_model_len": "1.5K"}, "max_model_len takes whole numbers"),
-        ({"quantization": "awq"}, "quantization method 'awq' is not supported by aioserve yet"),
+        ({"quantization": "hqq"}, "quantization method 'hqq' is not supported by aioserve yet"),
         ({"gpu_memory_utilization": 2}, "gpu_memory_utilization must be a number greater than 0"),
         ({"served_model_name": []}, "served_model_name must be one or more names"),
         ({"served_model_name": ["a", ""]}, "served_model_name must be non-empty strings"),

@@ -11,7 +11,8 @@ and the device at hand:
   (models/linear.py); on a GPU the checkpoint's dtype, float32 checkpoints running in
   float16 as in vLLM; where the dense products then run on packed bfloat16 weights, a
   GGUF checkpoint's 4-bit layers are also kept as stored for steps of a few rows (on a
-  GPU they are kept as stored only, for the Triton kernels);
+  GPU they are kept as stored only, for the Triton kernels); an AWQ or GPTQ checkpoint's
+  layers are kept as stored on a GPU and dequantized to the model's dtype on the CPU;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
 - max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
@@ -44,6 +45,7 @@ from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
+from aioserve.models.int4_group_weights import keep_int4_group_weights
 from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.platform import (
@@ -192,6 +194,13 @@ def resolve_int4_weights(checkpoint: Checkpoint, dtype: torch.dtype) -> bool:
     return checkpoint.load_format == "gguf" and resolve_packed_weights(dtype)
 
 
+def resolve_int4_group_weights(checkpoint: Checkpoint) -> bool:
+    """Whether an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights, read as
+    stored by the Triton kernels (models/int4_group_weights.py): on a GPU. The CPU computes
+    on the weights dequantized at load."""
+    return checkpoint.int4_scheme is not None and is_gpu()
+
+
 def resolve_decode_graph_sizes(
     requested: list[int], max_num_seqs: int, enforce_eager: bool
 ) -> list[int]:
@@ -303,6 +312,16 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "(%.0f MiB more memory)",
             INT4_MAX_ROWS,
             added / 2**20,
+        )
+    elif resolve_int4_group_weights(checkpoint):
+        assert checkpoint.int4_scheme is not None
+        kept = keep_int4_group_weights(
+            model, checkpoint.int4_group_layers(), checkpoint.int4_scheme
+        )
+        logger.info(
+            "the %s 4-bit layers are kept as stored: %.0f MiB",
+            checkpoint.int4_scheme.method.upper(),
+            kept / 2**20,
         )
     kv_dtype = kv_cache_torch_dtype(cache_cfg.kv_cache_dtype, dtype)
     num_blocks = num_kv_blocks(

@@ -36,6 +36,9 @@ _PACKED_COPY_NAME = "head_packed_weight"
 _INT4_SUFFIXES = ("int4_weight", "int4_scales_and_zeros")
 # On a GPU, a GGUF checkpoint's 4-bit blocks in place of a Linear's released float weight.
 _BLOCKS_SUFFIX = "gguf_blocks"
+# On a GPU, an AWQ / GPTQ checkpoint's 4-bit weights in place of a Linear's released float
+# weight (models/int4_group_weights.py); the first names the Linear once.
+_QUANT_SUFFIXES = ("quant_qweight", "quant_scales", "quant_zeros", "quant_perm")
 _STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
 
 
@@ -53,7 +56,8 @@ class LoadReport:
     weight_bytes: int
     """The model's parameters and buffers, the row copies and kept blocks left out."""
     kept_blocks_bytes: int
-    """The 4-bit layers' GGUF blocks, kept as stored in place of float weights (a GPU)."""
+    """The 4-bit layers' GGUF blocks or AWQ / GPTQ tensors, kept as stored in place of
+    float weights (a GPU)."""
     row_copy_dtype: str | None
     row_copy_bytes: int
     packed: bool
@@ -69,6 +73,8 @@ class LoadReport:
     block_size: int
     kv_cache_sized_by: str
     """The knob that sized the KV pool, with its value."""
+    quantization: str | None = None
+    """An AWQ / GPTQ folder's quantization in words ("AWQ 4-bit, groups of 128")."""
 
     def describe(self) -> str:
         """One line: the model, its weights' form and bytes, the KV cache and its knob."""
@@ -83,6 +89,17 @@ class LoadReport:
             )
         elif self.load_format == "gguf":
             weights = f"GGUF {stored} weights ({on_disk} on disk) dequantized to {self.dtype}"
+        elif self.quantization and self.kept_blocks_bytes:
+            weights = (
+                f"{self.quantization} weights ({stored}, {on_disk} on disk), the quantized "
+                f"layers kept as stored ({format_bytes(self.kept_blocks_bytes)}), the rest "
+                f"held in {self.dtype}"
+            )
+        elif self.quantization:
+            weights = (
+                f"{self.quantization} weights ({stored}, {on_disk} on disk) dequantized to "
+                f"{self.dtype}"
+            )
         else:
             form = _STORED_FORMATS.get(self.load_format, self.load_format)
             weights = f"{form} {stored} weights ({on_disk} on disk) held in {self.dtype}"
@@ -129,10 +146,11 @@ def build_load_report(
             packed = True
         elif name.endswith(_INT4_SUFFIXES):
             int4_bytes += buffer.nbytes
-        elif name.endswith(_BLOCKS_SUFFIX):
+        elif name.endswith(_BLOCKS_SUFFIX) or name.endswith(_QUANT_SUFFIXES):
             kept_blocks_bytes += buffer.nbytes
-            # the Linear's weight parameter is only a shape now
-            weight_bytes -= model.get_submodule(name.rpartition(".")[0]).weight.nbytes
+            if not name.endswith(_QUANT_SUFFIXES[1:]):
+                # the Linear's weight parameter is only a shape now
+                weight_bytes -= model.get_submodule(name.rpartition(".")[0]).weight.nbytes
         else:
             weight_bytes += buffer.nbytes
     kv_tensors = [t for pair in runner.kv_caches for t in pair]
@@ -155,6 +173,7 @@ def build_load_report(
         num_blocks=int(num_blocks),
         block_size=int(block_size),
         kv_cache_sized_by=kv_cache_sized_by,
+        quantization=checkpoint.int4_scheme.describe() if checkpoint.int4_scheme else None,
     )
 
 

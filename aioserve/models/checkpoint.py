@@ -4,6 +4,11 @@
 `--load-format` and `--quantization` match what is on disk, and reads the metadata; the
 weights are read only when `Checkpoint.weights()` is iterated, one tensor at a time.
 
+A folder whose config.json has a `quantization_config` is read when it is AWQ or GPTQ at
+4 bits (models/int4_group_weights.py says what exactly), and refused by name otherwise;
+`--quantization awq` / `gptq` (or vLLM's `awq_marlin` / `gptq_marlin`, the same weights
+for its own kernels) must then match the checkpoint's method.
+
 aioserve never executes code shipped with a model: a config that names its own classes
 (`auto_map`) is refused whatever `--trust-remote-code` says. Local folders and GGUF files are
 read with `local_files_only`, so opening them never reaches for the Hugging Face hub.
@@ -22,13 +27,28 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from aioserve.kernels.gguf_linear_reference import FOUR_BIT_TYPES
+from aioserve.models.int4_group_weights import (
+    GroupedCodes,
+    Int4GroupScheme,
+    count_layers,
+    dequantized_weights,
+    grouped_weights,
+)
 from aioserve.models.loaders import hf_folder
 from aioserve.models.loaders.gguf import GGUFFile
 from aioserve.models.loaders.gguf_tokenizer import load_gguf_tokenizer
 from aioserve.models.resolve import ResolvedModel, resolve_model
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
-QUANTIZATION_METHODS = (None, "gguf")
+# --quantization's values -> the checkpoint's method they stand for
+QUANTIZATION_METHODS = {
+    None: None,
+    "gguf": "gguf",
+    "awq": "awq",
+    "awq_marlin": "awq",
+    "gptq": "gptq",
+    "gptq_marlin": "gptq",
+}
 TOKENIZER_MODES = ("auto", "slow")
 
 
@@ -42,18 +62,35 @@ class Checkpoint:
     source: ResolvedModel
     load_format: str  # what weights() reads: "safetensors", "pt", "gguf" or "dummy"
     download_dir: str | None = None  # where load_tokenizer fetches a named tokenizer
+    int4_scheme: Int4GroupScheme | None = None  # an AWQ or GPTQ folder's quantization
     _weight_files: list[Path] = field(default_factory=list, repr=False)
     _gguf: GGUFFile | None = field(default=None, repr=False)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF parameter name, CPU tensor) one at a time: GGUF tensors dequantized to float32,
-        folder tensors in their stored dtype. Nothing for the dummy format."""
+        folder tensors in their stored dtype, an AWQ or GPTQ layer as its weight dequantized
+        to float32. Nothing for the dummy format."""
         if self.load_format == "gguf":
             assert self._gguf is not None
             for tensor in self._gguf.tensors():
                 yield tensor.name, tensor.dequantize()
+        elif self.int4_scheme is not None:
+            yield from dequantized_weights(
+                hf_folder.iter_weights(self._weight_files), self.int4_scheme
+            )
         elif self.load_format != "dummy":
             yield from hf_folder.iter_weights(self._weight_files)
+
+    def int4_group_layers(self) -> Iterator[tuple[str, GroupedCodes]]:
+        """(HF weight name, its codes, scales and zeros) of each layer an AWQ or GPTQ folder
+        holds quantized; nothing for other checkpoints."""
+        if self.int4_scheme is None:
+            return
+        for name, value in grouped_weights(
+            hf_folder.iter_weights(self._weight_files), self.int4_scheme
+        ):
+            if isinstance(value, GroupedCodes):
+                yield name, value
 
     def four_bit_weights(self) -> Iterator[tuple[str, str, torch.Tensor]]:
         """(HF parameter name, "q4_0" or "q4_1", uint8 blocks [rows, bytes]) of each tensor a
@@ -73,6 +110,8 @@ class Checkpoint:
             return self._gguf.num_tensors
         if self.load_format == "dummy":
             return 0
+        if self.int4_scheme is not None:
+            return count_layers(hf_folder.weight_names(self._weight_files))
         return hf_folder.count_weights(self._weight_files)
 
     def stored_weight_types(self) -> dict[str, int]:
@@ -138,6 +177,10 @@ def open_checkpoint(
         raise ValueError(f"quantization method {quantization!r} is not supported yet")
     source = resolve_model(model, download_dir)
     if source.kind == "gguf":
+        if QUANTIZATION_METHODS[quantization] not in (None, "gguf"):
+            raise ValueError(
+                f"quantization {quantization!r} does not match {source.path}: a GGUF file"
+            )
         checkpoint = _open_gguf(source, load_format)
     else:
         checkpoint = _open_folder(source, load_format, quantization, trust_remote_code)
@@ -170,6 +213,7 @@ def _open_folder(
             f"{folder}: a Hugging Face folder, not a GGUF file"
         )
     config = _folder_config(folder, trust_remote_code)
+    scheme = _folder_quantization(folder, config, quantization, load_format)
     if load_format == "dummy":
         weight_format, files = "dummy", []
     else:
@@ -185,6 +229,7 @@ def _open_folder(
         chat_template=_folder_chat_template(folder),
         source=source,
         load_format=weight_format,
+        int4_scheme=scheme,
         _weight_files=files,
     )
 
@@ -197,12 +242,37 @@ def _folder_config(folder: Path, trust_remote_code: bool) -> PretrainedConfig:
             f"the model in {folder} needs code from its repository (its config.json has an "
             f"auto_map), which aioserve never runs{flag}"
         )
-    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
-    quantization_config = getattr(config, "quantization_config", None)
-    if quantization_config is not None:
-        method = quantization_config.get("quant_method", "unknown")
-        raise ValueError(f"quantization method {method!r} is not supported yet")
-    return config
+    return AutoConfig.from_pretrained(str(folder), trust_remote_code=False, local_files_only=True)
+
+
+def _folder_quantization(
+    folder: Path, config: PretrainedConfig, quantization: str | None, load_format: str
+) -> Int4GroupScheme | None:
+    """The folder's AWQ or GPTQ scheme (None: not quantized), checked against
+    `--quantization`; ValueError for a quantization that is not supported or not matched."""
+    raw = getattr(config, "quantization_config", None)
+    if raw is not None and not isinstance(raw, dict):
+        raw = raw.to_dict()
+    wanted = QUANTIZATION_METHODS[quantization]
+    if raw is None:
+        if wanted is not None:
+            raise ValueError(
+                f"--quantization {quantization} does not match {folder}: its config.json has "
+                "no quantization_config (aioserve does not quantize weights at load)"
+            )
+        return None
+    scheme = Int4GroupScheme.from_config(raw)
+    if wanted is not None and wanted != scheme.method:
+        raise ValueError(
+            f"--quantization {quantization} does not match {folder}: its quantization_config "
+            f"says {scheme.method}"
+        )
+    if load_format == "dummy":
+        raise ValueError(
+            f"--load-format dummy is not supported for a {scheme.method} checkpoint: random "
+            "4-bit weights are not built"
+        )
+    return scheme
 
 
 def _folder_chat_template(folder: Path) -> str | None:

@@ -32,7 +32,9 @@ grow; a tied output head keeps its plain table for the embedding and gets a pack
 Beside the packed weights, a GGUF checkpoint's 4-bit layers can be kept as stored
 (models/gguf_weights.py): the same op then multiplies steps of up to INT4_MAX_ROWS rows by
 them with torch's int4 CPU matmul, reading a third of the bytes. On a GPU such a layer
-holds only the 4-bit blocks, multiplied by the Triton kernels of kernels/gguf_linear.py.
+holds only the 4-bit blocks, multiplied by the Triton kernels of kernels/gguf_linear.py,
+and an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights, multiplied by those
+of kernels/int4_group_linear.py (models/int4_group_weights.py).
 
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
 in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
@@ -53,6 +55,7 @@ from torch import Tensor, nn
 from aioserve.kernels import dispatch
 from aioserve.kernels.gguf_linear import gguf_linear
 from aioserve.kernels.gguf_linear_reference import int4_linear
+from aioserve.kernels.int4_group_linear import int4_group_linear
 
 # At or below this many rows the CPU computes W @ xᵀ (the crossover measured at 128–256).
 SMALL_BATCH_ROWS = 128
@@ -197,6 +200,13 @@ class Linear(nn.Linear):
         # (models/gguf_weights.py `keep_gguf_blocks`).
         self.register_buffer("gguf_blocks", None, persistent=False)
         self.gguf_qtype: str | None = None
+        # On a GPU, an AWQ / GPTQ checkpoint's 4-bit weights in place of the weight, in the
+        # kernels' layout (models/int4_group_weights.py `keep_int4_group_weights`).
+        self.register_buffer("quant_qweight", None, persistent=False)
+        self.register_buffer("quant_scales", None, persistent=False)
+        self.register_buffer("quant_zeros", None, persistent=False)
+        self.register_buffer("quant_perm", None, persistent=False)
+        self.quant_group_size = 0
 
     def reset_parameters(self) -> None:
         """Nothing: the loader fills the parameters."""
@@ -204,6 +214,16 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self.gguf_blocks is not None:
             return gguf_linear(x, self.gguf_blocks, self.gguf_qtype, self.bias)
+        if self.quant_qweight is not None:
+            return int4_group_linear(
+                x,
+                self.quant_qweight,
+                self.quant_scales,
+                self.quant_zeros,
+                self.quant_perm,
+                self.quant_group_size,
+                self.bias,
+            )
         return dense(
             x,
             self.weight,

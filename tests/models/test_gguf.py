@@ -133,7 +133,7 @@ def test_open_checkpoint_on_a_gguf(tmp_path):
     for load_format in ("safetensors", "pt"):
         with pytest.raises(ValueError, match=f"'{load_format}' does not match .*tiny.gguf: a GGUF"):
             open_checkpoint(str(tmp_path), load_format=load_format)
-    with pytest.raises(ValueError, match="quantization method 'awq' is not supported yet"):
+    with pytest.raises(ValueError, match="quantization 'awq' does not match .*tiny.gguf: a GGUF"):
         open_checkpoint(str(tmp_path), quantization="awq")
 
 

@@ -131,9 +131,9 @@ def test_remote_code_is_never_run(tmp_path, tiny_llama):
 def test_quantized_folders_are_refused(tmp_path, tiny_llama):
     tiny_llama.config.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="quantization method 'awq' is not supported yet"):
+    with pytest.raises(ValueError, match="quantization method 'bitsandbytes' is not supported yet"):
         open_checkpoint(str(tmp_path), load_format="dummy")
     with pytest.raises(ValueError, match="quantization method 'fp8' is not supported yet"):
         open_checkpoint(str(tmp_path), quantization="fp8")

@@ -4,7 +4,8 @@
 or shards listed by an index), `iter_weights` yields their tensors one at a time under the
 names they were saved with, in their stored dtype, on the CPU. Safetensors are read lazily
 tensor by tensor; PyTorch bins are memory-mapped, so neither holds the model in memory.
-`stored_dtype_bytes` says what the files hold per dtype, from their headers.
+`weight_names` and `stored_dtype_bytes` say what the files hold (names; bytes per dtype),
+from their headers.
 """
 
 from __future__ import annotations
@@ -94,14 +95,17 @@ def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 def count_weights(files: list[Path]) -> int:
     """How many tensors `iter_weights(files)` yields, read from headers, not data."""
-    total = 0
+    return sum(1 for _ in weight_names(files))
+
+
+def weight_names(files: list[Path]) -> Iterator[str]:
+    """The names of the tensors `iter_weights(files)` yields, read from headers, not data."""
     for path in files:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                total += len(f.keys())
+                yield from f.keys()
         else:
-            total += len(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
-    return total
+            yield from torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def stored_dtype_bytes(files: list[Path]) -> dict[str, int]:
