@@ -15,7 +15,8 @@ zeros: they hide unwritten outputs and run faster than real data). It carries:
   inputs and returns None when they agree, else what differs.
 
 The types these share are in bench/kernel_case_types.py, the cases of the linear layers
-(GGUF 4-bit weights) in bench/kernel_cases_linear.py. This module imports triton (through
+(GGUF 4-bit weights) in bench/kernel_cases_linear.py, those on AWQ / GPTQ weights in
+bench/kernel_cases_int4_group.py. This module imports triton (through
 aioserve's kernels), so TRITON_INTERPRET must be set before it is imported when the
 kernels are to be interpreted on the CPU.
 """
@@ -55,6 +56,8 @@ from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
 from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
 from bench.kernel_cases_fp8_linear import FORMULAS as FP8_LINEAR_FORMULAS
 from bench.kernel_cases_fp8_linear import fp8_linear_cases
+from bench.kernel_cases_int4_group import FORMULAS as INT4_GROUP_FORMULAS
+from bench.kernel_cases_int4_group import int4_group_linear_cases
 from bench.kernel_cases_linear import FORMULAS as LINEAR_FORMULAS
 from bench.kernel_cases_linear import gguf_linear_cases
 
@@ -74,23 +77,28 @@ _NUM_LOGPROBS = 5
 # H hidden, I intermediate, Hq/Hkv query/kv heads, D head size, B sequences or sampled
 # rows, V vocabulary, T query tokens, L_b a sequence's length (context + new tokens),
 # bs block size, e bytes per element.
-FORMULAS = {
-    "rms_norm": "x read + out written + weight: 2·N·H·e + H·e",
-    "rms_norm+residual": "x, residual read + out, residual_out written + weight: 4·N·H·e + H·e",
-    "rotary neox": "q, k read and written + positions + a cos/sin row per token: "
-    "2·N·(Hq+Hkv)·D·e + 8·N + 4·N·D",
-    "rotary gptj": "as rotary neox",
-    "silu_and_mul": "gate|up read + out written: 3·N·I·e",
-    "write_kv_cache": "key, value read + written into the cache + slot ids: 4·N·Hkv·D·e + 8·N",
-    "paged_attention": "q read + out written + each sequence's K and V once + its block table "
-    "+ lengths: 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1)",
-    "sample greedy": "float32 logits read + token ids written: 4·B·V + 8·B",
-    "sample top-k/top-p": "as sample greedy (mask and draw passes are extra traffic)",
-    "bias+penalties": "float32 logits, int32 counts, bool prompt mask read + float32 out "
-    "written: 13·B·V (+ the bias pairs)",
-    "logprobs": f"float32 logits read + ids + n={_NUM_LOGPROBS} top (id, logprob) written: "
-    "4·B·V + 8·B + 12·B + 12·n·B",
-} | LINEAR_FORMULAS | FP8_LINEAR_FORMULAS
+FORMULAS = (
+    {
+        "rms_norm": "x read + out written + weight: 2·N·H·e + H·e",
+        "rms_norm+residual": "x, residual read + out, residual_out written + weight: 4·N·H·e + H·e",
+        "rotary neox": "q, k read and written + positions + a cos/sin row per token: "
+        "2·N·(Hq+Hkv)·D·e + 8·N + 4·N·D",
+        "rotary gptj": "as rotary neox",
+        "silu_and_mul": "gate|up read + out written: 3·N·I·e",
+        "write_kv_cache": "key, value read + written into the cache + slot ids: 4·N·Hkv·D·e + 8·N",
+        "paged_attention": "q read + out written + each sequence's K and V once + its block table "
+        "+ lengths: 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1)",
+        "sample greedy": "float32 logits read + token ids written: 4·B·V + 8·B",
+        "sample top-k/top-p": "as sample greedy (mask and draw passes are extra traffic)",
+        "bias+penalties": "float32 logits, int32 counts, bool prompt mask read + float32 out "
+        "written: 13·B·V (+ the bias pairs)",
+        "logprobs": f"float32 logits read + ids + n={_NUM_LOGPROBS} top (id, logprob) written: "
+        "4·B·V + 8·B + 12·B + 12·n·B",
+    }
+    | LINEAR_FORMULAS
+    | FP8_LINEAR_FORMULAS
+    | INT4_GROUP_FORMULAS
+)
 
 
 SMOLLM2_135M = ModelShape("smollm2-135m", 576, 9, 3, 64, 1536, 49152)
@@ -508,3 +516,4 @@ def build_cases(
                 yield build_sampling(rand(), model, rows)
         yield from gguf_linear_cases(rand(), model, workload.token_batches, dtypes)
         yield from fp8_linear_cases(rand(), model, workload.token_batches, dtypes)
+        yield from int4_group_linear_cases(rand(), model, workload.token_batches, dtypes)
