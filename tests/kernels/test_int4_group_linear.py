@@ -10,6 +10,7 @@ kernels' layout made from it, and the Triton kernels (interpreted) against the r
 - The Triton GEMV, small- and large-tile GEMMs, with and without act-order, split K or not,
   with a bias, in float16 and float32 (the interpreter multiplies bfloat16 wrongly), equal
   the float32 reference to float32's rounding, or within float16's output rounding.
+- On a GPU (pytest -m gpu), compiled, in bfloat16 too, at SmolLM2's and Llama-3-8B's shapes.
 """
 
 from __future__ import annotations
@@ -169,3 +170,25 @@ def test_malformed_operands_are_refused():
         int4_group_linear_triton(x[:, :32], layout.qweight, layout.scales, layout.zeros, None, 32)
     with pytest.raises(ValueError, match="group size 24"):
         int4_group_linear_triton(x, layout.qweight, layout.scales, layout.zeros, None, 24)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize(
+    ("n", "k", "group", "act_order"), [(960, 576, 64, False), (6144, 4096, 128, True)]
+)
+def test_gpu_triton_matches_reference(device, dtype, rows, n, k, group, act_order):
+    layout = kernel_layout(_grouped(k, n, group, act_order), group)
+    args = [
+        t.to(device) if t is not None else None
+        for t in (layout.qweight, layout.scales, layout.zeros, layout.perm)
+    ]
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=generator).to(device, dtype)
+    bias = torch.randn(n, generator=generator).to(device, dtype)
+    got = int4_group_linear_triton(x, *args, group, bias)
+    expected = int4_group_linear_reference(x, *args, group, bias)
+    # relative to the whole output, as bench/kernel_cases.py compares (bf16 keeps 8 bits)
+    tolerance = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 2e-5}[dtype]
+    assert _relative_error(got, expected) < tolerance

@@ -10,7 +10,8 @@ published packing) loaded through the normal path, against the float model they 
   one layer through the Triton kernels interpreted), the logits equal the dequantized
   model's within 1e-4: the same float32 weights, another product.
 - build_engine takes a folder by `--model` (with --quantization awq_marlin: vLLM's name
-  for the same weights), and its load report names the quantization.
+  for the same weights), and its load report names the quantization; kept quantized, the
+  report counts the kept tensors in place of the released weights.
 - A --quantization that does not match the folder, and quantization configs that are not
   supported (bits 8 or 3, AWQ's GEMV packing, GPTQ's marlin format), are refused clearly.
 """
@@ -25,11 +26,13 @@ from transformers import LlamaForCausalLM
 
 from aioserve.config.engine import engine_config_from_kwargs
 from aioserve.engine.build import build_engine
+from aioserve.engine.load_report import build_load_report, format_bytes
 from aioserve.kernels.int4_group_linear_reference import int4_group_linear_reference
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.int4_group_weights import keep_int4_group_weights
 from aioserve.models.linear import Linear
 from aioserve.models.loader import load_model
+from aioserve.runner.model_runner import ModelRunner
 from tests.models.tiny_models import PagedRunner
 from tests.models.tiny_quantized import TinyScheme, tiny_config, write_tiny_quantized
 
@@ -143,6 +146,34 @@ def test_build_engine_loads_a_quantized_folder(tmp_path):
     assert torch.equal(model.get_submodule("layers.0.mlp.down_proj").weight, down)
     line = parts.settings.load_report.describe()
     assert "AWQ 4-bit, groups of 32 weights (" in line and "dequantized to float32" in line
+
+
+def test_the_load_report_counts_the_kept_tensors_instead_of_the_weights(tmp_path):
+    write_tiny_quantized(tmp_path, SCHEMES["gptq-g64-sym-act-order"])
+    checkpoint, model = _load(tmp_path)
+    params = sum(p.nbytes for p in model.parameters())
+    released = sum(model.get_submodule(name).weight.nbytes for name in KEPT)
+    kept = keep_int4_group_weights(model, checkpoint.int4_group_layers(), checkpoint.int4_scheme)
+    runner = ModelRunner(
+        model,
+        num_blocks=8,
+        block_size=4,
+        max_num_seqs=2,
+        max_model_len=32,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        compile_model=False,
+    )
+    report = build_load_report("tiny", checkpoint, runner, "--num-gpu-blocks-override 8")
+    assert report.kept_blocks_bytes == kept
+    assert report.weight_bytes == params - released
+    assert report.describe().startswith(
+        "tiny, GPTQ 4-bit, groups of 64, act-order weights (int32 + float16, "
+    ), report.describe()
+    assert (
+        f"the quantized layers kept as stored ({format_bytes(kept)}), the rest held in "
+        f"float32: {format_bytes(params - released)}; KV cache" in report.describe()
+    ), report.describe()
 
 
 def _with_quantization(tmp_path, quantization_config: dict | None):
