@@ -12,7 +12,8 @@ and the device at hand:
   float16 as in vLLM; where the dense products then run on packed bfloat16 weights, a
   GGUF checkpoint's 4-bit layers are also kept as stored for steps of a few rows (on a
   GPU they are kept as stored only, for the Triton kernels); an AWQ or GPTQ checkpoint's
-  layers are kept as stored on a GPU and dequantized to the model's dtype on the CPU;
+  layers are kept as stored on a GPU and dequantized to the model's dtype on the CPU, where
+  those without act-order are also kept as GGUF's are, for steps of a few rows;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
 - max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
@@ -45,7 +46,7 @@ from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
-from aioserve.models.int4_group_weights import keep_int4_group_weights
+from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_group_weights
 from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.platform import (
@@ -188,10 +189,11 @@ def resolve_gguf_blocks(checkpoint: Checkpoint) -> bool:
 
 
 def resolve_int4_weights(checkpoint: Checkpoint, dtype: torch.dtype) -> bool:
-    """Whether small steps read a GGUF checkpoint's 4-bit weights as stored
-    (models/gguf_weights.py): where the dense products run on packed bfloat16 weights,
-    beside which torch's int4 CPU op serves steps of a few rows."""
-    return checkpoint.load_format == "gguf" and resolve_packed_weights(dtype)
+    """Whether small steps read a GGUF, AWQ or GPTQ checkpoint's 4-bit weights as stored
+    (models/gguf_weights.py, models/int4_group_weights.py): where the dense products run on
+    packed bfloat16 weights, beside which torch's int4 CPU op serves steps of a few rows."""
+    quantized = checkpoint.load_format == "gguf" or checkpoint.int4_scheme is not None
+    return quantized and resolve_packed_weights(dtype)
 
 
 def resolve_int4_group_weights(checkpoint: Checkpoint) -> bool:
@@ -306,7 +308,12 @@ def build_engine(config: EngineConfig) -> EngineParts:
         kept = keep_gguf_blocks(model, checkpoint)
         logger.info("the 4-bit layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
     elif resolve_int4_weights(checkpoint, dtype):
-        added = keep_int4_weights(model, checkpoint, dtype)
+        if checkpoint.int4_scheme is None:
+            added = keep_int4_weights(model, checkpoint, dtype)
+        else:
+            added = keep_int4_cpu_weights(
+                model, checkpoint.int4_group_layers(), checkpoint.int4_scheme, dtype
+            )
         logger.info(
             "steps of up to %d rows read the checkpoint's 4-bit weights as stored "
             "(%.0f MiB more memory)",

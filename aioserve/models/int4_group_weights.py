@@ -17,6 +17,14 @@ side, in `load_weights`' order) and its float weight is released (it keeps only 
 shape), as models/gguf_weights.py does for GGUF. A layer stays in float where the kernels'
 layout does not take it: a group size that is not a multiple of 16 dividing the inputs,
 act-order groups of unequal size, or stacked shards whose act-order permutations differ.
+
+On a CPU with bfloat16 arithmetic, where the dense products run on packed bfloat16 weights
+(models/linear.py), `keep_int4_cpu_weights` gives each such Linear without act-order a copy
+of its codes in the layout of torch's int4 CPU matmul as well, read by steps of up to
+linear.INT4_MAX_ROWS rows, as models/gguf_weights.py does for GGUF's Q4_0 / Q4_1: that op
+takes groups of 32 inputs, so a group's scale is repeated for each 32 of its inputs, and a
+zero point z becomes the op's additive zero (8 - z) * s. Act-order layers, whose groups
+are not runs of consecutive inputs, keep the bfloat16 weights only.
 """
 
 from __future__ import annotations
@@ -28,12 +36,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aioserve.kernels.gguf_linear_reference import GROUP_SIZE, fits_int4, pack_int4
 from aioserve.kernels.int4_group_linear_reference import (
     GroupedCodes,
     KernelLayout,
     concat_layouts,
     dequantize,
     kernel_layout,
+    unpack_along_rows,
     unpack_awq,
     unpack_gptq,
 )
@@ -221,3 +231,30 @@ def keep_int4_group_weights(
             + ((module.quant_perm,) if module.quant_perm is not None else ())
         )
     return kept
+
+
+@torch.no_grad()
+def keep_int4_cpu_weights(
+    model: nn.Module,
+    layers: Iterable[tuple[str, GroupedCodes]],
+    scheme: Int4GroupScheme,
+    dtype: torch.dtype,
+) -> int:
+    """Give each Linear of `model` whose checkpoint tensors are all quantized, without
+    act-order, its weights in torch's int4 CPU layout, scales in `dtype` (the model's);
+    returns the bytes they take."""
+    added = 0
+    for module, layout in _kept_layouts(model, layers, scheme):
+        fits = fits_int4(module.out_features, module.in_features)
+        if layout.perm is not None or layout.group_size % GROUP_SIZE or not fits:
+            continue
+        codes = unpack_along_rows(layout.qweight).t()  # [N, K]
+        repeat = layout.group_size // GROUP_SIZE
+        scales = layout.scales.float().repeat_interleave(repeat, dim=0)  # [K / 32, N]
+        zeros = layout.zeros.float().repeat_interleave(repeat, dim=0)
+        # the op computes (q - 8) * scale + zero
+        packed, scales_and_zeros = pack_int4(codes, scales.t(), ((8 - zeros) * scales).t(), dtype)
+        module.int4_weight = packed.to(module.weight.device)
+        module.int4_scales_and_zeros = scales_and_zeros.to(module.weight.device)
+        added += packed.nbytes + scales_and_zeros.nbytes
+    return added

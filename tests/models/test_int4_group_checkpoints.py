@@ -9,6 +9,10 @@ published packing) loaded through the normal path, against the float model they 
 - Kept quantized (the GPU's layers, run here through the kernels' torch reference, and
   one layer through the Triton kernels interpreted), the logits equal the dequantized
   model's within 1e-4: the same float32 weights, another product.
+- The CPU's int4 copy for small steps (torch's int4 op, groups of 32, scales and zeros in
+  bfloat16): every layer without act-order gets one, whose product equals the dequantized
+  weights' within bfloat16's rounding of the scales, zeros and output (relative 1e-2; a
+  wrong zero point or group gives ~100%); act-order layers of several groups get none.
 - build_engine takes a folder by `--model` (with --quantization awq_marlin: vLLM's name
   for the same weights), and its load report names the quantization; kept quantized, the
   report counts the kept tensors in place of the released weights.
@@ -27,9 +31,10 @@ from transformers import LlamaForCausalLM
 from aioserve.config.engine import engine_config_from_kwargs
 from aioserve.engine.build import build_engine
 from aioserve.engine.load_report import build_load_report, format_bytes
+from aioserve.kernels.gguf_linear_reference import int4_linear
 from aioserve.kernels.int4_group_linear_reference import int4_group_linear_reference
 from aioserve.models.checkpoint import open_checkpoint
-from aioserve.models.int4_group_weights import keep_int4_group_weights
+from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_group_weights
 from aioserve.models.linear import Linear
 from aioserve.models.loader import load_model
 from aioserve.runner.model_runner import ModelRunner
@@ -112,6 +117,30 @@ def test_kept_quantized_the_model_gives_the_same_logits(folder):
     for name in KEPT:  # the float weight released: a shape only
         assert model.get_submodule(name).weight.stride() == (0, 0)
     torch.testing.assert_close(_prompt_logits(model), dequantized, rtol=0, atol=1e-4)
+
+
+def test_the_cpu_int4_copy_computes_the_dequantized_weights(folder):
+    path, _ = folder
+    checkpoint, model = _load(path)
+    scheme = checkpoint.int4_scheme
+    added = keep_int4_cpu_weights(model, checkpoint.int4_group_layers(), scheme, torch.bfloat16)
+    with_int4 = {
+        n for n, m in model.named_modules() if isinstance(m, Linear) and m.int4_weight is not None
+    }
+    # act-order leaves the inputs in order only where one group covers them all
+    in_order = {n for n in KEPT if model.get_submodule(n).in_features <= scheme.group_size}
+    assert with_int4 == (in_order if scheme.desc_act else KEPT)
+    assert added == sum(
+        m.int4_weight.nbytes + m.int4_scales_and_zeros.nbytes
+        for m in map(model.get_submodule, with_int4)
+    )
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).bfloat16()
+    for name in sorted(with_int4):
+        module = model.get_submodule(name)
+        inputs = x[:, : module.in_features]
+        got = int4_linear(inputs, module.int4_weight, module.int4_scales_and_zeros).float()
+        reference = inputs.float() @ module.weight.t()  # the loader's dequantized float32
+        assert ((got - reference).norm() / reference.norm()).item() < 1e-2, name
 
 
 def test_the_triton_kernels_compute_a_kept_layer(tmp_path, triton_backend):
