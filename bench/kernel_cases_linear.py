@@ -1,11 +1,11 @@
-"""The cases of the linear layers on GGUF 4-bit weights (aioserve/kernels/gguf_linear.py),
+"""The cases of the linear layers on GGUF quantized weights (aioserve/kernels/gguf_linear.py),
 built for bench/kernel_cases.py.
 
-Per model, the four products of a Llama decoder layer (`linear_layers`), in Q4_0 and Q4_1,
-for each token batch (M rows) and dtype. A weight is built once and shared by its layer's
-cases. Its blocks are random: every nibble byte uniform, d uniform in [2⁻⁹, 2⁻⁷) (a weight
-spread of about ±0.03, as a real layer's) and, for Q4_1, m near −8d, so the weights
-centre on zero.
+Per model, the four products of a Llama decoder layer (`linear_layers`), in every GGUF type
+the kernels take, for each token batch (M rows) and dtype. A weight is built once and shared
+by its layer's cases. Its blocks are random: every byte uniform but for the fp16 scales
+(`_SCALES`), drawn so that a weight spreads about ±0.03, as a real layer's does, and the
+minimums near minus the middle code's weight, so the weights centre on zero.
 """
 
 from __future__ import annotations
@@ -17,19 +17,33 @@ from torch import Tensor
 
 from aioserve.kernels.gguf_linear import gguf_linear_triton
 from aioserve.kernels.gguf_linear_reference import (
-    BLOCK_BYTES,
-    FOUR_BIT_TYPES,
-    GROUP_SIZE,
+    BLOCK_LAYOUT,
+    GGUF_TYPES,
     gguf_linear_reference,
 )
 from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
 
 # The minimum bytes, in the notation of kernel_cases.FORMULAS (M rows of x, N output
-# columns, K inputs, e bytes per element of x); b bytes per block of 32 weights.
+# columns, K inputs, e bytes per element of x); b bytes per block of w weights.
 FORMULAS = {
     f"gguf_linear {qtype}": "x [M, K] read + blocks read + out [M, N] written: "
-    f"M·K·e + N·K/32·{b} + M·N·e"
-    for qtype, b in BLOCK_BYTES.items()
+    f"M·K·e + N·K/{w}·{b} + M·N·e"
+    for qtype, (w, b) in BLOCK_LAYOUT.items()
+}
+# The fp16 fields of a block, (byte, low, high): d uniform in [low, high), then a minimum
+# (Q4_1, Q5_1: w = d q + m; k-quants: w = d sc q - dmin m) as d times a uniform in
+# [low, high). d sets a weight's spread to about ±0.03: d times half the codes' range
+# (k-quants: times a 6-bit sub-scale of ~32, Q6_K an int8 one of ~64); the minimum is about
+# minus the middle code's weight.
+_SCALES = {
+    "q4_0": ((0, 2**-9, 2**-7),),
+    "q4_1": ((0, 2**-9, 2**-7), (2, -8.8, -7.2)),
+    "q5_0": ((0, 2**-10, 2**-8),),
+    "q5_1": ((0, 2**-10, 2**-8), (2, -17.6, -14.4)),
+    "q8_0": ((0, 2**-13, 2**-11),),
+    "q4_k": ((0, 2**-15, 2**-13), (2, 7.2, 8.8)),
+    "q5_k": ((0, 2**-16, 2**-14), (2, 14.4, 17.6)),
+    "q6_k": ((208, 2**-17, 2**-15),),
 }
 
 
@@ -45,17 +59,26 @@ def linear_layers(model: ModelShape) -> tuple[tuple[str, int, int], ...]:
     )
 
 
+def _uniform(rand: Random, n: int, count: int, low: float, high: float) -> Tensor:
+    return rand.uniform(n, count, 1).mul_(high - low).add_(low)
+
+
 def random_blocks(rand: Random, n: int, k: int, qtype: str) -> Tensor:
-    """uint8 [N, K / 32 * block bytes]: GGUF `qtype` blocks of random codes and scales."""
-    groups = k // GROUP_SIZE
-    # 16 nibble bytes a block, drawn as two random int64 each (8 times fewer draws).
-    nibbles = rand.integers(-(2**63), 2**63 - 1, n, groups, 2).view(torch.uint8)
-    scale = rand.uniform(n, groups, 1).mul_(3 / 512).add_(1 / 512)
-    fields = [scale]
-    if qtype == "q4_1":
-        fields.append(scale * -8 * (0.9 + 0.2 * rand.uniform(n, groups, 1)))
-    halves = [field.half().view(torch.uint8) for field in fields]
-    return torch.cat([*halves, nibbles], dim=2).reshape(n, groups * BLOCK_BYTES[qtype])
+    """uint8 [N, K / w * b]: GGUF `qtype` blocks of random codes and scales (`_SCALES`)."""
+    block_weights, block_bytes = BLOCK_LAYOUT[qtype]
+    count = k // block_weights
+    # random bytes drawn as int64s (8 times fewer draws), cut to the block's width
+    words = -(-block_bytes // 8)
+    blocks = rand.integers(-(2**63), 2**63 - 1, n, count, words).view(torch.uint8)
+    blocks = blocks[:, :, :block_bytes].clone()
+    (d_at, *d_range), *minimum = _SCALES[qtype]
+    d = _uniform(rand, n, count, *d_range)
+    blocks[:, :, d_at : d_at + 2] = d.half().view(torch.uint8)
+    for at, low, high in minimum:
+        blocks[:, :, at : at + 2] = (
+            (d * _uniform(rand, n, count, low, high)).half().view(torch.uint8)
+        )
+    return blocks.reshape(n, count * block_bytes)
 
 
 def _case(
@@ -68,10 +91,11 @@ def _case(
     dtype: torch.dtype,
 ) -> Case:
     n = blocks.shape[0]
-    k = blocks.shape[1] // BLOCK_BYTES[qtype] * GROUP_SIZE
+    block_weights, block_bytes = BLOCK_LAYOUT[qtype]
+    k = blocks.shape[1] // block_bytes * block_weights
     x = rand.normal(batch.n, k, dtype=dtype)
     e = x.element_size()
-    traffic = batch.n * k * e + blocks.numel() + batch.n * n * e  # M·K·e + N·K/32·b + M·N·e
+    traffic = batch.n * k * e + blocks.numel() + batch.n * n * e  # M·K·e + N·K/w·b + M·N·e
 
     def check() -> str | None:
         out = gguf_linear_triton(x, blocks, qtype)
@@ -95,9 +119,9 @@ def gguf_linear_cases(
     batches: tuple[TokenBatch, ...],
     dtypes: tuple[torch.dtype, ...],
 ) -> Iterator[Case]:
-    """Every layer of `model` in both 4-bit types, for each batch and dtype."""
+    """Every layer of `model` in every GGUF type, for each batch and dtype."""
     for layer, n, k in linear_layers(model):
-        for qtype in FOUR_BIT_TYPES:
+        for qtype in GGUF_TYPES:
             blocks = random_blocks(rand, n, k, qtype)
             for batch in batches:
                 for dtype in dtypes:

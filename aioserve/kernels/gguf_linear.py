@@ -1,22 +1,26 @@
-"""Linear layers on GGUF 4-bit weights (Q4_0, Q4_1) read as stored: y = x Wᵀ (+ bias).
+"""Linear layers on GGUF quantized weights read as stored: y = x Wᵀ (+ bias), for Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K.
 
 The weight W [N, K] stays in the GGUF file's layout (gguf_linear_reference.py describes
-it): `blocks` uint8 [N, K / 32 * block bytes], rows contiguous. The kernels read the
-blocks and dequantize them in registers, never writing W out, so a product moves 4.5
-(Q4_0) or 5 (Q4_1) bits a weight where a bfloat16 W would move 16: a decode step is
-bound by exactly those bytes.
+each type's): `blocks` uint8 [N, K / block weights * block bytes], rows contiguous. The
+kernels read the blocks and dequantize them in registers (gguf_dequant.py), never writing W
+out, so a product moves the file's 4.5 (Q4_0) to 8.5 (Q8_0) bits a weight where a bfloat16
+W would move 16: a decode step is bound by exactly those bytes.
 
-Two kernels compute the product, with fp32 accumulation:
+Every type goes through the same two kernels, its dequantization a compile-time branch
+(QTYPE): each reads a row as groups of 32 weights (a block, or a k-quant super-block's
+sub-block) and a group two weights at a time, j and j + 16, the pair a Q4_0 byte holds.
+The kernels compute the product with fp32 accumulation:
 
 - `_gemv_kernel`, for a batch of up to `_GEMV_CONFIG["max_rows"]` rows (decode at one
   stream): one program per (row of x, BLOCK_N output columns, split of K), walking K
-  BLOCK_G blocks of 32 weights at a time with plain multiply-adds;
+  BLOCK_G groups of 32 weights at a time with plain multiply-adds;
 - `_gemm_kernel` for more rows: tiles of BLOCK_M rows × BLOCK_N columns, the dequantized
-  W tile cast to x's dtype and multiplied with tl.dot. A block's byte j holds weights j
-  and j + 16, so each step makes two dots, the low nibbles' against x's columns j and the
-  high nibbles' against columns j + 16, and no tile is shuffled back into K's order. The
-  tile is `_GEMM_CONFIG`'s "small" one (16 rows) for up to 16 rows, its "large" one
-  (128 rows on a GPU; float32 has its own) beyond.
+  W tile cast to x's dtype and multiplied with tl.dot. Each step makes two dots, the
+  weights j of its groups against x's columns 32 g + j and the weights j + 16 against
+  columns 32 g + j + 16, and no tile is shuffled back into K's order. The tile is
+  `_GEMM_CONFIG`'s "small" one (16 rows) for up to 16 rows, its "large" one (128 rows on
+  a GPU; float32 has its own) beyond.
 
 A weight with few output columns leaves most of the GPU idle, so both kernels may split K
 into `splits` consecutive ranges (`_SPLIT_CONFIG`): each split writes its float32 partial
@@ -27,11 +31,13 @@ other bits (another tile, another order). In batch-invariant mode
 (`dispatch.batch_invariant`) every batch takes the tiled path with the widest tile and no
 split, which keeps a row's bits whatever shares its batch, at some cost to small batches.
 
-The launch tables are fixed per platform, never tuned at run time. The GPU entries compile
-without a register spill for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py) and are
-sized from the arithmetic in their comments; they are not yet timed on a GPU. The CPU
-entries serve Triton's interpreter only (the tests): small tiles, splits at small shapes.
-On the CPU the torch reference runs (gguf_linear_reference.py).
+The launch tables are fixed per platform, never tuned at run time, and shared by every
+type. The GPU entries compile without a register spill for sm_90a and gfx942
+(tests/kernels/test_gpu_compile.py) and are sized from the arithmetic in their comments,
+made for the 4-bit types; the others decode more per weight (cuda GEMV: Q5_1 95 registers,
+the k-quants 96–128, so 4 programs an SM where the table counts 7). None is yet timed on
+a GPU. The CPU entries serve Triton's interpreter only (the tests): small tiles, splits at
+small shapes. On the CPU the torch reference runs (gguf_linear_reference.py).
 """
 
 from __future__ import annotations
@@ -42,9 +48,10 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.gguf_dequant import dequantize_pair
 from aioserve.kernels.gguf_linear_reference import (
-    BLOCK_BYTES,
-    FOUR_BIT_TYPES,
+    BLOCK_LAYOUT,
+    GGUF_TYPES,
     GROUP_SIZE,
     gguf_linear_reference,
 )
@@ -57,7 +64,7 @@ from aioserve.platform import current_platform
 # of fewer output tiles than that splits K (`_split`). Registers below are the compiler's
 # count in bf16 (tests/kernels/test_gpu_compile.py compiles every launch).
 
-# The GEMV: the most rows it takes, output columns and blocks of 32 weights per step,
+# The GEMV: the most rows it takes, output columns and groups of 32 weights per step,
 # warps. A row decodes every weight again, about five instructions a weight, which at one
 # row already keeps an H100 SM's ALUs ~2/3 busy at full memory speed (an MI300X CU fully);
 # from two rows on, the tiled path, which decodes a tile once for all its rows, is
@@ -103,9 +110,9 @@ _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
                     "num_stages": 1, "programs": 8},
     },
 }  # fmt: skip
-# Splits of K: at most `max_splits`, each walking at least `min_groups` blocks of 32
+# Splits of K: at most `max_splits`, each walking at least `min_groups` groups of 32
 # weights, so that a split's partial sums (8 bytes a row and column, written and read
-# back) stay small beside its weights (at least 288 bytes a column).
+# back) stay small beside its weights (at least 288 bytes a column in Q4_0).
 _SPLIT_CONFIG: dict[str, dict[str, int]] = {
     "cuda": {"max_splits": 16, "min_groups": 16},
     "rocm": {"max_splits": 16, "min_groups": 16},
@@ -113,36 +120,6 @@ _SPLIT_CONFIG: dict[str, dict[str, int]] = {
 }
 _SUM_BLOCK = 1024  # output columns per program of _sum_splits_kernel
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _dequantize(
-    block_at,
-    mask,
-    byte,
-    BYTE_AXIS: tl.constexpr,
-    BLOCK_BYTES: tl.constexpr,
-    HAS_MIN: tl.constexpr,
-):
-    """The float32 weights in nibble byte `byte` (0..15) of the GGUF blocks that start at
-    `block_at` (a 2-D tile of pointers; `mask` the same shape), as (low nibbles', high
-    nibbles'), the byte axis inserted at BYTE_AXIS."""
-    # A block opens with d (Q4_1: then m), and every block starts at an even byte.
-    scale_at = block_at.to(tl.pointer_type(tl.float16), bitcast=True)
-    scale = tl.load(scale_at, mask=mask, other=0.0).to(tl.float32)
-    if HAS_MIN:  # Q4_1: d * q + m
-        zero = tl.load(scale_at + 1, mask=mask, other=0.0).to(tl.float32)
-    else:  # Q4_0: d * (q - 8)
-        zero = -8.0 * scale
-    scale = tl.expand_dims(scale, BYTE_AXIS)
-    zero = tl.expand_dims(zero, BYTE_AXIS)
-    nibbles_at = tl.expand_dims(block_at, BYTE_AXIS) + (BLOCK_BYTES - 16) + byte
-    packed = tl.load(nibbles_at, mask=tl.expand_dims(mask, BYTE_AXIS), other=0).to(tl.int32)
-    # A code q in the low mantissa bits of 2**23 is the float 2**23 + q: an OR and a
-    # subtraction, where an int-to-float conversion runs at a quarter rate on NVIDIA.
-    low = ((packed & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    high = ((packed >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return low * scale + zero, high * scale + zero
 
 
 @triton.jit
@@ -182,10 +159,11 @@ def _gemv_kernel(
     n,
     groups_per_row,
     groups_per_split,
+    row_bytes,
     stride_x,
     stride_out,
+    QTYPE: tl.constexpr,
     BLOCK_BYTES: tl.constexpr,
-    HAS_MIN: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -198,7 +176,7 @@ def _gemv_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
     col_mask = cols < n
-    row_at = blocks_ptr + cols.to(tl.int64) * (groups_per_row * BLOCK_BYTES)
+    row_at = blocks_ptr + cols.to(tl.int64) * row_bytes
     start = split * groups_per_split
     end = tl.minimum(start + groups_per_split, groups_per_row)
     byte = tl.arange(0, 16)
@@ -207,13 +185,14 @@ def _gemv_kernel(
     for group in range(start, end, BLOCK_G):
         groups = group + tl.arange(0, BLOCK_G)
         group_mask = groups < end
-        low, high = _dequantize(
-            row_at[:, None] + groups[None, :] * BLOCK_BYTES,
+        low, high = dequantize_pair(
+            row_at[:, None],
+            groups[None, :],
             col_mask[:, None] & group_mask[None, :],
             byte[None, None, :],
             2,
+            QTYPE,
             BLOCK_BYTES,
-            HAS_MIN,
         )
         x_at = x_row + groups[:, None] * 32 + byte[None, :]
         x_low = tl.load(x_at, mask=group_mask[:, None], other=0.0).to(tl.float32)
@@ -237,10 +216,11 @@ def _gemm_kernel(
     n,
     groups_per_row,
     groups_per_split,
+    row_bytes,
     stride_x,
     stride_out,
+    QTYPE: tl.constexpr,
     BLOCK_BYTES: tl.constexpr,
-    HAS_MIN: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -249,14 +229,14 @@ def _gemm_kernel(
 ):
     # One program per (BLOCK_M rows, BLOCK_N columns, split of K); the row tiles of one
     # column tile are neighbours in the grid, so they find its weights in L2. Position i
-    # of a step's K tile (BLOCK_G * 16 deep) is byte i % 16 of block i // 16: the low
-    # nibbles' tile meets x's column 32 * (i // 16) + i % 16, the high nibbles' that + 16.
+    # of a step's K tile (BLOCK_G * 16 deep) is pair i % 16 of group i // 16: the first
+    # weights' tile meets x's column 32 * (i // 16) + i % 16, the second's that + 16.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
     row_mask = rows < num_rows
     col_mask = cols < n
-    row_at = blocks_ptr + cols.to(tl.int64) * (groups_per_row * BLOCK_BYTES)
+    row_at = blocks_ptr + cols.to(tl.int64) * row_bytes
     start = split * groups_per_split
     end = tl.minimum(start + groups_per_split, groups_per_row)
     depth = tl.arange(0, BLOCK_G * 16)
@@ -265,13 +245,14 @@ def _gemm_kernel(
     for group in range(start, end, BLOCK_G):
         groups = group + tl.arange(0, BLOCK_G)
         group_mask = groups < end
-        low, high = _dequantize(
-            groups[:, None] * BLOCK_BYTES + row_at[None, :],
+        low, high = dequantize_pair(
+            row_at[None, :],
+            groups[:, None],
             group_mask[:, None] & col_mask[None, :],
             tl.arange(0, 16)[None, :, None],
             1,
+            QTYPE,
             BLOCK_BYTES,
-            HAS_MIN,
         )
         low = tl.reshape(low, [BLOCK_G * 16, BLOCK_N]).to(x_ptr.dtype.element_ty)
         high = tl.reshape(high, [BLOCK_G * 16, BLOCK_N]).to(x_ptr.dtype.element_ty)
@@ -328,7 +309,7 @@ class _Plan:
 
 
 def _split(tiles: int, groups: int, config: dict[str, int]) -> tuple[int, int]:
-    """(splits, blocks per split) of a launch of `tiles` output tiles over `groups` blocks
+    """(splits, groups per split) of a launch of `tiles` output tiles over `groups` groups
     of 32 weights with the kernel `config`; a split covers whole steps, the last may be
     short."""
     limits = _SPLIT_CONFIG[current_platform()]
@@ -341,7 +322,7 @@ def _split(tiles: int, groups: int, config: dict[str, int]) -> tuple[int, int]:
 
 def _plan(num_rows: int, n: int, groups: int, dtype: torch.dtype) -> _Plan:
     """The launch of a product of `num_rows` rows of x in `dtype`, `n` output columns and
-    `groups` blocks of 32 weights along K."""
+    `groups` groups of 32 weights along K."""
     platform = current_platform()
     invariant = dispatch.batch_invariant()
     gemv = _GEMV_CONFIG[platform]
@@ -373,21 +354,22 @@ def _plan(num_rows: int, n: int, groups: int, dtype: torch.dtype) -> _Plan:
 
 
 def _check(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | None) -> None:
-    if qtype not in BLOCK_BYTES:
-        raise ValueError(f"not a 4-bit GGUF type: {qtype!r}; expected one of {FOUR_BIT_TYPES}")
+    if qtype not in BLOCK_LAYOUT:
+        raise ValueError(f"not a supported GGUF type: {qtype!r}; expected one of {GGUF_TYPES}")
     if x.dim() != 2 or x.dtype not in _DTYPES:
         raise ValueError(f"x must be [M, K] in one of {_DTYPES}, got {x.dtype} {tuple(x.shape)}")
     k = x.shape[1]
-    expected = k // GROUP_SIZE * BLOCK_BYTES[qtype]
+    block_weights, block_bytes = BLOCK_LAYOUT[qtype]
+    expected = k // block_weights * block_bytes
     if (
-        k % GROUP_SIZE
+        k % block_weights
         or blocks.dtype != torch.uint8
         or blocks.dim() != 2
         or blocks.shape[1] != expected
     ):
         raise ValueError(
             f"{qtype} blocks for K = {k} must be uint8 [N, {expected}] (K a multiple of "
-            f"{GROUP_SIZE}), got {blocks.dtype} {tuple(blocks.shape)}"
+            f"{block_weights}), got {blocks.dtype} {tuple(blocks.shape)}"
         )
     if bias is not None and bias.shape != (blocks.shape[0],):
         raise ValueError(f"bias must be [{blocks.shape[0]}], got {tuple(bias.shape)}")
@@ -422,12 +404,13 @@ def gguf_linear_triton(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | Non
         n,
         k // GROUP_SIZE,
         plan.groups_per_split,
+        blocks.stride(0),
         x.stride(0),
         out.stride(0),
     )
     constants = dict(
-        BLOCK_BYTES=BLOCK_BYTES[qtype],
-        HAS_MIN=qtype == "q4_1",
+        QTYPE=qtype,
+        BLOCK_BYTES=BLOCK_LAYOUT[qtype][1],
         HAS_BIAS=bias is not None,
         SPLIT=split,
         BLOCK_N=plan.block_n,
@@ -460,7 +443,8 @@ def gguf_linear_triton(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | Non
 
 def gguf_linear(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | None = None) -> Tensor:
     """x [M, K] @ Wᵀ (+ bias [N]) as [M, N] in x's dtype, W [N, K] being the GGUF `qtype`
-    ("q4_0" or "q4_1") weight stored in `blocks`, uint8 [N, K / 32 * block bytes].
+    (one of GGUF_TYPES: "q4_0", ..., "q6_k") weight stored in `blocks`, uint8
+    [N, K / block weights * block bytes].
 
     x is float16, bfloat16 or float32; the sums are float32, the bias added in float32
     before the cast.

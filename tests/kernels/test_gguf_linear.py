@@ -1,15 +1,21 @@
 """gguf_linear: the torch reference against a float64 product of the weights that gguf-py's
-own quantizer wrote and dequantizer reads (an independent oracle; tests/models/
-test_gguf_weights.py checks `unpack_blocks` against gguf-py), and the Triton kernels
-against the reference.
+own dequantizer reads (an independent oracle), and the Triton kernels against the
+reference, for every GGUF type they take. The blocks of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are
+gguf-py's quantization of random weights; gguf-py cannot quantize the k-quants, whose blocks
+are random bytes with sane fp16 scales (tests/models/tiny_gguf.py `random_blocks`).
+tests/models/test_gguf_weights.py checks each type's unpacked form against gguf-py.
 
 Under the interpreter the kernels take the CPU launch table, whose small tiles and splits
 let small shapes reach every path: the GEMV with one and several rows, the small and the
 large tile, each with K whole and split, K tails and partial column and row tiles
-(`test_shapes_reach_every_path` checks that they do).
+(`test_cases_reach_every_path` checks that each type's cases do). Each type meets both
+float16 and float32, with and without a bias; K spans several blocks (k-quants: several
+super-blocks, split in the middle of one).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -19,26 +25,48 @@ from gguf.quants import dequantize, quantize
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.gguf_linear import _plan, gguf_linear, gguf_linear_triton
-from aioserve.kernels.gguf_linear_reference import gguf_linear_reference
+from aioserve.kernels.gguf_linear_reference import GGUF_TYPES, gguf_linear_reference
+from tests.models.tiny_gguf import K_QUANTS, random_blocks
 
-_GGML_TYPES = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1}
+_GGML_TYPES = {qtype: GGMLQuantizationType[qtype.upper()] for qtype in GGUF_TYPES}
 # Triton against the reference (float32 sums of float32 weights). float32: the sums'
-# order. float16: the output's rounding and, on the tiled path, each weight's, cast to
-# float16 for tl.dot (outputs are ~0.3 here, one float16 step 2.4e-4).
+# order, and the kernels' (q - offset) * scale + zero fused into one rounding on a GPU
+# (outputs here up to ~10, float32's step 1e-6). float16: the output's rounding and, on the
+# tiled path, each weight's, cast to float16 for tl.dot (one float16 step is 2⁻¹¹ of a
+# value).
 _TOLERANCE = {
     torch.float32: dict(atol=1e-5, rtol=1e-5),
     torch.float16: dict(atol=2e-3, rtol=2e-3),
 }
-# (N, K): one block of 32 along K; three, so the CPU table's 64-deep steps end in a half
-# step; five, split in two. N = 24 and 40 end in a partial column tile.
-_SHAPES = [(40, 32), (24, 96), (40, 160)]
+# (N, K) per block size. 32: one block along K; three, so the CPU table's 64-deep steps end
+# in a half step; five, split in two. 256 (a super-block of 8 groups): one, whole for 136
+# columns; two, split inside a super-block. N = 24, 40 and 136 end in a partial column tile.
+_SHAPES = {32: [(40, 32), (24, 96), (40, 160)], 256: [(136, 256), (40, 512)]}
 # The GEMV at one row and at three, the small tile, the large one with a partial row tile.
 _ROWS = [1, 3, 8, 40]
 
 
+def _shapes(qtype: str) -> list[tuple[int, int]]:
+    return _SHAPES[256 if _GGML_TYPES[qtype] in K_QUANTS else 32]
+
+
+def _cases() -> list[tuple[str, int, int, int, torch.dtype, bool]]:
+    """(qtype, rows, N, K, dtype, with bias): every rows and shape of each type, the dtype
+    and the bias alternating so that each type meets both of each."""
+    cases = []
+    for qtype in GGUF_TYPES:
+        combos = itertools.product(_ROWS, _shapes(qtype))
+        for i, (rows, (n, k)) in enumerate(combos):
+            dtype = (torch.float32, torch.float16)[i % 2]
+            cases.append((qtype, rows, n, k, dtype, (i // 2) % 2 == 1))
+    return cases
+
+
 def _blocks(n: int, k: int, qtype: str, seed: int) -> torch.Tensor:
-    """gguf-py's `qtype` blocks of random weights [N, K]; the first block of row 0 is all
-    zeros (d = 0)."""
+    """`qtype` blocks of a weight [N, K]: gguf-py's quantization of random weights (the
+    first block of row 0 all zeros, d = 0), or random k-quant blocks."""
+    if _GGML_TYPES[qtype] in K_QUANTS:
+        return torch.from_numpy(random_blocks(n, k, _GGML_TYPES[qtype], seed))
     weights = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
     weights[0, :32] = 0.0
     return torch.from_numpy(quantize(weights, _GGML_TYPES[qtype]))
@@ -53,35 +81,41 @@ def _inputs(rows: int, n: int, k: int, qtype: str, dtype: torch.dtype, with_bias
     return x, blocks, bias
 
 
-@pytest.mark.parametrize("qtype", list(_GGML_TYPES))
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_reference_matches_float64_product_of_gguf_weights(qtype, with_bias):
-    blocks = _blocks(24, 160, qtype, seed=2)
-    x = torch.randn(5, 160, generator=torch.Generator().manual_seed(3))
-    bias = torch.randn(24, generator=torch.Generator().manual_seed(4)) if with_bias else None
+    n, k = _shapes(qtype)[-1]
+    blocks = _blocks(n, k, qtype, seed=2)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(3))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(4)) if with_bias else None
     weights = dequantize(blocks.numpy(), _GGML_TYPES[qtype]).astype(np.float64)
     expected = x.double().numpy() @ weights.T
     if bias is not None:
         expected += bias.double().numpy()
     result = gguf_linear_reference(x, blocks, qtype, bias)
     assert result.dtype == torch.float32
-    torch.testing.assert_close(result.double(), torch.from_numpy(expected), atol=1e-5, rtol=1e-5)
+    # float32 sums of ~k products, against float64 ones
+    torch.testing.assert_close(result.double(), torch.from_numpy(expected), atol=1e-4, rtol=1e-5)
 
 
-def test_shapes_reach_every_path():
-    plans = [_plan(rows, n, k // 32, torch.float16) for rows in _ROWS for n, k in _SHAPES]
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
+def test_cases_reach_every_path(qtype):
+    plans = [
+        _plan(rows, n, k // 32, dtype)
+        for case_type, rows, n, k, dtype, _ in _cases()
+        if case_type == qtype
+    ]
     tiles = sorted({plan.block_m for plan in plans})  # 1 (the GEMV), small, large
     assert len(tiles) == 3
     paths = {(plan.block_m, plan.splits > 1) for plan in plans}
     assert paths == {(tile, split) for tile in tiles for split in (False, True)}
+    cases = [case for case in _cases() if case[0] == qtype]
+    assert {case[4] for case in cases} == {torch.float16, torch.float32}
+    assert {case[5] for case in cases} == {False, True}
 
 
-@pytest.mark.parametrize("qtype", list(_GGML_TYPES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("rows", _ROWS)
-@pytest.mark.parametrize("n, k", _SHAPES)
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_triton_matches_reference(triton_backend, qtype, dtype, rows, n, k, with_bias):
+@pytest.mark.parametrize("qtype, rows, n, k, dtype, with_bias", _cases())
+def test_triton_matches_reference(triton_backend, qtype, rows, n, k, dtype, with_bias):
     x, blocks, bias = _inputs(rows, n, k, qtype, dtype, with_bias)
     result = gguf_linear(x, blocks, qtype, bias)
     assert result.shape == (rows, n) and result.dtype == dtype
@@ -89,17 +123,19 @@ def test_triton_matches_reference(triton_backend, qtype, dtype, rows, n, k, with
     torch.testing.assert_close(result, expected, **_TOLERANCE[dtype])
 
 
-def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch(triton_backend):
-    x, blocks, _ = _inputs(40, 40, 160, "q4_1", torch.float32, with_bias=False)
+@pytest.mark.parametrize("qtype", ["q4_1", "q6_k"])
+def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch(triton_backend, qtype):
+    n, k = _shapes(qtype)[-1]
+    x, blocks, _ = _inputs(40, n, k, qtype, torch.float32, with_bias=False)
     dispatch.set_batch_invariant(True)
     try:
-        alone = [gguf_linear(x[i : i + 1], blocks, "q4_1") for i in (0, 17, 39)]
-        batched = gguf_linear(x, blocks, "q4_1")
+        alone = [gguf_linear(x[i : i + 1], blocks, qtype) for i in (0, 17, 39)]
+        batched = gguf_linear(x, blocks, qtype)
     finally:
         dispatch.set_batch_invariant(False)
     for i, row in zip((0, 17, 39), alone, strict=True):
         assert torch.equal(row[0], batched[i])
-    expected = gguf_linear_reference(x, blocks, "q4_1")
+    expected = gguf_linear_reference(x, blocks, qtype)
     torch.testing.assert_close(batched, expected, **_TOLERANCE[torch.float32])
 
 
@@ -118,9 +154,11 @@ def test_triton_no_rows(triton_backend):
 @pytest.mark.parametrize(
     "x_shape, qtype, blocks_shape, dtype",
     [
-        ((2, 64), "q8_0", (4, 36), torch.float32),  # not a 4-bit type
+        ((2, 64), "q2_k", (4, 36), torch.float32),  # not a supported type
         ((2, 64), "q4_0", (4, 40), torch.float32),  # q4_1's width
         ((2, 48), "q4_0", (4, 18), torch.float32),  # K not a multiple of 32
+        ((2, 96), "q4_k", (4, 54), torch.float32),  # K not a multiple of 256
+        ((2, 256), "q6_k", (4, 144), torch.float32),  # q4_k's width
         ((2, 64), "q4_0", (4, 36), torch.int32),  # x not floating point
     ],
 )
@@ -131,16 +169,16 @@ def test_triton_rejects_bad_inputs(x_shape, qtype, blocks_shape, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qtype", list(_GGML_TYPES))
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
-@pytest.mark.parametrize("n, k", [(960, 576), (576, 1536), (6144, 4096), (4096, 14336)])
+@pytest.mark.parametrize("n, k", [(960, 768), (576, 1536), (6144, 4096), (4096, 14336)])
 def test_gpu_triton_matches_reference(triton_backend, device, qtype, dtype, rows, n, k):
     from bench.kernel_case_types import Random
-    from bench.kernel_cases_linear import random_blocks
+    from bench.kernel_cases_linear import random_blocks as bench_blocks
 
     rand = Random(device, rows + n + k)
-    blocks = random_blocks(rand, n, k, qtype)
+    blocks = bench_blocks(rand, n, k, qtype)
     x = rand.normal(rows, k, dtype=dtype)
     bias = rand.normal(n, dtype=dtype)
     result = gguf_linear(x, blocks, qtype, bias).double()
