@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
-from aioserve.kernels.gguf_linear_reference import FOUR_BIT_TYPES
+from aioserve.kernels.gguf_linear_reference import GGUF_TYPES
 from aioserve.models.int4_group_weights import (
     GroupedCodes,
     Int4GroupScheme,
@@ -92,15 +92,16 @@ class Checkpoint:
             if isinstance(value, GroupedCodes):
                 yield name, value
 
-    def four_bit_weights(self) -> Iterator[tuple[str, str, torch.Tensor]]:
-        """(HF parameter name, "q4_0" or "q4_1", uint8 blocks [rows, bytes]) of each tensor a
-        GGUF file stores in a 4-bit type, rows in HF order; nothing for other checkpoints."""
+    def gguf_blocks(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        """(HF parameter name, type, uint8 blocks [rows, bytes]) of each tensor a GGUF file
+        stores in a block type the kernels read as stored (kernels/gguf_linear_reference.py
+        GGUF_TYPES: "q4_0", ..., "q6_k"), rows in HF order; nothing for other checkpoints."""
         if self.load_format != "gguf":
             return
         assert self._gguf is not None
         for tensor in self._gguf.tensors():
             qtype = tensor.qtype.name.lower()
-            if qtype in FOUR_BIT_TYPES:
+            if qtype in GGUF_TYPES:
                 yield tensor.name, qtype, torch.from_numpy(np.array(tensor.raw))
 
     def num_weight_tensors(self) -> int:

@@ -1,5 +1,10 @@
-"""GGUF 4-bit weights kept as stored (models/gguf_weights.py, kernels/gguf_linear_reference.py)
+"""GGUF quantized weights kept as stored (models/gguf_weights.py, kernels/gguf_linear_reference.py)
 against the float32 product of the weights dequantized.
+
+The reference form of every type (`unpack_codes`, `dequantize_blocks`) is gguf-py's
+dequantization exactly (bit for bit, no tolerance): on blocks gguf-py's quantizer wrote for
+Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, on random blocks built byte by byte in ggml's layout for
+the k-quants, which gguf-py cannot quantize.
 
 The CPU's int4 copy:
 
@@ -13,10 +18,12 @@ The CPU's int4 copy:
   there on (where this CPU has bfloat16 arithmetic).
 
 The GPU's blocks in place of the weights (`keep_gguf_blocks`), run here on the CPU:
-- exactly the Linears whose shards are all of one 4-bit type keep the blocks and release
-  their float weights, and compute what the float weights computed, through the torch
-  reference and through the Triton kernels (interpreted);
-- a tiny model holding them gives the dequantized model's greedy tokens over a prefill
+- exactly the Linears whose shards are all of one type the kernels read keep the blocks and
+  release their float weights, and compute what the float weights computed, through the
+  torch reference and through the Triton kernels (interpreted): the Q4_0/Q4_1 model above,
+  and a 256-wide one (a k-quant super-block is 256 weights) mixing Q5_0, Q5_1, Q8_0, Q4_K,
+  Q5_K, Q6_K and F16, whose 4-bit-free layers get no int4 copy;
+- tiny models holding them give the dequantized model's greedy tokens over a prefill
   and decodes (a ModelRunner, float32).
 """
 
@@ -29,11 +36,16 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from aioserve.kernels.gguf_linear_reference import (
+    CODE_OFFSET,
+    GGUF_TYPES,
+    SCALE_GROUP,
+    dequantize_blocks,
     dequantize_codes,
     gguf_linear_reference,
     int4_linear,
     pack_int4,
     unpack_blocks,
+    unpack_codes,
 )
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
@@ -41,7 +53,7 @@ from aioserve.models.linear import INT4_MAX_ROWS, Linear, dense, onednn_packs, p
 from aioserve.models.loader import load_model
 from aioserve.models.loaders.gguf import QType
 from aioserve.runner.model_runner import ModelRunner
-from tests.models.tiny_gguf import tiny_state_dict, write_tiny_gguf
+from tests.models.tiny_gguf import K_QUANTS, random_blocks, tiny_state_dict, write_tiny_gguf
 from tests.runner.plans import PlanMaker, run_step
 
 TYPES = {"q4_0": QType.Q4_0, "q4_1": QType.Q4_1}
@@ -66,6 +78,30 @@ def test_unpacked_blocks_are_gguf_pys_weights(qtype):
     assert int(codes.max()) <= 15
     weights = dequantize_codes(codes, scale, zero)
     torch.testing.assert_close(weights, torch.from_numpy(expected), rtol=0, atol=0)
+
+
+# the largest code of each type: 4, 5, 8 or 6 bits
+_CODE_BITS = {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q8_0": 8, "q4_k": 4, "q5_k": 5}
+
+
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
+def test_unpacked_codes_are_gguf_pys_weights(qtype):
+    ggml_type = QType[qtype.upper()]
+    if ggml_type in K_QUANTS:
+        raw = random_blocks(3, 512, ggml_type, seed=7)
+    else:
+        values = np.random.default_rng(7).standard_normal((3, 96)).astype(np.float32)
+        raw = gguf_quantize(values, ggml_type).view(np.uint8)
+    expected = torch.from_numpy(gguf_dequantize(raw, ggml_type))
+    blocks = torch.from_numpy(raw.copy())
+    codes, scale, zero = unpack_codes(blocks, qtype)
+    group = SCALE_GROUP.get(qtype, 32)
+    assert codes.shape == expected.shape and codes.dtype == torch.uint8
+    assert scale.shape == zero.shape == (3, expected.shape[1] // group)
+    assert int(codes.max()) < 2 ** _CODE_BITS.get(qtype, 6)
+    if qtype not in ("q4_1", "q5_1", "q4_k", "q5_k"):
+        assert not zero.any() and CODE_OFFSET[qtype] > 0  # w = (q - offset) * scale
+    torch.testing.assert_close(dequantize_blocks(blocks, qtype), expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -227,3 +263,81 @@ def test_a_model_keeping_blocks_gives_the_dequantized_models_tokens(tiny_gguf):
     kept = _float_model(tiny_gguf, use_tqdm=False)
     assert keep_gguf_blocks(kept, open_checkpoint(str(tiny_gguf))) > 0
     assert _greedy_tokens(kept) == _greedy_tokens(_float_model(tiny_gguf, use_tqdm=False))
+
+
+@pytest.fixture(scope="module")
+def wide_gguf(tmp_path_factory):
+    """A 2-layer qwen2 256 wide (a k-quant super-block) whose Linears mix the other types."""
+    path = tmp_path_factory.mktemp("gguf-types") / "tiny-mixed.gguf"
+    quantized = {
+        "layers.0.self_attn.q_proj.weight": QType.Q4_K,
+        "layers.0.self_attn.k_proj.weight": QType.Q4_K,
+        "layers.0.self_attn.v_proj.weight": QType.Q6_K,  # as a Q4_K_M file mixes them
+        "layers.1.self_attn.q_proj.weight": QType.Q5_K,
+        "layers.1.self_attn.k_proj.weight": QType.Q5_K,
+        "layers.1.self_attn.v_proj.weight": QType.Q5_K,
+        "layers.0.self_attn.o_proj.weight": QType.Q6_K,
+        "layers.1.self_attn.o_proj.weight": QType.Q8_0,
+        "layers.0.mlp.gate_proj.weight": QType.Q5_0,
+        "layers.0.mlp.up_proj.weight": QType.Q5_0,
+        "layers.1.mlp.gate_proj.weight": QType.Q5_1,
+        "layers.1.mlp.up_proj.weight": QType.Q5_1,
+        "layers.0.mlp.down_proj.weight": QType.Q4_K,
+        "layers.1.mlp.down_proj.weight": QType.F16,  # not a block type
+    }
+    state = tiny_state_dict("qwen2", hidden=256, head_dim=64, ffn=256)
+    write_tiny_gguf(path, "qwen2", state, quantized)
+    return path
+
+
+_WIDE_KEPT = {
+    "layers.1.self_attn.qkv_proj": "q5_k",
+    "layers.0.self_attn.o_proj": "q6_k",
+    "layers.1.self_attn.o_proj": "q8_0",
+    "layers.0.mlp.gate_up_proj": "q5_0",
+    "layers.1.mlp.gate_up_proj": "q5_1",
+    "layers.0.mlp.down_proj": "q4_k",
+}
+
+
+def test_layers_of_one_type_of_any_kind_keep_their_blocks(wide_gguf):
+    checkpoint = open_checkpoint(str(wide_gguf))
+    model = _float_model(wide_gguf, use_tqdm=False)
+    dequantized = {
+        name: m.weight.clone() for name, m in model.named_modules() if isinstance(m, Linear)
+    }
+    assert keep_int4_weights(model, checkpoint, torch.bfloat16) == 0  # no 4-bit layer
+    kept_bytes = keep_gguf_blocks(model, checkpoint)
+
+    kept = {
+        n: m.gguf_qtype
+        for n, m in model.named_modules()
+        if isinstance(m, Linear) and m.gguf_blocks is not None
+    }
+    # layer 0's q/k are Q4_K and its v Q6_K; layer 1's down_proj is F16
+    assert kept == _WIDE_KEPT
+    assert kept_bytes == sum(model.get_submodule(n).gguf_blocks.nbytes for n in kept)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
+    for name in sorted(kept):
+        module = model.get_submodule(name)
+        assert module.weight.stride() == (0, 0) and module.weight.shape == dequantized[name].shape
+        # the reference against the loader's own dequantization (loaders/gguf.py)
+        expected = torch.nn.functional.linear(x, dequantized[name], module.bias)
+        torch.testing.assert_close(module(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["layers.0.mlp.down_proj", "layers.0.self_attn.o_proj"])
+def test_the_triton_kernels_compute_a_kept_k_quant_layer(wide_gguf, triton_backend, name):
+    model = _float_model(wide_gguf, use_tqdm=False)
+    layer = model.get_submodule(name)
+    weight = layer.weight.clone()
+    keep_gguf_blocks(model, open_checkpoint(str(wide_gguf)))
+    assert layer.gguf_qtype in ("q4_k", "q6_k")
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(layer(x), x @ weight.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_keeping_blocks_of_every_type_gives_the_dequantized_models_tokens(wide_gguf):
+    kept = _float_model(wide_gguf, use_tqdm=False)
+    keep_gguf_blocks(kept, open_checkpoint(str(wide_gguf)))
+    assert _greedy_tokens(kept) == _greedy_tokens(_float_model(wide_gguf, use_tqdm=False))
