@@ -45,12 +45,15 @@ from aioserve.kernels.int4_group_linear_reference import PACK, int4_group_linear
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
 
-# "programs": how many programs of the kernel the GPU holds at once (see gguf_linear.py),
-# below which a launch splits K. "block_k" is the deepest tile; a smaller group size
-# makes it shallower.
+# "programs": how many programs of the kernel the GPU holds at once at its register use
+# (see gguf_linear.py), below which a launch splits K. "block_k" is the deepest tile; a
+# smaller group size makes it shallower. Registers, the compiler's count in bf16 (cuda /
+# rocm, tests/kernels/test_gpu_compile.py compiles every launch): GEMV 56 / 49 (9
+# programs an SM, 9 a CU), small tile 125 / 64 (4 an SM, 8 a CU), large tile 184 / 100 (1
+# an SM, 2 a CU); act-order adds at most 4.
 _GEMV_CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "programs": 924},
-    "rocm": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "programs": 2432},
+    "cuda": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "programs": 1188},
+    "rocm": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "programs": 2736},
     "cpu": {"max_rows": 4, "block_n": 16, "block_k": 32, "num_warps": 1, "programs": 8},
 }
 _SMALL_TILE_ROWS = 16
