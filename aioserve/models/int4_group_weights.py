@@ -100,7 +100,9 @@ class Int4GroupScheme:
 
     def describe(self) -> str:
         """In words, for the load report: "GPTQ 4-bit, groups of 128, act-order"."""
-        groups = "one group a row" if self.group_size == -1 else f"groups of {self.group_size}"
+        groups = (
+            "one group of all inputs" if self.group_size == -1 else f"groups of {self.group_size}"
+        )
         return f"{self.method.upper()} 4-bit, {groups}" + (", act-order" if self.desc_act else "")
 
     def unpack(self, prefix: str, parts: dict[str, Tensor]) -> GroupedCodes:
