@@ -2,10 +2,11 @@
 built for bench/kernel_cases.py.
 
 Per model, the four products of a Llama decoder layer (`linear_layers`), in every GGUF type
-the kernels take, for each token batch (M rows) and dtype. A weight is built once and shared
-by its layer's cases. Its blocks are random: every byte uniform but for the fp16 scales
-(`_SCALES`), drawn so that a weight spreads about ±0.03, as a real layer's does, and the
-minimums near minus the middle code's weight, so the weights centre on zero.
+the kernels take (the k-quants where K is a multiple of 256), for each token batch (M rows)
+and dtype. A weight is built once and shared by its layer's cases. Its blocks are random:
+every byte uniform but for the fp16 scales (`_SCALES`), drawn so that a weight spreads about
+±0.03, as a real layer's does, and the minimums near minus the middle code's weight, so
+the weights centre on zero.
 """
 
 from __future__ import annotations
@@ -119,9 +120,13 @@ def gguf_linear_cases(
     batches: tuple[TokenBatch, ...],
     dtypes: tuple[torch.dtype, ...],
 ) -> Iterator[Case]:
-    """Every layer of `model` in every GGUF type, for each batch and dtype."""
+    """Every layer of `model` in every GGUF type whose blocks its rows fill, for each batch
+    and dtype. (A k-quant takes rows of whole 256-weight super-blocks: llama.cpp stores the
+    others, SmolLM2's 576-wide ones, in a 32-weight type.)"""
     for layer, n, k in linear_layers(model):
         for qtype in GGUF_TYPES:
+            if k % BLOCK_LAYOUT[qtype][0]:
+                continue
             blocks = random_blocks(rand, n, k, qtype)
             for batch in batches:
                 for dtype in dtypes:
