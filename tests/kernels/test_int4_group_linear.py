@@ -6,7 +6,8 @@ kernels' layout made from it, and the Triton kernels (interpreted) against the r
   packed by the numpy packers of tests/models/tiny_quantized.py unpack exactly to their
   codes and zero points.
 - `kernel_layout` (act-order sorted by group) dequantizes to exactly the weight the
-  unpacked codes give, and refuses what the kernels cannot take.
+  unpacked codes give, and refuses what the kernels cannot take; stacked shards are
+  stacked only when they read x in one order.
 - The Triton GEMV, small- and large-tile GEMMs, with and without act-order, split K or not,
   with a bias, in float16 and float32 (the interpreter multiplies bfloat16 wrongly), equal
   the float32 reference to float32's rounding, or within float16's output rounding.
@@ -23,6 +24,7 @@ from aioserve.kernels import dispatch
 from aioserve.kernels.int4_group_linear import int4_group_linear, int4_group_linear_triton
 from aioserve.kernels.int4_group_linear_reference import (
     GroupedCodes,
+    concat_layouts,
     dequantize,
     dequantize_layout,
     int4_group_linear_reference,
@@ -119,6 +121,17 @@ def test_the_kernel_layout_refuses_what_the_kernels_cannot_take():
     uneven = GroupedCodes(grouped.codes, grouped.zeros, grouped.scales, torch.arange(96) % 3 // 2)
     with pytest.raises(ValueError, match="groups of equal size"):
         kernel_layout(uneven, 32)
+
+
+def test_stacked_shards_share_one_input_order_or_are_not_stacked():
+    first, second = _grouped(64, 16, 32, True, seed=1), _grouped(64, 8, 32, True, seed=2)
+    q, k = kernel_layout(first, 32), kernel_layout(second, 32)
+    assert concat_layouts([q, k]) is None  # two act-order permutations: x has one order
+    same_order = GroupedCodes(second.codes, second.zeros, second.scales, first.g_idx)
+    same = kernel_layout(same_order, 32)
+    stacked = concat_layouts([q, same])
+    assert stacked is not None and torch.equal(stacked.perm, q.perm)
+    assert torch.equal(stacked.qweight, torch.cat([q.qweight, same.qweight], dim=1))
 
 
 def _relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
