@@ -183,8 +183,8 @@ def resolve_packed_weights(dtype: torch.dtype) -> bool:
 
 
 def resolve_gguf_blocks(checkpoint: Checkpoint) -> bool:
-    """Whether a GGUF checkpoint's 4-bit layers hold only their blocks, read as stored by the
-    Triton kernels (models/gguf_weights.py): on a GPU."""
+    """Whether a GGUF checkpoint's quantized layers (Q4_0 ... Q6_K) hold only their blocks,
+    read as stored by the Triton kernels (models/gguf_weights.py): on a GPU."""
     return checkpoint.load_format == "gguf" and is_gpu()
 
 
@@ -306,7 +306,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     )
     if resolve_gguf_blocks(checkpoint):
         kept = keep_gguf_blocks(model, checkpoint)
-        logger.info("the 4-bit layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
+        logger.info("the quantized layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
     elif resolve_int4_weights(checkpoint, dtype):
         if checkpoint.int4_scheme is None:
             added = keep_int4_weights(model, checkpoint, dtype)
