@@ -23,11 +23,12 @@ fp16 fields are little-endian:
 
 `unpack_codes` reads every type into one form, the one the Triton kernels compute
 (kernels/gguf_dequant.py): codes q (uint8, one a weight), a scale and a zero per group of
-`SCALE_GROUP` weights, and the type's `CODE_OFFSET`, w = (q - offset) * scale + zero (Q8_0's
-int8 codes are stored shifted by 128). In float32 every step of that is the one
-gguf-py's `gguf.quants.dequantize` takes, so the weights are its, bit for bit.
+`SCALE_GROUP` weights, and the type's `CODE_OFFSET`, w = (q - offset) * scale + zero (a Q8_0
+int8 code c is read as q = c + 128). In float32 every step of that is the one gguf-py's
+`gguf.quants.dequantize` takes, so the weights are its, bit for bit.
 `gguf_linear_reference` is the plain float32 product of those weights, the oracle of the
-Triton kernels and the CPU path of the types torch's int4 op does not take.
+Triton kernels and `gguf_linear`'s CPU path (a model on a CPU keeps no blocks but the 4-bit
+ones below: its other layers multiply the weights the loader dequantized).
 
 The CPU path of Q4_0 and Q4_1 (`pack_int4`, `int4_linear`) lays the codes out once for
 torch's weight-only int4 matmul (`aten._weight_int4pack_mm_for_cpu`, groups of 32 along the
@@ -98,7 +99,8 @@ def _unpack_flat(flat: Tensor, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
         has_min = qtype.endswith("_1")
         codes = _nibbles(flat[:, -16:])
         if qtype.startswith("q5"):
-            qh = flat[:, 4 if has_min else 2 :][:, :4]
+            qh_at = 4 if has_min else 2
+            qh = flat[:, qh_at : qh_at + 4]
             codes = codes | (_bits(qh, 8).transpose(1, 2).reshape(n, 32) << 4)
         zero = _f16(flat, 2) if has_min else torch.zeros(n, 1)
         return codes, _f16(flat, 0), zero
