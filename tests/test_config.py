@@ -233,7 +233,7 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--scheduling-policy", "lifo"], "--scheduling-policy must be one of fcfs, priority; got 'lifo'"),
         (["--quantization", "bitsandbytes"], "quantization method 'bitsandbytes' is not supported by aioserve yet"),
         (["-q", "gptq_marlin_24"], "quantization method 'gptq_marlin_24' is not supported by aioserve yet"),
-        (["--quantization", "nonsense"], "--quantization must be one of gguf, awq, awq_marlin, gptq, gptq_marlin; got 'nonsense'"),
+        (["--quantization", "nonsense"], "--quantization must be one of gguf, awq, awq_marlin, gptq, gptq_marlin, fp8, compressed-tensors; got 'nonsense'"),
         (["--load-format", "tensorizer"], "load format 'tensorizer' is not supported by aioserve yet"),
         (["--load-format", "zip"], "--load-format must be one of auto, safetensors, pt, gguf, dummy; got 'zip'"),
         (["--tokenizer-mode", "mistral"], "tokenizer mode 'mistral' is not supported by aioserve yet"),
@@ -313,7 +313,8 @@ def test_every_problem_of_a_command_line_is_reported_at_once():
     assert str(error.value) == (
         "--swap-space is a vLLM argument that aioserve does not support yet; "
         "--port must be an integer, got 'x'; quantization method 'hqq' is not supported by "
-        "aioserve yet (--quantization accepts gguf, awq, awq_marlin, gptq, gptq_marlin); "
+        "aioserve yet (--quantization accepts gguf, awq, awq_marlin, gptq, gptq_marlin, fp8, "
+        "compressed-tensors); "
         "--max-num-seqs must be at least 1, got 0"
     )
 

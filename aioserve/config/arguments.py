@@ -53,8 +53,8 @@ _STRUCTURED_OUTPUT_BACKENDS = ("auto", "outlines", "guidance")
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 # fmt: off
 _VLLM_QUANTIZATIONS = (
-    "aqlm", "auto-round", "bitblas", "bitsandbytes", "compressed-tensors", "deepspeedfp",
-    "experts_int8", "fbgemm_fp8", "fp8", "gptq_bitblas", "gptq_marlin_24", "hqq", "ipex",
+    "aqlm", "auto-round", "bitblas", "bitsandbytes", "deepspeedfp",
+    "experts_int8", "fbgemm_fp8", "gptq_bitblas", "gptq_marlin_24", "hqq", "ipex",
     "marlin", "modelopt", "modelopt_fp4", "moe_wna16",
     "neuron_quant", "nvfp4", "ptpc_fp8", "qqq", "quark", "torchao", "tpu_int8",
 )
@@ -211,10 +211,15 @@ ARGUMENTS: tuple[Argument, ...] = (
              "model's own limit.", convert=values.token_count),
     Argument("quantization", MODEL, None,
              "Weight quantization method. Default: read from the model (a .gguf file means "
-             "gguf, a folder's quantization_config awq or gptq, 4 bits); when given it must "
-             "match the model. awq_marlin and gptq_marlin (vLLM's faster kernels for the same "
-             "weights) are accepted as awq and gptq. vLLM's other methods are refused by name.",
-             convert=values.string, choices=("gguf", "awq", "awq_marlin", "gptq", "gptq_marlin"),
+             "gguf, a folder's quantization_config awq or gptq (4 bits), fp8 or "
+             "compressed-tensors (FP8 W8A8 only)); when given it must match the model. "
+             "awq_marlin and gptq_marlin (vLLM's faster kernels for the same weights) are "
+             "accepted as awq and gptq. fp8 on a 16-bit model quantizes its decoder layers at "
+             "load (a GPU only: the CPU has no FP8 kernels). vLLM's other methods are refused "
+             "by name.",
+             convert=values.string,
+             choices=("gguf", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8",
+                      "compressed-tensors"),
              vllm_choices=_VLLM_QUANTIZATIONS,
              choice_noun="quantization method", aliases=("-q",)),
     Argument("enforce-eager", MODEL, False,

@@ -13,7 +13,9 @@ and the device at hand:
   GGUF checkpoint's 4-bit layers are also kept as stored for steps of a few rows (on a
   GPU they are kept as stored only, for the Triton kernels); an AWQ or GPTQ checkpoint's
   layers are kept as stored on a GPU and dequantized to the model's dtype on the CPU, where
-  those without act-order are also kept as GGUF's are, for steps of a few rows;
+  those without act-order are also kept as GGUF's are, for steps of a few rows; an FP8
+  checkpoint's likewise, kept on a GPU and dequantized on the CPU, and `--quantization fp8`
+  quantizes a 16-bit checkpoint's decoder layers at load, on a GPU only;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
 - max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
@@ -44,7 +46,9 @@ from aioserve.engine.load_report import LoadReport, build_load_report, kv_cache_
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
+from aioserve.kernels.fp8_linear_reference import fp8_dtype_for
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
+from aioserve.models.fp8_weights import keep_fp8_weights, quantize_to_fp8
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
 from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_group_weights
 from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
@@ -203,6 +207,24 @@ def resolve_int4_group_weights(checkpoint: Checkpoint) -> bool:
     return checkpoint.int4_scheme is not None and is_gpu()
 
 
+def resolve_fp8_weights(checkpoint: Checkpoint) -> bool:
+    """Whether an FP8 checkpoint's layers hold only their 8-bit weights, read as stored by
+    the Triton kernels (models/fp8_weights.py): on a GPU. The CPU computes on the weights
+    dequantized at load."""
+    return checkpoint.fp8_scheme is not None and is_gpu()
+
+
+def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
+    """`--quantization fp8` on a 16-bit checkpoint needs the GPU's FP8 kernels."""
+    if checkpoint.quantize_to_fp8 and not is_gpu():
+        raise ValueError(
+            "--quantization fp8 quantizes a 16-bit model's weights at load for the FP8 "
+            "kernels of a GPU; the CPU has none worth using (torch's took ~40x the time of "
+            "bfloat16 here), so it is not supported there: leave it out (an FP8 checkpoint "
+            "does load on the CPU, dequantized)"
+        )
+
+
 def resolve_decode_graph_sizes(
     requested: list[int], max_num_seqs: int, enforce_eager: bool
 ) -> list[int]:
@@ -274,6 +296,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         trust_remote_code=model_cfg.trust_remote_code,
         quantization=model_cfg.quantization,
     )
+    check_quantize_to_fp8(checkpoint)
     hf_config = checkpoint.hf_config
     tokenizer = None
     if not model_cfg.skip_tokenizer_init:
@@ -328,6 +351,16 @@ def build_engine(config: EngineConfig) -> EngineParts:
         logger.info(
             "the %s 4-bit layers are kept as stored: %.0f MiB",
             checkpoint.int4_scheme.method.upper(),
+            kept / 2**20,
+        )
+    elif resolve_fp8_weights(checkpoint):
+        kept = keep_fp8_weights(model, checkpoint.fp8_layers(), fp8_dtype_for(current_platform()))
+        logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
+    elif checkpoint.quantize_to_fp8:
+        kept = quantize_to_fp8(model, fp8_dtype_for(current_platform()))
+        logger.info(
+            "--quantization fp8: the decoder layers quantized to FP8 at load, a scale a row: "
+            "%.0f MiB",
             kept / 2**20,
         )
     kv_dtype = kv_cache_torch_dtype(cache_cfg.kv_cache_dtype, dtype)

@@ -39,6 +39,9 @@ _BLOCKS_SUFFIX = "gguf_blocks"
 # On a GPU, an AWQ / GPTQ checkpoint's 4-bit weights in place of a Linear's released float
 # weight (models/int4_group_weights.py); the first names the Linear once.
 _QUANT_SUFFIXES = ("quant_qweight", "quant_scales", "quant_zeros", "quant_perm")
+# On a GPU, FP8 weights and their scales in place of a Linear's float weight
+# (models/fp8_weights.py); the first names the Linear once.
+_FP8_SUFFIXES = ("fp8_weight", "fp8_scale")
 _STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
 
 
@@ -74,7 +77,7 @@ class LoadReport:
     kv_cache_sized_by: str
     """The knob that sized the KV pool, with its value."""
     quantization: str | None = None
-    """An AWQ / GPTQ folder's quantization in words ("AWQ 4-bit, groups of 128")."""
+    """An AWQ / GPTQ / FP8 folder's quantization in words ("AWQ 4-bit, groups of 128")."""
 
     def describe(self) -> str:
         """One line: the model, its weights' form and bytes, the KV cache and its knob."""
@@ -146,9 +149,9 @@ def build_load_report(
             packed = True
         elif name.endswith(_INT4_SUFFIXES):
             int4_bytes += buffer.nbytes
-        elif name.endswith(_BLOCKS_SUFFIX) or name.endswith(_QUANT_SUFFIXES):
+        elif name.endswith((_BLOCKS_SUFFIX, *_QUANT_SUFFIXES, *_FP8_SUFFIXES)):
             kept_blocks_bytes += buffer.nbytes
-            if not name.endswith(_QUANT_SUFFIXES[1:]):
+            if not name.endswith((*_QUANT_SUFFIXES[1:], *_FP8_SUFFIXES[1:])):
                 # the Linear's weight parameter is only a shape now
                 weight_bytes -= model.get_submodule(name.rpartition(".")[0]).weight.nbytes
         else:
@@ -173,7 +176,7 @@ def build_load_report(
         num_blocks=int(num_blocks),
         block_size=int(block_size),
         kv_cache_sized_by=kv_cache_sized_by,
-        quantization=checkpoint.int4_scheme.describe() if checkpoint.int4_scheme else None,
+        quantization=_quantization(checkpoint),
     )
 
 
@@ -210,6 +213,16 @@ def format_bytes(size: int) -> str:
             value = size / scale
             return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
     return f"{size} B"
+
+
+def _quantization(checkpoint: Checkpoint) -> str | None:
+    """A quantized folder's scheme in words, or what --quantization fp8 made of one."""
+    scheme = checkpoint.int4_scheme or checkpoint.fp8_scheme
+    if scheme is not None:
+        return scheme.describe()
+    if checkpoint.quantize_to_fp8:
+        return "FP8 W8A8 quantized at load (e4m3, a scale a row, activations scaled per row)"
+    return None
 
 
 def _kv_dtype_names(dtypes: set[torch.dtype]) -> str:

@@ -5,9 +5,11 @@
 weights are read only when `Checkpoint.weights()` is iterated, one tensor at a time.
 
 A folder whose config.json has a `quantization_config` is read when it is AWQ or GPTQ at
-4 bits (models/int4_group_weights.py says what exactly), and refused by name otherwise;
-`--quantization awq` / `gptq` (or vLLM's `awq_marlin` / `gptq_marlin`, the same weights
-for its own kernels) must then match the checkpoint's method.
+4 bits (models/int4_group_weights.py says what exactly) or FP8 W8A8
+(models/fp8_weights.py), and refused by name otherwise; `--quantization awq` / `gptq` (or
+vLLM's `awq_marlin` / `gptq_marlin`, the same weights for its own kernels) / `fp8` must
+then match the checkpoint's method. `--quantization fp8` on a folder without one asks for
+its weights to be quantized at load (`Checkpoint.quantize_to_fp8`).
 
 aioserve never executes code shipped with a model: a config that names its own classes
 (`auto_map`) is refused whatever `--trust-remote-code` says. Local folders and GGUF files are
@@ -27,6 +29,8 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from aioserve.kernels.gguf_linear_reference import GGUF_TYPES
+from aioserve.models import fp8_weights
+from aioserve.models.fp8_weights import Fp8Layer, Fp8Scheme
 from aioserve.models.int4_group_weights import (
     GroupedCodes,
     Int4GroupScheme,
@@ -48,6 +52,8 @@ QUANTIZATION_METHODS = {
     "awq_marlin": "awq",
     "gptq": "gptq",
     "gptq_marlin": "gptq",
+    "fp8": "fp8",
+    "compressed-tensors": "compressed-tensors",
 }
 TOKENIZER_MODES = ("auto", "slow")
 
@@ -63,13 +69,15 @@ class Checkpoint:
     load_format: str  # what weights() reads: "safetensors", "pt", "gguf" or "dummy"
     download_dir: str | None = None  # where load_tokenizer fetches a named tokenizer
     int4_scheme: Int4GroupScheme | None = None  # an AWQ or GPTQ folder's quantization
+    fp8_scheme: Fp8Scheme | None = None  # an FP8 folder's quantization
+    quantize_to_fp8: bool = False  # --quantization fp8 on a 16-bit folder
     _weight_files: list[Path] = field(default_factory=list, repr=False)
     _gguf: GGUFFile | None = field(default=None, repr=False)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF parameter name, CPU tensor) one at a time: GGUF tensors dequantized to float32,
-        folder tensors in their stored dtype, an AWQ or GPTQ layer as its weight dequantized
-        to float32. Nothing for the dummy format."""
+        folder tensors in their stored dtype, an AWQ, GPTQ or FP8 layer as its weight
+        dequantized to float32. Nothing for the dummy format."""
         if self.load_format == "gguf":
             assert self._gguf is not None
             for tensor in self._gguf.tensors():
@@ -78,6 +86,8 @@ class Checkpoint:
             yield from dequantized_weights(
                 hf_folder.iter_weights(self._weight_files), self.int4_scheme
             )
+        elif self.fp8_scheme is not None:
+            yield from fp8_weights.dequantized_weights(hf_folder.iter_weights(self._weight_files))
         elif self.load_format != "dummy":
             yield from hf_folder.iter_weights(self._weight_files)
 
@@ -90,6 +100,15 @@ class Checkpoint:
             hf_folder.iter_weights(self._weight_files), self.int4_scheme
         ):
             if isinstance(value, GroupedCodes):
+                yield name, value
+
+    def fp8_layers(self) -> Iterator[tuple[str, Fp8Layer]]:
+        """(HF weight name, its e4m3 values and scales) of each layer an FP8 folder holds
+        quantized; nothing for other checkpoints."""
+        if self.fp8_scheme is None:
+            return
+        for name, value in fp8_weights.fp8_layers(hf_folder.iter_weights(self._weight_files)):
+            if isinstance(value, Fp8Layer):
                 yield name, value
 
     def gguf_blocks(self) -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -113,6 +132,8 @@ class Checkpoint:
             return 0
         if self.int4_scheme is not None:
             return count_layers(hf_folder.weight_names(self._weight_files))
+        if self.fp8_scheme is not None:
+            return fp8_weights.count_layers(hf_folder.weight_names(self._weight_files))
         return hf_folder.count_weights(self._weight_files)
 
     def stored_weight_types(self) -> dict[str, int]:
@@ -215,6 +236,7 @@ def _open_folder(
         )
     config = _folder_config(folder, trust_remote_code)
     scheme = _folder_quantization(folder, config, quantization, load_format)
+    quantize_to_fp8 = scheme is None and quantization == "fp8"
     if load_format == "dummy":
         weight_format, files = "dummy", []
     else:
@@ -230,7 +252,9 @@ def _open_folder(
         chat_template=_folder_chat_template(folder),
         source=source,
         load_format=weight_format,
-        int4_scheme=scheme,
+        int4_scheme=scheme if isinstance(scheme, Int4GroupScheme) else None,
+        fp8_scheme=scheme if isinstance(scheme, Fp8Scheme) else None,
+        quantize_to_fp8=quantize_to_fp8,
         _weight_files=files,
     )
 
@@ -248,21 +272,25 @@ def _folder_config(folder: Path, trust_remote_code: bool) -> PretrainedConfig:
 
 def _folder_quantization(
     folder: Path, config: PretrainedConfig, quantization: str | None, load_format: str
-) -> Int4GroupScheme | None:
-    """The folder's AWQ or GPTQ scheme (None: not quantized), checked against
-    `--quantization`; ValueError for a quantization that is not supported or not matched."""
+) -> Int4GroupScheme | Fp8Scheme | None:
+    """The folder's AWQ, GPTQ or FP8 scheme (None: not quantized), checked against
+    `--quantization`; ValueError for a quantization that is not supported or not matched.
+    `--quantization fp8` on a folder without a quantization_config quantizes it at load."""
     raw = getattr(config, "quantization_config", None)
     if raw is not None and not isinstance(raw, dict):
         raw = raw.to_dict()
     wanted = QUANTIZATION_METHODS[quantization]
     if raw is None:
-        if wanted is not None:
+        if wanted not in (None, "fp8"):
             raise ValueError(
                 f"--quantization {quantization} does not match {folder}: its config.json has "
-                "no quantization_config (aioserve does not quantize weights at load)"
+                "no quantization_config (of the methods, only fp8 quantizes weights at load)"
             )
         return None
-    scheme = Int4GroupScheme.from_config(raw)
+    if fp8_weights.is_fp8_config(raw) or raw.get("quant_method") == "compressed-tensors":
+        scheme: Int4GroupScheme | Fp8Scheme = Fp8Scheme.from_config(raw)
+    else:
+        scheme = Int4GroupScheme.from_config(raw)
     if wanted is not None and wanted != scheme.method:
         raise ValueError(
             f"--quantization {quantization} does not match {folder}: its quantization_config "
@@ -271,7 +299,7 @@ def _folder_quantization(
     if load_format == "dummy":
         raise ValueError(
             f"--load-format dummy is not supported for a {scheme.method} checkpoint: random "
-            "4-bit weights are not built"
+            "quantized weights are not built"
         )
     return scheme
 

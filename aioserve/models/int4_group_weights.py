@@ -70,7 +70,7 @@ class Int4GroupScheme:
         if method not in METHODS:
             raise ValueError(
                 f"quantization method {method!r} is not supported yet (supported in a "
-                f"Hugging Face folder: {', '.join(METHODS)})"
+                f"Hugging Face folder: {', '.join(METHODS)}, fp8 and compressed-tensors' FP8)"
             )
         bits = config.get("bits", config.get("w_bit"))
         if bits != 4:

@@ -34,7 +34,9 @@ Beside the packed weights, a GGUF checkpoint's 4-bit layers can be kept as store
 them with torch's int4 CPU matmul, reading a third of the bytes. On a GPU such a layer
 holds only the 4-bit blocks, multiplied by the Triton kernels of kernels/gguf_linear.py,
 and an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights, multiplied by those
-of kernels/int4_group_linear.py (models/int4_group_weights.py).
+of kernels/int4_group_linear.py (models/int4_group_weights.py), an FP8 checkpoint's (or
+`--quantization fp8`'s) only their 8-bit weights, multiplied by kernels/fp8_linear.py's
+(models/fp8_weights.py).
 
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
 in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
@@ -53,6 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.fp8_linear import fp8_linear
 from aioserve.kernels.gguf_linear import gguf_linear
 from aioserve.kernels.gguf_linear_reference import int4_linear
 from aioserve.kernels.int4_group_linear import int4_group_linear
@@ -207,6 +210,10 @@ class Linear(nn.Linear):
         self.register_buffer("quant_zeros", None, persistent=False)
         self.register_buffer("quant_perm", None, persistent=False)
         self.quant_group_size = 0
+        # On a GPU, FP8 weights in place of the weight, with float32 scales [1] or one a
+        # row (models/fp8_weights.py).
+        self.register_buffer("fp8_weight", None, persistent=False)
+        self.register_buffer("fp8_scale", None, persistent=False)
 
     def reset_parameters(self) -> None:
         """Nothing: the loader fills the parameters."""
@@ -214,6 +221,8 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self.gguf_blocks is not None:
             return gguf_linear(x, self.gguf_blocks, self.gguf_qtype, self.bias)
+        if self.fp8_weight is not None:
+            return fp8_linear(x, self.fp8_weight, self.fp8_scale, self.bias)
         if self.quant_qweight is not None:
             return int4_group_linear(
                 x,

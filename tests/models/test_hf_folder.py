@@ -135,8 +135,8 @@ def test_quantized_folders_are_refused(tmp_path, tiny_llama):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="quantization method 'bitsandbytes' is not supported yet"):
         open_checkpoint(str(tmp_path), load_format="dummy")
-    with pytest.raises(ValueError, match="quantization method 'fp8' is not supported yet"):
-        open_checkpoint(str(tmp_path), quantization="fp8")
+    with pytest.raises(ValueError, match="quantization method 'hqq' is not supported yet"):
+        open_checkpoint(str(tmp_path), quantization="hqq")
 
 
 def test_hf_overrides_merge_into_the_config(tmp_path, tiny_llama):
