@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aioserve.kernels import kv_cache
 from aioserve.kernels.activation import silu_and_mul_reference, silu_and_mul_triton
 from aioserve.kernels.attention import paged_attention_triton
 from aioserve.kernels.attention_reference import paged_attention_reference
@@ -86,8 +87,12 @@ FORMULAS = (
         "rotary gptj": "as rotary neox",
         "silu_and_mul": "gate|up read + out written: 3·N·I·e",
         "write_kv_cache": "key, value read + written into the cache + slot ids: 4·N·Hkv·D·e + 8·N",
+        "write_kv_cache fp8": "key, value read + written into an fp8 cache (one byte) + slot ids: "
+        "2·N·Hkv·D·(e + 1) + 8·N",
         "paged_attention": "q read + out written + each sequence's K and V once + its block table "
         "+ lengths: 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1)",
+        "paged_attention fp8": "as paged_attention, K and V one byte an element (e_kv = 1) "
+        "+ the two scales",
         "sample greedy": "float32 logits read + token ids written: 4·B·V + 8·B",
         "sample top-k/top-p": "as sample greedy (mask and draw passes are extra traffic)",
         "bias+penalties": "float32 logits, int32 counts, bool prompt mask read + float32 out "
@@ -261,10 +266,35 @@ def silu_and_mul_case(
     )
 
 
+def fp8_kv_dtypes() -> tuple[torch.dtype, ...]:
+    """The fp8 KV-cache formats of the platform (asked of the kernel module, so that the
+    compile check's stand-in platform answers): e4m3 (fnuz on ROCm's MI300) and e5m2."""
+    rocm = kv_cache.current_platform() == "rocm"
+    return (torch.float8_e4m3fnuz if rocm else torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _fp8_scales(kv_dtype: torch.dtype | None, device: torch.device) -> tuple:
+    """(k_scale, v_scale) of an fp8 cache, () for a cache in the model's dtype: powers of
+    two, so that a key made of fp8 numbers times its scale is written without rounding."""
+    if kv_dtype is None:
+        return ()
+    return (torch.tensor([2.0**-4], device=device), torch.tensor([2.0**-3], device=device))
+
+
+def _kv_label(label: str, kv_dtype: torch.dtype | None) -> str:
+    return label if kv_dtype is None else f"{label}, {str(kv_dtype).removeprefix('torch.')} KV"
+
+
 def write_kv_cache_case(
-    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype, block_size: int
+    rand: Random,
+    model: ModelShape,
+    batch: TokenBatch,
+    dtype: torch.dtype,
+    block_size: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> Case:
-    """N tokens' keys and values written into the paged cache through a slot mapping."""
+    """N tokens' keys and values written into the paged cache through a slot mapping; with
+    `kv_dtype`, into an fp8 cache (quantized by the layer's scales)."""
     n, heads, d = batch.n, model.kv_heads, model.head
     if batch.is_prefill:  # one prompt: consecutive slots over shuffled blocks
         num_blocks = math.ceil(n / block_size) + 1
@@ -278,24 +308,35 @@ def write_kv_cache_case(
     value = rand.normal(n, heads, d, dtype=dtype)
     key_cache = rand.normal(num_blocks, block_size, heads, d, dtype=dtype)
     value_cache = rand.normal(num_blocks, block_size, heads, d, dtype=dtype)
-    traffic = 4 * n * heads * d * key.element_size() + 8 * n  # 4·N·Hkv·D·e + 8·N
+    # 4·N·Hkv·D·e + 8·N; fp8: 2·N·Hkv·D·(e + 1) + 8·N
+    traffic = 2 * n * heads * d * key.element_size() + 8 * n
+    traffic += 2 * n * heads * d * (key.element_size() if kv_dtype is None else 1)
+    scales = _fp8_scales(kv_dtype, rand.device)
+    if kv_dtype is not None:
+        # fp8 numbers times the scales: the write divides exactly and rounds nothing, so it
+        # must match the reference bit for bit (Triton's interpreter misrounds a float that
+        # needs rounding where the mantissa carries into the exponent: 1.97 -> 1.0 in e5m2).
+        key = key.to(kv_dtype).to(dtype) * scales[0].to(dtype)
+        value = value.to(kv_dtype).to(dtype) * scales[1].to(dtype)
+        key_cache, value_cache = key_cache.to(kv_dtype), value_cache.to(kv_dtype)
 
     def check() -> str | None:
         expected_keys, expected_values = key_cache.clone(), value_cache.clone()
-        write_kv_cache_reference(key, value, expected_keys, expected_values, slots)
-        write_kv_cache_triton(key, value, key_cache, value_cache, slots)
-        if torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values):
+        write_kv_cache_reference(key, value, expected_keys, expected_values, slots, True, *scales)
+        write_kv_cache_triton(key, value, key_cache, value_cache, slots, *scales)
+        pairs = ((key_cache, expected_keys), (value_cache, expected_values))
+        if all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs):
             return None
         return "the cache differs from the reference's (the copy must be exact)"
 
     return Case(
-        "write_kv_cache",
+        "write_kv_cache" if kv_dtype is None else "write_kv_cache fp8",
         model.name,
-        batch.label,
+        _kv_label(batch.label, kv_dtype),
         dtype,
         traffic,
         0,
-        lambda: write_kv_cache_triton(key, value, key_cache, value_cache, slots),
+        lambda: write_kv_cache_triton(key, value, key_cache, value_cache, slots, *scales),
         check,
     )
 
@@ -307,8 +348,10 @@ def attention_case(
     seqs: tuple[tuple[int, int], ...],
     dtype: torch.dtype,
     block_size: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> Case:
-    """Paged attention over `seqs`, (q_len, seq_len) pairs, in shuffled physical blocks."""
+    """Paged attention over `seqs`, (q_len, seq_len) pairs, in shuffled physical blocks; with
+    `kv_dtype`, over an fp8 cache."""
     device, d = rand.device, model.head
     query_lens = [q for q, _ in seqs]
     seq_lens = [s for _, s in seqs]
@@ -323,6 +366,9 @@ def attention_case(
     cache_shape = (num_blocks, block_size, model.kv_heads, d)
     key_cache = rand.normal(*cache_shape, dtype=dtype)
     value_cache = rand.normal(*cache_shape, dtype=dtype)
+    if kv_dtype is not None:
+        key_cache, value_cache = key_cache.to(kv_dtype), value_cache.to(kv_dtype)
+    scales = _fp8_scales(kv_dtype, device)
     num_tokens = sum(query_lens)
     query = rand.normal(num_tokens, model.q_heads, d, dtype=dtype)
     query_start_loc = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
@@ -337,11 +383,11 @@ def attention_case(
         max(query_lens),
         max(seq_lens),
     )
-    e = query.element_size()
-    # 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1)
+    e, kv_e = query.element_size(), key_cache.element_size()
+    # 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e_kv + 4·⌈L_b/bs⌉) + 4·(2B+1); e_kv is 1 for fp8
     traffic = (
         2 * num_tokens * model.q_heads * d * e
-        + sum(2 * s * model.kv_heads * d * e + 4 * math.ceil(s / block_size) for s in seq_lens)
+        + sum(2 * s * model.kv_heads * d * kv_e + 4 * math.ceil(s / block_size) for s in seq_lens)
         + 4 * (2 * len(seqs) + 1)
     )
     # Query row i of a sequence sits at position L - q_len + i and sees L - q_len + i + 1
@@ -352,17 +398,17 @@ def attention_case(
     def check() -> str | None:
         # Poisoned output: a row the kernels do not write stays NaN and fails the check.
         out = torch.full_like(query, float("nan"))
-        paged_attention_triton(*args, out=out)
-        return compare(out, paged_attention_reference(*args), dtype)
+        paged_attention_triton(*args, out, *scales)
+        return compare(out, paged_attention_reference(*args, None, None, *scales), dtype)
 
     return Case(
-        "paged_attention",
+        "paged_attention" if kv_dtype is None else "paged_attention fp8",
         model.name,
-        label,
+        _kv_label(label, kv_dtype),
         dtype,
         traffic,
         flops,
-        lambda: paged_attention_triton(*args),
+        lambda: paged_attention_triton(*args, None, *scales),
         check,
     )
 
@@ -511,6 +557,17 @@ def build_cases(
         for label, seqs in workload.attention_batches:
             for dtype in dtypes:
                 yield attention_case(rand(), model, label, seqs, dtype, workload.block_size)
+        # The fp8 KV cache (--kv-cache-dtype fp8): its write and the attention reading it.
+        for kv_dtype in fp8_kv_dtypes():
+            for dtype in dtypes:
+                for batch in workload.token_batches:
+                    yield write_kv_cache_case(
+                        rand(), model, batch, dtype, workload.block_size, kv_dtype
+                    )
+                for label, seqs in workload.attention_batches:
+                    yield attention_case(
+                        rand(), model, label, seqs, dtype, workload.block_size, kv_dtype
+                    )
         for build_sampling in sampling:
             for rows in workload.sample_rows:
                 yield build_sampling(rand(), model, rows)

@@ -87,9 +87,13 @@ _WIDE_HEAD_CONFIG: dict[str, dict[str, int]] = {
 _MIN_DOT = 16
 
 
-def _launch_config(head_block: int) -> dict[str, int]:
+def _launch_config(head_block: int, kv_fp8: bool) -> dict[str, int]:
     table = _WIDE_HEAD_CONFIG if head_block > 128 else _CONFIG
-    return dict(table[current_platform()])
+    config = dict(table[current_platform()])
+    if kv_fp8 and head_block > 128:
+        # fp8 keys converted in registers: the decode's tiles of 32 keys spilled (sm_90a).
+        config["decode_block_n"] = min(config["decode_block_n"], 16)
+    return config
 
 
 @triton.jit
@@ -452,7 +456,7 @@ def paged_attention_triton(
         return out
 
     block_d = max(_MIN_DOT, triton.next_power_of_2(head_size))
-    config = _launch_config(block_d)
+    config = _launch_config(block_d, kv_fp8)
     qk_scale = scale * math.log2(math.e)
     common = (
         query.stride(0),
