@@ -59,6 +59,7 @@ def test_defaults():
     assert config.cache.num_gpu_blocks_override is None
     assert config.cache.enable_prefix_caching is True
     assert config.cache.kv_cache_dtype == "auto"
+    assert config.cache.calculate_kv_scales is False
     assert config.cache.cpu_kvcache_space_bytes == 4 * GiB
     assert config.scheduler.max_num_seqs == 256
     assert config.scheduler.max_num_batched_tokens is None  # the platform's (engine/build.py)
@@ -109,6 +110,8 @@ SUPPORTED_FLAGS = [
     (["--no-enable-prefix-caching"], "cache.enable_prefix_caching", False),
     (["--kv-cache-dtype", "fp8"], "cache.kv_cache_dtype", "fp8"),
     (["--kv-cache-dtype", "fp8_e5m2"], "cache.kv_cache_dtype", "fp8_e5m2"),
+    (["--calculate-kv-scales"], "cache.calculate_kv_scales", True),
+    (["--no-calculate-kv-scales"], "cache.calculate_kv_scales", False),
     (["--max-num-seqs", "3"], "scheduler.max_num_seqs", 3),
     (["--max-num-batched-tokens", "512"], "scheduler.max_num_batched_tokens", 512),
     (["--enable-chunked-prefill"], "scheduler.enable_chunked_prefill", True),
@@ -269,7 +272,7 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
     [
         (["-tp", "2"], "--tensor-parallel-size (-tp)"),
         (["--tensor-parallel-size", "1"], "--tensor-parallel-size (-tp)"),  # vLLM's default too
-        (["--calculate-kv-scales"], "--calculate-kv-scales"),
+        (["--kv-sharing-fast-prefill"], "--kv-sharing-fast-prefill"),
         (["--enable-lora"], "--enable-lora"),
         (["--no-enable-lora"], "--enable-lora"),
         (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
@@ -364,7 +367,7 @@ def test_help_lists_supported_groups_then_the_unsupported_ones():
     for flag in (
         "--tensor-parallel-size",
         "--headless",
-        "--calculate-kv-scales",
+        "--kv-sharing-fast-prefill",
         "--device",
         "--task",
     ):
@@ -438,7 +441,7 @@ def test_frontend_names_are_not_engine_kwargs():
 
 
 @pytest.mark.parametrize(
-    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "calculate_kv_scales"]
+    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "kv_sharing_fast_prefill"]
 )
 def test_unsupported_kwargs_raise_value_error_naming_them(name):
     with pytest.raises(

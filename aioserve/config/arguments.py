@@ -371,7 +371,8 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Storage type of the KV cache: auto (the model's dtype) or fp8 (= fp8_e4m3; "
              "float8_e4m3fnuz on ROCm's MI300) and fp8_e5m2, one byte an element, so twice the "
              "blocks of a 16-bit cache fit in the same memory. An fp8 cache is scaled per "
-             "layer by the checkpoint's k_scale/v_scale when it has them, else by 1.0.",
+             "layer by the checkpoint's k_scale/v_scale when it has them, else by 1.0 "
+             "(or see --calculate-kv-scales).",
              convert=values.string, choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
              vllm_choices=("fp8_inc",), choice_noun="KV-cache dtype"),
     Argument("num-gpu-blocks-override", CACHE, None,
@@ -382,9 +383,11 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("prefix-caching-hash-algo", CACHE, "builtin", "Hash of prefix-cache blocks.",
           choices=("builtin", "sha256", "sha256_cbor_64bit")),
     _vllm("cpu-offload-gb", CACHE, 0, "GiB of weights per GPU kept in CPU memory."),
-    _vllm("calculate-kv-scales", CACHE, False,
-          "Compute FP8 KV-cache scales from the first step's keys and values (refused: aioserve "
-          "takes the checkpoint's scales, else 1.0).", "bool"),
+    Argument("calculate-kv-scales", CACHE, False,
+             "With an fp8 --kv-cache-dtype: compute each layer's scales from the keys and "
+             "values of the first step that writes them (max |key| / 200, max |value| / 100, "
+             "as vLLM), instead of taking the checkpoint's (else 1.0).", "bool",
+             convert=values.boolean),
     _vllm("kv-sharing-fast-prefill", CACHE, False, "Fast prefill for KV-sharing models.", "bool"),
     _vllm("mamba-cache-dtype", CACHE, "auto", "dtype of the Mamba state cache.", choices=("auto", "float32")),
     _vllm("mamba-ssm-cache-dtype", CACHE, "auto", "dtype of the Mamba SSM state.",

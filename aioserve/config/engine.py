@@ -71,6 +71,7 @@ class CacheConfig:
     enable_prefix_caching: bool
     cpu_kvcache_space_bytes: int  # from VLLM_CPU_KVCACHE_SPACE
     kv_cache_dtype: str = "auto"  # the model's dtype; or fp8 (= fp8_e4m3), fp8_e5m2
+    calculate_kv_scales: bool = False  # an fp8 cache's scales from the first step
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,12 @@ token count dynamic, and the attention runs as it does eagerly, through
 `aioserve.kernels`. Eagerly, the op's Python body is called directly, skipping the
 dispatcher. The layer's KV caches, and an fp8 cache's scales, come from the step context
 by `layer_index`, so that one compiled graph serves every layer.
+
+With --calculate-kv-scales (vLLM's meaning) an fp8 cache's scales are computed from the
+keys and values of the first step that writes it, as vLLM computes them:
+k_scale = max |key| / 200 and v_scale = max |value| / 100, then kept for good. Steps that
+write no slot (compile and memory-profiling warm-ups) and CUDA/HIP graph captures leave
+them pending.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ from torch import Tensor
 
 from aioserve.kernels.attention import paged_attention
 from aioserve.kernels.kv_cache import write_kv_cache
-from aioserve.models.step_context import current_step
+from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.models.step_context import KVCache, current_step
+
+# vLLM's K_SCALE_CONSTANT and V_SCALE_CONSTANT: the computed scale maps the largest key
+# (value) of the first step to 200 (100), well inside e4m3's 448.
+K_SCALE_RANGE = 200.0
+V_SCALE_RANGE = 100.0
 
 
 def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: float) -> Tensor:
@@ -27,6 +39,9 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: 
     # An fp8 cache's scales (KVCache); a plain pair has none.
     k_scale = getattr(layer_cache, "k_scale", None)
     v_scale = getattr(layer_cache, "v_scale", None)
+    if getattr(layer_cache, "scales_pending", False) and _writes_kv(meta):
+        written = meta.slot_mapping >= 0
+        _calculate_scales(layer_cache, key[written], value[written])
     write_kv_cache(
         key,
         value,
@@ -51,6 +66,23 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: 
         k_scale=k_scale,
         v_scale=v_scale,
     )
+
+
+def _writes_kv(meta: AttentionMetadata) -> bool:
+    """Whether the step writes a KV slot and is not being captured into a graph. (A host
+    sync on a GPU: asked only while a layer's scales are pending.)"""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return False
+    return bool((meta.slot_mapping >= 0).any())
+
+
+def _calculate_scales(layer_cache: KVCache, key: Tensor, value: Tensor) -> None:
+    """The layer's scales from the keys and values this step writes (a zero one kept
+    positive)."""
+    tiny = torch.finfo(torch.float32).tiny
+    layer_cache.k_scale.copy_((key.abs().amax().float() / K_SCALE_RANGE).clamp_min(tiny))
+    layer_cache.v_scale.copy_((value.abs().amax().float() / V_SCALE_RANGE).clamp_min(tiny))
+    layer_cache.scales_pending = False
 
 
 @torch.library.custom_op("aioserve::paged_attention", mutates_args=())

@@ -25,10 +25,12 @@ class KVCache(tuple):
     cache: its stored values times `k_scale` (`v_scale`) are the keys (values). The scales
     are 1-element float32 tensors, never Python floats, so that every layer runs the same
     code with its own data (a compiled graph would specialize on a float); None for a cache
-    in the model's dtype."""
+    in the model's dtype. `scales_pending`: the scales are still to be computed from the
+    first step that writes this cache (--calculate-kv-scales, paged_attention_op.py)."""
 
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
+    scales_pending: bool
 
     def __new__(
         cls,
@@ -36,9 +38,10 @@ class KVCache(tuple):
         value_cache: torch.Tensor,
         k_scale: torch.Tensor | None = None,
         v_scale: torch.Tensor | None = None,
+        scales_pending: bool = False,
     ) -> KVCache:
         pair = super().__new__(cls, (key_cache, value_cache))
-        pair.k_scale, pair.v_scale = k_scale, v_scale
+        pair.k_scale, pair.v_scale, pair.scales_pending = k_scale, v_scale, scales_pending
         return pair
 
 

@@ -8,7 +8,8 @@ the largest step, measured by running one (`profile_peak_step`).
 `--kv-cache-dtype` picks the pool's dtype (`kv_cache_torch_dtype`): the model's (auto) or
 an fp8 format of one byte an element, so that the same memory holds twice the blocks of a
 16-bit cache. An fp8 cache's values are scaled per layer (kernels/kv_cache.py): by the
-checkpoint's `k_scale`/`v_scale` when it has them (the model's `kv_scales`), else 1.0.
+checkpoint's `k_scale`/`v_scale` when it has them (the model's `kv_scales`), else 1.0,
+or, with --calculate-kv-scales, computed from the first step (models/paged_attention_op.py).
 """
 
 from __future__ import annotations
@@ -83,10 +84,12 @@ def allocate_kv_caches(
     dtype: torch.dtype,
     device: torch.device,
     scales: torch.Tensor | None = None,
+    calculate_scales: bool = False,
 ) -> tuple[list[KVCache], threading.Thread | None]:
     """One (key cache, value cache) pair per layer, zeroed, and the thread zeroing them.
 
-    An fp8 pool's pairs carry their layer's row of `scales` [layers, 2] (1.0 when None).
+    An fp8 pool's pairs carry their layer's row of `scales` [layers, 2] (1.0 when None), or
+    with `calculate_scales` scales to be computed from the first step that writes them.
 
     Zeros, not whatever memory held: attention reads the unwritten tail of a sequence's
     last block and masks it, and a NaN there would survive the mask (0 × NaN). And every
@@ -97,7 +100,9 @@ def allocate_kv_caches(
     """
     shape = kv_cache_shape(config, num_blocks, block_size)
     num_layers = config.num_hidden_layers
-    if is_fp8(dtype) and scales is None:
+    if calculate_scales and not is_fp8(dtype):
+        raise ValueError("--calculate-kv-scales needs an fp8 --kv-cache-dtype")
+    if is_fp8(dtype) and (scales is None or calculate_scales):
         scales = torch.ones((num_layers, 2), dtype=torch.float32)
     if scales is not None:
         scales = scales.to(device=device, dtype=torch.float32).contiguous()
@@ -105,7 +110,7 @@ def allocate_kv_caches(
         KVCache(
             torch.empty(shape, dtype=dtype, device=device),
             torch.empty(shape, dtype=dtype, device=device),
-            *((scales[i, 0:1], scales[i, 1:2]) if scales is not None else ()),
+            *((scales[i, 0:1], scales[i, 1:2], calculate_scales) if scales is not None else ()),
         )
         for i in range(num_layers)
     ]

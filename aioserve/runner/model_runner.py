@@ -91,6 +91,7 @@ class ModelRunner:
         decode_graph_sizes: list[int] | None = None,
         max_seq_len_to_capture: int = 0,
         kv_cache_dtype: torch.dtype | None = None,
+        calculate_kv_scales: bool = False,
     ) -> None:
         self.model = model
         # First, so that the KV pool is zeroed while the step compiles. Its dtype is the
@@ -103,6 +104,7 @@ class ModelRunner:
             kv_dtype,
             device,
             layer_kv_scales(model, kv_dtype),
+            calculate_kv_scales,
         )
         self.model_step = ModelStep(
             model,

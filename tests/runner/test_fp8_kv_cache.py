@@ -1,5 +1,6 @@
 """A tiny Llama over an fp8 KV cache on the CPU: its logits against the same model over a
-float32 cache, the checkpoint's k_scale/v_scale, the pool's dtype and block count."""
+float32 cache, the checkpoint's k_scale/v_scale or scales calculated from the first step,
+the pool's dtype and block count."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import torch
 
 from aioserve.engine.load_report import build_load_report
 from aioserve.kernels.kv_cache import quantize_kv
+from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.checkpoint import open_checkpoint
+from aioserve.models.paged_attention_op import K_SCALE_RANGE, V_SCALE_RANGE
+from aioserve.models.step_context import step_context
 from aioserve.runner.kv_memory import (
     allocate_kv_caches,
     kv_cache_bytes_per_block,
@@ -38,10 +42,11 @@ def _model(extra_weights: dict[str, torch.Tensor] | None = None):
     return hf, ours
 
 
-def _paged(model, kv_dtype: torch.dtype) -> PagedRunner:
+def _paged(model, kv_dtype: torch.dtype, calculate_scales: bool = False) -> PagedRunner:
     paged = PagedRunner(model, block_size=4, num_blocks=32)
+    scales = layer_kv_scales(model, kv_dtype)
     paged.kv, zeroing = allocate_kv_caches(
-        model.config, 32, 4, kv_dtype, torch.device("cpu"), layer_kv_scales(model, kv_dtype)
+        model.config, 32, 4, kv_dtype, torch.device("cpu"), scales, calculate_scales
     )
     zeroing.join()
     return paged
@@ -104,6 +109,52 @@ def test_checkpoint_scales_are_read_per_layer_and_used():
     )
     for got, expected in zip(logits, reference_logits, strict=True):
         torch.testing.assert_close(got, expected, atol=_LOGIT_ATOL["fp8"], rtol=0)
+
+
+def test_calculated_scales_come_from_the_first_step_that_writes_and_stay():
+    # The checkpoint's scales are not taken: vLLM's --calculate-kv-scales computes them.
+    _, model = _model({"model.layers.0.self_attn.k_scale": torch.tensor(8.0)})
+    reference = _paged(model, torch.float32)
+    reference_logits, tokens = _greedy(reference)
+    paged = _paged(model, torch.float8_e4m3fn, calculate_scales=True)
+    assert all(c.scales_pending and float(c.k_scale) == 1.0 for c in paged.kv)
+    # A step that writes no slot (a compile or profiling warm-up) computes nothing.
+    with (
+        torch.inference_mode(),
+        step_context(AttentionMetadata.without_kv_writes(3, torch.device("cpu")), paged.kv),
+    ):
+        model(torch.tensor([7, 8, 9]), torch.tensor([0, 1, 2]))
+    assert all(c.scales_pending and float(c.v_scale) == 1.0 for c in paged.kv)
+
+    logits, _ = _greedy(paged, tokens)
+    assert not any(c.scales_pending for c in paged.kv)
+    # Layer 0's keys and values of the prompt step are the same in both runs (the float
+    # run's cache holds them, zeros elsewhere): the scales are their maxima over 200 and 100.
+    (key, value), layer0 = reference.kv[0], paged.kv[0]
+    prompt_slots = _prompt_slots(reference)
+    assert float(layer0.k_scale) == pytest.approx(
+        float(key.flatten(0, 1)[prompt_slots].abs().max()) / K_SCALE_RANGE, rel=1e-6
+    )
+    assert float(layer0.v_scale) == pytest.approx(
+        float(value.flatten(0, 1)[prompt_slots].abs().max()) / V_SCALE_RANGE, rel=1e-6
+    )
+    for got, expected in zip(logits, reference_logits, strict=True):
+        torch.testing.assert_close(got, expected, atol=_LOGIT_ATOL["fp8"], rtol=0)
+
+
+def test_calculating_scales_needs_an_fp8_cache():
+    _, model = _model()
+    with pytest.raises(ValueError, match="--calculate-kv-scales needs an fp8 --kv-cache-dtype"):
+        allocate_kv_caches(model.config, 4, 4, torch.float32, torch.device("cpu"), None, True)
+
+
+def _prompt_slots(paged: PagedRunner) -> torch.Tensor:
+    """The cache slots the prompt step wrote."""
+    slots = []
+    for seq, prompt in _PROMPTS.items():
+        table, size = paged.tables[seq], paged.block_size
+        slots += [table[p // size] * size + p % size for p in range(len(prompt))]
+    return torch.tensor(slots)
 
 
 def test_kv_cache_dtype_names():
