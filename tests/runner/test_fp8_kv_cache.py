@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from aioserve.engine.load_report import build_load_report
 from aioserve.kernels.kv_cache import quantize_kv
@@ -22,6 +23,7 @@ from aioserve.runner.kv_memory import (
 )
 from aioserve.runner.model_runner import ModelRunner
 from tests.models.tiny_models import PagedRunner, hf_and_ours, tiny_configs
+from tests.runner.test_model_runner import greedy_run
 
 # Logits of the tiny model (random weights, |logits| up to 0.88) over an fp8 cache against
 # a float32 one, every step of a prompt and a greedy continuation (the fp8 run fed the
@@ -202,3 +204,34 @@ def test_an_fp8_pool_holds_twice_the_blocks_of_a_bfloat16_one(tmp_path, monkeypa
         model.config, 16, torch.float8_e4m3fn
     )
     assert f"(fp8_e4m3, {blocks[torch.float8_e4m3fn]} blocks of 16 tokens)" in report.describe()
+
+
+def test_compiled_step_over_fp8_kv_gives_the_eager_tokens_with_one_graph_for_every_layer():
+    # The CPU's compiled step: each layer's scales are data beside its caches, so the one
+    # graph of a decoder layer serves every layer, scales calculated per layer included.
+    runners = {}
+    for compiled in (False, True):
+        _, model = _model()
+        runners[compiled] = ModelRunner(
+            model,
+            num_blocks=64,
+            block_size=4,
+            max_num_seqs=8,
+            max_model_len=256,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            compile_model=compiled,
+            kv_cache_dtype=torch.float8_e5m2,
+            calculate_kv_scales=True,
+        )
+        runners[compiled].warm_up()
+    assert runners[True].model_step.compiled
+    counters.clear()
+    tokens = greedy_run(runners[True], 4, 6, known=False)
+    assert not counters["stats"]["unique_graphs"], dict(counters["stats"])
+    assert tokens == greedy_run(runners[False], 4, 6, known=False)
+    scales = [(float(c.k_scale), float(c.v_scale)) for c in runners[True].kv_caches]
+    eager_scales = [(float(c.k_scale), float(c.v_scale)) for c in runners[False].kv_caches]
+    # Layer 1's keys differ in the last bits: inductor sums layer 0 in another order.
+    assert scales == [pytest.approx(pair, rel=1e-5) for pair in eager_scales]
+    assert len(set(scales)) == len(scales) and (1.0, 1.0) not in scales
