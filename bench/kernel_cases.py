@@ -15,8 +15,8 @@ zeros: they hide unwritten outputs and run faster than real data). It carries:
   inputs and returns None when they agree, else what differs.
 
 The types these share are in bench/kernel_case_types.py, the cases of the linear layers
-(GGUF 4-bit weights) in bench/kernel_cases_linear.py, those on AWQ / GPTQ weights in
-bench/kernel_cases_int4_group.py. This module imports triton (through
+(GGUF blocks) in bench/kernel_cases_linear.py, those on AWQ / GPTQ weights in
+bench/kernel_cases_int4_group.py, those on FP8 weights in bench/kernel_cases_fp8_linear.py. This module imports triton (through
 aioserve's kernels), so TRITON_INTERPRET must be set before it is imported when the
 kernels are to be interpreted on the CPU.
 """

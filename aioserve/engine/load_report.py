@@ -34,7 +34,8 @@ _PACKED_COPY_NAME = "head_packed_weight"
 # Buffers under these names hold a GGUF checkpoint's 4-bit weights as stored, beside the
 # float ones, for steps of a few rows (models/gguf_weights.py).
 _INT4_SUFFIXES = ("int4_weight", "int4_scales_and_zeros")
-# On a GPU, a GGUF checkpoint's 4-bit blocks in place of a Linear's released float weight.
+# On a GPU, a GGUF checkpoint's blocks (Q4_0 ... Q6_K) in place of a Linear's released
+# float weight.
 _BLOCKS_SUFFIX = "gguf_blocks"
 # On a GPU, an AWQ / GPTQ checkpoint's 4-bit weights in place of a Linear's released float
 # weight (models/int4_group_weights.py); the first names the Linear once.
@@ -59,8 +60,8 @@ class LoadReport:
     weight_bytes: int
     """The model's parameters and buffers, the row copies and kept blocks left out."""
     kept_blocks_bytes: int
-    """The 4-bit layers' GGUF blocks or AWQ / GPTQ tensors, kept as stored in place of
-    float weights (a GPU)."""
+    """The quantized layers' GGUF blocks, AWQ / GPTQ tensors or FP8 weights, kept as stored
+    in place of float weights (a GPU)."""
     row_copy_dtype: str | None
     row_copy_bytes: int
     packed: bool
@@ -87,7 +88,7 @@ class LoadReport:
             weights = f"random weights (--load-format dummy) in {self.dtype}"
         elif self.load_format == "gguf" and self.kept_blocks_bytes:
             weights = (
-                f"GGUF {stored} weights ({on_disk} on disk), the 4-bit layers kept as stored "
+                f"GGUF {stored} weights ({on_disk} on disk), the quantized layers kept as stored "
                 f"({format_bytes(self.kept_blocks_bytes)}), the rest dequantized to {self.dtype}"
             )
         elif self.load_format == "gguf":

@@ -29,14 +29,14 @@ at 256, and about the same from 512 rows up. Served, the one-stream decode step 
 31–32 to 29.7 ms; a 64-row step's products took as long as before (bench/RESULTS.md). The
 plain weight is released (a Linear keeps only its shape), so the model's memory does not
 grow; a tied output head keeps its plain table for the embedding and gets a packed copy.
-Beside the packed weights, a GGUF checkpoint's 4-bit layers can be kept as stored
+Beside the packed weights, a GGUF checkpoint's Q4_0 / Q4_1 layers can be kept as stored
 (models/gguf_weights.py): the same op then multiplies steps of up to INT4_MAX_ROWS rows by
-them with torch's int4 CPU matmul, reading a third of the bytes. On a GPU such a layer
-holds only the 4-bit blocks, multiplied by the Triton kernels of kernels/gguf_linear.py,
-and an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights, multiplied by those
-of kernels/int4_group_linear.py (models/int4_group_weights.py), an FP8 checkpoint's (or
-`--quantization fp8`'s) only their 8-bit weights, multiplied by kernels/fp8_linear.py's
-(models/fp8_weights.py).
+them with torch's int4 CPU matmul, reading a third of the bytes. On a GPU a GGUF layer
+holds only its blocks (Q4_0 ... Q6_K), multiplied by the Triton kernels of
+kernels/gguf_linear.py; an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights,
+multiplied by those of kernels/int4_group_linear.py (models/int4_group_weights.py), an FP8
+checkpoint's (or `--quantization fp8`'s) only their 8-bit weights, multiplied by
+kernels/fp8_linear.py's (models/fp8_weights.py).
 
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
 in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
@@ -199,7 +199,7 @@ class Linear(nn.Linear):
         self.register_buffer("packed_weight", None, persistent=False)
         self.register_buffer("int4_weight", None, persistent=False)
         self.register_buffer("int4_scales_and_zeros", None, persistent=False)
-        # On a GPU, a GGUF checkpoint's 4-bit blocks in place of the weight, and their type
+        # On a GPU, a GGUF checkpoint's blocks in place of the weight, and their type
         # (models/gguf_weights.py `keep_gguf_blocks`).
         self.register_buffer("gguf_blocks", None, persistent=False)
         self.gguf_qtype: str | None = None

@@ -149,7 +149,7 @@ def test_blocks_kept_in_place_of_weights_are_counted_instead_of_them(smollm2_ggu
     assert report.weight_bytes == all_params - released
     assert (
         f"weights ({format_bytes(sum(size for _, size in report.stored_types))} on disk), the "
-        f"4-bit layers kept as stored ({format_bytes(blocks)}), the rest dequantized to "
+        f"quantized layers kept as stored ({format_bytes(blocks)}), the rest dequantized to "
         f"float32: {format_bytes(report.weight_bytes)}; KV cache" in report.describe()
     ), report.describe()
 
