@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.attention_launch import MIN_DOT, launch_config
 from aioserve.kernels.attention_reference import (
     ReferencePlan,
     check_shapes,
@@ -56,44 +57,6 @@ from aioserve.kernels.attention_reference import (
 )
 from aioserve.kernels.kv_cache import is_fp8
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
-
-# Per platform, for head sizes up to 128: rows (query tokens x GQA group) of a prefill
-# tile, keys per step of the prefill and decode loops, warps, pipeline stages and the keys
-# of one decode segment (a fixed size: how a decode splits depends on its length only,
-# never on its batch); wider
-# heads take the smaller tiles of _WIDE_HEAD_CONFIG. These must not depend on the batch,
-# or batch invariance is lost. The GPU entries are the largest tiles that compile without
-# a register spill for sm_90a and gfx942 at head sizes 64, 128 and 256 and GQA groups 1 to
-# 8 (tests/kernels/test_gpu_compile.py checks it); timed on an H100 (bench/RESULTS.md, GPU),
-# not yet tuned there.
-_CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 8, "num_stages": 2,
-             "decode_segment": 256},
-    "rocm": {"block_m": 64, "block_n": 32, "decode_block_n": 64, "num_warps": 4, "num_stages": 1,
-             "decode_segment": 256},
-    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 1, "num_stages": 1,
-            "decode_segment": 32},
-}  # fmt: skip
-_WIDE_HEAD_CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"block_m": 32, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 2,
-             "decode_segment": 256},
-    "rocm": {"block_m": 64, "block_n": 16, "decode_block_n": 32, "num_warps": 8, "num_stages": 1,
-             "decode_segment": 256},
-    "cpu": {"block_m": 16, "block_n": 16, "decode_block_n": 16, "num_warps": 2, "num_stages": 1,
-            "decode_segment": 32},
-}  # fmt: skip
-# tl.dot needs at least 16 rows, columns and reduction depth on every GPU target.
-_MIN_DOT = 16
-
-
-def _launch_config(head_block: int, kv_fp8: bool) -> dict[str, int]:
-    table = _WIDE_HEAD_CONFIG if head_block > 128 else _CONFIG
-    config = dict(table[current_platform()])
-    if kv_fp8 and head_block > 128:
-        # fp8 keys converted in registers: the decode's tiles of 32 keys spilled (sm_90a).
-        config["decode_block_n"] = min(config["decode_block_n"], 16)
-    return config
 
 
 @triton.jit
@@ -455,8 +418,8 @@ def paged_attention_triton(
     if num_seqs == 0 or num_tokens == 0:
         return out
 
-    block_d = max(_MIN_DOT, triton.next_power_of_2(head_size))
-    config = _launch_config(block_d, kv_fp8)
+    block_d = max(MIN_DOT, triton.next_power_of_2(head_size))
+    config = launch_config(block_d, kv_fp8)
     qk_scale = scale * math.log2(math.e)
     common = (
         query.stride(0),
@@ -499,7 +462,7 @@ def paged_attention_triton(
         *common,
         max_segments,
         GROUP=group,
-        BLOCK_G=max(_MIN_DOT, triton.next_power_of_2(group)),
+        BLOCK_G=max(MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_N=config["decode_block_n"],
         BLOCK_D=block_d,
         SEGMENT=segment,
