@@ -24,7 +24,7 @@ The kernels compute the product with fp32 accumulation:
 
 A weight with few output columns leaves most of the GPU idle, so both kernels may split K
 into `splits` consecutive ranges (`_SPLIT_CONFIG`): each split writes its float32 partial
-sums to a workspace and `_sum_splits_kernel` adds them in split order, then the bias. No
+sums to a workspace and `split_k.sum_splits` adds them in split order, then the bias. No
 atomics: the result is deterministic. The GEMV's split depends on N and K only, so a row's
 result does not depend on the batch it came in; a batch that takes the tiled path gets
 other bits (another tile, another order). In batch-invariant mode
@@ -55,6 +55,7 @@ from aioserve.kernels.gguf_linear_reference import (
     GROUP_SIZE,
     gguf_linear_reference,
 )
+from aioserve.kernels.split_k import store_sums, sum_splits
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
 
@@ -118,34 +119,7 @@ _SPLIT_CONFIG: dict[str, dict[str, int]] = {
     "rocm": {"max_splits": 16, "min_groups": 16},
     "cpu": {"max_splits": 4, "min_groups": 2},
 }
-_SUM_BLOCK = 1024  # output columns per program of _sum_splits_kernel
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _write_result(
-    acc,
-    row,
-    cols,
-    mask,
-    split,
-    num_rows,
-    n,
-    stride_out,
-    out_ptr,
-    partial_ptr,
-    bias_ptr,
-    HAS_BIAS: tl.constexpr,
-    SPLIT: tl.constexpr,
-):
-    """Store a program's float32 sums `acc` for rows `row` and columns `cols` (broadcast
-    against each other): as split `split`'s partial sums, or with the bias as the output."""
-    if SPLIT:
-        tl.store(partial_ptr + (split * num_rows + row) * n + cols, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -199,7 +173,7 @@ def _gemv_kernel(
         x_high = tl.load(x_at + 16, mask=group_mask[:, None], other=0.0).to(tl.float32)
         acc += low * x_low[None, :, :] + high * x_high[None, :, :]
     result = tl.sum(tl.sum(acc, axis=2), axis=1)
-    _write_result(
+    store_sums(
         result, row, cols, col_mask, split, num_rows, n, stride_out,
         out_ptr, partial_ptr, bias_ptr, HAS_BIAS, SPLIT,
     )  # fmt: skip
@@ -263,34 +237,10 @@ def _gemm_kernel(
         x_high = tl.load(x_at + 16, mask=x_mask, other=0.0)
         acc = tl.dot(x_low, low, acc, input_precision="ieee")
         acc = tl.dot(x_high, high, acc, input_precision="ieee")
-    _write_result(
+    store_sums(
         acc, rows.to(tl.int64)[:, None], cols[None, :], row_mask[:, None] & col_mask[None, :],
         split, num_rows, n, stride_out, out_ptr, partial_ptr, bias_ptr, HAS_BIAS, SPLIT,
     )  # fmt: skip
-
-
-@triton.jit
-def _sum_splits_kernel(
-    partial_ptr,
-    bias_ptr,
-    out_ptr,
-    num_rows,
-    n,
-    num_splits,
-    stride_out,
-    HAS_BIAS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # One program per (row, BLOCK columns): the splits' partial sums added in split order.
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for split in range(0, num_splits):
-        acc += tl.load(partial_ptr + (split * num_rows + row) * n + cols, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @dataclass(frozen=True)
@@ -427,17 +377,7 @@ def gguf_linear_triton(x: Tensor, blocks: Tensor, qtype: str, bias: Tensor | Non
             *arguments, BLOCK_M=plan.block_m, **constants
         )
     if split:
-        _sum_splits_kernel[(num_rows, triton.cdiv(n, _SUM_BLOCK))](
-            partial,
-            bias if bias is not None else out,
-            out,
-            num_rows,
-            n,
-            plan.splits,
-            out.stride(0),
-            HAS_BIAS=bias is not None,
-            BLOCK=_SUM_BLOCK,
-        )
+        sum_splits(partial, bias, out)
     return out
 
 

@@ -23,7 +23,7 @@ Two kernels compute the product, with fp32 accumulation, as kernels/gguf_linear.
   tile (16 rows) up to 16 rows, its "large" one (or "float32") beyond.
 
 A launch with few output tiles splits K (`_SPLIT_CONFIG`): each split writes float32
-partial sums, and `_int4_sum_splits_kernel` adds them in split order, then the bias. No
+partial sums, and `split_k.sum_splits` adds them in split order, then the bias. No
 atomics: the result is deterministic, and the GEMV's split depends on N and K only. In
 batch-invariant mode every batch takes the tiled path with the widest tile and no split.
 
@@ -42,6 +42,7 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.int4_group_linear_reference import PACK, int4_group_linear_reference
+from aioserve.kernels.split_k import store_sums, sum_splits
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import current_platform
 
@@ -89,7 +90,6 @@ _SPLIT_CONFIG: dict[str, dict[str, int]] = {
     "rocm": {"max_splits": 16, "min_tiles": 8},
     "cpu": {"max_splits": 4, "min_tiles": 2},
 }
-_SUM_BLOCK = 1024
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -129,21 +129,6 @@ def _input_index(perm_ptr, k, HAS_PERM: tl.constexpr):
 
 
 @triton.jit
-def _store_result(
-    acc, row, cols, mask, split, num_rows, n, stride_out, out_ptr, partial_ptr, bias_ptr,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-):  # fmt: skip
-    """Store float32 sums `acc`: as split `split`'s partial sums, or with the bias as the
-    output."""
-    if SPLIT:
-        tl.store(partial_ptr + (split * num_rows + row) * n + cols, acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _int4_gemv_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partial_ptr,
     num_rows, n, k, group_size, k_per_split, stride_x, stride_out,
@@ -168,7 +153,7 @@ def _int4_gemv_kernel(
         x = tl.load(x_row + _input_index(perm_ptr, k0 + depth, HAS_PERM)).to(tl.float32)
         acc += w * x[:, :, None]
     result = tl.sum(tl.sum(acc, axis=0), axis=0)
-    _store_result(
+    store_sums(
         result, row, cols, col_mask, split, num_rows, n, stride_out,
         out_ptr, partial_ptr, bias_ptr, HAS_BIAS, SPLIT,
     )  # fmt: skip
@@ -201,27 +186,10 @@ def _int4_gemm_kernel(
         inputs = _input_index(perm_ptr, k0 + depth, HAS_PERM)
         x = tl.load(x_rows + inputs[None, :], mask=row_mask[:, None], other=0.0)
         acc = tl.dot(x, w, acc, input_precision="ieee")
-    _store_result(
+    store_sums(
         acc, rows.to(tl.int64)[:, None], cols[None, :], row_mask[:, None] & col_mask[None, :],
         split, num_rows, n, stride_out, out_ptr, partial_ptr, bias_ptr, HAS_BIAS, SPLIT,
     )  # fmt: skip
-
-
-@triton.jit
-def _int4_sum_splits_kernel(
-    partial_ptr, bias_ptr, out_ptr, num_rows, n, num_splits, stride_out,
-    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    # One program per (row, BLOCK columns): the splits' partial sums added in split order.
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for split in range(0, num_splits):
-        acc += tl.load(partial_ptr + (split * num_rows + row) * n + cols, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @dataclass(frozen=True)
@@ -378,17 +346,7 @@ def int4_group_linear_triton(
             *arguments, BLOCK_M=plan.block_m, **constants
         )
     if split:
-        _int4_sum_splits_kernel[(num_rows, triton.cdiv(n, _SUM_BLOCK))](
-            partial,
-            bias if bias is not None else out,
-            out,
-            num_rows,
-            n,
-            plan.splits,
-            out.stride(0),
-            HAS_BIAS=bias is not None,
-            BLOCK=_SUM_BLOCK,
-        )
+        sum_splits(partial, bias, out)
     return out
 
 
