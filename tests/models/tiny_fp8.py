@@ -12,14 +12,12 @@ left out of the quantization as the tools do) and config.json with its
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from transformers import LlamaForCausalLM
 
-from tests.models.tiny_quantized import PROJECTIONS, tiny_config
+from tests.models.tiny_quantized import PROJECTIONS, plain_tensor, save_folder, tiny_config
 
 E4M3_MAX = 448.0
 
@@ -75,14 +73,7 @@ def write_tiny_fp8(
             tensors[f"{prefix}.weight_scale"] = stored_scale.float().contiguous()
             expected[name] = values.float() * scale.float()
         else:
-            stored = param.detach().to(torch.float16)
-            if "norm" in name:  # random norms, so that a mix-up cannot hide behind ones
-                stored = torch.empty_like(stored).uniform_(0.5, 1.5)
-            tensors[name] = stored.contiguous()
-            expected[name] = stored.float()
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "model.safetensors"))
-    raw = config.to_dict()
-    raw["quantization_config"] = quantization_config(fmt, per_channel)
-    (folder / "config.json").write_text(json.dumps(raw, indent=2))
+            tensors[name] = plain_tensor(name, param)
+            expected[name] = tensors[name].float()
+    save_folder(folder, tensors, config, quantization_config(fmt, per_channel))
     return expected

@@ -181,14 +181,27 @@ def write_tiny_quantized(
                 tensors[f"{prefix}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(value))
             expected[name] = torch.from_numpy(dequantized)
         else:
-            stored = param.detach().to(torch.float16)
-            if "norm" in name:  # random norms, so that a mix-up cannot hide behind ones
-                stored = torch.empty_like(stored).uniform_(0.5, 1.5)
-            tensors[name] = stored.contiguous()
-            expected[name] = stored.float()
+            tensors[name] = plain_tensor(name, param)
+            expected[name] = tensors[name].float()
+    save_folder(folder, tensors, config, scheme.quantization_config())
+    return expected
+
+
+def plain_tensor(name: str, param: torch.Tensor) -> torch.Tensor:
+    """An unquantized tensor as the tools save it, float16; norms random, so that a mix-up
+    cannot hide behind ones."""
+    stored = param.detach().to(torch.float16)
+    if "norm" in name:
+        stored = torch.empty_like(stored).uniform_(0.5, 1.5)
+    return stored.contiguous()
+
+
+def save_folder(
+    folder: Path, tensors: dict[str, torch.Tensor], config: LlamaConfig, quantization: dict
+) -> None:
+    """model.safetensors and a config.json with `quantization` as its quantization_config."""
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"))
     raw = config.to_dict()
-    raw["quantization_config"] = scheme.quantization_config()
+    raw["quantization_config"] = quantization
     (folder / "config.json").write_text(json.dumps(raw, indent=2))
-    return expected
