@@ -5,7 +5,7 @@ Per model, the four products of a Llama decoder layer (kernel_cases_linear.linea
 with per-channel weight scales, for each token batch and activation dtype. The 8-bit
 format is the platform's e4m3 (fnuz on ROCm), asked of the kernel module so that the
 no-GPU compile test, which makes that module answer "cuda" or "rocm", builds each
-target's own. A weight is random normal, quantized once and shared by its layer's cases.
+target's own. A weight is drawn once (`random_weight`) and shared by its layer's cases.
 """
 
 from __future__ import annotations
@@ -16,11 +16,7 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels import fp8_linear
-from aioserve.kernels.fp8_linear_reference import (
-    fp8_dtype_for,
-    fp8_linear_reference,
-    quantize_weight,
-)
+from aioserve.kernels.fp8_linear_reference import fp8_dtype_for, fp8_linear_reference
 from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
 from bench.kernel_cases_linear import linear_layers
 
@@ -30,6 +26,16 @@ FORMULAS = {
     "fp8_linear": "x [M, K] read twice + x_q [M, K] written and read + W [N, K] read (1 byte) "
     "+ out [M, N] written: 2·M·K·e + 2·M·K + N·K + M·N·e"
 }
+
+
+def random_weight(rand: Random, n: int, k: int, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """e4m3 values [N, K] from random bytes and per-row scales around 0.01: weights under
+    ±0.025, as a real layer's. The bytes are drawn eight to an int64: a float32 weight
+    drawn and quantized cost seconds a compile test."""
+    codes = rand.integers(-(2**63), 2**63 - 1, n, k // 8).view(torch.uint8)
+    codes &= 0xBF  # the exponent's top bit cleared: magnitudes under 2, never a NaN code
+    codes[codes == 0x80] = 0  # −0, which e4m3fnuz reads as NaN
+    return codes.view(fp8_dtype), rand.uniform(n).mul_(0.005).add_(0.0075)
 
 
 def _case(
@@ -71,7 +77,7 @@ def fp8_linear_cases(
     """Every layer of `model` in the platform's e4m3, for each batch and dtype."""
     fp8_dtype = fp8_dtype_for(fp8_linear.current_platform())
     for layer, n, k in linear_layers(model):
-        weight, scale = quantize_weight(rand.normal(n, k, scale=0.02), fp8_dtype)
+        weight, scale = random_weight(rand, n, k, fp8_dtype)
         for batch in batches:
             for dtype in dtypes:
                 yield _case(rand, model, layer, weight, scale, batch, dtype)
