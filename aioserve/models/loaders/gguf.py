@@ -15,8 +15,10 @@ Two layout details matter:
   blocks and the dequantized tensor are both in Hugging Face order. qwen2/qwen3 files are
   not permuted.
 
-Dequantization is vectorized torch; the block layouts follow ggml (`ggml-common.h`), and
-the tests compare each type with `gguf.quants.dequantize`, the package's numpy reference.
+Dequantization is the Triton kernels' torch reference (kernels/gguf_linear_reference.py
+`dequantize_blocks`, where the block layouts are stated after ggml's `ggml-common.h`), so
+that the loader and the kernels read one statement of each layout; the tests compare each
+type with `gguf.quants.dequantize`, the package's numpy reference.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
+from aioserve.kernels.gguf_linear_reference import GGUF_TYPES, dequantize_blocks
 from aioserve.models.loaders.gguf_header import GGUFHeader, TensorInfo
 
 QType = GGMLQuantizationType
@@ -98,115 +101,24 @@ def hf_tensor_name(gguf_name: str) -> str:
 # and returns (n_blocks, values_per_block) float32.
 
 
-def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
-    """The float16 stored at byte `start` of each block, as a (n_blocks, 1) float32 column."""
-    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
-
-
-def _nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """Split (n, g, 32) or (n, 16) bytes into 4-bit values: all low nibbles, then all high."""
-    return torch.cat([packed & 0x0F, packed >> 4], dim=-1)
-
-
-def _bits(packed: torch.Tensor) -> torch.Tensor:
-    """The bits of little-endian bytes (n, k) as (n, 8k) values 0/1, bit 0 of byte 0 first."""
-    shifts = torch.arange(8, dtype=torch.uint8)
-    return ((packed.unsqueeze(-1) >> shifts) & 1).flatten(1)
-
-
-def _dequant_q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    # fp16 d, then 32 int8
-    return _f16(blocks, 0) * blocks[:, 2:].view(torch.int8).float()
-
-
-def _dequant_q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    # fp16 d, then 16 bytes of nibbles; value (q - 8) * d
-    return _f16(blocks, 0) * (_nibbles(blocks[:, 2:]).float() - 8)
-
-
-def _dequant_q4_1(blocks: torch.Tensor) -> torch.Tensor:
-    # fp16 d, fp16 m, then 16 bytes of nibbles; value q * d + m
-    return _f16(blocks, 0) * _nibbles(blocks[:, 4:]).float() + _f16(blocks, 2)
-
-
-def _dequant_q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    # fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles; value (q - 16) * d
-    q = _nibbles(blocks[:, 6:]) | (_bits(blocks[:, 2:6]) << 4)
-    return _f16(blocks, 0) * (q.float() - 16)
-
-
-def _dequant_q5_1(blocks: torch.Tensor) -> torch.Tensor:
-    # fp16 d, fp16 m, 4 bytes of fifth bits, 16 bytes of nibbles; value q * d + m
-    q = _nibbles(blocks[:, 8:]) | (_bits(blocks[:, 4:8]) << 4)
-    return _f16(blocks, 0) * q.float() + _f16(blocks, 2)
-
-
-def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eight 6-bit scales and mins of a Q4_K/Q5_K block, packed in 12 bytes."""
-    low, mid, high = packed.reshape(-1, 3, 4).unbind(1)
-    scales = torch.cat([low & 0x3F, (high & 0x0F) | ((low >> 2) & 0x30)], dim=1)
-    mins = torch.cat([mid & 0x3F, (high >> 4) | ((mid >> 2) & 0x30)], dim=1)
-    return scales.float(), mins.float()
-
-
-def _dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
-    # fp16 d, fp16 dmin, 12 bytes of scales/mins, 128 bytes of nibbles: 8 groups of 32
-    n = blocks.shape[0]
-    scales, mins = _k_scales(blocks[:, 4:16])
-    q = _nibbles(blocks[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32).float()
-    d = (_f16(blocks, 0) * scales).unsqueeze(-1)
-    m = (_f16(blocks, 2) * mins).unsqueeze(-1)
-    return (d * q - m).reshape(n, 256)
-
-
-def _dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
-    # as Q4_K, with 32 bytes of fifth bits (bit g of byte j belongs to group g) before the nibbles
-    n = blocks.shape[0]
-    scales, mins = _k_scales(blocks[:, 4:16])
-    high = (blocks[:, 16:48].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8).view(1, 8, 1)) & 1
-    low = _nibbles(blocks[:, 48:].reshape(n, 4, 32)).reshape(n, 8, 32)
-    q = (low | (high << 4)).float()
-    d = (_f16(blocks, 0) * scales).unsqueeze(-1)
-    m = (_f16(blocks, 2) * mins).unsqueeze(-1)
-    return (d * q - m).reshape(n, 256)
-
-
-def _dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
-    # 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, fp16 d;
-    # value (q - 32) * d * scale, one scale per 16 values
-    n = blocks.shape[0]
-    low = _nibbles(blocks[:, :128].reshape(n, 2, 64)).reshape(n, 8, 32)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
-    high = ((blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3).reshape(n, 8, 32)
-    q = ((low | (high << 4)).float() - 32).reshape(n, 16, 16)
-    scales = blocks[:, 192:208].view(torch.int8).float()
-    d = (_f16(blocks, 208) * scales).unsqueeze(-1)
-    return (d * q).reshape(n, 256)
-
-
 def _dequant_plain(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda blocks: blocks.contiguous().view(dtype).float()
 
 
-_DEQUANTIZERS: dict[QType, Callable[[torch.Tensor], torch.Tensor]] = {
+_PLAIN: dict[QType, Callable[[torch.Tensor], torch.Tensor]] = {
     QType.F32: _dequant_plain(torch.float32),
     QType.F16: _dequant_plain(torch.float16),
     QType.BF16: _dequant_plain(torch.bfloat16),
-    QType.Q8_0: _dequant_q8_0,
-    QType.Q4_0: _dequant_q4_0,
-    QType.Q4_1: _dequant_q4_1,
-    QType.Q5_0: _dequant_q5_0,
-    QType.Q5_1: _dequant_q5_1,
-    QType.Q4_K: _dequant_q4_k,
-    QType.Q5_K: _dequant_q5_k,
-    QType.Q6_K: _dequant_q6_k,
 }
-SUPPORTED_QTYPES: tuple[QType, ...] = tuple(_DEQUANTIZERS)
+SUPPORTED_QTYPES: tuple[QType, ...] = (
+    *_PLAIN,
+    *(QType[name.upper()] for name in GGUF_TYPES),
+)
 
 
 def check_qtype(qtype: QType, tensor_name: str = "") -> None:
     """Raise a clear error when we cannot dequantize `qtype`."""
-    if qtype not in _DEQUANTIZERS:
+    if qtype not in SUPPORTED_QTYPES:
         where = f" (tensor {tensor_name})" if tensor_name else ""
         supported = ", ".join(t.name for t in SUPPORTED_QTYPES)
         raise ValueError(
@@ -220,8 +132,10 @@ def dequantize(
     """Float32 values of shape `shape` (torch order) from the uint8 blocks of type `qtype`."""
     check_qtype(qtype)
     blocks = torch.from_numpy(raw) if isinstance(raw, np.ndarray) else raw
-    block_bytes = GGML_QUANT_SIZES[qtype][1]
-    return _DEQUANTIZERS[qtype](blocks.reshape(-1, block_bytes)).reshape(shape)
+    if qtype in _PLAIN:
+        return _PLAIN[qtype](blocks).reshape(shape)
+    rows = shape[0] if len(shape) > 1 else 1
+    return dequantize_blocks(blocks.reshape(rows, -1), qtype.name.lower()).reshape(shape)
 
 
 @dataclass
