@@ -1,8 +1,9 @@
 """One decoder layer's KV write and decode attention on the torch path, in microseconds.
 
 SmolLM2-135M's attention shapes (9 query heads, 3 kv heads, head size 64, blocks of 16
-tokens), float32: B sequences decoding one token each at `--context` tokens, their blocks
-spread over a cache of 6,000 blocks. Times `write_kv_cache_reference` (the step's new keys
+tokens), float32 or `--dtype bfloat16`: B sequences decoding one token each at `--context`
+tokens, their blocks spread over a cache of 6,000 blocks stored as the CPU's pool is
+(head-major, kv_cache.empty_kv_cache). Times `write_kv_cache_reference` (the step's new keys
 and values into their slots) and `paged_attention_reference` with the step's plan built
 once, as every layer of a step runs them; the median of `--repeats` rounds.
 
@@ -23,7 +24,7 @@ from aioserve.kernels.attention_reference import (
     paged_attention_reference,
     plan_reference_attention,
 )
-from aioserve.kernels.kv_cache import write_kv_cache_reference
+from aioserve.kernels.kv_cache import empty_kv_cache, write_kv_cache_reference
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 9, 3, 64, 16, 6000
 
@@ -39,11 +40,16 @@ def median_us(fn, repeats: int, calls: int = 200) -> float:
     return statistics.median(rounds)
 
 
-def measure(batch: int, context: int, repeats: int) -> tuple[float, float]:
+def measure(batch: int, context: int, repeats: int, dtype: torch.dtype) -> tuple[float, float]:
     """(KV write µs, attention µs) for `batch` decodes at `context` tokens."""
     gen = torch.Generator().manual_seed(0)
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
-    key_cache, value_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    key_cache, value_cache = (
+        empty_kv_cache(*shape, dtype, torch.device("cpu"), head_major=True).copy_(
+            torch.randn(shape, generator=gen)
+        )
+        for _ in range(2)
+    )
     blocks_per_seq = -(-context // BLOCK_SIZE)
     physical = torch.randperm(NUM_BLOCKS, generator=gen)[: batch * blocks_per_seq]
     tables = physical.view(batch, blocks_per_seq).int().numpy()
@@ -52,9 +58,9 @@ def measure(batch: int, context: int, repeats: int) -> tuple[float, float]:
     last = context - 1
     slots = torch.from_numpy(tables[:, last // BLOCK_SIZE].astype(np.int64)) * BLOCK_SIZE
     slots += last % BLOCK_SIZE
-    query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, generator=gen)
-    key = torch.randn(batch, NUM_KV_HEADS, HEAD_SIZE, generator=gen)
-    value = torch.randn(batch, NUM_KV_HEADS, HEAD_SIZE, generator=gen)
+    query = torch.randn(batch, NUM_Q_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+    key = torch.randn(batch, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+    value = torch.randn(batch, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
     block_tables = torch.from_numpy(tables)
     plan = plan_reference_attention(
         query_start_loc, seq_lens, tables, BLOCK_SIZE, torch.device("cpu")
@@ -88,13 +94,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--context", type=int, default=384)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
+    dtype = getattr(torch, args.dtype)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
     print("| sequences | context | KV write µs | attention µs |")
     print("|---|---|---|---|")
     with torch.inference_mode():
         for batch in args.batch:
-            write, attend = measure(batch, args.context, args.repeats)
+            write, attend = measure(batch, args.context, args.repeats, dtype)
             print(f"| {batch} | {args.context} | {write:.1f} | {attend:.1f} |")
 
 

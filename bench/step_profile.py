@@ -39,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=4096)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=None, help="default: the platform's")
     parser.add_argument("--ops", action="store_true", help="print the profiler's tables")
     parser.add_argument(
         "--warmup-steps", type=int, default=8, help="decode steps before the profiled one"
@@ -105,6 +106,7 @@ def main() -> None:
         seed=0,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        block_size=args.block_size,
     )
     rng = random.Random(0)
     vocab = llm.get_tokenizer().vocab_size

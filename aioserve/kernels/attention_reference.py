@@ -3,28 +3,33 @@
 What a step's attention reads does not change from layer to layer, so it is planned once
 per step (`plan_reference_attention`: which rows decode, which KV blocks each sequence
 reads, which gathered slots are padding) and every layer reuses the plan. Per layer,
-`paged_attention_reference` then gathers blocks and runs torch's scaled_dot_product_attention,
-in bfloat16 for a bfloat16 model (SDPA accumulates in float32) and in float32 otherwise:
+`paged_attention_reference` then gathers each sequence's keys and values kv head by kv head
+([Hkv, slots, D], `_gather_heads`) and attends, in bfloat16 for a bfloat16 model and in
+float32 otherwise, the softmax always in float32 (a bfloat16 decode group's scores leave
+their product rounded to bfloat16, as transformers' eager attention rounds them):
 
-- Decode rows (q_len == 1) go in groups of DECODE_GROUP sequences. A group's KV blocks are
-  gathered whole, one index_select row per block, into [n, width, Hkv, D], width being its
-  longest context rounded up to a block; groups keep the gathered keys and values in the
-  CPU's cache between the gather and SDPA (64 sequences at 320 tokens gather 31 MB per
-  layer, more than the 32 MB L3 holds with the weights streaming through). Table entries
-  past a sequence's blocks re-read its own first block, and gathered slots past its length
-  are zeroed: the length mask hides them, but a NaN left in a free slot would survive the
-  mask (0 * NaN). A group of one sequence (every decode at concurrency 1) skips both: its
-  gathered slots are cut to its length. The GQA group of query heads rides in SDPA's
-  query-length axis ([n, Hkv, group, D]), so each kv head's keys are read once for all of
-  its query heads. A group whose query rows are consecutive (a step of decodes only) reads
-  and writes them as slices.
-- Prefill rows go sequence by sequence, causal, the mask offset by the cached prefix. Query
-  rows and keys are padded to a multiple of PREFILL_ALIGN (padded keys zeroed and masked,
-  padded rows dropped). In bfloat16, SDPA runs oneDNN kernels built for the exact tails of
-  its query and key blocks and cached for good: on a Xeon with AMX every new prompt length
-  kept ~0.6 MiB (302 MiB over lengths 1 to 512, 861 MiB more for chunks over cached
-  prefixes), against 78 MiB for every length up to 4,096 once padded to 16.
+- Decode rows (q_len == 1) go in groups of DECODE_GROUP sequences (a group's gathered keys
+  and values stay in the CPU's cache between the gather and the products). A group is two
+  batched matrix products with a softmax between them, one product pair per (sequence, kv
+  head) with the GQA group of query heads as its rows: at these shapes (3 query rows, a few
+  hundred keys) torch's CPU SDPA spends most of its time setting up each (sequence, head)
+  pair (574 µs a group of 16 at 352 tokens in bfloat16 on an AVX-512 EPYC, against
+  ~250 µs for the products and softmax). Table entries past a sequence's blocks
+  re-read its own first block, and gathered slots past its length are zeroed: the length
+  mask hides them, but a NaN left in a free slot would survive the mask (0 * NaN). A group
+  of one sequence (every decode at concurrency 1) skips both: its keys are cut to its
+  length.
+- Prefill rows go sequence by sequence through SDPA, causal, the mask offset by the cached
+  prefix. Query rows and keys are padded to a multiple of PREFILL_ALIGN (padded keys
+  zeroed and masked, padded rows dropped). In bfloat16, SDPA runs oneDNN kernels built for
+  the exact tails of its query and key blocks and cached for good: on a Xeon with AMX every
+  new prompt length kept ~0.6 MiB (302 MiB over lengths 1 to 512, 861 MiB more for chunks
+  over cached prefixes), against 78 MiB for every length up to 4,096 once padded to 16.
 
+The gathers are fastest from the CPU's pool, which is stored head-major
+(kv_cache.empty_kv_cache): a kv head's slots of one block are then one run of memory, and
+the gathered [Hkv, slots, D] keys come out of one index_select of such runs. Any other
+layout (the tests' caches, a GPU's pool) is gathered block by block and then reordered.
 An fp8 cache (kv_cache.py) is converted to the compute dtype as it is gathered and
 multiplied by its layer's k_scale / v_scale there.
 
@@ -54,13 +59,35 @@ class DecodeGroup:
     """Up to DECODE_GROUP decoding sequences, attended together."""
 
     rows: Tensor  # [n] int64: each sequence's query row
-    blocks: Tensor  # [n * width // block_size] int64: the blocks to gather, row by row
-    padding: Tensor | None  # int64: gathered slots (of n * width) past their sequence's length
+    blocks: Tensor  # [n, width // block_size] int64: the blocks each sequence reads
+    padding: Tensor | None  # [p, 2] int64: (sequence, slot) pairs past their sequence's length
     # [n, 1, 1, width] float32, added to the scores: 0 where a gathered slot is context,
-    # -inf where it is padding (SDPA would turn a boolean mask into this in every layer).
+    # -inf where it is padding.
     mask: Tensor | None
     width: int  # gathered slots per sequence (cut to its length for a group of one)
     first_row: int | None  # rows[0] when the rows are consecutive, else None
+    # Worked out in the step's first layer, once the kv heads are known (see head_rows).
+    _head_rows: Tensor | None = None
+    _head_padding: Tensor | None = None
+
+    def head_rows(self, num_kv_heads: int) -> Tensor:
+        """[n * Hkv * blocks] int64: the rows of a head-major pool viewed as
+        [num_blocks * Hkv, block_size * D] that hold the group's keys, sequence by sequence
+        and head by head."""
+        if self._head_rows is None:
+            heads = torch.arange(num_kv_heads, device=self.blocks.device).view(1, -1, 1)
+            self._head_rows = (self.blocks.unsqueeze(1) * num_kv_heads + heads).reshape(-1)
+        return self._head_rows
+
+    def head_padding(self, num_kv_heads: int) -> Tensor | None:
+        """The padding slots as rows of the gathered [n * Hkv * width, D] keys."""
+        if self.padding is None:
+            return None
+        if self._head_padding is None:
+            seq, slot = self.padding[:, :1], self.padding[:, 1:]
+            heads = torch.arange(num_kv_heads, device=self.padding.device).view(1, -1)
+            self._head_padding = ((seq * num_kv_heads + heads) * self.width + slot).reshape(-1)
+        return self._head_padding
 
 
 @dataclass
@@ -88,11 +115,15 @@ class ReferencePlan:
     # multi-megabyte tensor per group and layer costs page faults on each allocation.
     gather_buffers: tuple[Tensor, Tensor] | None = None
 
-    def decode_gather_buffers(self, cache: Tensor) -> tuple[Tensor, Tensor]:
-        """Two [most blocks in a group, block elements] buffers shaped after `cache`."""
+    def decode_gather_buffers(self, cache: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Two flat buffers of `dtype` (the cache's, or its byte view for fp8), each as large
+        as the largest group's gathered keys."""
         if self.gather_buffers is None:
-            shape = (max(g.blocks.numel() for g in self.decode_groups), cache[0].numel())
-            self.gather_buffers = (cache.new_empty(shape), cache.new_empty(shape))
+            block_elements = cache[0].numel()
+            size = max(g.blocks.numel() for g in self.decode_groups) * block_elements
+            self.gather_buffers = tuple(
+                torch.empty(size, dtype=dtype, device=cache.device) for _ in range(2)
+            )
         return self.gather_buffers
 
 
@@ -155,12 +186,12 @@ def plan_reference_attention(
         if len(seqs) > 1:
             width = width_blocks * block_size
             valid = np.arange(width) < group_lens[:, None]
-            padding = on_device(np.flatnonzero(~valid))
+            padding = on_device(np.argwhere(~valid))
             mask = on_device(np.where(valid, 0.0, -np.inf).astype(np.float32))[:, None, None, :]
         groups.append(
             DecodeGroup(
                 rows=on_device(rows),
-                blocks=on_device(table.reshape(-1)),
+                blocks=on_device(table),
                 padding=padding,
                 mask=mask,
                 width=width,
@@ -203,39 +234,58 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What SDPA computes in: bfloat16 inputs stay bfloat16 (SDPA accumulates in float32,
-    and converting every gathered key and value cost a fifth of a 64-row decode step on a
-    Xeon with AMX); other dtypes in float32."""
+    """What the products run in: bfloat16 inputs stay bfloat16 (the products accumulate in
+    float32, and converting every gathered key and value cost a fifth of a 64-row decode
+    step on a Xeon with AMX); other dtypes in float32."""
     return dtype if dtype == torch.bfloat16 else torch.float32
 
 
-def _gather_blocks(
+def _is_head_major(cache: Tensor) -> bool:
+    """Whether the pool is stored [num_blocks, Hkv, block_size, D] (kv_cache.empty_kv_cache)."""
+    return cache.permute(0, 2, 1, 3).is_contiguous()
+
+
+def _gather_heads(
     cache: Tensor,
     blocks: Tensor,
-    padding: Tensor | None = None,
+    dtype: torch.dtype,
+    scale: Tensor | None,
+    head_rows: Tensor | None = None,
     buffer: Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-    scale: Tensor | None = None,
+    padding: Tensor | None = None,
 ) -> Tensor:
-    """cache [num_blocks, block_size, Hkv, D] at `blocks`, as `dtype` [slots, Hkv, D]; an
-    fp8 cache's values times `scale`.
+    """cache [num_blocks, block_size, Hkv, D] at `blocks` [..., b], as `dtype`
+    [..., Hkv, b * block_size, D]; an fp8 cache's values times `scale`.
 
-    Whole blocks are contiguous rows of the cache, so index_select copies long runs; they
-    land in `buffer` when given.
+    From a head-major pool one index_select of `head_rows` (DecodeGroup.head_rows) copies
+    runs of block_size * D elements, into `buffer` when given; from any other layout the
+    blocks are gathered whole and reordered. Gathered rows at `padding` (of the flattened
+    [..., D] result) are zeroed.
     """
-    num_blocks, _, num_kv_heads, head_size = cache.shape
-    rows = cache.view(num_blocks, -1)
-    if buffer is None:
-        gathered = rows.index_select(0, blocks)
+    num_blocks, block_size, num_kv_heads, head_size = cache.shape
+    lead = blocks.shape[:-1]
+    width = blocks.shape[-1] * block_size
+    stored = cache.view(torch.uint8) if is_fp8(cache.dtype) else cache  # fp8: copied as bytes
+    if _is_head_major(cache):
+        if head_rows is None:
+            heads = torch.arange(num_kv_heads, device=blocks.device).view(-1, 1)
+            head_rows = (blocks.unsqueeze(-2) * num_kv_heads + heads).reshape(-1)
+        runs = stored.permute(0, 2, 1, 3).view(num_blocks * num_kv_heads, -1)
+        if buffer is None:
+            gathered = runs.index_select(0, head_rows)
+        else:
+            out = buffer[: head_rows.numel() * runs.shape[1]].view(-1, runs.shape[1])
+            gathered = torch.index_select(runs, 0, head_rows, out=out)
     else:
-        gathered = torch.index_select(rows, 0, blocks, out=buffer[: blocks.numel()])
-    slots = gathered.view(-1, num_kv_heads, head_size)
+        whole = stored.index_select(0, blocks.reshape(-1))  # [.., block_size, Hkv, D]
+        whole = whole.view(*lead, blocks.shape[-1], block_size, num_kv_heads, head_size)
+        gathered = whole.movedim(-2, len(lead)).contiguous()
+    slots = gathered.view(-1, head_size)
     if padding is not None and padding.numel():
-        # As bytes: torch has no index_fill_ for fp8 on the CPU (zero bytes are 0.0 in
-        # every float format).
-        slots.view(torch.uint8 if is_fp8(slots.dtype) else slots.dtype).index_fill_(0, padding, 0)
-    if is_fp8(slots.dtype):
-        return slots.to(dtype).mul_(scale.to(dtype))
+        slots.index_fill_(0, padding, 0)  # zero bytes are 0.0 in every float format
+    slots = slots.view(*lead, num_kv_heads, width, head_size)
+    if is_fp8(cache.dtype):
+        return slots.view(cache.dtype).to(dtype).mul_(scale.to(dtype))
     return slots.to(dtype)
 
 
@@ -252,29 +302,36 @@ def _attend_decode_group(
     dtype (_compute_dtype)."""
     num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
+    group_size = num_q_heads // num_kv_heads
     n = group.rows.numel()
     dtype = _compute_dtype(query.dtype)
-    # A group of one is cut to its length: the slots past it are never read.
-    width = n * group.width
+    head_rows = group.head_rows(num_kv_heads) if _is_head_major(key_cache) else None
+    padding = group.head_padding(num_kv_heads)
     k_scale, v_scale = kv_scales
-    keys = _gather_blocks(key_cache, group.blocks, group.padding, buffers[0], dtype, k_scale)
-    values = _gather_blocks(value_cache, group.blocks, group.padding, buffers[1], dtype, v_scale)
-    keys, values = keys[:width], values[:width]
+    keys = _gather_heads(key_cache, group.blocks, dtype, k_scale, head_rows, buffers[0], padding)
+    values = _gather_heads(
+        value_cache, group.blocks, dtype, v_scale, head_rows, buffers[1], padding
+    )
     if group.first_row is None:
         rows = query.index_select(0, group.rows)
     else:
         rows = query[group.first_row : group.first_row + n]
-    if group.mask is not None and group.mask.dtype != dtype:
-        group.mask = group.mask.to(dtype)  # once a step: the plan is shared by every layer
-    out = F.scaled_dot_product_attention(
-        rows.to(dtype).view(n, num_kv_heads, num_q_heads // num_kv_heads, head_size),
-        keys.view(n, group.width, num_kv_heads, head_size).transpose(1, 2),
-        values.view(n, group.width, num_kv_heads, head_size).transpose(1, 2),
-        attn_mask=group.mask,
-        scale=scale,
-    )
-    # reshape, not view: CUDA's SDPA kernels may return a transposed layout.
-    return out.reshape(n, num_q_heads, head_size)
+    # [n, Hkv, group, D]: a kv head's query heads are consecutive, as in the model.
+    rows = rows.to(dtype).view(n, num_kv_heads, group_size, head_size)
+    if n == 1:
+        # Cut to its length, through SDPA: the products' shapes would change every token,
+        # and torch builds oneDNN's bfloat16 products anew for each shape.
+        out = F.scaled_dot_product_attention(
+            rows, keys[..., : group.width, :], values[..., : group.width, :], scale=scale
+        )
+        return out.reshape(1, num_q_heads, head_size)
+    keys = keys.view(n * num_kv_heads, group.width, head_size)
+    values = values.view(n * num_kv_heads, group.width, head_size)
+    scores = torch.bmm(rows.view(n * num_kv_heads, group_size, head_size), keys.transpose(1, 2))
+    scores = torch.add(group.mask, scores.view(n, num_kv_heads, group_size, -1), alpha=scale)
+    probs = torch.softmax(scores, dim=-1).to(dtype)  # scores and softmax in float32
+    out = torch.bmm(probs.view(n * num_kv_heads, group_size, -1), values)
+    return out.view(n, num_q_heads, head_size)
 
 
 def _attend_prefill(
@@ -289,15 +346,15 @@ def _attend_prefill(
     num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
     dtype = _compute_dtype(query.dtype)
-    keys = _padded_keys(key_cache, seq, dtype, kv_scales[0])  # [padded_seq_len, Hkv, D]
+    keys = _padded_keys(key_cache, seq, dtype, kv_scales[0])  # [Hkv, padded_seq_len, D]
     values = _padded_keys(value_cache, seq, dtype, kv_scales[1])
     query_len = seq.end - seq.start
     rows = query.new_zeros((seq.padded_query_len, num_q_heads, head_size), dtype=dtype)
     rows[:query_len] = query[seq.start : seq.end]
     out = F.scaled_dot_product_attention(
         rows.transpose(0, 1).unsqueeze(0),
-        keys.transpose(0, 1).unsqueeze(0),
-        values.transpose(0, 1).unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
         attn_mask=seq.mask,
         is_causal=seq.mask is None,
         scale=scale,
@@ -309,16 +366,21 @@ def _attend_prefill(
 def _padded_keys(
     cache: Tensor, seq: PrefillSequence, dtype: torch.dtype, scale: Tensor | None
 ) -> Tensor:
-    """The sequence's keys (or values) as `dtype` [padded_seq_len, Hkv, D], zero past seq_len:
-    a real row never attends them, but a NaN left in a free slot would survive the mask."""
-    # A fresh tensor (written below).
-    slots = _gather_blocks(cache, seq.blocks, dtype=dtype, scale=scale)
-    missing = seq.padded_seq_len - slots.shape[0]
+    """The sequence's keys (or values) as `dtype` [Hkv, padded_seq_len, D], zero past
+    seq_len: a real row never attends them, but a NaN left in a free slot would survive the
+    mask."""
+    slots = _gather_heads(cache, seq.blocks, dtype, scale)  # a fresh tensor, written below
+    missing = seq.padded_seq_len - slots.shape[1]
     if missing > 0:  # blocks smaller than PREFILL_ALIGN
-        slots = torch.cat([slots, slots.new_zeros((missing, *slots.shape[1:]))])
-    slots = slots[: seq.padded_seq_len]
-    slots[seq.seq_len :] = 0
+        slots = torch.cat([slots, slots.new_zeros((slots.shape[0], missing, slots.shape[2]))], 1)
+    slots = slots[:, : seq.padded_seq_len]
+    slots[:, seq.seq_len :] = 0
     return slots
+
+
+def _byte_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a cache of `dtype` is gathered as (fp8 as bytes)."""
+    return torch.uint8 if is_fp8(dtype) else dtype
 
 
 def paged_attention_reference(
@@ -354,7 +416,7 @@ def paged_attention_reference(
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for group in plan.decode_groups:
-        buffers = plan.decode_gather_buffers(key_cache)
+        buffers = plan.decode_gather_buffers(key_cache, _byte_dtype(key_cache.dtype))
         attended = _attend_decode_group(
             query, key_cache, value_cache, group, scale, buffers, kv_scales
         )

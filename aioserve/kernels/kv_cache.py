@@ -1,7 +1,10 @@
 """Writing the new tokens' keys and values into the paged KV cache.
 
 The cache is a pool of fixed-size blocks: key_cache/value_cache
-[num_blocks, block_size, num_kv_heads, head_size]. The runner gives each new token a slot,
+[num_blocks, block_size, num_kv_heads, head_size], stored in that order on a GPU and
+head-major ([num_blocks, num_kv_heads, block_size, head_size] behind a permuted view,
+`empty_kv_cache`) on the CPU; the kernels index either by strides. The runner gives each
+new token a slot,
 `block_id * block_size + offset`, in `slot_mapping`; slot -1 marks a padding token whose
 key and value are not written. The write happens in place, cast to the cache's dtype.
 
@@ -29,6 +32,31 @@ _CONFIG: dict[str, dict[str, int]] = {
 }
 
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
+
+
+def empty_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    head_major: bool,
+) -> Tensor:
+    """An uninitialised cache of shape [num_blocks, block_size, Hkv, D].
+
+    With `head_major` it is stored as [num_blocks, Hkv, block_size, D] (vLLM-CPU's layout)
+    and shown through a permuted view: every kernel indexes it by its strides, and the torch
+    path gathers a kv head's slots of a block as one run of memory (attention_reference.py).
+    """
+    if not head_major:
+        return torch.empty(
+            (num_blocks, block_size, num_kv_heads, head_size), dtype=dtype, device=device
+        )
+    stored = torch.empty(
+        (num_blocks, num_kv_heads, block_size, head_size), dtype=dtype, device=device
+    )
+    return stored.permute(0, 2, 1, 3)
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
@@ -183,18 +211,17 @@ def write_kv_cache_reference(
     if skips_tokens and bool((slot_mapping < 0).any()):
         tokens = (slot_mapping >= 0).nonzero().squeeze(1)
         key, value, slot_mapping = key[tokens], value[tokens], slot_mapping[tokens]
-    # The cache as rows of slots: one index_copy_ each (~8 us a decode step, against ~57
-    # for block/offset indexing, and it runs in every layer).
-    num_heads, head_size = key_cache.shape[2:]
+    # Through the cache's logical [num_blocks, block_size, ...] indices, whatever its
+    # layout (empty_kv_cache): one index_put_ each.
+    block_size = key_cache.shape[1]
+    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
     if _check_scales(key_cache, k_scale, v_scale):
-        # torch has no index_copy_ for fp8 on the CPU: the bytes are copied as uint8.
+        # torch has no index_put_ for fp8 on the CPU: the bytes are copied as uint8.
         key = quantize_kv(key, k_scale, key_cache.dtype).view(torch.uint8)
         value = quantize_kv(value, v_scale, value_cache.dtype).view(torch.uint8)
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
-    key_cache.view(-1, num_heads, head_size).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    value_cache.view(-1, num_heads, head_size).index_copy_(
-        0, slot_mapping, value.to(value_cache.dtype)
-    )
+    key_cache.index_put_((blocks, offsets), key.to(key_cache.dtype))
+    value_cache.index_put_((blocks, offsets), value.to(value_cache.dtype))
 
 
 def write_kv_cache(

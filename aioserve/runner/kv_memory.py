@@ -19,7 +19,7 @@ import threading
 import torch
 from torch import nn
 
-from aioserve.kernels.kv_cache import is_fp8
+from aioserve.kernels.kv_cache import empty_kv_cache, is_fp8
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, step_context
 from aioserve.platform import current_platform
@@ -106,10 +106,12 @@ def allocate_kv_caches(
         scales = torch.ones((num_layers, 2), dtype=torch.float32)
     if scales is not None:
         scales = scales.to(device=device, dtype=torch.float32).contiguous()
+    # Head-major on the CPU, where the torch path gathers a kv head's slots (kv_cache.py).
+    head_major = device.type == "cpu"
     caches = [
         KVCache(
-            torch.empty(shape, dtype=dtype, device=device),
-            torch.empty(shape, dtype=dtype, device=device),
+            empty_kv_cache(*shape, dtype, device, head_major),
+            empty_kv_cache(*shape, dtype, device, head_major),
             *((scales[i, 0:1], scales[i, 1:2], calculate_scales) if scales is not None else ()),
         )
         for i in range(num_layers)

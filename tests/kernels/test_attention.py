@@ -4,7 +4,8 @@ the Triton kernels against the reference, and batch invariance.
 Every batch is built so that paging matters: physical blocks are shuffled, cache slots
 that belong to no sequence (block 0 among them) hold NaN, and block-table entries past a
 sequence's blocks hold an out-of-range block id, so reading anything the kernels must not
-read shows up.
+read shows up. The caches come in both layouts the kernels take: slot-major, as a GPU's pool
+is stored, and head-major, as the CPU's is (kv_cache.empty_kv_cache).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from aioserve.kernels.attention_reference import (
     PREFILL_ALIGN,
     paged_attention_reference,
 )
+from aioserve.kernels.kv_cache import empty_kv_cache
 
 _TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=1e-5),
@@ -71,8 +73,10 @@ def make_batch(
     device: torch.device,
     seed: int = 0,
     extra_table_columns: int = 1,
+    head_major: bool = False,
 ) -> Batch:
-    """A batch of sequences given as (query_len, seq_len) pairs."""
+    """A batch of sequences given as (query_len, seq_len) pairs; with `head_major` its caches
+    are stored head-major."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [math.ceil(seq_len / block_size) for _, seq_len in seqs]
     num_blocks = sum(blocks_per_seq) + 3
@@ -98,13 +102,18 @@ def make_batch(
         keys.append(k.to(device))
         values.append(v.to(device))
         queries.append(torch.randn(query_len, num_q_heads, head_size, generator=gen).to(dtype))
+    if head_major:
+        key_cache = empty_kv_cache(*cache_shape, dtype, key_cache.device, True).copy_(key_cache)
+        value_cache = empty_kv_cache(*cache_shape, dtype, value_cache.device, True).copy_(
+            value_cache
+        )
     query_lens = torch.tensor([q for q, _ in seqs])
     query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int32)
     query_start_loc[1:] = query_lens.cumsum(0)
     return Batch(
         query=torch.cat(queries).to(device),
-        key_cache=key_cache.to(device),
-        value_cache=value_cache.to(device),
+        key_cache=_to_device(key_cache, device),
+        value_cache=_to_device(value_cache, device),
         query_start_loc=query_start_loc.to(device),
         seq_lens=torch.tensor([s for _, s in seqs], dtype=torch.int32, device=device),
         block_tables=block_tables.to(device),
@@ -114,6 +123,20 @@ def make_batch(
         keys=keys,
         values=values,
     )
+
+
+def _to_device(cache: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The cache on `device` in the same layout (`Tensor.to` keeps a permuted view's strides
+    only where it can)."""
+    if cache.device == device:
+        return cache
+    stored = cache.permute(0, 2, 1, 3)
+    if stored.is_contiguous():
+        return stored.to(device).permute(0, 2, 1, 3)
+    return cache.to(device)
+
+
+LAYOUTS = pytest.mark.parametrize("head_major", [False, True], ids=["slot-major", "head-major"])
 
 
 def naive_attention(batch: Batch) -> torch.Tensor:
@@ -145,20 +168,31 @@ MIXED = [(1, 17), (5, 5), (1, 1), (7, 40), (1, 33), (3, 20), (1, 16)]
     "num_q_heads, num_kv_heads, head_size, block_size",
     [(2, 2, 64, 16), (8, 2, 64, 8), (8, 1, 128, 32), (6, 2, 80, 1)],
 )
-def test_reference_matches_naive(device, num_q_heads, num_kv_heads, head_size, block_size):
+@LAYOUTS
+def test_reference_matches_naive(
+    device, num_q_heads, num_kv_heads, head_size, block_size, head_major
+):
     batch = make_batch(
-        MIXED, num_q_heads, num_kv_heads, head_size, block_size, torch.float32, device
+        MIXED,
+        num_q_heads,
+        num_kv_heads,
+        head_size,
+        block_size,
+        torch.float32,
+        device,
+        head_major=head_major,
     )
     out = paged_attention_reference(*batch.args())
     assert not out.isnan().any()
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
 
 
-def test_reference_decodes_in_several_groups_match_naive(device):
+@LAYOUTS
+def test_reference_decodes_in_several_groups_match_naive(device, head_major):
     # More decode rows than one DECODE_GROUP, with prefills between them and lengths that
     # differ from group to group.
     seqs = [(1, 3 + 7 * i) if i % 5 else (4, 9 + i) for i in range(2 * DECODE_GROUP + 5)]
-    batch = make_batch(seqs, 4, 2, 64, 8, torch.float32, device)
+    batch = make_batch(seqs, 4, 2, 64, 8, torch.float32, device, head_major=head_major)
     out = paged_attention_reference(*batch.args())
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
 
@@ -168,10 +202,12 @@ def test_reference_decodes_in_several_groups_match_naive(device):
     [[29], [16], [1], [3 + 5 * i for i in range(DECODE_GROUP + 3)]],
     ids=["one-mid-block", "one-full-block", "one-token", "two-groups"],
 )
-def test_reference_decode_only_steps_match_naive(device, seq_lens):
+@LAYOUTS
+def test_reference_decode_only_steps_match_naive(device, seq_lens, head_major):
     # Steps of decodes only: consecutive query rows (read and written as slices) and, alone,
     # a group of one cut to its length; the NaN in the free slots past it must not leak.
-    batch = make_batch([(1, n) for n in seq_lens], 6, 2, 64, 16, torch.float32, device)
+    seqs = [(1, n) for n in seq_lens]
+    batch = make_batch(seqs, 6, 2, 64, 16, torch.float32, device, head_major=head_major)
     out = paged_attention_reference(*batch.args())
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
 
@@ -184,11 +220,13 @@ def test_reference_half_precision_matches_naive(device):
 
 
 @pytest.mark.parametrize("seqs", [MIXED, [(1, 5 + 9 * i) for i in range(DECODE_GROUP + 3)]])
-def test_reference_bfloat16_matches_naive(device, seqs):
-    # bfloat16 runs SDPA in bfloat16 (float32 accumulation, the probabilities rounded to
-    # bfloat16 before the product with V): within 2e-2 of float64 on the same inputs, the
-    # tolerance the Triton kernels are held to in bfloat16.
-    batch = make_batch(seqs, 8, 2, 64, 16, torch.bfloat16, device)
+@LAYOUTS
+def test_reference_bfloat16_matches_naive(device, seqs, head_major):
+    # bfloat16 multiplies in bfloat16 (float32 accumulation; decode groups' scores rounded
+    # to bfloat16 and the probabilities too before the product with V, as transformers'
+    # eager attention does): within 2e-2 of float64 on the same inputs, the tolerance the
+    # Triton kernels are held to in bfloat16.
+    batch = make_batch(seqs, 8, 2, 64, 16, torch.bfloat16, device, head_major=head_major)
     out = paged_attention_reference(*batch.args())
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-2, rtol=2e-2)
@@ -254,6 +292,21 @@ def test_triton_matches_reference(
     triton_backend, device, dtype, num_q_heads, num_kv_heads, head_size, block_size
 ):
     batch = make_batch(MIXED, num_q_heads, num_kv_heads, head_size, block_size, dtype, device)
+    out = paged_attention(*batch.args())
+    assert out.dtype == dtype
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, paged_attention_reference(*batch.args()), **_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize(
+    "dtype, num_q_heads, num_kv_heads, head_size, block_size", TRITON_CASES[:3]
+)
+def test_triton_reads_a_head_major_cache(
+    triton_backend, device, dtype, num_q_heads, num_kv_heads, head_size, block_size
+):
+    # The CPU's pool layout, through the kernels' strides.
+    args = (MIXED, num_q_heads, num_kv_heads, head_size, block_size, dtype, device)
+    batch = make_batch(*args, head_major=True)
     out = paged_attention(*batch.args())
     assert out.dtype == dtype
     assert not out.isnan().any()

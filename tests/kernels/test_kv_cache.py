@@ -1,5 +1,6 @@
 """write_kv_cache: the torch reference against a per-token loop, the Triton kernel against
-the reference (a pure copy, so exactly)."""
+the reference (a pure copy, so exactly), into caches stored slot-major (a GPU's pool) and
+head-major (the CPU's, `empty_kv_cache`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.kernels.kv_cache import write_kv_cache, write_kv_cache_reference
+from aioserve.kernels.kv_cache import empty_kv_cache, write_kv_cache, write_kv_cache_reference
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.runner.step_inputs import HostStepInputs
 
 
-def _inputs(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks):
+def _inputs(
+    device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, head_major=False
+):
     gen = torch.Generator().manual_seed(num_tokens * block_size + head_size)
     # key and value are views into one fused qkv tensor, as the model produces them.
     kv_size = num_kv_heads * head_size
@@ -23,15 +26,24 @@ def _inputs(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[::3] = -1
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
-    key_cache = torch.randn(cache_shape, generator=gen).to(dtype).to(device)
-    value_cache = torch.randn(cache_shape, generator=gen).to(dtype).to(device)
-    return key, value, key_cache, value_cache, slots.to(device)
+    caches = []
+    for _ in range(2):
+        cache = empty_kv_cache(*cache_shape, dtype, torch.device(device), head_major)
+        caches.append(cache.copy_(torch.randn(cache_shape, generator=gen)))
+    return key, value, *caches, slots.to(device)
 
 
+def test_a_head_major_cache_is_stored_head_by_head():
+    cache = empty_kv_cache(5, 16, 3, 8, torch.float32, torch.device("cpu"), head_major=True)
+    assert cache.shape == (5, 16, 3, 8)
+    assert cache.stride() == (3 * 16 * 8, 8, 16 * 8, 1)
+
+
+@pytest.mark.parametrize("head_major", [False, True], ids=["slot-major", "head-major"])
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_reference_matches_loop(device, block_size):
+def test_reference_matches_loop(device, block_size, head_major):
     key, value, key_cache, value_cache, slots = _inputs(
-        device, torch.float32, 10, 2, 8, block_size, 12
+        device, torch.float32, 10, 2, 8, block_size, 12, head_major
     )
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     for token, slot in enumerate(slots.tolist()):
@@ -87,9 +99,11 @@ def test_reference_casts_to_cache_dtype(device):
     )
 
 
-def _check_triton(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks):
+def _check_triton(
+    device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, head_major=False
+):
     key, value, key_cache, value_cache, slots = _inputs(
-        device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks
+        device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, head_major
     )
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     write_kv_cache_reference(key, value, expected_keys, expected_values, slots)
@@ -107,6 +121,10 @@ def test_triton_matches_reference(
     triton_backend, device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks
 ):
     _check_triton(device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks)
+
+
+def test_triton_writes_a_head_major_cache(triton_backend, device):
+    _check_triton(device, torch.float16, 7, 3, 64, 16, 3, head_major=True)
 
 
 @pytest.mark.gpu
