@@ -257,16 +257,16 @@ def _gather_heads(
     """cache [num_blocks, block_size, Hkv, D] at `blocks` [..., b], as `dtype`
     [..., Hkv, b * block_size, D]; an fp8 cache's values times `scale`.
 
-    From a head-major pool one index_select of `head_rows` (DecodeGroup.head_rows) copies
-    runs of block_size * D elements, into `buffer` when given; from any other layout the
-    blocks are gathered whole and reordered. Gathered rows at `padding` (of the flattened
-    [..., D] result) are zeroed.
+    From a head-major pool one index_select of `head_rows` (DecodeGroup.head_rows; given
+    only for a head-major pool) copies runs of block_size * D elements, into `buffer` when
+    given; from any other layout the blocks are gathered whole and reordered. Gathered rows
+    at `padding` (of the flattened [..., D] result) are zeroed.
     """
     num_blocks, block_size, num_kv_heads, head_size = cache.shape
     lead = blocks.shape[:-1]
     width = blocks.shape[-1] * block_size
     stored = cache.view(torch.uint8) if is_fp8(cache.dtype) else cache  # fp8: copied as bytes
-    if _is_head_major(cache):
+    if head_rows is not None or _is_head_major(cache):
         if head_rows is None:
             heads = torch.arange(num_kv_heads, device=blocks.device).view(-1, 1)
             head_rows = (blocks.unsqueeze(-2) * num_kv_heads + heads).reshape(-1)
@@ -286,7 +286,7 @@ def _gather_heads(
     slots = slots.view(*lead, num_kv_heads, width, head_size)
     if is_fp8(cache.dtype):
         return slots.view(cache.dtype).to(dtype).mul_(scale.to(dtype))
-    return slots.to(dtype)
+    return slots if slots.dtype == dtype else slots.to(dtype)
 
 
 def _attend_decode_group(
@@ -317,7 +317,9 @@ def _attend_decode_group(
     else:
         rows = query[group.first_row : group.first_row + n]
     # [n, Hkv, group, D]: a kv head's query heads are consecutive, as in the model.
-    rows = rows.to(dtype).view(n, num_kv_heads, group_size, head_size)
+    if rows.dtype != dtype:
+        rows = rows.to(dtype)
+    rows = rows.view(n, num_kv_heads, group_size, head_size)
     if n == 1:
         # Cut to its length, through SDPA: the products' shapes would change every token,
         # and torch builds oneDNN's bfloat16 products anew for each shape.
@@ -329,7 +331,7 @@ def _attend_decode_group(
     values = values.view(n * num_kv_heads, group.width, head_size)
     scores = torch.bmm(rows.view(n * num_kv_heads, group_size, head_size), keys.transpose(1, 2))
     scores = torch.add(group.mask, scores.view(n, num_kv_heads, group_size, -1), alpha=scale)
-    probs = torch.softmax(scores, dim=-1).to(dtype)  # scores and softmax in float32
+    probs = torch.softmax(scores, dim=-1).to(dtype)  # the softmax in float32
     out = torch.bmm(probs.view(n * num_kv_heads, group_size, -1), values)
     return out.view(n, num_q_heads, head_size)
 
