@@ -6,9 +6,13 @@ time, every decode step does); on a GPU the layers hold only their blocks, read 
 Triton kernels. The same prompts run on the same engine without them (the layers'
 bfloat16 weights only) must give the same tokens. The products round differently
 (bfloat16 scales and zeros, or float32 sums of exact weights, against bfloat16 weights), so
-where a prompt's tokens part, each path must have scored the other's token within
-NEAR_TIE_NATS of its own: two steps of a bfloat16 logit of magnitude 16-32 (0.125 each),
-plus the other product's own rounding of the same size.
+every token both paths chose must have been scored by both within NEAR_TIE_NATS, and where
+a prompt's tokens part, each path must have scored the other's token within NEAR_TIE_NATS
+of its own: two steps of a bfloat16 logit of magnitude 16-32 (0.125 each), plus the other
+product's own rounding of the same size. The logits are bfloat16, so exact ties are common:
+how many prompts part depends on the CPU's bfloat16 kernels (2 of 8 on a Xeon with AMX, 5
+of 8 on an AVX-512 EPYC, every one at a gap of at most 0.25, the shared tokens' logprobs
+within 0.32 of each other), and five logprobs a step show a tie of three.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from tests.engine.smollm2 import NEW_TOKENS, prompts
 pytestmark = pytest.mark.slow
 
 NEAR_TIE_NATS = 0.5
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
 
 
 def _one_at_a_time(smollm2_gguf, *, kept: bool) -> dict[str, tuple[list[int], list[dict]]]:
@@ -45,7 +49,7 @@ def _one_at_a_time(smollm2_gguf, *, kept: bool) -> dict[str, tuple[list[int], li
 
 
 def _gap(logprobs: dict, own: int, other: int) -> float:
-    """How far below `own` this step scored `other` (infinite if not in its top two)."""
+    """How far below `own` this step scored `other` (infinite if not in its top five)."""
     if other not in logprobs:
         return float("inf")
     return logprobs[own].logprob - logprobs[other].logprob
@@ -67,14 +71,17 @@ def test_the_gpus_kept_blocks_give_the_dequantized_tokens(smollm2_gguf):
 def _assert_same_tokens_but_near_ties(smollm2_gguf) -> None:
     kept = _one_at_a_time(smollm2_gguf, kept=True)
     dequantized = _one_at_a_time(smollm2_gguf, kept=False)
-    same = 0
     for name, (tokens, logprobs) in kept.items():
         expected, expected_logprobs = dequantized[name]
-        if tokens == expected:
-            same += 1
-            continue
-        step = next(i for i, (a, b) in enumerate(zip(tokens, expected, strict=True)) if a != b)
-        ours, theirs = tokens[step], expected[step]
-        assert _gap(logprobs[step], ours, theirs) <= NEAR_TIE_NATS, name
-        assert _gap(expected_logprobs[step], theirs, ours) <= NEAR_TIE_NATS, name
-    assert same >= len(kept) // 2, "most prompts must match token for token"
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(tokens, expected, strict=True)) if a != b),
+            len(tokens),
+        )
+        for step in range(shared):
+            token = tokens[step]
+            difference = logprobs[step][token].logprob - expected_logprobs[step][token].logprob
+            assert abs(difference) <= NEAR_TIE_NATS, (name, step)
+        if shared < len(tokens):
+            ours, theirs = tokens[shared], expected[shared]
+            assert _gap(logprobs[shared], ours, theirs) <= NEAR_TIE_NATS, name
+            assert _gap(expected_logprobs[shared], theirs, ours) <= NEAR_TIE_NATS, name
