@@ -75,8 +75,7 @@ class DecodeGroup:
         [num_blocks * Hkv, block_size * D] that hold the group's keys, sequence by sequence
         and head by head."""
         if self._head_rows is None:
-            heads = torch.arange(num_kv_heads, device=self.blocks.device).view(1, -1, 1)
-            self._head_rows = (self.blocks.unsqueeze(1) * num_kv_heads + heads).reshape(-1)
+            self._head_rows = _head_rows(self.blocks, num_kv_heads)
         return self._head_rows
 
     def head_padding(self, num_kv_heads: int) -> Tensor | None:
@@ -115,12 +114,13 @@ class ReferencePlan:
     # multi-megabyte tensor per group and layer costs page faults on each allocation.
     gather_buffers: tuple[Tensor, Tensor] | None = None
 
-    def decode_gather_buffers(self, cache: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Two flat buffers of `dtype` (the cache's, or its byte view for fp8), each as large
-        as the largest group's gathered keys."""
+    def decode_gather_buffers(self, cache: Tensor) -> tuple[Tensor, Tensor]:
+        """Two flat buffers of the cache's dtype (bytes for fp8, gathered as bytes), each as
+        large as the largest group's gathered keys."""
         if self.gather_buffers is None:
             block_elements = cache[0].numel()
             size = max(g.blocks.numel() for g in self.decode_groups) * block_elements
+            dtype = torch.uint8 if is_fp8(cache.dtype) else cache.dtype
             self.gather_buffers = tuple(
                 torch.empty(size, dtype=dtype, device=cache.device) for _ in range(2)
             )
@@ -245,6 +245,13 @@ def _is_head_major(cache: Tensor) -> bool:
     return cache.permute(0, 2, 1, 3).is_contiguous()
 
 
+def _head_rows(blocks: Tensor, num_kv_heads: int) -> Tensor:
+    """The rows of a head-major pool viewed as [num_blocks * Hkv, block_size * D] holding
+    `blocks` [..., b]: [... * Hkv * b], head by head within each leading index."""
+    heads = torch.arange(num_kv_heads, device=blocks.device).view(-1, 1)
+    return (blocks.unsqueeze(-2) * num_kv_heads + heads).reshape(-1)
+
+
 def _gather_heads(
     cache: Tensor,
     blocks: Tensor,
@@ -268,8 +275,7 @@ def _gather_heads(
     stored = cache.view(torch.uint8) if is_fp8(cache.dtype) else cache  # fp8: copied as bytes
     if head_rows is not None or _is_head_major(cache):
         if head_rows is None:
-            heads = torch.arange(num_kv_heads, device=blocks.device).view(-1, 1)
-            head_rows = (blocks.unsqueeze(-2) * num_kv_heads + heads).reshape(-1)
+            head_rows = _head_rows(blocks, num_kv_heads)
         runs = stored.permute(0, 2, 1, 3).view(num_blocks * num_kv_heads, -1)
         if buffer is None:
             gathered = runs.index_select(0, head_rows)
@@ -380,11 +386,6 @@ def _padded_keys(
     return slots
 
 
-def _byte_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a cache of `dtype` is gathered as (fp8 as bytes)."""
-    return torch.uint8 if is_fp8(dtype) else dtype
-
-
 def paged_attention_reference(
     query: Tensor,
     key_cache: Tensor,
@@ -418,7 +419,7 @@ def paged_attention_reference(
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for group in plan.decode_groups:
-        buffers = plan.decode_gather_buffers(key_cache, _byte_dtype(key_cache.dtype))
+        buffers = plan.decode_gather_buffers(key_cache)
         attended = _attend_decode_group(
             query, key_cache, value_cache, group, scale, buffers, kv_scales
         )
