@@ -12,6 +12,7 @@ for attention the achieved TFLOP/s. Progress goes to stderr; the report (device,
 formulas, a markdown table) to stdout, the table last. `--json PATH` writes every row.
 
     python3 bench/kernel_bandwidth.py --json kernel_bandwidth.json      # on a GPU
+    python3 bench/kernel_bandwidth.py --only 'llama3-8b .*decode 1 '     # a subset of cases
 
 Timing needs a GPU: Triton has no CPU compiler, and its interpreter's times mean
 nothing. Without one, only `--check-only` runs: the correctness checks at tiny shapes,
@@ -32,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import signal
 import sys
 import traceback
@@ -85,7 +87,7 @@ class Row:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line: --check-only, --json PATH, --dtypes."""
+    """The command line: --check-only, --json PATH, --dtypes, --only REGEX."""
     parser = argparse.ArgumentParser(
         description="Check every Triton kernel against its torch reference and time it "
         "at serving shapes (needs a GPU, except with --check-only).",
@@ -103,7 +105,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "fp32 (default bf16,fp16 on a GPU; fp16,fp32 under the interpreter, whose bf16 "
         "tl.dot is wrong)",
     )
+    parser.add_argument(
+        "--only",
+        metavar="REGEX",
+        type=re.compile,
+        help="run only the cases whose 'kernel | model | shape | dtype' line this regular "
+        "expression matches (searched, not anchored), e.g. 'llama3-8b.*decode 1 ' to fit a "
+        "short GPU lease",
+    )
     return parser.parse_args(argv)
+
+
+def case_line(case: Case, dtype_name: str) -> str:
+    """The line `--only` is matched against."""
+    return f"{case.kernel} | {case.model} | {case.shape} | {dtype_name}"
 
 
 def refusal(args: argparse.Namespace, has_gpu: bool) -> str | None:
@@ -324,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         copy_gb_per_s = None if timer is None else copy_bandwidth(timer)
         for case in kernel_cases.build_cases(workload, dtypes, device):
             dtype_name = kernel_cases.DTYPE_NAMES[case.dtype]
+            if args.only is not None and not args.only.search(case_line(case, dtype_name)):
+                continue
             row = run_case(case, dtype_name, kernel_cases.FORMULAS[case.kernel], timer)
             del case  # its inputs go before the next case's are made
             rows.append(row)
