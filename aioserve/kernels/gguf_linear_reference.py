@@ -78,7 +78,7 @@ def _nibbles(packed: Tensor) -> Tensor:
 
 def _bits(packed: Tensor, count: int) -> Tensor:
     """(..., count) bits of each byte of (..., b) as (..., count, b), bit 0 first."""
-    shifts = torch.arange(count, dtype=torch.uint8).view(count, 1)
+    shifts = torch.arange(count, dtype=torch.uint8, device=packed.device).view(count, 1)
     return (packed.unsqueeze(-2) >> shifts) & 1
 
 
@@ -102,10 +102,10 @@ def _unpack_flat(flat: Tensor, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
             qh_at = 4 if has_min else 2
             qh = flat[:, qh_at : qh_at + 4]
             codes = codes | (_bits(qh, 8).transpose(1, 2).reshape(n, 32) << 4)
-        zero = _f16(flat, 2) if has_min else torch.zeros(n, 1)
+        zero = _f16(flat, 2) if has_min else flat.new_zeros(n, 1, dtype=torch.float32)
         return codes, _f16(flat, 0), zero
     if qtype == "q8_0":
-        return flat[:, 2:] ^ 0x80, _f16(flat, 0), torch.zeros(n, 1)
+        return flat[:, 2:] ^ 0x80, _f16(flat, 0), flat.new_zeros(n, 1, dtype=torch.float32)
     if qtype in ("q4_k", "q5_k"):
         sc, m = _k_scales(flat[:, 4:16])
         codes = _nibbles(flat[:, -128:].reshape(n, 4, 32)).reshape(n, 8, 32)
@@ -114,7 +114,7 @@ def _unpack_flat(flat: Tensor, qtype: str) -> tuple[Tensor, Tensor, Tensor]:
         return codes.reshape(n, 256), _f16(flat, 0) * sc, -(_f16(flat, 2) * m)
     if qtype == "q6_k":
         low = _nibbles(flat[:, :128].reshape(n, 2, 64)).reshape(n, 2, 4, 32)
-        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=flat.device).view(1, 1, 4, 1)
         high = (flat[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 3
         codes = (low | (high << 4)).reshape(n, 256)
         scale = _f16(flat, 208) * flat[:, 192:208].view(torch.int8).float()

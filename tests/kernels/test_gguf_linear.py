@@ -25,7 +25,11 @@ from gguf.quants import dequantize, quantize
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.gguf_linear import _plan, gguf_linear, gguf_linear_triton
-from aioserve.kernels.gguf_linear_reference import GGUF_TYPES, gguf_linear_reference
+from aioserve.kernels.gguf_linear_reference import (
+    BLOCK_LAYOUT,
+    GGUF_TYPES,
+    gguf_linear_reference,
+)
 from tests.models.tiny_gguf import K_QUANTS, random_blocks
 
 _GGML_TYPES = {qtype: GGMLQuantizationType[qtype.upper()] for qtype in GGUF_TYPES}
@@ -137,6 +141,16 @@ def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch(triton_back
         assert torch.equal(row[0], batched[i])
     expected = gguf_linear_reference(x, blocks, qtype)
     torch.testing.assert_close(batched, expected, **_TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("qtype", GGUF_TYPES)
+def test_reference_makes_every_tensor_on_the_blocks_device(qtype):
+    # The first H100 run of the GPU tests failed for six types: constants made on the CPU
+    # beside blocks on cuda:0. The meta device, like a GPU, refuses to mix with the CPU.
+    weights, block_bytes = BLOCK_LAYOUT[qtype]
+    blocks = torch.zeros(3, 256 // weights * block_bytes, dtype=torch.uint8, device="meta")
+    x = torch.zeros(2, 256, device="meta")
+    assert gguf_linear_reference(x, blocks, qtype).device.type == "meta"
 
 
 def test_reference_runs_without_the_triton_backend():
