@@ -8,7 +8,8 @@ Two launches a product:
   nearest 8-bit float (ties to even, as torch's cast) into a [M, K] buffer;
 - `_gemm_kernel`: tiles of BLOCK_M rows × BLOCK_N output columns, walking K BLOCK_K at a
   time with tl.dot on the 8-bit tiles themselves (H100 and MI300 multiply fp8 in their
-  tensor cores, accumulating in float32), then the two scales and the bias applied once.
+  tensor cores; each step's sum is added into a float32 accumulator), then the two scales
+  and the bias applied once.
 
 A product moves 1 byte a weight, half of bfloat16. The tile is `_GEMM_CONFIG`'s "small" one
 (16 rows, tl.dot's least) for up to 16 rows and the "large" one beyond; in batch-invariant
@@ -18,8 +19,8 @@ so the result is deterministic; a decode of one row therefore launches N / BLOCK
 programs, which leaves part of a GPU idle for the narrowest layers.
 
 The launch tables are fixed per platform. The GPU entries compile without a register
-spill for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); they are not yet timed on
-a GPU. The CPU entries serve Triton's interpreter (the tests). On the CPU the model's FP8
+spill for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has their
+times on an H100. The CPU entries serve Triton's interpreter (the tests). On the CPU the model's FP8
 weights are dequantized at load, so this module's kernels run on GPUs only.
 """
 
@@ -41,12 +42,15 @@ from aioserve.platform import current_platform
 _SMALL_TILE_ROWS = 16
 # Small tile: 16 rows (tl.dot's least), 32 columns so that a one-row decode of a
 # 4,096-column layer launches 128 programs, K 128 deep (the 8-bit tiles are small: 4 KiB
-# of W a step). Large tile: 128 × 128, K 64 deep; 128 deep spilled (336 bytes on sm_90a,
-# 24 on gfx942) and so did 4 warps (828+ bytes on sm_90a).
+# of W a step). Large tile: 128 × 128, K 64 deep on gfx942; 128 deep spilled (336 bytes on
+# sm_90a, 24 on gfx942) and so did 4 warps (828+ bytes on sm_90a). On sm_90a the float32
+# sum of each step (the kernel's comment) needs a second accumulator: 128 × 128 spilled
+# 60 bytes, so 128 × 64, which was also the fastest of three spill-free tiles timed on an
+# H100 (bench/RESULTS.md).
 _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
     "cuda": {
         "small": {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3},
-        "large": {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+        "large": {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
     },
     "rocm": {
         "small": {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2},
@@ -151,7 +155,10 @@ def _gemm_kernel(
         else:
             x = tl.load(x_at, mask=depth[None, :] < k - start, other=0.0)
             w = tl.load(w_at, mask=depth[:, None] < k - start, other=0.0)
-        acc = tl.dot(x, w, acc)
+        # Hopper's fp8 tensor cores add in less than float32 precision, and Triton lets
+        # them run a whole K long by default (off by 3e-3 of the output at K = 14,336 on an
+        # H100): each step's BLOCK_K products are summed apart, then added in float32.
+        acc = tl.dot(x, w, acc, max_num_imprecise_acc=BLOCK_K)
         x_at += BLOCK_K
         w_at += BLOCK_K
     acc *= tl.load(x_scale_ptr + rows, mask=row_mask, other=0.0)[:, None]
