@@ -28,8 +28,8 @@ atomics: the result is deterministic, and the GEMV's split depends on N and K on
 batch-invariant mode every batch takes the tiled path with the widest tile and no split.
 
 The launch tables are fixed per platform. The GPU entries compile without a register spill
-for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py) and are not yet timed on a GPU;
-the CPU entries serve Triton's interpreter only (the tests). On the CPU the torch reference
+for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has their
+times on an H100. The CPU entries serve Triton's interpreter only (the tests). On the CPU the torch reference
 runs.
 """
 
