@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 
 import torch
@@ -68,6 +69,7 @@ class ModelStep:
                 added / 2**20,
             )
         if compiled:
+            trust_cpu_flags_for_vector_code()
             layer_forward = _compile(type(model.layers[0]).forward)
             for layer in model.layers:
                 layer.forward = functools.partial(layer_forward, layer)
@@ -116,6 +118,21 @@ class ModelStep:
             self.run_eagerly()
             return
         logger.info("compiled the model step in %.1f s", time.monotonic() - started)
+
+
+def trust_cpu_flags_for_vector_code() -> None:
+    """Let inductor take the vector instruction sets the CPU's flags list (AVX-512, AMX,
+    ...) without proving each one by building and loading a test library.
+
+    Unless told otherwise (TORCHINDUCTOR_VEC_ISA_OK), inductor proves each candidate set
+    once a process: six builds, each loaded by a child Python, ~2 s of every start even
+    with its code cache warm. The flags come from the kernel, which lists only what it has
+    enabled, so the proof adds nothing here; a compiler that cannot build a set still fails
+    the compile, and the step then runs eagerly (warm_up)."""
+    from torch._inductor import config as inductor_config
+
+    if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
+        inductor_config.cpp.vec_isa_ok = True
 
 
 def _compile(fn):

@@ -125,3 +125,20 @@ def test_a_failed_compile_leaves_an_eager_step_and_says_why(monkeypatch, caplog)
     maker = PlanMaker(4, 64)
     maker.admit("s", [5, 6, 7, 8])
     assert len(run_step(runner, maker.plan([("s", 4)])).sampled["s"]) == 1
+
+
+def test_trusting_the_cpu_flags_picks_the_vector_set_inductor_proves(monkeypatch):
+    # The shortcut must not change what inductor compiles for: the set it picks from the
+    # CPU's flags alone is the one its own build-and-load proof picks on this host.
+    from torch._inductor import config as inductor_config
+    from torch._inductor import cpu_vec_isa
+
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+    monkeypatch.setattr(inductor_config.cpp, "vec_isa_ok", None)
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    proved = cpu_vec_isa.pick_vec_isa()
+    compiled_step.trust_cpu_flags_for_vector_code()
+    assert inductor_config.cpp.vec_isa_ok is True
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    assert str(cpu_vec_isa.pick_vec_isa()) == str(proved)
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
