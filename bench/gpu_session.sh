@@ -31,6 +31,10 @@
 #   throughput  python3 -m aioserve bench throughput, SmolLM2-135M's shapes with random
 #               weights (--load-format dummy) in bf16: the GGUF (96 MB) is over the 64 MiB a
 #               call carries, so bench/gpu_model/ holds its config and tokenizer (1.6 MB)
+#   graphs      python3 bench/kernel_bandwidth.py --cuda-graphs over GRAPHS_ONLY (default: the
+#               quantized linear layers at Llama-3-8B's shapes, one row, bf16): the device's
+#               time of a call without the host's launch, which bounds do_bench's times at
+#               one row (kernel_graphs.md/.json/.log); not run unless named
 #   decode      python3 bench/decode_roofline.py, with CUDA graphs and with --enforce-eager:
 #               one stream's decode ms/token at Llama-3-8B's shapes (bench/gpu_model_llama3_8b: its config only, random
 #               weights, bf16), the weights' bytes a token over that time against the
@@ -38,7 +42,9 @@
 #   bash bench/gpu_session.sh kernels throughput
 # Time limits per stage (seconds; together 560, under the tool's 600 a call):
 # TESTS_TIMEOUT_S (180), KERNELS_TIMEOUT_S (230), THROUGHPUT_TIMEOUT_S (150);
-# DECODE_TIMEOUT_S (400, half to each run) for the decode stage's own call. A stage cut
+# DECODE_TIMEOUT_S (400, half to each run) for the decode stage's own call; GRAPHS_TIMEOUT_S
+# (120). The tool returns 8 files: name graphs or decode in a call of their own, or with one
+# other stage. A stage cut
 # short still leaves its log, and kernel_bandwidth.py reports the cases it finished.
 # KERNELS_ONLY, when set, is kernel_bandwidth.py's --only REGEX: the cases to run when a
 # lease is too short for all of them (884 at bf16 and fp16 since the quantized kernels).
@@ -75,12 +81,14 @@ THROUGHPUT_TIMEOUT_S=${THROUGHPUT_TIMEOUT_S:-150}
 THROUGHPUT_PROMPTS=${THROUGHPUT_PROMPTS:-1000}
 DECODE_TIMEOUT_S=${DECODE_TIMEOUT_S:-400}
 DECODE_MODEL=${DECODE_MODEL:-bench/gpu_model_llama3_8b}
+GRAPHS_TIMEOUT_S=${GRAPHS_TIMEOUT_S:-120}
+GRAPHS_ONLY=${GRAPHS_ONLY:-'^(gguf_linear|fp8_linear|int4_group_linear).*\| llama3-8b \|.*decode 1 \| bf16$'}
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(tests kernels throughput)
 for stage in "${STAGES[@]}"; do
     case $stage in
-        tests | kernels | throughput | decode) ;;
-        *) echo "unknown stage '$stage': choose among tests, kernels, throughput, decode" >&2
+        tests | kernels | throughput | graphs | decode) ;;
+        *) echo "unknown stage '$stage': choose among tests, kernels, throughput, graphs, decode" >&2
            exit 2 ;;
     esac
 done
@@ -177,6 +185,12 @@ throughput_stage() {
         --max-num-seqs 256 --output-json "$OUT/throughput.json" 2>&1 | tee "$OUT/throughput.log"
 }
 
+graphs_stage() {
+    limited "$GRAPHS_TIMEOUT_S" python3 bench/kernel_bandwidth.py --cuda-graphs \
+        --only "$GRAPHS_ONLY" --json "$OUT/kernel_graphs.json" > "$OUT/kernel_graphs.md" \
+        2> >(tee "$OUT/kernel_graphs.log" >&2)
+}
+
 decode_stage() {
     # Decode steps replayed from CUDA graphs (the default), then run eagerly, for the ratio.
     local budget=$((DECODE_TIMEOUT_S / 2)) eager
@@ -201,6 +215,10 @@ if [ -s "$OUT/kernel_bandwidth.md" ]; then
 elif [ -f "$OUT/kernel_bandwidth.log" ]; then
     echo "no kernel report; the end of its log:"
     tail -n 5 "$OUT/kernel_bandwidth.log"
+fi
+if [ -s "$OUT/kernel_graphs.md" ]; then
+    echo
+    sed -n '/^| kernel/,$p' "$OUT/kernel_graphs.md"
 fi
 echo
 if [ -f "$OUT/pytest_gpu.xml" ]; then

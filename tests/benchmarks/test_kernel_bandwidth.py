@@ -52,3 +52,20 @@ def test_timing_without_a_gpu_is_refused():
     result = run_script()
     assert result.returncode == 2
     assert "--check-only" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only modes")
+def test_only_runs_the_cases_its_expression_matches(tmp_path):
+    result = run_script(
+        "--check-only", "--only", r"^fp8_linear \|.*decode", "--json", str(tmp_path / "r.json")
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert rows and {row["kernel"] for row in rows} == {"fp8_linear"}
+    assert all("decode" in row["shape"] for row in rows)
+
+
+def test_cuda_graphs_with_check_only_is_refused():
+    result = run_script("--check-only", "--cuda-graphs")
+    assert result.returncode == 2
+    assert "--cuda-graphs" in result.stderr
