@@ -1,10 +1,11 @@
 """Achieved bandwidth of every Triton kernel in aioserve/kernels/, at serving shapes.
 
 For each case of bench/kernel_cases.py (rms_norm with and without the residual, rotary
-neox and GPT-J, silu_and_mul, write_kv_cache, paged attention over decode-only, prefill
-and mixed batches, the sampling kernels, and the linear layers on GGUF Q4_0/Q4_1 weights;
-SmolLM2-135M and Llama-3-8B shapes; bf16 and fp16), it first checks the Triton output against the kernel's torch reference on
-fresh random inputs (a row that does not match is marked FAILED), then times the call
+neox and GPT-J, silu_and_mul, write_kv_cache with float and fp8 caches, paged attention
+over decode-only, prefill and mixed batches and over fp8 caches, the sampling kernels, and
+the linear layers on GGUF, AWQ/GPTQ int4 and FP8 weights; SmolLM2-135M and Llama-3-8B
+shapes; bf16 and fp16), it first checks the Triton output against the kernel's torch
+reference on fresh random inputs (a row that does not match is marked FAILED), then times the call
 with `triton.testing.do_bench` (CUDA events, L2 flushed before each run, the median
 kept) and reports the minimum bytes the call must move, the achieved GB/s, that as a
 share of a device-to-device copy measured first (the practical bandwidth ceiling), and

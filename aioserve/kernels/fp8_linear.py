@@ -19,9 +19,9 @@ so the result is deterministic; a decode of one row therefore launches N / BLOCK
 programs, which leaves part of a GPU idle for the narrowest layers.
 
 The launch tables are fixed per platform. The GPU entries compile without a register
-spill for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has their
-times on an H100. The CPU entries serve Triton's interpreter (the tests). On the CPU the model's FP8
-weights are dequantized at load, so this module's kernels run on GPUs only.
+spill for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has
+their times on an H100. The CPU entries serve Triton's interpreter (the tests). On the CPU
+the model's FP8 weights are dequantized at load, so this module's kernels run on GPUs only.
 """
 
 from __future__ import annotations

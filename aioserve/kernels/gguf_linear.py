@@ -35,9 +35,10 @@ The launch tables are fixed per platform, never tuned at run time, and shared by
 type. The GPU entries compile without a register spill for sm_90a and gfx942
 (tests/kernels/test_gpu_compile.py) and are sized from the arithmetic in their comments,
 made for the 4-bit types; the others decode more per weight (cuda GEMV: Q5_1 95 registers,
-the k-quants 96–128, so 4 programs an SM where the table counts 7). Their times on an H100
-are in bench/RESULTS.md. The CPU entries serve Triton's interpreter only (the tests): small tiles, splits at
-small shapes. On the CPU the torch reference runs (gguf_linear_reference.py).
+the k-quants 96–128, so 4 programs an SM where the table counts 7). Their times on an
+H100 are in bench/RESULTS.md. The CPU entries serve Triton's interpreter only (the tests):
+small tiles, splits at small shapes. On the CPU the torch reference runs
+(gguf_linear_reference.py).
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ batch-invariant mode every batch takes the tiled path with the widest tile and n
 
 The launch tables are fixed per platform. The GPU entries compile without a register spill
 for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has their
-times on an H100. The CPU entries serve Triton's interpreter only (the tests). On the CPU the torch reference
-runs.
+times on an H100. The CPU entries serve Triton's interpreter only (the tests). On the CPU
+the torch reference runs.
 """
 
 from __future__ import annotations
