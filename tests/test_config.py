@@ -61,7 +61,7 @@ def test_defaults():
     assert config.cache.kv_cache_dtype == "auto"
     assert config.cache.calculate_kv_scales is False
     assert config.cache.cpu_kvcache_space_bytes == 4 * GiB
-    assert config.scheduler.max_num_seqs == 256
+    assert config.scheduler.max_num_seqs is None  # the platform's (engine/build.py)
     assert config.scheduler.max_num_batched_tokens is None  # the platform's (engine/build.py)
     assert config.scheduler.enable_chunked_prefill is True
     assert config.scheduler.async_scheduling is None  # the platform's (engine/build.py)
@@ -497,3 +497,23 @@ def test_bad_cpu_kvcache_space_is_refused_naming_the_variable(monkeypatch, value
 def test_default_model_matches_the_resolver():
     resolve = pytest.importorskip("aioserve.models.resolve")
     assert engine_config_from_kwargs().model.model == resolve.DEFAULT_MODEL
+
+
+@pytest.mark.parametrize(
+    "dest, platform, serving, expected",
+    [
+        # vLLM-CPU: its server takes 2048 tokens and 128 sequences a step, its LLM class
+        # (the offline benchmarks) 4096 and 256; a GPU is not split by use here.
+        ("max_num_batched_tokens", "cpu", True, 2048),
+        ("max_num_batched_tokens", "cpu", False, 4096),
+        ("max_num_batched_tokens", "cuda", True, 8192),
+        ("max_num_seqs", "cpu", True, 128),
+        ("max_num_seqs", "cpu", False, 256),
+        ("max_num_seqs", "rocm", True, 256),
+        ("async_scheduling", "cpu", True, False),
+    ],
+)
+def test_platform_defaults_follow_vllms_usage_contexts(dest, platform, serving, expected):
+    from aioserve.engine.build import platform_default
+
+    assert platform_default(dest, platform, serving) == expected

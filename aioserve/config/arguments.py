@@ -449,12 +449,15 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("collect-detailed-traces", OBSERVABILITY, None,
           "Add per-module timings to traces (model, worker, all)."),
     # --- SchedulerConfig -------------------------------------------------------------------
-    Argument("max-num-batched-tokens", SCHEDULER, PlatformDefault(cpu=4096, gpu=8192),
+    # vLLM-CPU's defaults by usage context: 2048 tokens and 128 sequences for its server,
+    # 4096 and 256 for its LLM class (the offline benchmarks).
+    Argument("max-num-batched-tokens", SCHEDULER,
+             PlatformDefault(cpu=4096, gpu=8192, cpu_server=2048),
              "Token budget of one scheduler step; without chunked prefill at least "
              "--max-model-len.",
              convert=values.integer_at_least(1)),
-    Argument("max-num-seqs", SCHEDULER, 256, "Most sequences in one step.",
-             convert=values.integer_at_least(1)),
+    Argument("max-num-seqs", SCHEDULER, PlatformDefault(cpu=256, gpu=256, cpu_server=128),
+             "Most sequences in one step.", convert=values.integer_at_least(1)),
     Argument("max-num-queued-reqs", SCHEDULER, None,
              "Most requests in flight, waiting or running (one with n > 1 counts n times); "
              "beyond it a new request is answered 503 with Retry-After at once. Default: no "

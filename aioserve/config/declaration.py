@@ -64,22 +64,33 @@ Kind = Literal["value", "flag", "bool", "json", "list", "append", "optional"]
 
 @dataclass(frozen=True)
 class PlatformDefault:
-    """A default that depends on the device: one value on the CPU, another on a GPU.
+    """A default that depends on the device: one value on the CPU, another on a GPU; and,
+    where vLLM's own does, on the use: `cpu_server` for `serve` on the CPU (vLLM's
+    OPENAI_API_SERVER usage context), `cpu` for the offline engine and benchmarks (its
+    LLM_CLASS context).
 
     The configuration keeps None for such an argument when it is not given (config
     building does not import torch, so it does not know the device); the engine picks
-    `on(platform)` once it does (engine/build.py).
+    `on(platform, serving)` once it does (engine/build.py).
     """
 
     cpu: Any
     gpu: Any
+    cpu_server: Any = None  # None: `cpu` for the server too
 
-    def on(self, platform: str) -> Any:
-        """The value on `platform` ("cpu", "cuda" or "rocm")."""
-        return self.cpu if platform == "cpu" else self.gpu
+    def on(self, platform: str, serving: bool = False) -> Any:
+        """The value on `platform` ("cpu", "cuda" or "rocm"), for the server or not."""
+        if platform != "cpu":
+            return self.gpu
+        return self.cpu_server if serving and self.cpu_server is not None else self.cpu
 
     def __str__(self) -> str:
-        return f"{self.cpu} on the CPU, {self.gpu} on a GPU"
+        if self.cpu_server is None:
+            return f"{self.cpu} on the CPU, {self.gpu} on a GPU"
+        return (
+            f"{self.cpu_server} for `serve` on the CPU ({self.cpu} for the offline "
+            f"benchmarks), {self.gpu} on a GPU"
+        )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ only untouched arguments are harmless.
 
 Unset arguments take their declared default. Three stay None for the engine to decide
 (engine/build.py): max_model_len (the model's limit), quantization (the checkpoint's), and
-the platform defaults (`PlatformDefault`: max_num_batched_tokens, async_scheduling).
+the platform defaults (`PlatformDefault`: max_num_seqs, max_num_batched_tokens,
+async_scheduling).
 
 Besides arguments, the CPU KV-cache size comes from vLLM's environment variable
 VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`.
@@ -76,7 +77,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int
+    max_num_seqs: int | None  # None: the platform default
     max_num_batched_tokens: int | None  # None: the platform default
     enable_chunked_prefill: bool
     scheduling_policy: str
@@ -103,6 +104,9 @@ class EngineConfig:
     cache: CacheConfig
     scheduler: SchedulerConfig
     decoding: DecodingConfig
+    # For `serve` (vLLM's OPENAI_API_SERVER usage context), not the offline engine: some
+    # platform defaults differ between the two (PlatformDefault.cpu_server).
+    serving: bool = False
 
 
 def cpu_kvcache_space_bytes(environ: Mapping[str, str] | None = None) -> int:
@@ -120,7 +124,7 @@ def cpu_kvcache_space_bytes(environ: Mapping[str, str] | None = None) -> int:
     return int(gib * 2**30)
 
 
-def _build(values: dict[str, Any]) -> EngineConfig:
+def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
     """The EngineConfig from the checked values (dest -> value) of the set arguments.
 
     Values of arguments that are not EngineConfig fields (the Frontend ones) are left out.
@@ -143,18 +147,21 @@ def _build(values: dict[str, Any]) -> EngineConfig:
         cache=section(CacheConfig),
         scheduler=section(SchedulerConfig),
         decoding=section(DecodingConfig),
+        serving=serving,
     )
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """The EngineConfig from a namespace parsed by a parser set up by `add_engine_arguments`.
+def engine_config_from_args(args: argparse.Namespace, *, serving: bool = False) -> EngineConfig:
+    """The EngineConfig from a namespace parsed by a parser set up by `add_engine_arguments`;
+    `serving` for `serve`, whose defaults on the CPU are vLLM's server's.
 
     Raises ConfigError when unsupported vLLM arguments were set or values are invalid (the
     Frontend ones included, so that one message names every problem). Attributes that are
     not declared arguments (the subcommand, `--config`, ...) are ignored.
     """
     return _build(
-        checked_values((a, getattr(args, a.dest)) for a in ARGUMENTS if hasattr(args, a.dest))
+        checked_values((a, getattr(args, a.dest)) for a in ARGUMENTS if hasattr(args, a.dest)),
+        serving,
     )
 
 

@@ -18,9 +18,10 @@ and the device at hand:
   quantizes a 16-bit checkpoint's decoder layers at load, on a GPU only;
 - max_model_len: the model's max_position_embeddings (capped by a sliding window, which
   the attention kernels do not implement yet);
-- max_num_batched_tokens and asynchronous scheduling: their declared `PlatformDefault`
-  (aioserve/config/arguments.py) for this device; without chunked prefill the token
-  budget is at least max_model_len;
+- max_num_seqs, max_num_batched_tokens and asynchronous scheduling: their declared
+  `PlatformDefault` (aioserve/config/arguments.py) for this device and use (`serve` on the
+  CPU takes vLLM's server defaults, 128 sequences and 2,048 tokens; the offline engine 256
+  and 4,096); without chunked prefill the token budget is at least max_model_len;
 - KV blocks: --num-gpu-blocks-override, else VLLM_CPU_KVCACHE_SPACE on the CPU, else
   what --gpu-memory-utilization leaves after the weights and a profiled peak step.
 
@@ -307,9 +308,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
     max_model_len = resolve_max_model_len(model_cfg.max_model_len, hf_config)
     block_size = cache_cfg.block_size
     chunked = sched_cfg.enable_chunked_prefill
+    platform = current_platform()
     max_tokens = sched_cfg.max_num_batched_tokens
     if max_tokens is None:
-        max_tokens = platform_default("max_num_batched_tokens", current_platform())
+        max_tokens = platform_default("max_num_batched_tokens", platform, config.serving)
         if not chunked:
             max_tokens = max(max_tokens, max_model_len)
     elif not chunked and max_tokens < max_model_len:
@@ -319,6 +321,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "or raise --max-num-batched-tokens"
         )
     max_num_seqs = sched_cfg.max_num_seqs
+    if max_num_seqs is None:
+        max_num_seqs = platform_default("max_num_seqs", platform, config.serving)
 
     model = load_model(
         checkpoint,
@@ -436,13 +440,15 @@ def build_engine(config: EngineConfig) -> EngineParts:
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "
-        "asynchronous scheduling %s",
+        "up to %d sequences and %d tokens a step, asynchronous scheduling %s",
         model_cfg.model,
         str(dtype).removeprefix("torch."),
         dev,
         num_blocks,
         block_size,
         max_model_len,
+        max_num_seqs,
+        max_tokens,
         "on" if settings.async_scheduling else "off",
     )
     return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)
@@ -473,11 +479,12 @@ def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:
     return platform_default("async_scheduling", platform)
 
 
-def platform_default(dest: str, platform: str) -> Any:
-    """The declared default of the argument `dest` on `platform` (a `PlatformDefault`)."""
+def platform_default(dest: str, platform: str, serving: bool = False) -> Any:
+    """The declared default of the argument `dest` on `platform` (a `PlatformDefault`), for
+    the server (`serving`) or the offline engine."""
     declared = argument(dest)
     assert declared is not None and isinstance(declared.default, PlatformDefault), dest
-    return declared.default.on(platform)
+    return declared.default.on(platform, serving)
 
 
 def default_sampling_params(settings: EngineSettings) -> SamplingParams:

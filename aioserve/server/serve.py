@@ -135,7 +135,7 @@ def make_runner(app: web.Application, frontend: FrontendConfig) -> web.AppRunner
 def run_serve(args: argparse.Namespace) -> int:
     """Run the server until a signal or the engine's death ends it; the exit status."""
     started = time.monotonic()
-    config = engine_config_from_args(args)
+    config = engine_config_from_args(args, serving=True)
     frontend = frontend_config_from_args(args)
     configure_logging(frontend.uvicorn_log_level)
     ssl_context = build_ssl_context(frontend)

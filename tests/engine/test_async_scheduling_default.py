@@ -1,5 +1,5 @@
 """--async-scheduling: honoured when given; otherwise on for a GPU, off for the CPU, and the
-engine's settings and start-up log say which."""
+engine's settings and start-up log say which. The same log line gives the step limits."""
 
 from __future__ import annotations
 
@@ -35,5 +35,10 @@ def test_cpu_engine_defaults_to_no_overlap_and_logs_it(smollm2_gguf, caplog):
     try:
         assert engine.settings.async_scheduling is False
         assert "asynchronous scheduling off" in caplog.text
+        # The offline engine's step limits are vLLM-CPU's LLM class's (`serve` takes its
+        # server's, 128 and 2048: test_serve_command.py).
+        assert engine.settings.max_num_seqs == 256
+        assert engine.settings.max_num_batched_tokens == 4096
+        assert "up to 256 sequences and 4096 tokens a step" in caplog.text
     finally:
         asyncio.run(engine.shutdown())

@@ -281,5 +281,7 @@ def test_serve_answers_then_drains_on_sigterm(smollm2_gguf, tmp_path):
         r"resident memory( \(host\))? [\d.]+ [MG]iB\n.*Application startup complete\.",
         text,
     ), text
+    # `serve` on the CPU takes vLLM-CPU's server defaults, not its LLM class's.
+    assert "up to 128 sequences and 2048 tokens a step" in text
     assert "Received SIGTERM" in text and "Finished server process" in text
     assert '"POST /v1/completions HTTP/1.1" 200' in text  # the access log
