@@ -44,8 +44,8 @@
 # TESTS_TIMEOUT_S (180), KERNELS_TIMEOUT_S (230), THROUGHPUT_TIMEOUT_S (150);
 # DECODE_TIMEOUT_S (400, half to each run) for the decode stage's own call; GRAPHS_TIMEOUT_S
 # (120). The tool returns 8 files: name graphs or decode in a call of their own, or with one
-# other stage. A stage cut
-# short still leaves its log, and kernel_bandwidth.py reports the cases it finished.
+# other stage. A stage cut short still leaves its log, and kernel_bandwidth.py reports the
+# cases it finished.
 # KERNELS_ONLY, when set, is kernel_bandwidth.py's --only REGEX: the cases to run when a
 # lease is too short for all of them (884 at bf16 and fp16 since the quantized kernels).
 # THROUGHPUT_PROMPTS (1000) sizes the throughput workload (256 prompt tokens and 128 output

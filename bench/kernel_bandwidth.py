@@ -5,9 +5,9 @@ neox and GPT-J, silu_and_mul, write_kv_cache with float and fp8 caches, paged at
 over decode-only, prefill and mixed batches and over fp8 caches, the sampling kernels, and
 the linear layers on GGUF, AWQ/GPTQ int4 and FP8 weights; SmolLM2-135M and Llama-3-8B
 shapes; bf16 and fp16), it first checks the Triton output against the kernel's torch
-reference on fresh random inputs (a row that does not match is marked FAILED), then times the call
-with `triton.testing.do_bench` (CUDA events, L2 flushed before each run, the median
-kept) and reports the minimum bytes the call must move, the achieved GB/s, that as a
+reference on fresh random inputs (a row that does not match is marked FAILED), then times
+the call with `triton.testing.do_bench` (CUDA events, L2 flushed before each run, the median
+kept; `--cuda-graphs` replays it from a CUDA graph instead) and reports the minimum bytes the call must move, the achieved GB/s, that as a
 share of a device-to-device copy measured first (the practical bandwidth ceiling), and
 for attention the achieved TFLOP/s. Progress goes to stderr; the report (device,
 formulas, a markdown table) to stdout, the table last. `--json PATH` writes every row.
@@ -286,7 +286,7 @@ def report(
     device_name: str,
     copy_gb_per_s: float | None,
     formulas: dict[str, str],
-    timing: str = "triton.testing.do_bench",
+    timing: str,
 ) -> str:
     """What stdout gets: the device, the ceiling, the byte formulas, then the table."""
     failed = [r for r in rows if r.status != "ok"]
@@ -370,7 +370,13 @@ def main(argv: list[str] | None = None) -> int:
         else f"CPU ({platform.machine()}), Triton interpreter"
     )
     workload = kernel_cases.TINY_CHECKS if args.check_only else kernel_cases.SERVING
-    timer = None if args.check_only else graph_timer() if args.cuda_graphs else do_bench
+    if args.check_only:
+        timer, timing = None, ""
+    elif args.cuda_graphs:
+        timer = graph_timer()
+        timing = "calls replayed from a CUDA graph, L2 flushed before each (--cuda-graphs)"
+    else:
+        timer, timing = do_bench, "triton.testing.do_bench"
 
     signal.signal(signal.SIGTERM, _stop)
     rows: list[Row] = []
@@ -392,11 +398,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.json:
         write_json(args.json, rows, device_name, copy_gb_per_s)
-    timing = (
-        "calls replayed from a CUDA graph, L2 flushed before each (--cuda-graphs)"
-        if args.cuda_graphs
-        else "triton.testing.do_bench"
-    )
     text = report(rows, device_name, copy_gb_per_s, kernel_cases.FORMULAS, timing)
     if stopped:
         text = f"STOPPED EARLY (SIGTERM): only the first {len(rows)} cases ran.\n\n{text}"

@@ -358,10 +358,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
             kept / 2**20,
         )
     elif resolve_fp8_weights(checkpoint):
-        kept = keep_fp8_weights(model, checkpoint.fp8_layers(), fp8_dtype_for(current_platform()))
+        kept = keep_fp8_weights(model, checkpoint.fp8_layers(), fp8_dtype_for(platform))
         logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
     elif checkpoint.quantize_to_fp8:
-        kept = quantize_to_fp8(model, fp8_dtype_for(current_platform()))
+        kept = quantize_to_fp8(model, fp8_dtype_for(platform))
         logger.info(
             "--quantization fp8: the decoder layers quantized to FP8 at load, a scale a row: "
             "%.0f MiB",
@@ -385,7 +385,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "(VLLM_CPU_KVCACHE_SPACE, --gpu-memory-utilization or --num-gpu-blocks-override) "
             "or lower --max-model-len"
         )
-    compiled = current_platform() == "cpu" and not model_cfg.enforce_eager
+    compiled = platform == "cpu" and not model_cfg.enforce_eager
     if dispatch.batch_invariant():
         compiled = _batch_invariant_step(compiled)
     runner = ModelRunner(
@@ -424,7 +424,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         enable_chunked_prefill=chunked,
         enable_prefix_caching=cache_cfg.enable_prefix_caching,
         scheduling_policy=sched_cfg.scheduling_policy,
-        async_scheduling=resolve_async_scheduling(sched_cfg.async_scheduling, current_platform()),
+        async_scheduling=resolve_async_scheduling(sched_cfg.async_scheduling, platform),
         max_logprobs=model_cfg.max_logprobs,
         seed=model_cfg.seed,
         eos_token_ids=_eos_token_ids(tokenizer, generation, hf_config),
@@ -435,7 +435,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         reasoning_parser=config.decoding.reasoning_parser,
         structured_outputs=structured_outputs_config(config.decoding),
         load_report=build_load_report(
-            model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, current_platform())
+            model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, platform)
         ),
     )
     logger.info(
