@@ -3,22 +3,26 @@
 What a step's attention reads does not change from layer to layer, so it is planned once
 per step (`plan_reference_attention`: which rows decode, which KV blocks each sequence
 reads, which gathered slots are padding) and every layer reuses the plan. Per layer,
-`paged_attention_reference` then gathers each sequence's keys and values kv head by kv head
-([Hkv, slots, D], `_gather_heads`) and attends, in bfloat16 for a bfloat16 model and in
+`paged_attention_reference` then gathers each sequence's keys (and, but where noted below,
+values) kv head by kv head ([Hkv, slots, D], `_gather_heads`) and attends, in bfloat16 for a bfloat16 model and in
 float32 otherwise, the softmax always in float32 (a bfloat16 decode group's scores leave
 their product rounded to bfloat16, as transformers' eager attention rounds them):
 
 - Decode rows (q_len == 1) go in groups of DECODE_GROUP sequences (a group's gathered keys
-  and values stay in the CPU's cache between the gather and the products). A group is two
-  batched matrix products with a softmax between them, one product pair per (sequence, kv
-  head) with the GQA group of query heads as its rows: at these shapes (3 query rows, a few
-  hundred keys) torch's CPU SDPA spends most of its time setting up each (sequence, head)
-  pair (574 µs a group of 16 at 352 tokens in bfloat16 on an AVX-512 EPYC, against
-  ~250 µs for the products and softmax). Table entries past a sequence's blocks
-  re-read its own first block, and gathered slots past its length are zeroed: the length
-  mask hides them, but a NaN left in a free slot would survive the mask (0 * NaN). A group
-  of one sequence (every decode at concurrency 1) skips both: its keys are cut to its
-  length.
+  stay in the CPU's cache between the gather and the product). A group's scores are one
+  batched matrix product, one product per (sequence, kv head) with the GQA group of query
+  heads as its rows: at these shapes (3 query rows, a few hundred keys) torch's CPU SDPA
+  spends most of its time setting up each (sequence, head) pair (574 µs a group of 16 at
+  352 tokens in bfloat16 on an AVX-512 EPYC, against ~250 µs for the products and softmax).
+  Table entries past a sequence's blocks re-read its own first block, and gathered slots
+  past its length are zeroed: the length mask hides them, but a NaN left in a free slot
+  would survive the mask (0 * NaN). In bfloat16 the values are then weighed where the pool
+  stores them, by one `embedding_bag` (a sum with per-slot weights, accumulated in float32)
+  over the pool's rows, each padding slot pointed at its sequence's first slot with weight
+  zero (DecodeGroup.value_rows): no gather, no second product. Otherwise (float32, fp8 and
+  float16 caches) the values are gathered like the keys and multiplied by the
+  probabilities. A group of one sequence (every decode at concurrency 1) skips all this:
+  its keys and values are cut to its length and go through SDPA.
 - Prefill rows go sequence by sequence through SDPA, causal, the mask offset by the cached
   prefix. Query rows and keys are padded to a multiple of PREFILL_ALIGN (padded keys
   zeroed and masked, padded rows dropped). In bfloat16, SDPA runs oneDNN kernels built for
@@ -60,6 +64,7 @@ class DecodeGroup:
 
     rows: Tensor  # [n] int64: each sequence's query row
     blocks: Tensor  # [n, width // block_size] int64: the blocks each sequence reads
+    lengths: Tensor  # [n] int64: each sequence's length
     padding: Tensor | None  # [p, 2] int64: (sequence, slot) pairs past their sequence's length
     # [n, 1, 1, width] float32, added to the scores: 0 where a gathered slot is context,
     # -inf where it is padding.
@@ -69,6 +74,7 @@ class DecodeGroup:
     # Worked out in the step's first layer, once the kv heads are known (see head_rows).
     _head_rows: Tensor | None = None
     _head_padding: Tensor | None = None
+    _value_rows: Tensor | None = None
 
     def head_rows(self, num_kv_heads: int) -> Tensor:
         """[n * Hkv * blocks] int64: the rows of a head-major pool viewed as
@@ -77,6 +83,27 @@ class DecodeGroup:
         if self._head_rows is None:
             self._head_rows = _head_rows(self.blocks, num_kv_heads)
         return self._head_rows
+
+    def value_rows(self, cache: Tensor, num_q_heads: int) -> Tensor:
+        """[n * Hq, width] int64: for each sequence, query head and gathered slot, the row
+        of `cache` as stored, viewed as [rows, D] (_stored_rows), that holds the value the
+        slot weighs. A slot past its sequence's length points at the sequence's first slot:
+        its weight is zero, and a free slot might hold a NaN (0 * NaN)."""
+        if self._value_rows is None:
+            _, block_size, num_kv_heads, head_size = cache.shape
+            block_stride, slot_stride, head_stride, _ = cache.stride()
+            slots = torch.arange(self.width, device=self.blocks.device)
+            valid = slots < self.lengths[:, None]  # [n, width]
+            blocks = torch.where(valid, self.blocks[:, slots // block_size], self.blocks[:, :1])
+            offsets = torch.where(valid, slots % block_size, 0)
+            kv_heads = torch.arange(num_q_heads, device=slots.device) // (
+                num_q_heads // num_kv_heads
+            )
+            element = (blocks * block_stride + offsets * slot_stride)[:, None, :] + (
+                kv_heads * head_stride
+            )[None, :, None]  # [n, Hq, width]: where each value starts
+            self._value_rows = (element // head_size).view(-1, self.width)
+        return self._value_rows
 
     def head_padding(self, num_kv_heads: int) -> Tensor | None:
         """The padding slots as rows of the gathered [n * Hkv * width, D] keys."""
@@ -192,6 +219,7 @@ def plan_reference_attention(
             DecodeGroup(
                 rows=on_device(rows),
                 blocks=on_device(table),
+                lengths=on_device(group_lens.astype(np.int64)),
                 padding=padding,
                 mask=mask,
                 width=width,
@@ -315,9 +343,12 @@ def _attend_decode_group(
     padding = group.head_padding(num_kv_heads)
     k_scale, v_scale = kv_scales
     keys = _gather_heads(key_cache, group.blocks, dtype, k_scale, head_rows, buffers[0], padding)
-    values = _gather_heads(
-        value_cache, group.blocks, dtype, v_scale, head_rows, buffers[1], padding
-    )
+
+    def gathered_values() -> Tensor:
+        return _gather_heads(
+            value_cache, group.blocks, dtype, v_scale, head_rows, buffers[1], padding
+        )
+
     if group.first_row is None:
         rows = query.index_select(0, group.rows)
     else:
@@ -330,16 +361,54 @@ def _attend_decode_group(
         # Cut to its length, through SDPA: the products' shapes would change every token,
         # and torch builds oneDNN's bfloat16 products anew for each shape.
         out = F.scaled_dot_product_attention(
-            rows, keys[..., : group.width, :], values[..., : group.width, :], scale=scale
+            rows, keys[..., : group.width, :], gathered_values()[..., : group.width, :], scale=scale
         )
         return out.reshape(1, num_q_heads, head_size)
     keys = keys.view(n * num_kv_heads, group.width, head_size)
-    values = values.view(n * num_kv_heads, group.width, head_size)
     scores = torch.bmm(rows.view(n * num_kv_heads, group_size, head_size), keys.transpose(1, 2))
     scores = torch.add(group.mask, scores.view(n, num_kv_heads, group_size, -1), alpha=scale)
     probs = torch.softmax(scores, dim=-1).to(dtype)  # the softmax in float32
+    if _values_weighed_in_place(value_cache, dtype):
+        out = F.embedding_bag(
+            group.value_rows(value_cache, num_q_heads),
+            _stored_rows(value_cache),
+            mode="sum",
+            per_sample_weights=probs.view(n * num_q_heads, group.width),
+        )
+        return out.view(n, num_q_heads, head_size)
+    values = gathered_values().view(n * num_kv_heads, group.width, head_size)
     out = torch.bmm(probs.view(n * num_kv_heads, group_size, -1), values)
     return out.view(n, num_q_heads, head_size)
+
+
+def _values_weighed_in_place(cache: Tensor, dtype: torch.dtype) -> bool:
+    """Whether a decode group's values are weighed where the pool stores them
+    (`embedding_bag`) rather than gathered and multiplied: a bfloat16 pool under bfloat16
+    products, stored densely with each slot's D values contiguous, as both layouts of
+    kv_cache.empty_kv_cache are. In float32 the scores' product (MKL's) ran slower beside
+    embedding_bag than beside a second product, and the step with it (see bench/RESULTS.md)."""
+    head_size = cache.shape[-1]
+    return (
+        dtype == torch.bfloat16
+        and cache.dtype == dtype
+        and _is_dense(cache)
+        and cache.stride(-1) == 1
+        and all(stride % head_size == 0 for stride in cache.stride()[:-1])
+    )
+
+
+def _is_dense(cache: Tensor) -> bool:
+    """Whether the tensor is a permuted view of a contiguous one."""
+    by_stride = sorted(range(cache.dim()), key=lambda dim: -cache.stride(dim))
+    return cache.permute(by_stride).is_contiguous()
+
+
+def _stored_rows(cache: Tensor) -> Tensor:
+    """The pool's memory as [rows, D], in storage order, whatever its layout."""
+    head_size = cache.shape[-1]
+    return cache.as_strided(
+        (cache.numel() // head_size, head_size), (head_size, 1), cache.storage_offset()
+    )
 
 
 def _attend_prefill(
