@@ -23,12 +23,14 @@ their product rounded to bfloat16, as transformers' eager attention rounds them)
   float16 caches) the values are gathered like the keys and multiplied by the
   probabilities. A group of one sequence (every decode at concurrency 1) skips all this:
   its keys and values are cut to its length and go through SDPA.
-- Prefill rows go sequence by sequence through SDPA, causal, the mask offset by the cached
-  prefix. Query rows and keys are padded to a multiple of PREFILL_ALIGN (padded keys
-  zeroed and masked, padded rows dropped). In bfloat16, SDPA runs oneDNN kernels built for
-  the exact tails of its query and key blocks and cached for good: on a Xeon with AMX every
-  new prompt length kept ~0.6 MiB (302 MiB over lengths 1 to 512, 861 MiB more for chunks
-  over cached prefixes), against 78 MiB for every length up to 4,096 once padded to 16.
+- Prefill rows go sequence by sequence: in bfloat16 from 128 rows on as batched products
+  (prefill_products.py, faster there than SDPA), otherwise through SDPA, causal, the mask
+  offset by the cached prefix. For SDPA, query rows and keys are padded to a multiple of
+  PREFILL_ALIGN (padded keys zeroed and masked, padded rows dropped). In bfloat16, SDPA
+  runs oneDNN kernels built for the exact tails of its query and key blocks and cached for
+  good: on a Xeon with AMX every new prompt length kept ~0.6 MiB (302 MiB over lengths 1
+  to 512, 861 MiB more for chunks over cached prefixes), against 78 MiB for every length
+  up to 4,096 once padded to 16.
 
 The gathers are fastest from the CPU's pool, which is stored head-major
 (kv_cache.empty_kv_cache): a kv head's slots of one block are then one run of memory, and
@@ -53,6 +55,13 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.kv_cache import is_fp8
+from aioserve.kernels.prefill_products import (
+    ProductChunk,
+    attend_by_products,
+    padded_key_count,
+    plan_chunks,
+    uses_products,
+)
 
 DECODE_GROUP = 16
 PREFILL_ALIGN = 16
@@ -131,6 +140,13 @@ class PrefillSequence:
     # [padded_query_len, padded_seq_len] bool with a cached prefix (a padding row attends
     # key 0, so that no row is empty); None: plain causal.
     mask: Tensor | None
+    # Worked out in the step's first layer that takes the products (prefill_products.py).
+    _chunks: list[ProductChunk] | None = None
+
+    def product_chunks(self, group_size: int, device: torch.device) -> list[ProductChunk]:
+        if self._chunks is None:
+            self._chunks = plan_chunks(self.end - self.start, self.seq_len, group_size, device)
+        return self._chunks
 
 
 @dataclass
@@ -429,13 +445,23 @@ def _attend_prefill(
     scale: float,
     kv_scales: tuple[Tensor | None, Tensor | None],
 ) -> Tensor:
-    """Causal attention of one sequence's query rows: [q_len, Hq, D] in the compute dtype."""
+    """Causal attention of one sequence's query rows: [q_len, Hq, D] in the compute dtype,
+    through SDPA or, for long enough bfloat16 prefills, as products (prefill_products.py)."""
     num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
     dtype = _compute_dtype(query.dtype)
-    keys = _padded_keys(key_cache, seq, dtype, kv_scales[0])  # [Hkv, padded_seq_len, D]
-    values = _padded_keys(value_cache, seq, dtype, kv_scales[1])
     query_len = seq.end - seq.start
+    if uses_products(dtype, query_len, seq.seq_len):
+        length = padded_key_count(seq.seq_len)
+        return attend_by_products(
+            query[seq.start : seq.end].to(dtype),
+            _padded_keys(key_cache, seq, dtype, kv_scales[0], length),
+            _padded_keys(value_cache, seq, dtype, kv_scales[1], length),
+            seq.product_chunks(num_q_heads // num_kv_heads, query.device),
+            scale,
+        )
+    keys = _padded_keys(key_cache, seq, dtype, kv_scales[0], seq.padded_seq_len)
+    values = _padded_keys(value_cache, seq, dtype, kv_scales[1], seq.padded_seq_len)
     rows = query.new_zeros((seq.padded_query_len, num_q_heads, head_size), dtype=dtype)
     rows[:query_len] = query[seq.start : seq.end]
     out = F.scaled_dot_product_attention(
@@ -451,16 +477,15 @@ def _attend_prefill(
 
 
 def _padded_keys(
-    cache: Tensor, seq: PrefillSequence, dtype: torch.dtype, scale: Tensor | None
+    cache: Tensor, seq: PrefillSequence, dtype: torch.dtype, scale: Tensor | None, length: int
 ) -> Tensor:
-    """The sequence's keys (or values) as `dtype` [Hkv, padded_seq_len, D], zero past
-    seq_len: a real row never attends them, but a NaN left in a free slot would survive the
-    mask."""
+    """The sequence's keys (or values) as `dtype` [Hkv, length, D], zero past seq_len: a
+    real row never attends them, but a NaN left in a free slot would survive the mask."""
     slots = _gather_heads(cache, seq.blocks, dtype, scale)  # a fresh tensor, written below
-    missing = seq.padded_seq_len - slots.shape[1]
-    if missing > 0:  # blocks smaller than PREFILL_ALIGN
+    missing = length - slots.shape[1]
+    if missing > 0:  # blocks smaller than the padding
         slots = torch.cat([slots, slots.new_zeros((slots.shape[0], missing, slots.shape[2]))], 1)
-    slots = slots[:, : seq.padded_seq_len]
+    slots = slots[:, :length]
     slots[:, seq.seq_len :] = 0
     return slots
 

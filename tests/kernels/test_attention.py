@@ -232,6 +232,27 @@ def test_reference_bfloat16_matches_naive(device, seqs, head_major):
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_only_bfloat16_decode_groups_weigh_values_in_the_pool(device, monkeypatch, dtype):
+    # bfloat16 groups weigh the values where the pool keeps them (one embedding_bag a
+    # group, none for a group of one); float32 groups gather them for a second product.
+    seqs = [(1, 5 + 9 * i) for i in range(DECODE_GROUP + 3)]
+    batch = make_batch(seqs, 8, 2, 64, 16, dtype, device, head_major=True)
+    bags = []
+    embedding_bag = attention_reference.F.embedding_bag
+
+    def recording_bag(*args, **kwargs):
+        bags.append(kwargs["per_sample_weights"].shape)
+        return embedding_bag(*args, **kwargs)
+
+    monkeypatch.setattr(attention_reference.F, "embedding_bag", recording_bag)
+    out = paged_attention_reference(*batch.args())
+    groups = [seqs[:DECODE_GROUP], seqs[DECODE_GROUP:]]
+    expected = [(len(group) * 8, 16 * -(-max(n for _, n in group) // 16)) for group in groups]
+    assert bags == (expected if dtype == torch.bfloat16 else [])
+    torch.testing.assert_close(out.double(), naive_attention(batch), **_TOLERANCE[dtype])
+
+
 @pytest.mark.parametrize("block_size", [16, 8, 1])
 def test_reference_prefill_attends_in_padded_shapes(device, monkeypatch, block_size):
     # Prefill SDPA sees query and key lengths rounded up to PREFILL_ALIGN (so that bfloat16
