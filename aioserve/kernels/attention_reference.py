@@ -75,8 +75,7 @@ class DecodeGroup:
     blocks: Tensor  # [n, width // block_size] int64: the blocks each sequence reads
     lengths: Tensor  # [n] int64: each sequence's length
     padding: Tensor | None  # [p, 2] int64: (sequence, slot) pairs past their sequence's length
-    # [n, 1, 1, width] float32, added to the scores: 0 where a gathered slot is context,
-    # -inf where it is padding.
+    # [n, 1, width] float32: 0 where a gathered slot is context, -inf where it is padding.
     mask: Tensor | None
     width: int  # gathered slots per sequence (cut to its length for a group of one)
     first_row: int | None  # rows[0] when the rows are consecutive, else None
@@ -84,6 +83,13 @@ class DecodeGroup:
     _head_rows: Tensor | None = None
     _head_padding: Tensor | None = None
     _value_rows: Tensor | None = None
+    _bias: Tensor | None = None
+
+    def bias(self, dtype: torch.dtype, num_kv_heads: int) -> Tensor:
+        """The mask as `dtype` [n * Hkv, 1, width], a bias for the scores' product."""
+        if self._bias is None:
+            self._bias = self.mask.to(dtype).repeat_interleave(num_kv_heads, dim=0)
+        return self._bias
 
     def head_rows(self, num_kv_heads: int) -> Tensor:
         """[n * Hkv * blocks] int64: the rows of a head-major pool viewed as
@@ -230,7 +236,7 @@ def plan_reference_attention(
             width = width_blocks * block_size
             valid = np.arange(width) < group_lens[:, None]
             padding = on_device(np.argwhere(~valid))
-            mask = on_device(np.where(valid, 0.0, -np.inf).astype(np.float32))[:, None, None, :]
+            mask = on_device(np.where(valid, 0.0, -np.inf).astype(np.float32))[:, None, :]
         groups.append(
             DecodeGroup(
                 rows=on_device(rows),
@@ -382,9 +388,13 @@ def _attend_decode_group(
         )
         return out.reshape(1, num_q_heads, head_size)
     keys = keys.view(n * num_kv_heads, group.width, head_size)
-    scores = torch.bmm(rows.view(n * num_kv_heads, group_size, head_size), keys.transpose(1, 2))
-    scores = torch.add(group.mask, scores.view(n, num_kv_heads, group_size, -1), alpha=scale)
-    probs = torch.softmax(scores, dim=-1).to(dtype)  # the softmax in float32
+    scores = torch.baddbmm(
+        group.bias(dtype, num_kv_heads),
+        rows.view(n * num_kv_heads, group_size, head_size),
+        keys.transpose(1, 2),
+        alpha=scale,
+    )
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
     if layout.values_weighed_in_place:
         out = F.embedding_bag(
             group.value_rows(value_cache, num_q_heads),
