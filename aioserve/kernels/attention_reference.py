@@ -4,9 +4,10 @@ What a step's attention reads does not change from layer to layer, so it is plan
 per step (`plan_reference_attention`: which rows decode, which KV blocks each sequence
 reads, which gathered slots are padding) and every layer reuses the plan. Per layer,
 `paged_attention_reference` then gathers each sequence's keys (and, but where noted below,
-values) kv head by kv head ([Hkv, slots, D], `_gather_heads`) and attends, in bfloat16 for a bfloat16 model and in
-float32 otherwise, the softmax always in float32 (a bfloat16 decode group's scores leave
-their product rounded to bfloat16, as transformers' eager attention rounds them):
+values) kv head by kv head ([Hkv, slots, D], `_gather_heads`) and attends, in bfloat16
+for a bfloat16 model and in float32 otherwise, the softmax always in float32 (a bfloat16
+decode group's scores leave their product rounded to bfloat16, as transformers' eager
+attention rounds them):
 
 - Decode rows (q_len == 1) go in groups of DECODE_GROUP sequences (a group's gathered keys
   stay in the CPU's cache between the gather and the product). A group's scores are one
