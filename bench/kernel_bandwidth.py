@@ -6,11 +6,12 @@ over decode-only, prefill and mixed batches and over fp8 caches, the sampling ke
 the linear layers on GGUF, AWQ/GPTQ int4 and FP8 weights; SmolLM2-135M and Llama-3-8B
 shapes; bf16 and fp16), it first checks the Triton output against the kernel's torch
 reference on fresh random inputs (a row that does not match is marked FAILED), then times
-the call with `triton.testing.do_bench` (CUDA events, L2 flushed before each run, the median
-kept; `--cuda-graphs` replays it from a CUDA graph instead) and reports the minimum bytes the call must move, the achieved GB/s, that as a
-share of a device-to-device copy measured first (the practical bandwidth ceiling), and
-for attention the achieved TFLOP/s. Progress goes to stderr; the report (device,
-formulas, a markdown table) to stdout, the table last. `--json PATH` writes every row.
+the call with `triton.testing.do_bench` (CUDA events, L2 flushed before each run, the
+median kept; `--cuda-graphs` replays it from a CUDA graph instead) and reports the minimum
+bytes the call must move, the achieved GB/s, that as a share of a device-to-device copy
+measured first (the practical bandwidth ceiling), and for attention the achieved TFLOP/s.
+Progress goes to stderr; the report (device, formulas, a markdown table) to stdout, the
+table last. `--json PATH` writes every row.
 
     python3 bench/kernel_bandwidth.py --json kernel_bandwidth.json      # on a GPU
     python3 bench/kernel_bandwidth.py --only 'llama3-8b .*decode 1 '     # a subset of cases

@@ -61,6 +61,7 @@ from aioserve.kernels.prefill_products import (
     attend_by_products,
     padded_key_count,
     plan_chunks,
+    round_up,
     uses_products,
 )
 
@@ -144,11 +145,28 @@ class PrefillSequence:
     # seq_len are zeroed, never attended by a real row).
     padded_query_len: int
     padded_seq_len: int
-    # [padded_query_len, padded_seq_len] bool with a cached prefix (a padding row attends
-    # key 0, so that no row is empty); None: plain causal.
-    mask: Tensor | None
-    # Worked out in the step's first layer that takes the products (prefill_products.py).
+    # Worked out in the step's first layer that needs them: SDPA's mask, or the chunks of
+    # the products (prefill_products.py).
+    _mask: Tensor | None = None
     _chunks: list[ProductChunk] | None = None
+
+    def sdpa_mask(self, device: torch.device) -> Tensor | None:
+        """[padded_query_len, padded_seq_len] bool over a cached prefix (a padding row
+        attends key 0, so that no row is empty); None: plain causal."""
+        query_len = self.end - self.start
+        context_len = self.seq_len - query_len
+        if context_len == 0 or self._mask is not None:
+            return self._mask
+        # Query row i sits at position context_len + i.
+        positions = context_len + torch.arange(query_len, device=device)
+        mask = torch.zeros(
+            (self.padded_query_len, self.padded_seq_len), dtype=torch.bool, device=device
+        )
+        keys = torch.arange(self.seq_len, device=device)
+        mask[:query_len, : self.seq_len] = keys[None, :] <= positions[:, None]
+        mask[query_len:, 0] = True
+        self._mask = mask
+        return mask
 
     def product_chunks(self, group_size: int, device: torch.device) -> list[ProductChunk]:
         if self._chunks is None:
@@ -255,33 +273,17 @@ def plan_reference_attention(
         if query_len < 2:
             continue
         seq_len = lens[b]
-        context_len = seq_len - query_len
-        padded_query_len = _round_up(query_len, PREFILL_ALIGN)
-        padded_seq_len = _round_up(seq_len, PREFILL_ALIGN)
-        mask = None
-        if context_len > 0:
-            # Query row i sits at position context_len + i.
-            query_positions = context_len + np.arange(query_len)
-            padded = np.zeros((padded_query_len, padded_seq_len), dtype=bool)
-            padded[:query_len, :seq_len] = np.arange(seq_len)[None, :] <= query_positions[:, None]
-            padded[query_len:, 0] = True
-            mask = on_device(padded)
         prefills.append(
             PrefillSequence(
                 start=starts[b],
                 end=starts[b] + query_len,
                 blocks=on_device(tables[b, : -(-seq_len // block_size)]),
                 seq_len=seq_len,
-                padded_query_len=padded_query_len,
-                padded_seq_len=padded_seq_len,
-                mask=mask,
+                padded_query_len=round_up(query_len, PREFILL_ALIGN),
+                padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
             )
         )
     return ReferencePlan(groups, prefills)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -421,16 +423,14 @@ class _PoolLayout:
 def _values_weighed_in_place(cache: Tensor, dtype: torch.dtype) -> bool:
     """Whether a decode group's values are weighed where the pool stores them
     (`embedding_bag`) rather than gathered and multiplied: a bfloat16 pool under bfloat16
-    products, stored densely with each slot's D values contiguous, as both layouts of
-    kv_cache.empty_kv_cache are. In float32 the scores' product (MKL's) ran slower beside
+    products, stored densely (a permuted view of a contiguous tensor) with each slot's D
+    values contiguous, as both layouts of kv_cache.empty_kv_cache are. In float32 the scores' product (MKL's) ran slower beside
     embedding_bag than beside a second product, and the step with it (see bench/RESULTS.md)."""
-    head_size = cache.shape[-1]
     return (
         dtype == torch.bfloat16
         and cache.dtype == dtype
-        and _is_dense(cache)
         and cache.stride(-1) == 1
-        and all(stride % head_size == 0 for stride in cache.stride()[:-1])
+        and _is_dense(cache)
     )
 
 
@@ -475,12 +475,13 @@ def _attend_prefill(
     values = _padded_keys(value_cache, seq, dtype, kv_scales[1], seq.padded_seq_len)
     rows = query.new_zeros((seq.padded_query_len, num_q_heads, head_size), dtype=dtype)
     rows[:query_len] = query[seq.start : seq.end]
+    mask = seq.sdpa_mask(query.device)
     out = F.scaled_dot_product_attention(
         rows.transpose(0, 1).unsqueeze(0),
         keys.unsqueeze(0),
         values.unsqueeze(0),
-        attn_mask=seq.mask,
-        is_causal=seq.mask is None,
+        attn_mask=mask,
+        is_causal=mask is None,
         scale=scale,
         enable_gqa=num_q_heads != num_kv_heads,
     )

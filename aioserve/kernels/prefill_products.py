@@ -50,7 +50,7 @@ class ProductChunk:
 
 def padded_key_count(seq_len: int) -> int:
     """How many keys (real, then zero) the products read for a sequence of seq_len."""
-    return _round_up(seq_len, KEY_ALIGN)
+    return round_up(seq_len, KEY_ALIGN)
 
 
 def uses_products(dtype: torch.dtype, query_len: int, seq_len: int) -> bool:
@@ -68,8 +68,8 @@ def plan_chunks(
     chunks = []
     for start in range(0, query_len, CHUNK_ROWS):
         end = min(query_len, start + CHUNK_ROWS)
-        padded_rows = _round_up(end - start, ROW_ALIGN)
-        keys = _round_up(context_len + end, KEY_ALIGN)
+        padded_rows = round_up(end - start, ROW_ALIGN)
+        keys = round_up(context_len + end, KEY_ALIGN)
         positions = context_len + start + torch.arange(padded_rows, device=device)
         key_index = torch.arange(keys, device=device)
         # Padded rows carry on the positions: never an empty row, and they are dropped.
@@ -108,5 +108,6 @@ def attend_by_products(
     return out
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple`."""
     return -(-n // multiple) * multiple

@@ -126,9 +126,9 @@ def trust_cpu_flags_for_vector_code() -> None:
 
     Unless told otherwise (TORCHINDUCTOR_VEC_ISA_OK), inductor proves each candidate set
     once a process: six builds, each loaded by a child Python, 1.3–2 s of every start
-    even with its code cache warm. The flags come from the kernel, which lists only what it has
-    enabled, so the proof adds nothing here; a compiler that cannot build a set still fails
-    the compile, and the step then runs eagerly (warm_up)."""
+    even with its code cache warm. The flags come from the kernel, which lists only what it
+    has enabled, so the proof adds nothing here; a compiler that cannot build a set still
+    fails the compile, and the step then runs eagerly (warm_up)."""
     from torch._inductor import config as inductor_config
 
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
