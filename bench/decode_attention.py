@@ -1,9 +1,9 @@
 """One decoder layer's KV write and decode attention on the torch path, in microseconds.
 
-SmolLM2-135M's attention shapes (9 query heads, 3 kv heads, head size 64, blocks of 16
-tokens), float32 or `--dtype bfloat16`: B sequences decoding one token each at `--context`
-tokens, their blocks spread over a cache of 6,000 blocks stored as the CPU's pool is
-(head-major, kv_cache.empty_kv_cache). Times `write_kv_cache_reference` (the step's new keys
+SmolLM2-135M's attention shapes (9 query heads, 3 kv heads, head size 64, blocks of 32
+tokens, the CPU's default), float32 or `--dtype bfloat16`: B sequences decoding one token
+each at `--context` tokens, their blocks spread over a cache of 3,000 blocks stored as the
+CPU's pool is (kv_cache.torch_path_layouts: bfloat16 decodes weigh it in place). Times `write_kv_cache_reference` (the step's new keys
 and values into their slots) and `paged_attention_reference` with the step's plan built
 once, as every layer of a step runs them; the median of `--repeats` rounds.
 
@@ -24,9 +24,9 @@ from aioserve.kernels.attention_reference import (
     paged_attention_reference,
     plan_reference_attention,
 )
-from aioserve.kernels.kv_cache import empty_kv_cache, write_kv_cache_reference
+from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts, write_kv_cache_reference
 
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 9, 3, 64, 16, 6000
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 9, 3, 64, 32, 3000
 
 
 def median_us(fn, repeats: int, calls: int = 200) -> float:
@@ -45,10 +45,10 @@ def measure(batch: int, context: int, repeats: int, dtype: torch.dtype) -> tuple
     gen = torch.Generator().manual_seed(0)
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
     key_cache, value_cache = (
-        empty_kv_cache(*shape, dtype, torch.device("cpu"), head_major=True).copy_(
+        empty_kv_cache(*shape, dtype, torch.device("cpu"), layout).copy_(
             torch.randn(shape, generator=gen)
         )
-        for _ in range(2)
+        for layout in torch_path_layouts(dtype)
     )
     blocks_per_seq = -(-context // BLOCK_SIZE)
     physical = torch.randperm(NUM_BLOCKS, generator=gen)[: batch * blocks_per_seq]

@@ -54,7 +54,7 @@ def test_defaults():
     assert config.model.served_model_name is None
     assert config.load.load_format == "auto"
     assert config.load.download_dir is None
-    assert config.cache.block_size == 16
+    assert config.cache.block_size is None  # the platform's: 32 on the CPU, 16 on a GPU
     assert config.cache.gpu_memory_utilization == 0.9
     assert config.cache.num_gpu_blocks_override is None
     assert config.cache.enable_prefix_caching is True
@@ -418,7 +418,7 @@ def test_kwargs_take_python_values(tmp_path):
     assert config.model.enforce_eager is True
     assert config.cache.enable_prefix_caching is False
     assert config.model.served_model_name == ["solo"]
-    assert config.cache.block_size == 16  # None: not set
+    assert config.cache.block_size is None  # None: not set, the platform's
     assert config.model.hf_overrides == {"a": {"b": 1}}
 
 
@@ -511,6 +511,9 @@ def test_default_model_matches_the_resolver():
         ("max_num_seqs", "cpu", False, 256),
         ("max_num_seqs", "rocm", True, 256),
         ("async_scheduling", "cpu", True, False),
+        # The torch path's decodes weigh 32-slot key runs (kernels/decode_in_pool.py).
+        ("block_size", "cpu", True, 32),
+        ("block_size", "cuda", True, 16),
     ],
 )
 def test_platform_defaults_follow_vllms_usage_contexts(dest, platform, serving, expected):

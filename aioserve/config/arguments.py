@@ -359,7 +359,9 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("worker-use-ray", PARALLEL, False,
           "Deprecated in vLLM (use --distributed-executor-backend=ray).", "flag"),
     # --- CacheConfig -----------------------------------------------------------------------
-    Argument("block-size", CACHE, 16, "Tokens per KV-cache block.",
+    # The CPU's decodes weigh a key block's slots of one component as one row
+    # (kernels/decode_in_pool.py): 32 slots are 64 bytes in bfloat16, one cache line.
+    Argument("block-size", CACHE, PlatformDefault(cpu=32, gpu=16), "Tokens per KV-cache block.",
              convert=values.integer, choices=(1, 8, 16, 32, 64, 128)),
     Argument("gpu-memory-utilization", CACHE, 0.9,
              "Share of device memory (greater than 0, at most 1) this instance may use for "

@@ -12,8 +12,8 @@ only untouched arguments are harmless.
 
 Unset arguments take their declared default. Three stay None for the engine to decide
 (engine/build.py): max_model_len (the model's limit), quantization (the checkpoint's), and
-the platform defaults (`PlatformDefault`: max_num_seqs, max_num_batched_tokens,
-async_scheduling).
+the platform defaults (`PlatformDefault`: block_size, max_num_seqs,
+max_num_batched_tokens, async_scheduling).
 
 Besides arguments, the CPU KV-cache size comes from vLLM's environment variable
 VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`.
@@ -66,7 +66,7 @@ class LoadConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int
+    block_size: int | None  # None: the platform default
     gpu_memory_utilization: float
     num_gpu_blocks_override: int | None
     enable_prefix_caching: bool

@@ -306,9 +306,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
     dev = device()
     max_model_len = resolve_max_model_len(model_cfg.max_model_len, hf_config)
-    block_size = cache_cfg.block_size
     chunked = sched_cfg.enable_chunked_prefill
     platform = current_platform()
+    block_size = cache_cfg.block_size or platform_default("block_size", platform)
     max_tokens = sched_cfg.max_num_batched_tokens
     if max_tokens is None:
         max_tokens = platform_default("max_num_batched_tokens", platform, config.serving)

@@ -2,28 +2,23 @@
 
 What a step's attention reads does not change from layer to layer, so it is planned once
 per step (`plan_reference_attention`: which rows decode, which KV blocks each sequence
-reads, which gathered slots are padding) and every layer reuses the plan. Per layer,
-`paged_attention_reference` then gathers each sequence's keys (and, but where noted below,
-values) kv head by kv head ([Hkv, slots, D], `_gather_heads`) and attends, in bfloat16
-for a bfloat16 model and in float32 otherwise, the softmax always in float32 (a bfloat16
-decode group's scores leave their product rounded to bfloat16, as transformers' eager
-attention rounds them):
+reads) and every layer reuses the plan, working out what depends on the pool in its
+first layer. Per layer, `paged_attention_reference` attends, in bfloat16 for a bfloat16
+model and in float32 otherwise, the softmax always in float32 inside:
 
-- Decode rows (q_len == 1) go in groups of DECODE_GROUP sequences (a group's gathered keys
-  stay in the CPU's cache between the gather and the product). A group's scores are one
-  batched matrix product, one product per (sequence, kv head) with the GQA group of query
-  heads as its rows: at these shapes (3 query rows, a few hundred keys) torch's CPU SDPA
-  spends most of its time setting up each (sequence, head) pair (574 µs a group of 16 at
-  352 tokens in bfloat16 on an AVX-512 EPYC, against ~250 µs for the products and softmax).
+- Decode rows (q_len == 1) of a bfloat16 pool in the CPU's layout are weighed where the
+  pool keeps them (decode_in_pool.py): per group of sequences one `embedding_bag` for the
+  scores and one for the values, nothing gathered. Otherwise (float32, fp8 and float16
+  caches, other layouts) they are gathered in groups of DECODE_GROUP sequences, kv head
+  by kv head ([Hkv, slots, D], `_gather_heads`: a group's gathered keys stay in the CPU's
+  cache between the gather and the product). A group's scores are then one batched
+  matrix product, one product per (sequence, kv head) with the GQA group of query heads
+  as its rows (at these shapes torch's CPU SDPA spends most of its time setting up each
+  (sequence, head) pair), its probabilities a second product with the gathered values.
   Table entries past a sequence's blocks re-read its own first block, and gathered slots
   past its length are zeroed: the length mask hides them, but a NaN left in a free slot
-  would survive the mask (0 * NaN). In bfloat16 the values are then weighed where the pool
-  stores them, by one `embedding_bag` (a sum with per-slot weights, accumulated in float32)
-  over the pool's rows, each padding slot pointed at its sequence's first slot with weight
-  zero (DecodeGroup.value_rows): no gather, no second product. Otherwise (float32, fp8 and
-  float16 caches) the values are gathered like the keys and multiplied by the
-  probabilities. A group of one sequence (every decode at concurrency 1) skips all this:
-  its keys and values are cut to its length and go through SDPA.
+  would survive the mask (0 * NaN). A gathered group of one sequence (a decode at
+  concurrency 1) is cut to its length and goes through SDPA.
 - Prefill rows go sequence by sequence: in bfloat16 from 128 rows on as batched products
   (prefill_products.py, faster there than SDPA), otherwise through SDPA, causal, the mask
   offset by the cached prefix. For SDPA, query rows and keys are padded to a multiple of
@@ -33,28 +28,28 @@ attention rounds them):
   to 512, 861 MiB more for chunks over cached prefixes), against 78 MiB for every length
   up to 4,096 once padded to 16.
 
-The gathers are fastest from the CPU's pool, which is stored head-major
-(kv_cache.empty_kv_cache): a kv head's slots of one block are then one run of memory, and
-the gathered [Hkv, slots, D] keys come out of one index_select of such runs. Any other
-layout (the tests' caches, a GPU's pool) is gathered block by block and then reordered.
-An fp8 cache (kv_cache.py) is converted to the compute dtype as it is gathered and
+A head-major pool (kv_cache.py) holds a kv head's slots of one block as one run of memory,
+so the gathered [Hkv, slots, D] keys come out of one index_select of such runs; any other
+layout (a GPU's slot-major pool, the CPU's dim-major keys) is gathered block by block and
+then reordered. An fp8 cache is converted to the compute dtype as it is gathered and
 multiplied by its layer's k_scale / v_scale there.
 
 Unlike the Triton path it is not bitwise batch invariant: the padded width of a decode
 group can change the last bits of a row's result. In batch-invariant mode
-(dispatch.batch_invariant) every decode is a group of one, cut to its own length.
+(dispatch.batch_invariant) every decode is a group of one, and a gathered one is cut to
+its own length.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aioserve.kernels import dispatch
+from aioserve.kernels import decode_in_pool, dispatch
 from aioserve.kernels.kv_cache import is_fp8
 from aioserve.kernels.prefill_products import (
     ProductChunk,
@@ -71,26 +66,32 @@ PREFILL_ALIGN = 16
 
 @dataclass
 class DecodeGroup:
-    """Up to DECODE_GROUP decoding sequences, attended together."""
+    """Decoding sequences attended together."""
 
     rows: Tensor  # [n] int64: each sequence's query row
     blocks: Tensor  # [n, width // block_size] int64: the blocks each sequence reads
     lengths: Tensor  # [n] int64: each sequence's length
     padding: Tensor | None  # [p, 2] int64: (sequence, slot) pairs past their sequence's length
-    # [n, 1, width] float32: 0 where a gathered slot is context, -inf where it is padding.
+    # [n, 1, width] bool: True where a slot is past its sequence's length (None: none is).
     mask: Tensor | None
-    width: int  # gathered slots per sequence (cut to its length for a group of one)
+    width: int  # slots per sequence (the gather path cuts a group of one to its length)
     first_row: int | None  # rows[0] when the rows are consecutive, else None
-    # Worked out in the step's first layer, once the kv heads are known (see head_rows).
+    # Worked out in the step's first layer, once the heads and the pool are known.
     _head_rows: Tensor | None = None
     _head_padding: Tensor | None = None
-    _value_rows: Tensor | None = None
     _bias: Tensor | None = None
+    _bag_rows: tuple[Tensor, Tensor] | None = None
 
     def bias(self, dtype: torch.dtype, num_kv_heads: int) -> Tensor:
-        """The mask as `dtype` [n * Hkv, 1, width], a bias for the scores' product."""
+        """The mask as `dtype` [n * Hkv, 1, width], 0 or -inf, a bias for the scores' product."""
         if self._bias is None:
-            self._bias = self.mask.to(dtype).repeat_interleave(num_kv_heads, dim=0)
+            n = self.rows.numel()
+            bias = torch.zeros(
+                (n * num_kv_heads, 1, self.width), dtype=dtype, device=self.rows.device
+            )
+            if self.mask is not None:
+                bias.masked_fill_(self.mask.repeat_interleave(num_kv_heads, dim=0), float("-inf"))
+            self._bias = bias
         return self._bias
 
     def head_rows(self, num_kv_heads: int) -> Tensor:
@@ -101,27 +102,6 @@ class DecodeGroup:
             self._head_rows = _head_rows(self.blocks, num_kv_heads)
         return self._head_rows
 
-    def value_rows(self, cache: Tensor, num_q_heads: int) -> Tensor:
-        """[n * Hq, width] int64: for each sequence, query head and gathered slot, the row
-        of `cache` as stored, viewed as [rows, D] (_stored_rows), that holds the value the
-        slot weighs. A slot past its sequence's length points at the sequence's first slot:
-        its weight is zero, and a free slot might hold a NaN (0 * NaN)."""
-        if self._value_rows is None:
-            _, block_size, num_kv_heads, head_size = cache.shape
-            block_stride, slot_stride, head_stride, _ = cache.stride()
-            slots = torch.arange(self.width, device=self.blocks.device)
-            valid = slots < self.lengths[:, None]  # [n, width]
-            blocks = torch.where(valid, self.blocks[:, slots // block_size], self.blocks[:, :1])
-            offsets = torch.where(valid, slots % block_size, 0)
-            kv_heads = torch.arange(num_q_heads, device=slots.device) // (
-                num_q_heads // num_kv_heads
-            )
-            element = (blocks * block_stride + offsets * slot_stride)[:, None, :] + (
-                kv_heads * head_stride
-            )[None, :, None]  # [n, Hq, width]: where each value starts
-            self._value_rows = (element // head_size).view(-1, self.width)
-        return self._value_rows
-
     def head_padding(self, num_kv_heads: int) -> Tensor | None:
         """The padding slots as rows of the gathered [n * Hkv * width, D] keys."""
         if self.padding is None:
@@ -131,6 +111,80 @@ class DecodeGroup:
             heads = torch.arange(num_kv_heads, device=self.padding.device).view(1, -1)
             self._head_padding = ((seq * num_kv_heads + heads) * self.width + slot).reshape(-1)
         return self._head_padding
+
+    def bag_rows(
+        self, key_cache: Tensor, value_cache: Tensor, num_q_heads: int
+    ) -> tuple[Tensor, Tensor]:
+        """The pool rows the group's bags weigh (decode_in_pool.key_rows, value_rows)."""
+        if self._bag_rows is None:
+            self._bag_rows = (
+                decode_in_pool.key_rows(self.blocks, key_cache, num_q_heads),
+                decode_in_pool.value_rows(self.blocks, self.lengths, value_cache, num_q_heads),
+            )
+        return self._bag_rows
+
+
+@dataclass
+class DecodeSequences:
+    """A step's decoding sequences, from its host arrays, grouped for the path that attends
+    them once the first layer shows which it is."""
+
+    rows: np.ndarray  # each sequence's query row
+    lengths: np.ndarray
+    tables: np.ndarray  # [n, max_blocks] int64
+    block_size: int
+    device: torch.device
+    _groups: dict[bool, list[DecodeGroup]] = field(default_factory=dict)
+
+    def groups(self, in_pool: bool, num_q_heads: int, head_size: int) -> list[DecodeGroup]:
+        """In the pool (decode_in_pool.py): sorted by length, grouped as group_decodes says.
+        Gathered: in step order, DECODE_GROUP at a time. Groups of one sequence in
+        batch-invariant mode (dispatch.batch_invariant)."""
+        if in_pool not in self._groups:
+            count = len(self.rows)
+            if dispatch.batch_invariant():
+                members = [np.array([i]) for i in range(count)]
+            elif in_pool:
+                members = decode_in_pool.group_decodes(
+                    self.lengths, self.block_size, num_q_heads, head_size
+                )
+            else:
+                members = [
+                    np.arange(i, min(i + DECODE_GROUP, count))
+                    for i in range(0, count, DECODE_GROUP)
+                ]
+            self._groups[in_pool] = [self._group(seqs, in_pool) for seqs in members]
+        return self._groups[in_pool]
+
+    def _group(self, seqs: np.ndarray, in_pool: bool) -> DecodeGroup:
+        lengths = self.lengths[seqs]
+        blocks_per_seq = -(-lengths // self.block_size)
+        width_blocks = int(blocks_per_seq.max())
+        table = self.tables[seqs, :width_blocks]
+        table = np.where(np.arange(width_blocks) < blocks_per_seq[:, None], table, table[:, :1])
+        rows = self.rows[seqs]
+        consecutive = bool((np.diff(rows) == 1).all())
+        width, padding, mask = width_blocks * self.block_size, None, None
+        if len(seqs) == 1 and not in_pool:
+            width = int(lengths[0])  # cut to its length
+        else:
+            past = np.arange(width) >= lengths[:, None]
+            if past.any():
+                mask = self._on_device(past)[:, None, :]
+                if not in_pool:
+                    padding = self._on_device(np.argwhere(past))
+        return DecodeGroup(
+            rows=self._on_device(rows),
+            blocks=self._on_device(table),
+            lengths=self._on_device(lengths.astype(np.int64)),
+            padding=padding,
+            mask=mask,
+            width=width,
+            first_row=int(rows[0]) if consecutive else None,
+        )
+
+    def _on_device(self, array: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
 
 @dataclass
@@ -176,18 +230,20 @@ class PrefillSequence:
 
 @dataclass
 class ReferencePlan:
-    decode_groups: list[DecodeGroup]
+    decodes: DecodeSequences | None
     prefills: list[PrefillSequence]
     # Where every layer's decode gathers land: allocated once per step, because a fresh
     # multi-megabyte tensor per group and layer costs page faults on each allocation.
     gather_buffers: tuple[Tensor, Tensor] | None = None
 
-    def decode_gather_buffers(self, cache: Tensor) -> tuple[Tensor, Tensor]:
+    def decode_gather_buffers(
+        self, cache: Tensor, groups: list[DecodeGroup]
+    ) -> tuple[Tensor, Tensor]:
         """Two flat buffers of the cache's dtype (bytes for fp8, gathered as bytes), each as
         large as the largest group's gathered keys."""
         if self.gather_buffers is None:
             block_elements = cache[0].numel()
-            size = max(g.blocks.numel() for g in self.decode_groups) * block_elements
+            size = max(g.blocks.numel() for g in groups) * block_elements
             dtype = torch.uint8 if is_fp8(cache.dtype) else cache.dtype
             self.gather_buffers = tuple(
                 torch.empty(size, dtype=dtype, device=cache.device) for _ in range(2)
@@ -230,60 +286,34 @@ def plan_reference_attention(
     device: torch.device,
 ) -> ReferencePlan:
     """Everything about a step's attention that is the same in every layer (host arrays in)."""
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
+    starts = np.asarray(query_start_loc, dtype=np.int64)
+    lens = np.asarray(seq_lens, dtype=np.int64)
     tables = block_tables.astype(np.int64)
-    query_lens = np.diff(starts).tolist()
+    query_lens = np.diff(starts)
 
     def on_device(array: np.ndarray) -> Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
-    decodes = [b for b, n in enumerate(query_lens) if n == 1]
-    group_size = 1 if dispatch.batch_invariant() else DECODE_GROUP
-    groups = []
-    for first in range(0, len(decodes), group_size):
-        seqs = decodes[first : first + group_size]
-        group_lens = np.array([lens[b] for b in seqs])
-        blocks_per_seq = -(-group_lens // block_size)
-        width_blocks = int(blocks_per_seq.max())
-        table = tables[seqs, :width_blocks]
-        table = np.where(np.arange(width_blocks) < blocks_per_seq[:, None], table, table[:, :1])
-        rows = np.array([starts[b] for b in seqs])
-        consecutive = bool((np.diff(rows) == 1).all())
-        width, padding, mask = int(group_lens[0]), None, None
-        if len(seqs) > 1:
-            width = width_blocks * block_size
-            valid = np.arange(width) < group_lens[:, None]
-            padding = on_device(np.argwhere(~valid))
-            mask = on_device(np.where(valid, 0.0, -np.inf).astype(np.float32))[:, None, :]
-        groups.append(
-            DecodeGroup(
-                rows=on_device(rows),
-                blocks=on_device(table),
-                lengths=on_device(group_lens.astype(np.int64)),
-                padding=padding,
-                mask=mask,
-                width=width,
-                first_row=int(rows[0]) if consecutive else None,
-            )
+    decoding = np.flatnonzero(query_lens == 1)
+    decodes = None
+    if len(decoding):
+        decodes = DecodeSequences(
+            starts[decoding], lens[decoding], tables[decoding], block_size, device
         )
-
     prefills = []
-    for b, query_len in enumerate(query_lens):
-        if query_len < 2:
-            continue
-        seq_len = lens[b]
+    for b in np.flatnonzero(query_lens > 1).tolist():
+        start, query_len, seq_len = int(starts[b]), int(query_lens[b]), int(lens[b])
         prefills.append(
             PrefillSequence(
-                start=starts[b],
-                end=starts[b] + query_len,
+                start=start,
+                end=start + query_len,
                 blocks=on_device(tables[b, : -(-seq_len // block_size)]),
                 seq_len=seq_len,
                 padded_query_len=round_up(query_len, PREFILL_ALIGN),
                 padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
             )
         )
-    return ReferencePlan(groups, prefills)
+    return ReferencePlan(decodes, prefills)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -319,7 +349,8 @@ def _gather_heads(
 
     From a head-major pool one index_select of `head_rows` (DecodeGroup.head_rows; given
     only for a head-major pool) copies runs of block_size * D elements, into `buffer` when
-    given; from any other layout the blocks are gathered whole and reordered. Gathered rows
+    given; from any other layout (a GPU's slot-major pool, the CPU's dim-major keys) the
+    blocks are gathered whole and reordered. Gathered rows
     at `padding` (of the flattened [..., D] result) are zeroed.
     """
     num_blocks, block_size, num_kv_heads, head_size = cache.shape
@@ -336,8 +367,12 @@ def _gather_heads(
             out = buffer[: head_rows.numel() * runs.shape[1]].view(-1, runs.shape[1])
             gathered = torch.index_select(runs, 0, head_rows, out=out)
     else:
-        whole = stored.index_select(0, blocks.reshape(-1))  # [.., block_size, Hkv, D]
-        whole = whole.view(*lead, blocks.shape[-1], block_size, num_kv_heads, head_size)
+        # Whole blocks, copied as stored (blocks are the outermost dimension of every
+        # layout), then reordered to [..., Hkv, slots, D] in one copy.
+        order = sorted(range(4), key=lambda dim: -stored.stride(dim))
+        whole = stored.permute(order).index_select(0, blocks.reshape(-1))
+        whole = whole.permute([order.index(dim) for dim in range(4)])  # [k, bs, Hkv, D]
+        whole = whole.reshape(*lead, blocks.shape[-1], block_size, num_kv_heads, head_size)
         gathered = whole.movedim(-2, len(lead)).contiguous()
     slots = gathered.view(-1, head_size)
     if padding is not None and padding.numel():
@@ -356,96 +391,96 @@ def _attend_decode_group(
     scale: float,
     buffers: tuple[Tensor, Tensor],
     kv_scales: tuple[Tensor | None, Tensor | None],
-    layout: _PoolLayout,
+    head_major: tuple[bool, bool],
 ) -> Tensor:
-    """Attention of the group's query rows over their contexts: [n, Hq, D] in the compute
-    dtype (_compute_dtype)."""
+    """Attention of the group's query rows over their contexts, gathered: [n, Hq, D] in the
+    compute dtype (_compute_dtype). head_major: whether the key and the value pool are."""
     num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
     group_size = num_q_heads // num_kv_heads
     n = group.rows.numel()
     dtype = _compute_dtype(query.dtype)
-    head_rows = group.head_rows(num_kv_heads) if layout.head_major else None
     padding = group.head_padding(num_kv_heads)
-    k_scale, v_scale = kv_scales
-    keys = _gather_heads(key_cache, group.blocks, dtype, k_scale, head_rows, buffers[0], padding)
-
-    def gathered_values() -> Tensor:
-        return _gather_heads(
-            value_cache, group.blocks, dtype, v_scale, head_rows, buffers[1], padding
+    keys, values = (
+        _gather_heads(
+            cache,
+            group.blocks,
+            dtype,
+            cache_scale,
+            group.head_rows(num_kv_heads) if is_head_major else None,
+            buffer,
+            padding,
         )
-
-    if group.first_row is None:
-        rows = query.index_select(0, group.rows)
-    else:
-        rows = query[group.first_row : group.first_row + n]
+        for cache, cache_scale, is_head_major, buffer in zip(
+            (key_cache, value_cache), kv_scales, head_major, buffers, strict=True
+        )
+    )
     # [n, Hkv, group, D]: a kv head's query heads are consecutive, as in the model.
-    if rows.dtype != dtype:
-        rows = rows.to(dtype)
-    rows = rows.view(n, num_kv_heads, group_size, head_size)
+    rows = _query_rows(query, group).to(dtype).view(n, num_kv_heads, group_size, head_size)
     if n == 1:
         # Cut to its length, through SDPA: the products' shapes would change every token,
         # and torch builds oneDNN's bfloat16 products anew for each shape.
+        length = group.width
         out = F.scaled_dot_product_attention(
-            rows, keys[..., : group.width, :], gathered_values()[..., : group.width, :], scale=scale
+            rows, keys[..., :length, :], values[..., :length, :], scale=scale
         )
         return out.reshape(1, num_q_heads, head_size)
-    keys = keys.view(n * num_kv_heads, group.width, head_size)
     scores = torch.baddbmm(
         group.bias(dtype, num_kv_heads),
         rows.view(n * num_kv_heads, group_size, head_size),
-        keys.transpose(1, 2),
+        keys.view(n * num_kv_heads, group.width, head_size).transpose(1, 2),
         alpha=scale,
     )
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-    if layout.values_weighed_in_place:
-        out = F.embedding_bag(
-            group.value_rows(value_cache, num_q_heads),
-            _stored_rows(value_cache),
-            mode="sum",
-            per_sample_weights=probs.view(n * num_q_heads, group.width),
-        )
-        return out.view(n, num_q_heads, head_size)
-    values = gathered_values().view(n * num_kv_heads, group.width, head_size)
+    values = values.view(n * num_kv_heads, group.width, head_size)
     out = torch.bmm(probs.view(n * num_kv_heads, group_size, -1), values)
     return out.view(n, num_q_heads, head_size)
 
 
-@dataclass(frozen=True)
-class _PoolLayout:
-    """What the decode groups of one layer need to know about its pool, found once a layer
-    rather than once a group (Python checks that cost ~2 ms a 64-row step)."""
-
-    head_major: bool  # the keys' pool (_is_head_major)
-    values_weighed_in_place: bool  # the values' pool (_values_weighed_in_place)
+def _query_rows(query: Tensor, group: DecodeGroup) -> Tensor:
+    """The group's query rows [n, Hq, D]."""
+    if group.first_row is None:
+        return query.index_select(0, group.rows)
+    return query[group.first_row : group.first_row + group.rows.numel()]
 
 
-def _values_weighed_in_place(cache: Tensor, dtype: torch.dtype) -> bool:
-    """Whether a decode group's values are weighed where the pool stores them
-    (`embedding_bag`) rather than gathered and multiplied: a bfloat16 pool under bfloat16
-    products, stored densely (a permuted view of a contiguous tensor) with each slot's D
-    values contiguous, as both layouts of kv_cache.empty_kv_cache are. In float32 the scores' product (MKL's) ran slower beside
-    embedding_bag than beside a second product, and the step with it (see bench/RESULTS.md)."""
-    return (
-        dtype == torch.bfloat16
-        and cache.dtype == dtype
-        and cache.stride(-1) == 1
-        and _is_dense(cache)
-    )
-
-
-def _is_dense(cache: Tensor) -> bool:
-    """Whether the tensor is a permuted view of a contiguous one."""
-    by_stride = sorted(range(cache.dim()), key=lambda dim: -cache.stride(dim))
-    return cache.permute(by_stride).is_contiguous()
-
-
-def _stored_rows(cache: Tensor) -> Tensor:
-    """The pool's memory as [rows, D], in storage order, whatever its layout."""
-    head_size = cache.shape[-1]
-    return cache.as_strided(
-        (cache.numel() // head_size, head_size), (head_size, 1), cache.storage_offset()
-    )
+def _attend_decodes(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    decodes: DecodeSequences,
+    plan: ReferencePlan,
+    scale: float,
+    kv_scales: tuple[Tensor | None, Tensor | None],
+    out: Tensor,
+) -> None:
+    """Every decoding row's attention, written into `out`: weighed in the pool where it
+    can be (decode_in_pool.py), else gathered group by group."""
+    num_q_heads, head_size = query.shape[1:]
+    dtype = _compute_dtype(query.dtype)
+    in_pool = query.dtype == dtype and decode_in_pool.reads_in_place(key_cache, value_cache, dtype)
+    groups = decodes.groups(in_pool, num_q_heads, head_size)
+    if not in_pool:
+        buffers = plan.decode_gather_buffers(key_cache, groups)
+        head_major = (_is_head_major(key_cache), _is_head_major(value_cache))
+    for group in groups:
+        if in_pool:
+            attended = decode_in_pool.attend_in_pool(
+                _query_rows(query, group),
+                key_cache,
+                value_cache,
+                *group.bag_rows(key_cache, value_cache, num_q_heads),
+                group.mask,
+                scale,
+            )
+        else:
+            attended = _attend_decode_group(
+                query, key_cache, value_cache, group, scale, buffers, kv_scales, head_major
+            )
+        if group.first_row is None:
+            out.index_copy_(0, group.rows, attended.to(out.dtype))
+        else:
+            out[group.first_row : group.first_row + attended.shape[0]] = attended
 
 
 def _attend_prefill(
@@ -534,22 +569,8 @@ def paged_attention_reference(
         )
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    if plan.decode_groups:
-        layout = _PoolLayout(
-            head_major=_is_head_major(key_cache),
-            values_weighed_in_place=_values_weighed_in_place(
-                value_cache, _compute_dtype(query.dtype)
-            ),
-        )
-    for group in plan.decode_groups:
-        buffers = plan.decode_gather_buffers(key_cache)
-        attended = _attend_decode_group(
-            query, key_cache, value_cache, group, scale, buffers, kv_scales, layout
-        )
-        if group.first_row is None:
-            out.index_copy_(0, group.rows, attended.to(out.dtype))
-        else:
-            out[group.first_row : group.first_row + attended.shape[0]] = attended
+    if plan.decodes is not None:
+        _attend_decodes(query, key_cache, value_cache, plan.decodes, plan, scale, kv_scales, out)
     for seq in plan.prefills:
         attended = _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales)
         out[seq.start : seq.end] = attended.to(out.dtype)

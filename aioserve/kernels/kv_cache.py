@@ -1,12 +1,12 @@
 """Writing the new tokens' keys and values into the paged KV cache.
 
 The cache is a pool of fixed-size blocks: key_cache/value_cache
-[num_blocks, block_size, num_kv_heads, head_size], stored in that order on a GPU and
-head-major ([num_blocks, num_kv_heads, block_size, head_size] behind a permuted view,
-`empty_kv_cache`) on the CPU; the kernels index either by strides. The runner gives each
-new token a slot,
-`block_id * block_size + offset`, in `slot_mapping`; slot -1 marks a padding token whose
-key and value are not written. The write happens in place, cast to the cache's dtype.
+[num_blocks, block_size, num_kv_heads, head_size], whatever order their memory is stored in
+(`empty_kv_cache`): slot-major, in that order, on a GPU, where the Triton kernels index it
+by strides with each head's head_size values contiguous; on the CPU as the torch path reads
+it best (`torch_path_layouts`). The runner gives each new token a slot, `block_id * block_size + offset`, in `slot_mapping`; slot -1 marks a padding token whose
+key and value are not written. The write happens in place, cast to the cache's dtype,
+through the logical indices, so it serves every layout.
 
 An fp8 cache (`--kv-cache-dtype fp8`: float8_e4m3fn, float8_e4m3fnuz on ROCm's gfx94x, or
 float8_e5m2) stores key / k_scale and value / v_scale, saturated to the format's largest
@@ -16,6 +16,8 @@ attention multiplies them back (attention.py, attention_reference.py). The scale
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -34,6 +36,28 @@ _CONFIG: dict[str, dict[str, int]] = {
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
 
 
+KVLayout = Literal["slot_major", "head_major", "dim_major"]
+# How memory is ordered behind the logical [num_blocks, block_size, Hkv, D] of each layout.
+_STORED_ORDER: dict[str, tuple[int, int, int, int]] = {
+    "slot_major": (0, 1, 2, 3),  # [num_blocks, block_size, Hkv, D]
+    "head_major": (0, 2, 1, 3),  # [num_blocks, Hkv, block_size, D]: vLLM-CPU's
+    "dim_major": (0, 2, 3, 1),  # [num_blocks, Hkv, D, block_size]
+}
+
+
+def torch_path_layouts(dtype: torch.dtype) -> tuple[KVLayout, KVLayout]:
+    """The (keys, values) layouts of a pool of `dtype` that the torch path reads best.
+
+    bfloat16 decodes weigh the pool in place (decode_in_pool.py): a dim-major key block
+    holds each head-size component's slots as one run, so that a query's scores are
+    weighted sums of those runs, and a head-major value's D components are one run.
+    Other dtypes gather a kv head's slots of a block, one run of a head-major pool.
+    """
+    if dtype == torch.bfloat16:
+        return ("dim_major", "head_major")
+    return ("head_major", "head_major")
+
+
 def empty_kv_cache(
     num_blocks: int,
     block_size: int,
@@ -41,22 +65,14 @@ def empty_kv_cache(
     head_size: int,
     dtype: torch.dtype,
     device: torch.device,
-    head_major: bool,
+    layout: KVLayout = "slot_major",
 ) -> Tensor:
-    """An uninitialised cache of shape [num_blocks, block_size, Hkv, D].
-
-    With `head_major` it is stored as [num_blocks, Hkv, block_size, D] (vLLM-CPU's layout)
-    and shown through a permuted view: every kernel indexes it by its strides, and the torch
-    path gathers a kv head's slots of a block as one run of memory (attention_reference.py).
-    """
-    if not head_major:
-        return torch.empty(
-            (num_blocks, block_size, num_kv_heads, head_size), dtype=dtype, device=device
-        )
-    stored = torch.empty(
-        (num_blocks, num_kv_heads, block_size, head_size), dtype=dtype, device=device
-    )
-    return stored.permute(0, 2, 1, 3)
+    """An uninitialised cache of shape [num_blocks, block_size, Hkv, D], its memory ordered
+    as `layout` says (_STORED_ORDER), shown through a permuted view."""
+    logical = (num_blocks, block_size, num_kv_heads, head_size)
+    order = _STORED_ORDER[layout]
+    stored = torch.empty([logical[d] for d in order], dtype=dtype, device=device)
+    return stored.permute([order.index(d) for d in range(4)])
 
 
 def is_fp8(dtype: torch.dtype) -> bool:

@@ -19,7 +19,8 @@ import threading
 import torch
 from torch import nn
 
-from aioserve.kernels.kv_cache import empty_kv_cache, is_fp8
+from aioserve.kernels import dispatch
+from aioserve.kernels.kv_cache import empty_kv_cache, is_fp8, torch_path_layouts
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, step_context
 from aioserve.platform import current_platform
@@ -106,12 +107,15 @@ def allocate_kv_caches(
         scales = torch.ones((num_layers, 2), dtype=torch.float32)
     if scales is not None:
         scales = scales.to(device=device, dtype=torch.float32).contiguous()
-    # Head-major on the CPU, where the torch path gathers a kv head's slots (kv_cache.py).
-    head_major = device.type == "cpu"
+    # Where the torch path attends, the layouts it reads in place (kv_cache.py); the Triton
+    # kernels read a slot-major pool.
+    key_layout, value_layout = (
+        torch_path_layouts(dtype) if not dispatch.use_triton() else ("slot_major", "slot_major")
+    )
     caches = [
         KVCache(
-            empty_kv_cache(*shape, dtype, device, head_major),
-            empty_kv_cache(*shape, dtype, device, head_major),
+            empty_kv_cache(*shape, dtype, device, key_layout),
+            empty_kv_cache(*shape, dtype, device, value_layout),
             *((scales[i, 0:1], scales[i, 1:2], calculate_scales) if scales is not None else ()),
         )
         for i in range(num_layers)

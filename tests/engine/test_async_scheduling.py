@@ -44,6 +44,7 @@ def small_pool_engine(smollm2_gguf):
             seed=0,
             max_model_len=256,
             num_gpu_blocks_override=40,
+            block_size=16,
             enforce_eager=True,
         )
     )

@@ -4,8 +4,9 @@ the Triton kernels against the reference, and batch invariance.
 Every batch is built so that paging matters: physical blocks are shuffled, cache slots
 that belong to no sequence (block 0 among them) hold NaN, and block-table entries past a
 sequence's blocks hold an out-of-range block id, so reading anything the kernels must not
-read shows up. The caches come in both layouts the kernels take: slot-major, as a GPU's pool
-is stored, and head-major, as the CPU's is (kv_cache.empty_kv_cache).
+read shows up. The caches come in the layouts the kernels take (kv_cache.empty_kv_cache):
+slot-major, as a GPU's pool is stored; head-major; and the CPU's, dim-major keys with
+head-major values, which bfloat16 decodes weigh in place (decode_in_pool.py).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from aioserve.kernels import attention_reference
+from aioserve.kernels import attention_reference, decode_in_pool
 from aioserve.kernels.attention import paged_attention
 from aioserve.kernels.attention_reference import (
     DECODE_GROUP,
     PREFILL_ALIGN,
     paged_attention_reference,
 )
-from aioserve.kernels.kv_cache import empty_kv_cache
+from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts
 
 _TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=1e-5),
@@ -73,10 +74,10 @@ def make_batch(
     device: torch.device,
     seed: int = 0,
     extra_table_columns: int = 1,
-    head_major: bool = False,
+    layout: str = "slot-major",
 ) -> Batch:
-    """A batch of sequences given as (query_len, seq_len) pairs; with `head_major` its caches
-    are stored head-major."""
+    """A batch of sequences given as (query_len, seq_len) pairs, its caches stored as
+    `layout` says (one of LAYOUTS' ids)."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [math.ceil(seq_len / block_size) for _, seq_len in seqs]
     num_blocks = sum(blocks_per_seq) + 3
@@ -102,11 +103,11 @@ def make_batch(
         keys.append(k.to(device))
         values.append(v.to(device))
         queries.append(torch.randn(query_len, num_q_heads, head_size, generator=gen).to(dtype))
-    if head_major:
-        key_cache = empty_kv_cache(*cache_shape, dtype, key_cache.device, True).copy_(key_cache)
-        value_cache = empty_kv_cache(*cache_shape, dtype, value_cache.device, True).copy_(
-            value_cache
-        )
+    key_layout, value_layout = _CACHE_LAYOUTS[layout]
+    key_cache = empty_kv_cache(*cache_shape, dtype, key_cache.device, key_layout).copy_(key_cache)
+    value_cache = empty_kv_cache(*cache_shape, dtype, value_cache.device, value_layout).copy_(
+        value_cache
+    )
     query_lens = torch.tensor([q for q, _ in seqs])
     query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int32)
     query_start_loc[1:] = query_lens.cumsum(0)
@@ -130,13 +131,17 @@ def _to_device(cache: torch.Tensor, device: torch.device) -> torch.Tensor:
     only where it can)."""
     if cache.device == device:
         return cache
-    stored = cache.permute(0, 2, 1, 3)
-    if stored.is_contiguous():
-        return stored.to(device).permute(0, 2, 1, 3)
-    return cache.to(device)
+    order = sorted(range(4), key=lambda dim: -cache.stride(dim))
+    return cache.permute(order).to(device).permute([order.index(dim) for dim in range(4)])
 
 
-LAYOUTS = pytest.mark.parametrize("head_major", [False, True], ids=["slot-major", "head-major"])
+# make_batch's layouts: (keys, values) as kv_cache.empty_kv_cache names them.
+_CACHE_LAYOUTS = {
+    "slot-major": ("slot_major", "slot_major"),
+    "head-major": ("head_major", "head_major"),
+    "cpu": torch_path_layouts(torch.bfloat16),
+}
+LAYOUTS = pytest.mark.parametrize("layout", list(_CACHE_LAYOUTS))
 
 
 def naive_attention(batch: Batch) -> torch.Tensor:
@@ -169,9 +174,7 @@ MIXED = [(1, 17), (5, 5), (1, 1), (7, 40), (1, 33), (3, 20), (1, 16)]
     [(2, 2, 64, 16), (8, 2, 64, 8), (8, 1, 128, 32), (6, 2, 80, 1)],
 )
 @LAYOUTS
-def test_reference_matches_naive(
-    device, num_q_heads, num_kv_heads, head_size, block_size, head_major
-):
+def test_reference_matches_naive(device, num_q_heads, num_kv_heads, head_size, block_size, layout):
     batch = make_batch(
         MIXED,
         num_q_heads,
@@ -180,7 +183,7 @@ def test_reference_matches_naive(
         block_size,
         torch.float32,
         device,
-        head_major=head_major,
+        layout=layout,
     )
     out = paged_attention_reference(*batch.args())
     assert not out.isnan().any()
@@ -188,26 +191,26 @@ def test_reference_matches_naive(
 
 
 @LAYOUTS
-def test_reference_decodes_in_several_groups_match_naive(device, head_major):
+def test_reference_decodes_in_several_groups_match_naive(device, layout):
     # More decode rows than one DECODE_GROUP, with prefills between them and lengths that
     # differ from group to group.
     seqs = [(1, 3 + 7 * i) if i % 5 else (4, 9 + i) for i in range(2 * DECODE_GROUP + 5)]
-    batch = make_batch(seqs, 4, 2, 64, 8, torch.float32, device, head_major=head_major)
+    batch = make_batch(seqs, 4, 2, 64, 8, torch.float32, device, layout=layout)
     out = paged_attention_reference(*batch.args())
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
     "seq_lens",
-    [[29], [16], [1], [3 + 5 * i for i in range(DECODE_GROUP + 3)]],
-    ids=["one-mid-block", "one-full-block", "one-token", "two-groups"],
+    [[29], [16], [1], [3 + 5 * i for i in range(DECODE_GROUP + 3)], [32, 32, 32]],
+    ids=["one-mid-block", "one-full-block", "one-token", "two-groups", "whole-blocks"],
 )
 @LAYOUTS
-def test_reference_decode_only_steps_match_naive(device, seq_lens, head_major):
+def test_reference_decode_only_steps_match_naive(device, seq_lens, layout):
     # Steps of decodes only: consecutive query rows (read and written as slices) and, alone,
     # a group of one cut to its length; the NaN in the free slots past it must not leak.
     seqs = [(1, n) for n in seq_lens]
-    batch = make_batch(seqs, 6, 2, 64, 16, torch.float32, device, head_major=head_major)
+    batch = make_batch(seqs, 6, 2, 64, 16, torch.float32, device, layout=layout)
     out = paged_attention_reference(*batch.args())
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=1e-5, rtol=1e-5)
 
@@ -221,35 +224,49 @@ def test_reference_half_precision_matches_naive(device):
 
 @pytest.mark.parametrize("seqs", [MIXED, [(1, 5 + 9 * i) for i in range(DECODE_GROUP + 3)]])
 @LAYOUTS
-def test_reference_bfloat16_matches_naive(device, seqs, head_major):
+def test_reference_bfloat16_matches_naive(device, seqs, layout):
     # bfloat16 multiplies in bfloat16 (float32 accumulation; decode groups' scores rounded
     # to bfloat16 and the probabilities too before the product with V, as transformers'
     # eager attention does): within 2e-2 of float64 on the same inputs, the tolerance the
     # Triton kernels are held to in bfloat16.
-    batch = make_batch(seqs, 8, 2, 64, 16, torch.bfloat16, device, head_major=head_major)
+    batch = make_batch(seqs, 8, 2, 64, 16, torch.bfloat16, device, layout=layout)
     out = paged_attention_reference(*batch.args())
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_only_bfloat16_decode_groups_weigh_values_in_the_pool(device, monkeypatch, dtype):
-    # bfloat16 groups weigh the values where the pool keeps them (one embedding_bag a
-    # group, none for a group of one); float32 groups gather them for a second product.
-    seqs = [(1, 5 + 9 * i) for i in range(DECODE_GROUP + 3)]
-    batch = make_batch(seqs, 8, 2, 64, 16, dtype, device, head_major=True)
+@pytest.mark.parametrize(
+    "dtype, layout, in_pool",
+    [
+        (torch.bfloat16, "cpu", True),
+        (torch.float32, "cpu", False),  # float32 gathers (decode_in_pool.py)
+        (torch.float16, "cpu", False),  # computed in float32: not the pool's dtype
+        (torch.bfloat16, "head-major", False),  # a key block's slots are not one run
+    ],
+)
+def test_decodes_weigh_the_pool_in_place_where_its_layout_allows(
+    device, monkeypatch, dtype, layout, in_pool
+):
+    # In the CPU's layout with the pool in the compute dtype, each group of decodes is two
+    # embedding_bags, its scores' and its values', over the pool's rows; otherwise the
+    # decodes gather and no bag runs. Prefill rows between the decodes change neither.
+    seqs = [(1, 5 + 9 * i) if i % 4 else (3, 9 + i) for i in range(2 * DECODE_GROUP + 3)]
+    batch = make_batch(seqs, 8, 2, 64, 16, dtype, device, layout=layout)
     bags = []
-    embedding_bag = attention_reference.F.embedding_bag
+    embedding_bag = decode_in_pool.F.embedding_bag
 
     def recording_bag(*args, **kwargs):
-        bags.append(kwargs["per_sample_weights"].shape)
+        bags.append(tuple(kwargs["per_sample_weights"].shape))
         return embedding_bag(*args, **kwargs)
 
-    monkeypatch.setattr(attention_reference.F, "embedding_bag", recording_bag)
+    monkeypatch.setattr(decode_in_pool.F, "embedding_bag", recording_bag)
     out = paged_attention_reference(*batch.args())
-    groups = [seqs[:DECODE_GROUP], seqs[DECODE_GROUP:]]
-    expected = [(len(group) * 8, 16 * -(-max(n for _, n in group) // 16)) for group in groups]
-    assert bags == (expected if dtype == torch.bfloat16 else [])
+    lengths = torch.tensor([n for q, n in seqs if q == 1]).numpy()
+    expected = []
+    for group in decode_in_pool.group_decodes(lengths, 16, 8, 64):
+        blocks = -(-int(lengths[group].max()) // 16)
+        expected += [(len(group) * 8 * blocks, 64), (len(group) * 8, blocks * 16)]
+    assert bags == (expected if in_pool else [])
     torch.testing.assert_close(out.double(), naive_attention(batch), **_TOLERANCE[dtype])
 
 
@@ -327,7 +344,7 @@ def test_triton_reads_a_head_major_cache(
 ):
     # The CPU's pool layout, through the kernels' strides.
     args = (MIXED, num_q_heads, num_kv_heads, head_size, block_size, dtype, device)
-    batch = make_batch(*args, head_major=True)
+    batch = make_batch(*args, layout="head-major")
     out = paged_attention(*batch.args())
     assert out.dtype == dtype
     assert not out.isnan().any()
@@ -359,15 +376,18 @@ def test_triton_writes_into_strided_out_and_leaves_padding_rows(triton_backend, 
     torch.testing.assert_close(out[:num_tokens], expected, **_TOLERANCE[torch.float32])
 
 
-def _alone_and_in_batch(dtype, device, block_size=16):
+def _alone_and_in_batch(dtype, device, block_size=16, layout="slot-major"):
     """Outputs of a prefill chunk and a decode, each alone and then inside a larger batch."""
     args = (4, 1, 64, block_size, dtype, device)
-    singles = [make_batch([(6, 23)], *args, seed=10), make_batch([(1, 29)], *args, seed=11)]
+    singles = [
+        make_batch([(6, 23)], *args, seed=10, layout=layout),
+        make_batch([(1, 29)], *args, seed=11, layout=layout),
+    ]
     alone = [paged_attention(*single.args()) for single in singles]
 
     # The same two sequences at batch positions 2 and 4 among others: other query offsets,
     # other physical blocks, another max_query_len and max_seq_len.
-    mixed = make_batch([(1, 12), (9, 9), (6, 23), (1, 40), (1, 29), (3, 35)], *args)
+    mixed = make_batch([(1, 12), (9, 9), (6, 23), (1, 40), (1, 29), (3, 35)], *args, layout=layout)
     starts = mixed.query_start_loc.tolist()
     for index, single in zip((2, 4), singles, strict=True):
         mixed.query[starts[index] : starts[index + 1]] = single.query
@@ -385,8 +405,9 @@ def test_triton_batch_invariance(triton_backend, device):
         assert torch.equal(a, t)
 
 
-def test_reference_batch_invariance_to_rounding(device):
-    alone, together = _alone_and_in_batch(torch.float32, device)
+@LAYOUTS
+def test_reference_batch_invariance_to_rounding(device, layout):
+    alone, together = _alone_and_in_batch(torch.float32, device, layout=layout)
     for a, t in zip(alone, together, strict=True):
         torch.testing.assert_close(a, t, atol=1e-6, rtol=1e-6)
 

@@ -1,6 +1,7 @@
 """write_kv_cache: the torch reference against a per-token loop, the Triton kernel against
-the reference (a pure copy, so exactly), into caches stored slot-major (a GPU's pool) and
-head-major (the CPU's, `empty_kv_cache`)."""
+the reference (a pure copy, so exactly), into caches stored in each layout of
+`empty_kv_cache`: slot-major (a GPU's pool), head-major (the CPU's values) and dim-major
+(the CPU's keys)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from aioserve.runner.step_inputs import HostStepInputs
 
 
 def _inputs(
-    device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, head_major=False
+    device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, layout="slot_major"
 ):
     gen = torch.Generator().manual_seed(num_tokens * block_size + head_size)
     # key and value are views into one fused qkv tensor, as the model produces them.
@@ -28,22 +29,30 @@ def _inputs(
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
     caches = []
     for _ in range(2):
-        cache = empty_kv_cache(*cache_shape, dtype, torch.device(device), head_major)
+        cache = empty_kv_cache(*cache_shape, dtype, torch.device(device), layout)
         caches.append(cache.copy_(torch.randn(cache_shape, generator=gen)))
     return key, value, *caches, slots.to(device)
 
 
-def test_a_head_major_cache_is_stored_head_by_head():
-    cache = empty_kv_cache(5, 16, 3, 8, torch.float32, torch.device("cpu"), head_major=True)
+@pytest.mark.parametrize(
+    "layout, strides",
+    [
+        ("slot_major", (16 * 3 * 8, 3 * 8, 8, 1)),
+        ("head_major", (3 * 16 * 8, 8, 16 * 8, 1)),  # a kv head's slots, then the next head
+        ("dim_major", (3 * 8 * 16, 1, 8 * 16, 16)),  # a component's slots are one run
+    ],
+)
+def test_each_layout_is_stored_in_its_order(layout, strides):
+    cache = empty_kv_cache(5, 16, 3, 8, torch.float32, torch.device("cpu"), layout)
     assert cache.shape == (5, 16, 3, 8)
-    assert cache.stride() == (3 * 16 * 8, 8, 16 * 8, 1)
+    assert cache.stride() == strides
 
 
-@pytest.mark.parametrize("head_major", [False, True], ids=["slot-major", "head-major"])
+@pytest.mark.parametrize("layout", ["slot_major", "head_major", "dim_major"])
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_reference_matches_loop(device, block_size, head_major):
+def test_reference_matches_loop(device, block_size, layout):
     key, value, key_cache, value_cache, slots = _inputs(
-        device, torch.float32, 10, 2, 8, block_size, 12, head_major
+        device, torch.float32, 10, 2, 8, block_size, 12, layout
     )
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     for token, slot in enumerate(slots.tolist()):
@@ -100,10 +109,10 @@ def test_reference_casts_to_cache_dtype(device):
 
 
 def _check_triton(
-    device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, head_major=False
+    device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, layout="slot_major"
 ):
     key, value, key_cache, value_cache, slots = _inputs(
-        device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, head_major
+        device, dtype, num_tokens, num_kv_heads, head_size, block_size, num_blocks, layout
     )
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     write_kv_cache_reference(key, value, expected_keys, expected_values, slots)
@@ -124,7 +133,7 @@ def test_triton_matches_reference(
 
 
 def test_triton_writes_a_head_major_cache(triton_backend, device):
-    _check_triton(device, torch.float16, 7, 3, 64, 16, 3, head_major=True)
+    _check_triton(device, torch.float16, 7, 3, 64, 16, 3, layout="head_major")
 
 
 @pytest.mark.gpu

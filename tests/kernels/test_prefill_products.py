@@ -1,6 +1,6 @@
 """Prefill attention as batched products (kernels/prefill_products.py): which prefills take
 them, the padded chunks they run in, and their output against a naive float64 attention
-over the same paged caches (NaN in every free slot, both pool layouts)."""
+over the same paged caches (NaN in every free slot, each pool layout)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from tests.kernels.test_attention import LAYOUTS, make_batch, naive_attention
 
 
 @LAYOUTS
-def test_long_bfloat16_prefills_take_the_products_and_match_naive(device, monkeypatch, head_major):
+def test_long_bfloat16_prefills_take_the_products_and_match_naive(device, monkeypatch, layout):
     # Two chunks of a fresh prompt (the second padded), a chunk over a cached prefix, a
     # short prefill (SDPA) and a decode, in one step.
     seqs = [(CHUNK_ROWS + 44, CHUNK_ROWS + 44), (150, 420), (20, 20), (1, 40)]
-    batch = make_batch(seqs, 9, 3, 64, 16, torch.bfloat16, device, head_major=head_major)
+    batch = make_batch(seqs, 9, 3, 64, 16, torch.bfloat16, device, layout=layout)
     taken = []
     products = attention_reference.attend_by_products
 

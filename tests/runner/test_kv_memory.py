@@ -1,22 +1,31 @@
-"""The KV pool as the runner allocates it: on the CPU stored head-major and zeroed."""
+"""The KV pool as the runner allocates it: on the CPU in the layouts the torch path reads
+best (a bfloat16 pool's decodes weigh it in place: dim-major keys, head-major values;
+other dtypes gather from head-major pools), and zeroed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from aioserve.kernels.decode_in_pool import reads_in_place
 from aioserve.runner.kv_memory import allocate_kv_caches
 from tests.models.tiny_models import tiny_configs
 
 
-def test_the_cpu_pool_is_head_major_and_zeroed():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_cpu_pool_is_stored_as_the_torch_path_reads_it_and_zeroed(dtype):
     config = tiny_configs()["llama-gqa4-llama3-rope"]
-    caches, zeroing = allocate_kv_caches(config, 6, 4, torch.bfloat16, torch.device("cpu"))
+    caches, zeroing = allocate_kv_caches(config, 6, 4, dtype, torch.device("cpu"))
     zeroing.join()
     assert len(caches) == config.num_hidden_layers
     head_dim = config.hidden_size // config.num_attention_heads
     for key_cache, value_cache in caches:
         for cache in (key_cache, value_cache):
             assert cache.shape == (6, 4, config.num_key_value_heads, head_dim)
-            # A kv head's slots of a block are one run of memory (kernels/kv_cache.py).
-            assert cache.permute(0, 2, 1, 3).is_contiguous()
             assert not cache.any()
+        # bfloat16: a key block's slots of one component are a run; otherwise a kv head's
+        # slots of a block. Each value's head is a run.
+        key_order = (0, 2, 3, 1) if dtype == torch.bfloat16 else (0, 2, 1, 3)
+        assert key_cache.permute(key_order).is_contiguous()
+        assert value_cache.permute(0, 2, 1, 3).is_contiguous()
+        assert reads_in_place(key_cache, value_cache, dtype) == (dtype == torch.bfloat16)

@@ -1,0 +1,175 @@
+"""Decode attention weighed where the pool keeps the keys and values: the CPU's decode path.
+
+A decoding row's attention is two weighted sums over its sequence's slots, and
+`embedding_bag` (mode "sum", with per-sample weights, float32 accumulation) computes a
+weighted sum of rows picked from a table in one pass, reading each row where it lies. Both
+sums are written as bags over the pool's memory viewed as rows (`stored_rows`):
+
+- Scores: in a dim-major key pool (kv_cache.py) the block_size slots of one head-size
+  component d of a (block, kv head) are one row, so a query head's scores over a block are
+  the sum over d of q[d] times that row: one bag of head_size rows, weights q · scale.
+- Values: in a head-major (or slot-major) value pool a slot's head_size values are one
+  row, so a query head's output is the sum over its slots of probability times that row:
+  one bag of `width` rows, weights the probabilities.
+
+Nothing is gathered and no product is set up, which on this project's 2-core CPUs took
+most of a decode step's attention (bench/RESULTS.md). A group's sequences are padded to
+its longest (`width`, whole blocks): scores past a sequence's length are masked to -inf
+(whatever the slot holds, NaN included), and padded value rows point at the sequence's
+first slot with weight zero. The decodes of a step are sorted by length and grouped so
+that padding stays small and the bags' index tensors stay bounded (`group_decodes`).
+
+It runs where both pools are bfloat16 under bfloat16 compute, each row of their bags one
+run of memory (`reads_in_place`); other caches (fp8, float16, a GPU's slot-major keys)
+take the gather path of attention_reference.py, and so does float32: once any
+`embedding_bag` (fbgemm's) has run, MKL's float32 batched products ran 2.6× slower for the
+rest of the process (an isolated script on an AVX-512 EPYC), and in the engine float32
+prefill steps lost 3-10% where the decodes won (bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# A group's bags hold at most this many rows (as index entries, one for each of the keys'
+# bags' rows and one for each of the values'), ~16 MiB of int32 indices a group.
+MAX_BAG_ROWS = 1 << 22
+# Padding a group may add, in (sequence, block) pairs, before a longer sequence starts a
+# new group: ~the bags a group's fixed cost (four ops a layer) is worth on a 2-core CPU.
+MAX_PADDING_BLOCKS = 64
+
+
+def reads_in_place(key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
+    """Whether decodes computing in `dtype` can weigh this pool in place: bfloat16 caches
+    under bfloat16 compute, dense, a key block's slots and a value's head_size components
+    each one run of memory."""
+    return (
+        dtype == torch.bfloat16
+        and key_cache.dtype == value_cache.dtype == dtype
+        and key_cache.stride(1) == 1
+        and value_cache.stride(3) == 1
+        and _is_dense(key_cache)
+        and _is_dense(value_cache)
+    )
+
+
+def group_decodes(
+    lengths: np.ndarray, block_size: int, num_q_heads: int, head_size: int
+) -> list[np.ndarray]:
+    """The decoding sequences (indices into `lengths`) in groups: sorted by length, a group
+    closed when the next sequence would pad it by more than MAX_PADDING_BLOCKS blocks or
+    take its bags past MAX_BAG_ROWS rows."""
+    blocks = -(-lengths // block_size)
+    order = np.argsort(blocks, kind="stable")
+    groups, current, widest = [], [], 0
+    for seq in order.tolist():
+        width = int(blocks[seq])
+        count = len(current) + 1
+        rows = count * num_q_heads * width * (head_size + block_size)
+        added_padding = len(current) * (width - widest)
+        if current and (rows > MAX_BAG_ROWS or added_padding > MAX_PADDING_BLOCKS):
+            groups.append(np.array(current))
+            current = []
+        current.append(seq)
+        widest = width
+    if current:
+        groups.append(np.array(current))
+    return groups
+
+
+def key_rows(blocks: Tensor, cache: Tensor, num_q_heads: int) -> Tensor:
+    """[n * Hq * blocks, D]: for each sequence, query head and block of `blocks` [n, b], the
+    rows of the dim-major key pool viewed as [rows, block_size] (stored_rows) holding that
+    block's slots of each head-size component, for the query head's kv head."""
+    _, block_size, num_kv_heads, head_size = cache.shape
+    block_stride, _, head_stride, dim_stride = cache.stride()
+    kv_heads = _kv_head_of(num_q_heads, num_kv_heads, blocks.device)
+    dims = torch.arange(head_size, device=blocks.device)
+    first = (
+        blocks[:, None, :, None] * block_stride
+        + kv_heads[None, :, None, None] * head_stride
+        + dims * dim_stride
+    )  # [n, Hq, b, D]: where each row starts
+    return (first // block_size).view(-1, head_size).to(_index_dtype(cache, block_size))
+
+
+def value_rows(blocks: Tensor, lengths: Tensor, cache: Tensor, num_q_heads: int) -> Tensor:
+    """[n * Hq, width]: for each sequence, query head and slot of its `blocks` [n, b], the
+    row of the value pool viewed as [rows, D] (stored_rows) holding that slot's value. A
+    slot past the sequence's length points at its first slot: its weight is zero, and a
+    free slot might hold a NaN (0 * NaN)."""
+    _, block_size, num_kv_heads, head_size = cache.shape
+    block_stride, slot_stride, head_stride, _ = cache.stride()
+    width = blocks.shape[1] * block_size
+    slots = torch.arange(width, device=blocks.device)
+    valid = slots < lengths[:, None]  # [n, width]
+    slot_blocks = torch.where(valid, blocks[:, slots // block_size], blocks[:, :1])
+    offsets = torch.where(valid, slots % block_size, 0)
+    kv_heads = _kv_head_of(num_q_heads, num_kv_heads, blocks.device)
+    first = (slot_blocks * block_stride + offsets * slot_stride)[:, None, :] + (
+        kv_heads * head_stride
+    )[None, :, None]  # [n, Hq, width]: where each value starts
+    return (first // head_size).view(-1, width).to(_index_dtype(cache, head_size))
+
+
+def attend_in_pool(
+    rows: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    keys_at: Tensor,
+    values_at: Tensor,
+    padding: Tensor | None,
+    scale: float,
+) -> Tensor:
+    """Attention of one query row per sequence, rows [n, Hq, D] in the pool's dtype, over
+    the sequences' slots: [n, Hq, D]. keys_at and values_at are the group's key_rows and
+    value_rows; padding [n, 1, width] bool marks slots past each sequence's length (None:
+    no slot is)."""
+    n, num_q_heads, head_size = rows.shape
+    block_size = key_cache.shape[1]
+    blocks = keys_at.shape[0] // (n * num_q_heads)
+    width = blocks * block_size
+    # Each query head's q · scale, once for every block its scores cover.
+    weights = (rows * scale).unsqueeze(2).expand(n, num_q_heads, blocks, head_size)
+    scores = F.embedding_bag(
+        keys_at,
+        stored_rows(key_cache, block_size),
+        mode="sum",
+        per_sample_weights=weights.reshape(keys_at.shape),
+    ).view(n, num_q_heads, width)
+    if padding is not None:
+        scores.masked_fill_(padding, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to the pool's dtype
+    out = F.embedding_bag(
+        values_at,
+        stored_rows(value_cache, head_size),
+        mode="sum",
+        per_sample_weights=probs.view(values_at.shape),
+    )
+    return out.view(n, num_q_heads, head_size)
+
+
+def stored_rows(cache: Tensor, row_length: int) -> Tensor:
+    """The pool's memory as [rows, row_length], in storage order, whatever its layout."""
+    return cache.as_strided(
+        (cache.numel() // row_length, row_length), (row_length, 1), cache.storage_offset()
+    )
+
+
+def _kv_head_of(num_q_heads: int, num_kv_heads: int, device: torch.device) -> Tensor:
+    """[Hq]: the kv head each query head reads (a kv head's query heads are consecutive)."""
+    return torch.arange(num_q_heads, device=device) // (num_q_heads // num_kv_heads)
+
+
+def _index_dtype(cache: Tensor, row_length: int) -> torch.dtype:
+    """int32 where it can number the pool's rows: half the index bytes the bags read."""
+    return torch.int32 if cache.numel() // row_length < 2**31 else torch.int64
+
+
+def _is_dense(cache: Tensor) -> bool:
+    """Whether the tensor is a permuted view of a contiguous one."""
+    by_stride = sorted(range(cache.dim()), key=lambda dim: -cache.stride(dim))
+    return cache.permute(by_stride).is_contiguous()
