@@ -431,7 +431,7 @@ def _attend_decode_group(
         keys.view(n * num_kv_heads, group.width, head_size).transpose(1, 2),
         alpha=scale,
     )
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+    probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to the compute dtype
     values = values.view(n * num_kv_heads, group.width, head_size)
     out = torch.bmm(probs.view(n * num_kv_heads, group_size, -1), values)
     return out.view(n, num_q_heads, head_size)
@@ -490,28 +490,35 @@ def _attend_prefill(
     seq: PrefillSequence,
     scale: float,
     kv_scales: tuple[Tensor | None, Tensor | None],
-) -> Tensor:
-    """Causal attention of one sequence's query rows: [q_len, Hq, D] in the compute dtype,
-    through SDPA or, for long enough bfloat16 prefills, as products (prefill_products.py)."""
+    out: Tensor,
+) -> None:
+    """Causal attention of one sequence's query rows, written into out[start:end], through
+    SDPA or, for long enough bfloat16 prefills, as products (prefill_products.py)."""
     num_q_heads, head_size = query.shape[1:]
     num_kv_heads = key_cache.shape[2]
     dtype = _compute_dtype(query.dtype)
     query_len = seq.end - seq.start
+    target = out[seq.start : seq.end]
     if uses_products(dtype, query_len, seq.seq_len):
         length = padded_key_count(seq.seq_len)
-        return attend_by_products(
+        attended = target if target.dtype == dtype else torch.empty_like(target, dtype=dtype)
+        attend_by_products(
             query[seq.start : seq.end].to(dtype),
             _padded_keys(key_cache, seq, dtype, kv_scales[0], length),
             _padded_keys(value_cache, seq, dtype, kv_scales[1], length),
             seq.product_chunks(num_q_heads // num_kv_heads, query.device),
             scale,
+            attended,
         )
+        if attended is not target:
+            target.copy_(attended)
+        return
     keys = _padded_keys(key_cache, seq, dtype, kv_scales[0], seq.padded_seq_len)
     values = _padded_keys(value_cache, seq, dtype, kv_scales[1], seq.padded_seq_len)
     rows = query.new_zeros((seq.padded_query_len, num_q_heads, head_size), dtype=dtype)
     rows[:query_len] = query[seq.start : seq.end]
     mask = seq.sdpa_mask(query.device)
-    out = F.scaled_dot_product_attention(
+    attended = F.scaled_dot_product_attention(
         rows.transpose(0, 1).unsqueeze(0),
         keys.unsqueeze(0),
         values.unsqueeze(0),
@@ -520,7 +527,7 @@ def _attend_prefill(
         scale=scale,
         enable_gqa=num_q_heads != num_kv_heads,
     )
-    return out.squeeze(0).transpose(0, 1)[:query_len]
+    target.copy_(attended.squeeze(0).transpose(0, 1)[:query_len])
 
 
 def _padded_keys(
@@ -572,6 +579,5 @@ def paged_attention_reference(
     if plan.decodes is not None:
         _attend_decodes(query, key_cache, value_cache, plan.decodes, plan, scale, kv_scales, out)
     for seq in plan.prefills:
-        attended = _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales)
-        out[seq.start : seq.end] = attended.to(out.dtype)
+        _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales, out)
     return out

@@ -9,7 +9,7 @@ spends, so shorter prefills keep SDPA (`uses_products`).
 
 A sequence's query rows go in chunks of CHUNK_ROWS, each against the keys up to its last
 row, so the blocks above the causal diagonal are mostly skipped. A chunk is two products
-with a float32 softmax between them: the scores [Hkv, group · rows, keys], the GQA group's
+with a softmax between them (float32 inside): the scores [Hkv, group · rows, keys], the GQA group's
 query heads stacked as rows, come out of one `baddbmm` that scales them and adds the
 chunk's mask, rounded to bfloat16 (as the decode groups' scores and transformers' eager
 attention round them).
@@ -81,31 +81,35 @@ def plan_chunks(
 
 
 def attend_by_products(
-    query: Tensor, keys: Tensor, values: Tensor, chunks: list[ProductChunk], scale: float
-) -> Tensor:
+    query: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    chunks: list[ProductChunk],
+    scale: float,
+    out: Tensor,
+) -> None:
     """query [q_len, Hq, D] over keys and values [Hkv, >= every chunk's keys, D] (zero past
-    the sequence), all bfloat16: [q_len, Hq, D]."""
+    the sequence), all bfloat16, written into `out` [q_len, Hq, D]."""
     query_len, num_q_heads, head_size = query.shape
     num_kv_heads = keys.shape[0]
     group_size = num_q_heads // num_kv_heads
     # [Hkv, group, q_len, D]: a kv head's query heads are consecutive, as in the model.
     heads = query.view(query_len, num_kv_heads, group_size, head_size).permute(1, 2, 0, 3)
-    out = torch.empty_like(query)
     for chunk in chunks:
         rows = chunk.end - chunk.start
-        stacked = heads.new_zeros((num_kv_heads, group_size, chunk.padded_rows, head_size))
+        stacked = heads.new_empty((num_kv_heads, group_size, chunk.padded_rows, head_size))
         stacked[:, :, :rows] = heads[:, :, chunk.start : chunk.end]
+        stacked[:, :, rows:] = 0
         stacked = stacked.view(num_kv_heads, group_size * chunk.padded_rows, head_size)
         scores = torch.baddbmm(
             chunk.bias, stacked, keys[:, : chunk.keys].transpose(1, 2), alpha=scale
         )
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to bfloat16
         attended = torch.bmm(probs, values[:, : chunk.keys])
         attended = attended.view(num_kv_heads, group_size, chunk.padded_rows, head_size)
-        out[chunk.start : chunk.end] = (
-            attended[:, :, :rows].permute(2, 0, 1, 3).reshape(rows, num_q_heads, head_size)
+        out[chunk.start : chunk.end].view(rows, num_kv_heads, group_size, head_size).copy_(
+            attended[:, :, :rows].permute(2, 0, 1, 3)
         )
-    return out
 
 
 def round_up(n: int, multiple: int) -> int:

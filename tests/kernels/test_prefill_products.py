@@ -29,9 +29,9 @@ def test_long_bfloat16_prefills_take_the_products_and_match_naive(device, monkey
     taken = []
     products = attention_reference.attend_by_products
 
-    def recording_products(query, keys, values, chunks, scale):
+    def recording_products(query, keys, values, chunks, scale, out):
         taken.append((query.shape[0], [(c.padded_rows, c.keys) for c in chunks]))
-        return products(query, keys, values, chunks, scale)
+        products(query, keys, values, chunks, scale, out)
 
     monkeypatch.setattr(attention_reference, "attend_by_products", recording_products)
     out = paged_attention_reference(*batch.args())
