@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aioserve.kernels import decode_in_pool, dispatch
-from aioserve.kernels.kv_cache import is_fp8
+from aioserve.kernels.kv_cache import is_fp8, stored_order
 from aioserve.kernels.prefill_products import (
     ProductChunk,
     attend_by_products,
@@ -184,7 +184,11 @@ class DecodeSequences:
         )
 
     def _on_device(self, array: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return _on_device(array, self.device)
+
+
+def _on_device(array: np.ndarray, device: torch.device) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 
 @dataclass
@@ -290,10 +294,6 @@ def plan_reference_attention(
     lens = np.asarray(seq_lens, dtype=np.int64)
     tables = block_tables.astype(np.int64)
     query_lens = np.diff(starts)
-
-    def on_device(array: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
-
     decoding = np.flatnonzero(query_lens == 1)
     decodes = None
     if len(decoding):
@@ -307,7 +307,7 @@ def plan_reference_attention(
             PrefillSequence(
                 start=start,
                 end=start + query_len,
-                blocks=on_device(tables[b, : -(-seq_len // block_size)]),
+                blocks=_on_device(tables[b, : -(-seq_len // block_size)], device),
                 seq_len=seq_len,
                 padded_query_len=round_up(query_len, PREFILL_ALIGN),
                 padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
@@ -350,8 +350,8 @@ def _gather_heads(
     From a head-major pool one index_select of `head_rows` (DecodeGroup.head_rows; given
     only for a head-major pool) copies runs of block_size * D elements, into `buffer` when
     given; from any other layout (a GPU's slot-major pool, the CPU's dim-major keys) the
-    blocks are gathered whole and reordered. Gathered rows
-    at `padding` (of the flattened [..., D] result) are zeroed.
+    blocks are gathered whole and reordered. Gathered rows at `padding` (of the flattened
+    [..., D] result) are zeroed.
     """
     num_blocks, block_size, num_kv_heads, head_size = cache.shape
     lead = blocks.shape[:-1]
@@ -369,7 +369,7 @@ def _gather_heads(
     else:
         # Whole blocks, copied as stored (blocks are the outermost dimension of every
         # layout), then reordered to [..., Hkv, slots, D] in one copy.
-        order = sorted(range(4), key=lambda dim: -stored.stride(dim))
+        order = stored_order(stored)
         whole = stored.permute(order).index_select(0, blocks.reshape(-1))
         whole = whole.permute([order.index(dim) for dim in range(4)])  # [k, bs, Hkv, D]
         whole = whole.reshape(*lead, blocks.shape[-1], block_size, num_kv_heads, head_size)
@@ -457,8 +457,8 @@ def _attend_decodes(
     """Every decoding row's attention, written into `out`: weighed in the pool where it
     can be (decode_in_pool.py), else gathered group by group."""
     num_q_heads, head_size = query.shape[1:]
-    dtype = _compute_dtype(query.dtype)
-    in_pool = query.dtype == dtype and decode_in_pool.reads_in_place(key_cache, value_cache, dtype)
+    # bfloat16 queries compute in bfloat16 (_compute_dtype), the only dtype read in place.
+    in_pool = decode_in_pool.reads_in_place(key_cache, value_cache, query.dtype)
     groups = decodes.groups(in_pool, num_q_heads, head_size)
     if not in_pool:
         buffers = plan.decode_gather_buffers(key_cache, groups)

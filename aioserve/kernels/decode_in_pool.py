@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aioserve.kernels.kv_cache import stored_order
+
 # A group's bags hold at most this many rows (as index entries, one for each of the keys'
 # bags' rows and one for each of the values'), ~16 MiB of int32 indices a group.
 MAX_BAG_ROWS = 1 << 22
@@ -171,5 +173,4 @@ def _index_dtype(cache: Tensor, row_length: int) -> torch.dtype:
 
 def _is_dense(cache: Tensor) -> bool:
     """Whether the tensor is a permuted view of a contiguous one."""
-    by_stride = sorted(range(cache.dim()), key=lambda dim: -cache.stride(dim))
-    return cache.permute(by_stride).is_contiguous()
+    return cache.permute(stored_order(cache)).is_contiguous()

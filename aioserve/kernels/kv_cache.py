@@ -75,6 +75,12 @@ def empty_kv_cache(
     return stored.permute([order.index(d) for d in range(4)])
 
 
+def stored_order(cache: Tensor) -> list[int]:
+    """The cache's dimensions, outermost in memory first: `cache.permute(stored_order(cache))`
+    is contiguous for every layout of empty_kv_cache."""
+    return sorted(range(cache.dim()), key=lambda dim: -cache.stride(dim))
+
+
 def is_fp8(dtype: torch.dtype) -> bool:
     """Whether a KV cache of `dtype` holds scaled fp8 values."""
     return dtype in FP8_KV_DTYPES

@@ -24,7 +24,7 @@ from aioserve.kernels.attention_reference import (
     PREFILL_ALIGN,
     paged_attention_reference,
 )
-from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts
+from aioserve.kernels.kv_cache import empty_kv_cache, stored_order, torch_path_layouts
 
 _TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=1e-5),
@@ -131,7 +131,7 @@ def _to_device(cache: torch.Tensor, device: torch.device) -> torch.Tensor:
     only where it can)."""
     if cache.device == device:
         return cache
-    order = sorted(range(4), key=lambda dim: -cache.stride(dim))
+    order = stored_order(cache)
     return cache.permute(order).to(device).permute([order.index(dim) for dim in range(4)])
 
 
