@@ -80,7 +80,8 @@ class SoakConfig:
     sample_every: int = 100
     seed: int = 0
     max_model_len: int = 512
-    num_blocks: int = 40  # 1.25 contexts of 16-token blocks: two long requests cannot coexist
+    num_blocks: int = 40  # 1.25 contexts: two long requests cannot coexist
+    block_size: int = 16
     max_num_batched_tokens: int | None = 256  # long prompts are prefilled in chunks
     enforce_eager: bool = False
     eager_free: bool = False  # the server's glibc gives freed memory back at once (TRIM_TUNABLES)
@@ -109,6 +110,7 @@ def serve_argv(config: SoakConfig, port: int) -> list[str]:
     argv += ["--host", "127.0.0.1", "--port", str(port), "--seed", str(config.seed)]
     argv += ["--max-model-len", str(config.max_model_len), "--dtype", config.dtype]
     argv += ["--num-gpu-blocks-override", str(config.num_blocks)]
+    argv += ["--block-size", str(config.block_size)]
     argv += ["--served-model-name", MODEL_NAME, "--api-key", API_KEY]
     if config.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
@@ -354,7 +356,8 @@ INTEGER_OPTIONS = {
     "sample_every": "requests between two memory readings",
     "seed": "seed of the mix and of the server",
     "max_model_len": "the server's --max-model-len",
-    "num_blocks": "KV blocks of 16 tokens (the server's --num-gpu-blocks-override)",
+    "num_blocks": "KV blocks (the server's --num-gpu-blocks-override)",
+    "block_size": "tokens a KV block (the server's --block-size)",
     "max_num_batched_tokens": "the server's --max-num-batched-tokens",
 }
 

@@ -54,7 +54,7 @@ def test_defaults():
     assert config.model.served_model_name is None
     assert config.load.load_format == "auto"
     assert config.load.download_dir is None
-    assert config.cache.block_size is None  # the platform's: 32 on the CPU, 16 on a GPU
+    assert config.cache.block_size is None  # the platform's: 128 on the CPU, 16 on a GPU
     assert config.cache.gpu_memory_utilization == 0.9
     assert config.cache.num_gpu_blocks_override is None
     assert config.cache.enable_prefix_caching is True
@@ -512,7 +512,7 @@ def test_default_model_matches_the_resolver():
         ("max_num_seqs", "rocm", True, 256),
         ("async_scheduling", "cpu", True, False),
         # The torch path's decodes weigh 32-slot key runs (kernels/decode_in_pool.py).
-        ("block_size", "cpu", True, 32),
+        ("block_size", "cpu", True, 128),
         ("block_size", "cuda", True, 16),
     ],
 )

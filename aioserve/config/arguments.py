@@ -359,9 +359,11 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("worker-use-ray", PARALLEL, False,
           "Deprecated in vLLM (use --distributed-executor-backend=ray).", "flag"),
     # --- CacheConfig -----------------------------------------------------------------------
-    # The CPU's decodes weigh a key block's slots of one component as one row
-    # (kernels/decode_in_pool.py): 32 slots are 64 bytes in bfloat16, one cache line.
-    Argument("block-size", CACHE, PlatformDefault(cpu=32, gpu=16), "Tokens per KV-cache block.",
+    # The CPU's decodes weigh a key block's slots of one component as one row, and read a
+    # kv head's block as one run (kernels/decode_in_pool.py): 128 slots, vLLM-CPU's default,
+    # are 256-byte rows and 16 KiB runs in bfloat16, which the CPU streams from memory where
+    # 32 slots' 4 KiB runs stall on each run's first access (bench/RESULTS.md).
+    Argument("block-size", CACHE, PlatformDefault(cpu=128, gpu=16), "Tokens per KV-cache block.",
              convert=values.integer, choices=(1, 8, 16, 32, 64, 128)),
     Argument("gpu-memory-utilization", CACHE, 0.9,
              "Share of device memory (greater than 0, at most 1) this instance may use for "

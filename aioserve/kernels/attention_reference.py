@@ -69,29 +69,30 @@ class DecodeGroup:
     """Decoding sequences attended together."""
 
     rows: Tensor  # [n] int64: each sequence's query row
-    blocks: Tensor  # [n, width // block_size] int64: the blocks each sequence reads
+    # [n, b] int64: the blocks each sequence reads, b its longest's (padded with the first)
+    blocks: Tensor
     lengths: Tensor  # [n] int64: each sequence's length
-    padding: Tensor | None  # [p, 2] int64: (sequence, slot) pairs past their sequence's length
-    # [n, 1, width] bool: True where a slot is past its sequence's length (None: none is).
-    mask: Tensor | None
-    width: int  # slots per sequence (the gather path cuts a group of one to its length)
+    # [p, 2] int64: the (sequence, slot) pairs past their sequence's length (None: none is).
+    padding: Tensor | None
+    # Slots each sequence's attention covers: the longest member's length where weighed in
+    # the pool, or a gathered group of one (cut to its length); else the whole blocks.
+    width: int
     first_row: int | None  # rows[0] when the rows are consecutive, else None
     # Worked out in the step's first layer, once the heads and the pool are known.
     _head_rows: Tensor | None = None
     _head_padding: Tensor | None = None
     _bias: Tensor | None = None
-    _bag_rows: tuple[Tensor, Tensor] | None = None
+    _bag_inputs: tuple[Tensor, Tensor, Tensor | None] | None = None
 
     def bias(self, dtype: torch.dtype, num_kv_heads: int) -> Tensor:
-        """The mask as `dtype` [n * Hkv, 1, width], 0 or -inf, a bias for the scores' product."""
+        """`dtype` [n * Hkv, 1, width], -inf at the padding and 0 elsewhere, a bias for the
+        scores' product."""
         if self._bias is None:
             n = self.rows.numel()
-            bias = torch.zeros(
-                (n * num_kv_heads, 1, self.width), dtype=dtype, device=self.rows.device
-            )
-            if self.mask is not None:
-                bias.masked_fill_(self.mask.repeat_interleave(num_kv_heads, dim=0), float("-inf"))
-            self._bias = bias
+            bias = torch.zeros((n, num_kv_heads, self.width), dtype=dtype, device=self.rows.device)
+            if self.padding is not None:
+                bias[self.padding[:, 0], :, self.padding[:, 1]] = float("-inf")
+            self._bias = bias.view(n * num_kv_heads, 1, self.width)
         return self._bias
 
     def head_rows(self, num_kv_heads: int) -> Tensor:
@@ -112,16 +113,23 @@ class DecodeGroup:
             self._head_padding = ((seq * num_kv_heads + heads) * self.width + slot).reshape(-1)
         return self._head_padding
 
-    def bag_rows(
+    def bag_inputs(
         self, key_cache: Tensor, value_cache: Tensor, num_q_heads: int
-    ) -> tuple[Tensor, Tensor]:
-        """The pool rows the group's bags weigh (decode_in_pool.key_rows, value_rows)."""
-        if self._bag_rows is None:
-            self._bag_rows = (
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The pool rows the group's bags weigh and the scores its padding masks
+        (decode_in_pool.key_rows, value_rows, masked_scores)."""
+        if self._bag_inputs is None:
+            scored_width = self.blocks.shape[1] * key_cache.shape[1]
+            self._bag_inputs = (
                 decode_in_pool.key_rows(self.blocks, key_cache, num_q_heads),
-                decode_in_pool.value_rows(self.blocks, self.lengths, value_cache, num_q_heads),
+                decode_in_pool.value_rows(
+                    self.blocks, self.lengths, self.width, value_cache, num_q_heads
+                ),
+                None
+                if self.padding is None
+                else decode_in_pool.masked_scores(self.padding, num_q_heads, scored_width),
             )
-        return self._bag_rows
+        return self._bag_inputs
 
 
 @dataclass
@@ -164,21 +172,17 @@ class DecodeSequences:
         table = np.where(np.arange(width_blocks) < blocks_per_seq[:, None], table, table[:, :1])
         rows = self.rows[seqs]
         consecutive = bool((np.diff(rows) == 1).all())
-        width, padding, mask = width_blocks * self.block_size, None, None
-        if len(seqs) == 1 and not in_pool:
-            width = int(lengths[0])  # cut to its length
+        if in_pool or len(seqs) == 1:
+            width = int(lengths.max())
         else:
-            past = np.arange(width) >= lengths[:, None]
-            if past.any():
-                mask = self._on_device(past)[:, None, :]
-                if not in_pool:
-                    padding = self._on_device(np.argwhere(past))
+            width = width_blocks * self.block_size
+        past = np.arange(width) >= lengths[:, None]
+        padding = self._on_device(np.argwhere(past)) if past.any() else None
         return DecodeGroup(
             rows=self._on_device(rows),
             blocks=self._on_device(table),
             lengths=self._on_device(lengths.astype(np.int64)),
             padding=padding,
-            mask=mask,
             width=width,
             first_row=int(rows[0]) if consecutive else None,
         )
@@ -469,8 +473,7 @@ def _attend_decodes(
                 _query_rows(query, group),
                 key_cache,
                 value_cache,
-                *group.bag_rows(key_cache, value_cache, num_q_heads),
-                group.mask,
+                *group.bag_inputs(key_cache, value_cache, num_q_heads),
                 scale,
             )
         else:

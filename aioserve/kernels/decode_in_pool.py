@@ -14,10 +14,11 @@ sums are written as bags over the pool's memory viewed as rows (`stored_rows`):
 
 Nothing is gathered and no product is set up, which on this project's 2-core CPUs took
 most of a decode step's attention (bench/RESULTS.md). A group's sequences are padded to
-its longest (`width`, whole blocks): scores past a sequence's length are masked to -inf
-(whatever the slot holds, NaN included), and padded value rows point at the sequence's
-first slot with weight zero. The decodes of a step are sorted by length and grouped so
-that padding stays small and the bags' index tensors stay bounded (`group_decodes`).
+its longest: the key bags cover the longest's whole blocks, the value bags its length
+(`width`); scores past a sequence's length are set to -inf (whatever the slot holds, NaN
+included), and padded value rows point at the sequence's first slot with weight zero. The
+decodes of a step are sorted by length and grouped so that padding stays small and the
+bags' index tensors stay bounded (`group_decodes`).
 
 It runs where both pools are bfloat16 under bfloat16 compute, each row of their bags one
 run of memory (`reads_in_place`); other caches (fp8, float16, a GPU's slot-major keys)
@@ -39,9 +40,10 @@ from aioserve.kernels.kv_cache import stored_order
 # A group's bags hold at most this many rows (as index entries, one for each of the keys'
 # bags' rows and one for each of the values'), ~16 MiB of int32 indices a group.
 MAX_BAG_ROWS = 1 << 22
-# Padding a group may add, in (sequence, block) pairs, before a longer sequence starts a
-# new group: ~the bags a group's fixed cost (four ops a layer) is worth on a 2-core CPU.
-MAX_PADDING_BLOCKS = 64
+# Padding a group may add, in slots of whole blocks over its sequences, before a longer
+# sequence starts a new group: ~the bag rows a group's fixed cost (four ops a layer) is
+# worth on a 2-core CPU.
+MAX_PADDING_SLOTS = 2048
 
 
 def reads_in_place(key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
@@ -62,8 +64,9 @@ def group_decodes(
     lengths: np.ndarray, block_size: int, num_q_heads: int, head_size: int
 ) -> list[np.ndarray]:
     """The decoding sequences (indices into `lengths`) in groups: sorted by length, a group
-    closed when the next sequence would pad it by more than MAX_PADDING_BLOCKS blocks or
-    take its bags past MAX_BAG_ROWS rows."""
+    closed when the next sequence would pad it by more than MAX_PADDING_SLOTS slots or
+    take its bags past MAX_BAG_ROWS rows. Where one group holds them all, it keeps the
+    step's order: its query rows are then one slice, read and written in place."""
     blocks = -(-lengths // block_size)
     order = np.argsort(blocks, kind="stable")
     groups, current, widest = [], [], 0
@@ -71,14 +74,16 @@ def group_decodes(
         width = int(blocks[seq])
         count = len(current) + 1
         rows = count * num_q_heads * width * (head_size + block_size)
-        added_padding = len(current) * (width - widest)
-        if current and (rows > MAX_BAG_ROWS or added_padding > MAX_PADDING_BLOCKS):
+        added_padding = len(current) * (width - widest) * block_size
+        if current and (rows > MAX_BAG_ROWS or added_padding > MAX_PADDING_SLOTS):
             groups.append(np.array(current))
             current = []
         current.append(seq)
         widest = width
     if current:
         groups.append(np.array(current))
+    if len(groups) == 1:
+        return [np.arange(len(lengths))]
     return groups
 
 
@@ -98,14 +103,15 @@ def key_rows(blocks: Tensor, cache: Tensor, num_q_heads: int) -> Tensor:
     return (first // block_size).view(-1, head_size).to(_index_dtype(cache, block_size))
 
 
-def value_rows(blocks: Tensor, lengths: Tensor, cache: Tensor, num_q_heads: int) -> Tensor:
-    """[n * Hq, width]: for each sequence, query head and slot of its `blocks` [n, b], the
-    row of the value pool viewed as [rows, D] (stored_rows) holding that slot's value. A
-    slot past the sequence's length points at its first slot: its weight is zero, and a
-    free slot might hold a NaN (0 * NaN)."""
+def value_rows(
+    blocks: Tensor, lengths: Tensor, width: int, cache: Tensor, num_q_heads: int
+) -> Tensor:
+    """[n * Hq, width]: for each sequence, query head and slot 0..width-1 of its `blocks`
+    [n, b], the row of the value pool viewed as [rows, D] (stored_rows) holding that slot's
+    value. A slot past the sequence's length points at its first slot: its weight is zero,
+    and a free slot might hold a NaN (0 * NaN)."""
     _, block_size, num_kv_heads, head_size = cache.shape
     block_stride, slot_stride, head_stride, _ = cache.stride()
-    width = blocks.shape[1] * block_size
     slots = torch.arange(width, device=blocks.device)
     valid = slots < lengths[:, None]  # [n, width]
     slot_blocks = torch.where(valid, blocks[:, slots // block_size], blocks[:, :1])
@@ -117,23 +123,31 @@ def value_rows(blocks: Tensor, lengths: Tensor, cache: Tensor, num_q_heads: int)
     return (first // head_size).view(-1, width).to(_index_dtype(cache, head_size))
 
 
+def masked_scores(padding: Tensor, num_q_heads: int, scored_width: int) -> Tensor:
+    """Where the (sequence, slot) pairs of `padding` [p, 2] lie, for every query head, in a
+    group's scores flattened from [n, Hq, scored_width]: [p * Hq]."""
+    seq, slot = padding[:, :1], padding[:, 1:]
+    heads = torch.arange(num_q_heads, device=padding.device)
+    return ((seq * num_q_heads + heads) * scored_width + slot).reshape(-1)
+
+
 def attend_in_pool(
     rows: Tensor,
     key_cache: Tensor,
     value_cache: Tensor,
     keys_at: Tensor,
     values_at: Tensor,
-    padding: Tensor | None,
+    masked: Tensor | None,
     scale: float,
 ) -> Tensor:
     """Attention of one query row per sequence, rows [n, Hq, D] in the pool's dtype, over
     the sequences' slots: [n, Hq, D]. keys_at and values_at are the group's key_rows and
-    value_rows; padding [n, 1, width] bool marks slots past each sequence's length (None:
-    no slot is)."""
+    value_rows (its `width` slots); masked (masked_scores) the scores of slots past each
+    sequence's length (None: no slot is)."""
     n, num_q_heads, head_size = rows.shape
     block_size = key_cache.shape[1]
     blocks = keys_at.shape[0] // (n * num_q_heads)
-    width = blocks * block_size
+    width = values_at.shape[1]
     # Each query head's q · scale, once for every block its scores cover.
     weights = (rows * scale).unsqueeze(2).expand(n, num_q_heads, blocks, head_size)
     scores = F.embedding_bag(
@@ -141,10 +155,13 @@ def attend_in_pool(
         stored_rows(key_cache, block_size),
         mode="sum",
         per_sample_weights=weights.reshape(keys_at.shape),
-    ).view(n, num_q_heads, width)
-    if padding is not None:
-        scores.masked_fill_(padding, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to the pool's dtype
+    )
+    if masked is not None:
+        # A few positions, where masked_fill_ would pass over every score.
+        scores.view(-1).index_fill_(0, masked, float("-inf"))
+    scores = scores.view(n, num_q_heads, blocks * block_size)[..., :width]
+    # float32 inside, rounded to the pool's dtype; contiguous whatever the slice was.
+    probs = torch.softmax(scores, dim=-1)
     out = F.embedding_bag(
         values_at,
         stored_rows(value_cache, head_size),

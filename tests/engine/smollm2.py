@@ -101,8 +101,10 @@ def hf_prompt_logprobs(gguf_path: str, prompt_ids: list[int]) -> torch.Tensor:
 
 def float32_engine(model_path, max_model_len: int, **settings) -> AsyncEngine:
     """An AsyncEngine on the default model's GGUF: float32, seed 0, `max_model_len` context,
-    run eagerly (tests/engine/test_smollm2_greedy.py covers the compiled step); `settings`
-    are more LLM-style keywords."""
+    run eagerly (tests/engine/test_smollm2_greedy.py covers the compiled step), KV blocks
+    of 16 tokens (the tests' prompts are a few dozen tokens, and the prefix cache shares
+    whole blocks only); `settings` are more LLM-style keywords."""
+    settings.setdefault("block_size", 16)
     return AsyncEngine.from_config(
         engine_config_from_kwargs(
             model=str(model_path),

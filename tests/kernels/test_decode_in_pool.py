@@ -10,9 +10,10 @@ import torch
 
 from aioserve.kernels import decode_in_pool
 from aioserve.kernels.decode_in_pool import (
-    MAX_PADDING_BLOCKS,
+    MAX_PADDING_SLOTS,
     group_decodes,
     key_rows,
+    masked_scores,
     reads_in_place,
     stored_rows,
     value_rows,
@@ -48,12 +49,13 @@ def test_value_rows_hold_each_slots_value_and_padding_reads_the_first(layout):
     cache = _numbered_pool(layout)
     blocks = torch.tensor([[3, 0, 7], [5, 2, 2]])
     lengths = torch.tensor([11, 5])
-    rows = stored_rows(cache, HEAD_SIZE)[value_rows(blocks, lengths, cache, NUM_Q_HEADS).long()]
-    rows = rows.view(2, NUM_Q_HEADS, 3 * BLOCK_SIZE, HEAD_SIZE)
+    width = 11  # the longest: its third block's last slot is not read
+    at = value_rows(blocks, lengths, width, cache, NUM_Q_HEADS)
+    rows = stored_rows(cache, HEAD_SIZE)[at.long()].view(2, NUM_Q_HEADS, width, HEAD_SIZE)
     for seq in range(2):
         for head in range(NUM_Q_HEADS):
             kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
-            for slot in range(3 * BLOCK_SIZE):
+            for slot in range(width):
                 if slot >= lengths[seq]:
                     block, offset = int(blocks[seq, 0]), 0
                 else:
@@ -76,10 +78,26 @@ def test_decodes_are_grouped_by_length_with_padding_bounded():
         # Growing to its widest member padded the sequences before it by at most the bound
         # at every step.
         for i in range(1, len(group)):
-            assert i * (widths[i] - widths[i - 1]) <= MAX_PADDING_BLOCKS
+            assert i * (widths[i] - widths[i - 1]) * 16 <= MAX_PADDING_SLOTS
     # One long sequence among short ones gets a group of its own.
     alone = group_decodes(np.array([20] * 40 + [2000]), 16, 9, 64)
     assert [len(g) for g in alone] == [40, 1]
+
+
+def test_decodes_that_fit_one_group_keep_the_step_order():
+    # Sorted they would be [1, 3, 2, 0]; one group keeps its query rows one slice.
+    assert [g.tolist() for g in group_decodes(np.array([70, 20, 45, 33]), 16, 9, 64)] == [
+        [0, 1, 2, 3]
+    ]
+
+
+def test_masked_scores_are_each_query_heads_padded_slots():
+    padding = torch.tensor([[0, 5], [1, 3], [1, 7]])  # (sequence, slot)
+    scores = torch.zeros(2, NUM_Q_HEADS, 8)
+    scores.view(-1)[masked_scores(padding, NUM_Q_HEADS, 8)] = 1
+    expected = torch.zeros(2, NUM_Q_HEADS, 8)
+    expected[0, :, 5] = expected[1, :, 3] = expected[1, :, 7] = 1
+    assert torch.equal(scores, expected)
 
 
 def test_groups_stay_under_the_bag_row_bound(monkeypatch):
