@@ -108,16 +108,14 @@ class DecodeGroup:
         if self.padding is None:
             return None
         if self._head_padding is None:
-            seq, slot = self.padding[:, :1], self.padding[:, 1:]
-            heads = torch.arange(num_kv_heads, device=self.padding.device).view(1, -1)
-            self._head_padding = ((seq * num_kv_heads + heads) * self.width + slot).reshape(-1)
+            self._head_padding = padded_positions(self.padding, num_kv_heads, self.width)
         return self._head_padding
 
     def bag_inputs(
         self, key_cache: Tensor, value_cache: Tensor, num_q_heads: int
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """The pool rows the group's bags weigh and the scores its padding masks
-        (decode_in_pool.key_rows, value_rows, masked_scores)."""
+        (decode_in_pool.key_rows, value_rows; padded_positions in the scores)."""
         if self._bag_inputs is None:
             scored_width = self.blocks.shape[1] * key_cache.shape[1]
             self._bag_inputs = (
@@ -127,9 +125,17 @@ class DecodeGroup:
                 ),
                 None
                 if self.padding is None
-                else decode_in_pool.masked_scores(self.padding, num_q_heads, scored_width),
+                else padded_positions(self.padding, num_q_heads, scored_width),
             )
         return self._bag_inputs
+
+
+def padded_positions(padding: Tensor, num_heads: int, width: int) -> Tensor:
+    """Where the (sequence, slot) pairs of `padding` [p, 2] lie, for every head, in a
+    tensor flattened from [n, heads, width, ...] over its first three dimensions: [p * heads]."""
+    seq, slot = padding[:, :1], padding[:, 1:]
+    heads = torch.arange(num_heads, device=padding.device)
+    return ((seq * num_heads + heads) * width + slot).reshape(-1)
 
 
 @dataclass

@@ -123,14 +123,6 @@ def value_rows(
     return (first // head_size).view(-1, width).to(_index_dtype(cache, head_size))
 
 
-def masked_scores(padding: Tensor, num_q_heads: int, scored_width: int) -> Tensor:
-    """Where the (sequence, slot) pairs of `padding` [p, 2] lie, for every query head, in a
-    group's scores flattened from [n, Hq, scored_width]: [p * Hq]."""
-    seq, slot = padding[:, :1], padding[:, 1:]
-    heads = torch.arange(num_q_heads, device=padding.device)
-    return ((seq * num_q_heads + heads) * scored_width + slot).reshape(-1)
-
-
 def attend_in_pool(
     rows: Tensor,
     key_cache: Tensor,
@@ -142,8 +134,8 @@ def attend_in_pool(
 ) -> Tensor:
     """Attention of one query row per sequence, rows [n, Hq, D] in the pool's dtype, over
     the sequences' slots: [n, Hq, D]. keys_at and values_at are the group's key_rows and
-    value_rows (its `width` slots); masked (masked_scores) the scores of slots past each
-    sequence's length (None: no slot is)."""
+    value_rows (its `width` slots); masked the positions, in the scores flattened from
+    [n, Hq, blocks * block_size], of slots past each sequence's length (None: no slot is)."""
     n, num_q_heads, head_size = rows.shape
     block_size = key_cache.shape[1]
     blocks = keys_at.shape[0] // (n * num_q_heads)

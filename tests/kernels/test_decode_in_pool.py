@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from aioserve.kernels import decode_in_pool
+from aioserve.kernels.attention_reference import padded_positions
 from aioserve.kernels.decode_in_pool import (
     MAX_PADDING_SLOTS,
     group_decodes,
     key_rows,
-    masked_scores,
     reads_in_place,
     stored_rows,
     value_rows,
@@ -91,10 +91,10 @@ def test_decodes_that_fit_one_group_keep_the_step_order():
     ]
 
 
-def test_masked_scores_are_each_query_heads_padded_slots():
+def test_padded_positions_are_each_query_heads_padded_slots():
     padding = torch.tensor([[0, 5], [1, 3], [1, 7]])  # (sequence, slot)
     scores = torch.zeros(2, NUM_Q_HEADS, 8)
-    scores.view(-1)[masked_scores(padding, NUM_Q_HEADS, 8)] = 1
+    scores.view(-1)[padded_positions(padding, NUM_Q_HEADS, 8)] = 1
     expected = torch.zeros(2, NUM_Q_HEADS, 8)
     expected[0, :, 5] = expected[1, :, 3] = expected[1, :, 7] = 1
     assert torch.equal(scores, expected)
