@@ -12,7 +12,8 @@ weights packed once (models/linear.py `pack_weights`), an opaque op in the graph
 
 Every layer runs the same code with its own weights as inputs and its index as an
 unspecialized integer, so one compiled graph serves all of them: compiling costs one
-layer, not the whole model. Token counts: one graph for 1 (decode at one stream), and
+layer, not the whole model. A step checks that graph's guards once, not once a layer
+(layer_dispatch.py). Token counts: one graph for 1 (decode at one stream), and
 one for the other counts on each side of linear.SMALL_BATCH_ROWS, the count symbolic; the
 head likewise for 1 row and for more. `warm_up` compiles all of them when the engine
 starts, so no request waits for a compile; inductor's cache on disk
@@ -36,6 +37,7 @@ from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, pack_weights
 from aioserve.models.step_context import KVCache, step_context
 from aioserve.platform import current_platform
+from aioserve.runner.layer_dispatch import LayerDispatch
 
 logger = logging.getLogger("aioserve")
 
@@ -70,9 +72,8 @@ class ModelStep:
             )
         if compiled:
             trust_cpu_flags_for_vector_code()
-            layer_forward = _compile(type(model.layers[0]).forward)
-            for layer in model.layers:
-                layer.forward = functools.partial(layer_forward, layer)
+            self._layers = LayerDispatch(model.layers, _compile(type(model.layers[0]).forward))
+            self._layers.install()
             self._logits = _compile(model.compute_logits)
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
@@ -86,8 +87,7 @@ class ModelStep:
     def run_eagerly(self) -> None:
         self.compiled = False
         self._logits = self.model.compute_logits
-        for layer in self.model.layers:
-            layer.__dict__.pop("forward", None)
+        self._layers.uninstall()
 
     @torch.inference_mode()
     def warm_up(self, kv_caches: list[KVCache]) -> None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from aioserve.kernels import dispatch
 from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, onednn_packs
 from aioserve.runner import compiled_step
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
@@ -104,6 +105,74 @@ def test_after_warm_up_no_step_compiles_again():
     maker.admit("p", [9 + i % 30 for i in range(SMALL_BATCH_ROWS + 100)], scored)
     assert run_step(runner, maker.plan([("p", SMALL_BATCH_ROWS + 100)])).prompt_logprobs["p"]
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def _count_compiled_calls(runner, monkeypatch) -> list[int]:
+    """How often the layers enter torch.compile's own wrapper (checking its guards)."""
+    layers = runner.model_step._layers
+    calls = [0]
+    compiled = layers._compiled
+
+    def counted(*args):
+        calls[0] += 1
+        return compiled(*args)
+
+    monkeypatch.setattr(layers, "_compiled", counted)
+    return calls
+
+
+def _greedy_tokens(runner, maker, prefix: str, calls: list[int] | None = None):
+    """Two prompts (8 tokens in one step), then four decode steps; the sequences finished
+    (the next plan says so). With `calls`: also how many layers entered torch.compile in
+    each step."""
+    ids = [f"{prefix}a", f"{prefix}b"]
+    maker.admit(ids[0], [3, 17, 200, 45, 9])
+    maker.admit(ids[1], [8, 1, 44])
+    tokens, entered = [], []
+    for steps in ([(ids[0], 5), (ids[1], 3)], *[[(ids[0], 1), (ids[1], 1)]] * 4):
+        before = calls[0] if calls else 0
+        sampled = run_step(runner, maker.plan(steps)).sampled
+        entered.append((calls[0] if calls else 0) - before)
+        tokens.append([sampled[seq_id][0] for seq_id in ids])
+        maker.learn(sampled)
+    for seq_id in ids:
+        maker.finish(seq_id)
+    return tokens if calls is None else (tokens, entered)
+
+
+def test_a_step_of_a_size_seen_before_checks_the_guards_once_and_gives_the_same_tokens(
+    monkeypatch,
+):
+    _, eager = tiny_runner()
+    _, runner = tiny_runner(compile_model=True)
+    runner.warm_up()
+    num_layers = len(runner.model.layers)
+    calls = _count_compiled_calls(runner, monkeypatch)
+    maker = PlanMaker(4, 64)
+    first, entered = _greedy_tokens(runner, maker, "first", calls)
+    # 8 tokens, a size warm-up did not run: through torch.compile; 2 tokens (warm-up's):
+    # each layer's graph called directly.
+    assert entered == [num_layers, 0, 0, 0, 0]
+    again, entered = _greedy_tokens(runner, maker, "again", calls)
+    assert entered == [0, 0, 0, 0, 0]
+    assert first == again == _greedy_tokens(eager, PlanMaker(4, 64), "eager")
+
+
+def test_a_change_the_guards_see_sends_the_step_back_through_torch_compile(monkeypatch):
+    _, eager = tiny_runner()
+    _, runner = tiny_runner(compile_model=True)
+    runner.warm_up()
+    expected = _greedy_tokens(eager, PlanMaker(4, 64), "eager")
+    maker = PlanMaker(4, 64)
+    assert _greedy_tokens(runner, maker, "before") == expected
+    calls = _count_compiled_calls(runner, monkeypatch)
+    # The compiled layer guards on the kernel backend's setting: "torch" is another value
+    # with the same kernels on the CPU, so the graph is compiled again, and gives the same
+    # tokens.
+    monkeypatch.setattr(dispatch, "_backend", "torch")
+    tokens, entered = _greedy_tokens(runner, maker, "after", calls)
+    assert tokens == expected
+    assert entered[0] == len(runner.model.layers)
 
 
 def test_a_failed_compile_leaves_an_eager_step_and_says_why(monkeypatch, caplog):
