@@ -8,8 +8,9 @@ times: with py-spy on 16-row decode steps the guards and the frame evaluation to
 the model's forward. For every graph it compiles from a function's code, dynamo keeps the
 bytecode that calls the graph (the function's code transformed, with the function's own
 arguments); called as a plain function, that bytecode runs the graph with no check, as
-vLLM does once it has compiled. In one engine, the two ways alternated step by step: a
-64-row decode step 125.0 → 118.0 ms, a one-row step 18.9 → 16.5 ms (bench/RESULTS.md).
+vLLM does once it has compiled. In one engine, the two ways alternated step by step
+(bench/layer_dispatch.py): a 16-row decode step 53.6 → 47.6 ms, a one-row step
+20.7 → 18.1 ms, a 64-row step 2–5 ms less (bench/RESULTS.md).
 
 So a step checks the guards once, on its first layer, against the graph that accepted
 that layer the last time a step had as many tokens; the other layers call the bytecode of
