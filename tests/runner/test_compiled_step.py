@@ -143,6 +143,10 @@ def _greedy_tokens(runner, maker, prefix: str, calls: list[int] | None = None):
 def test_a_step_of_a_size_seen_before_checks_the_guards_once_and_gives_the_same_tokens(
     monkeypatch,
 ):
+    # dynamo keeps at most 8 graphs of a code object, and every runner of this process
+    # compiled DecoderLayer.forward: past that limit it runs the layer eagerly, which
+    # the dispatch then leaves to torch.compile.
+    torch._dynamo.reset()
     _, eager = tiny_runner()
     _, runner = tiny_runner(compile_model=True)
     runner.warm_up()
@@ -159,6 +163,7 @@ def test_a_step_of_a_size_seen_before_checks_the_guards_once_and_gives_the_same_
 
 
 def test_a_change_the_guards_see_sends_the_step_back_through_torch_compile(monkeypatch):
+    torch._dynamo.reset()  # as above
     _, eager = tiny_runner()
     _, runner = tiny_runner(compile_model=True)
     runner.warm_up()
