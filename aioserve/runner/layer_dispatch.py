@@ -4,13 +4,13 @@ torch.compile checks a compiled function's guards on every call: for a decoder l
 checks (its modules' dicts, each global function its code reached, the inputs' and the
 weights' tensor properties), then evaluates the frame and enters AOT's runtime wrapper. One
 compiled graph serves every layer (compiled_step.py), so a SmolLM2 step pays that 30
-times: with py-spy on 16-row decode steps the guards and the frame evaluation took ~13% of
-the model's forward. For every graph it compiles from a function's code, dynamo keeps the
-bytecode that calls the graph (the function's code transformed, with the function's own
-arguments); called as a plain function, that bytecode runs the graph with no check, as
-vLLM does once it has compiled. In one engine, the two ways alternated step by step
-(bench/layer_dispatch.py): a 16-row decode step 53.6 → 47.6 ms, a one-row step
-20.7 → 18.1 ms, a 64-row step 2–5 ms less (bench/RESULTS.md).
+times: with py-spy on 16-row decode steps the guards took 7.5% of the model's forward, and
+the frame evaluation with AOT's wrapper 6.4%. For every graph it compiles from a function's
+code, dynamo keeps the bytecode that calls the graph (the function's code transformed, with
+the function's own arguments); called as a plain function, that bytecode runs the graph
+with no check, as vLLM does once it has compiled. In one engine, the two ways alternated
+step by step (bench/layer_dispatch.py): a 16-row decode step 53.6 → 47.6 ms, a one-row
+step 20.7 → 18.1 ms, a 64-row step 2–5 ms less (bench/RESULTS.md).
 
 So a step checks the guards once, on its first layer, against the graph that accepted
 that layer the last time a step had as many tokens; the other layers call the bytecode of
