@@ -21,7 +21,9 @@ graph. A layer's own structure is fixed once loaded (a checkpoint may keep some 
 weights quantized and not others, so each layer keeps its own graph). A token count seen
 for the first time, or a first layer the graph refuses, goes through torch.compile, which
 compiles again if it must, and the graphs that accepted each layer are noted for the next
-step of that size.
+step of that size. Where a layer then has no graph (dynamo gave up compiling its code: it
+keeps at most 8 graphs of one code object, and runs it eagerly past that), steps of that
+size stay with torch.compile and are not searched again.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ class LayerDispatch:
         self._function = type(self._layers[0]).forward
         self._graphs: dict[int, list[_Graph]] = {}  # by token count, one per layer
         self._known: dict[types.CodeType, _Graph] = {}  # by transformed bytecode
+        self._uncompiled: set[int] = set()  # token counts some layer ran eagerly at
         self._step: list[_Graph] | None = None
-        self._noted: list[_Graph | None] = []
+        self._noted: list[_Graph] = []
 
     def install(self) -> None:
         for index, layer in enumerate(self._layers):
@@ -90,10 +93,17 @@ class LayerDispatch:
         if self._step is not None:
             return self._step[index].call(*args)
         out = self._compiled(*args)
+        count = hidden.shape[0]
+        if count in self._uncompiled:
+            return out
         # After the call: a graph it had to compile is in dynamo's record now.
-        self._noted.append(self._graph_accepting(args))
-        if index == len(self._layers) - 1 and all(self._noted):
-            self._graphs[hidden.shape[0]] = self._noted
+        graph = self._graph_accepting(args)
+        if graph is None:
+            self._uncompiled.add(count)
+        else:
+            self._noted.append(graph)
+            if index == len(self._layers) - 1:
+                self._graphs[count] = self._noted
         return out
 
     def _graph_accepting(self, args: Sequence[Any]) -> _Graph | None:
