@@ -570,12 +570,16 @@ def plan_attention(
     block_tables: np.ndarray,
     block_size: int,
     device: torch.device,
+    slot_mapping: np.ndarray | None = None,
 ) -> ReferencePlan | None:
     """What the running attention path works out once per step, from the step's host arrays.
 
     The torch path plans which rows decode and which blocks each reads (see
-    attention_reference.py); the Triton kernels need no plan.
+    attention_reference.py), and, given the step's slot_mapping, where each layer writes
+    its keys and values; the Triton kernels need no plan.
     """
     if dispatch.use_triton():
         return None
-    return plan_reference_attention(query_start_loc, seq_lens, block_tables, block_size, device)
+    return plan_reference_attention(
+        query_start_loc, seq_lens, block_tables, block_size, device, slot_mapping
+    )

@@ -82,7 +82,7 @@ class DecodeGroup:
     _head_rows: Tensor | None = None
     _head_padding: Tensor | None = None
     _bias: Tensor | None = None
-    _bag_inputs: tuple[Tensor, Tensor, Tensor | None] | None = None
+    _bags: decode_in_pool.PoolBags | None = None
 
     def bias(self, dtype: torch.dtype, num_kv_heads: int) -> Tensor:
         """`dtype` [n * Hkv, 1, width], -inf at the padding and 0 elsewhere, a bias for the
@@ -111,23 +111,25 @@ class DecodeGroup:
             self._head_padding = padded_positions(self.padding, num_kv_heads, self.width)
         return self._head_padding
 
-    def bag_inputs(
+    def bags(
         self, key_cache: Tensor, value_cache: Tensor, num_q_heads: int
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The pool rows the group's bags weigh and the scores its padding masks
-        (decode_in_pool.key_rows, value_rows; padded_positions in the scores)."""
-        if self._bag_inputs is None:
+    ) -> decode_in_pool.PoolBags:
+        """The group's bags over the pool (decode_in_pool.pool_bags), its padding masked
+        in the scores (padded_positions)."""
+        if self._bags is None:
             scored_width = self.blocks.shape[1] * key_cache.shape[1]
-            self._bag_inputs = (
-                decode_in_pool.key_rows(self.blocks, key_cache, num_q_heads),
-                decode_in_pool.value_rows(
-                    self.blocks, self.lengths, self.width, value_cache, num_q_heads
-                ),
+            self._bags = decode_in_pool.pool_bags(
+                self.blocks,
+                self.lengths,
+                self.width,
+                key_cache,
+                value_cache,
+                num_q_heads,
                 None
                 if self.padding is None
                 else padded_positions(self.padding, num_q_heads, scored_width),
             )
-        return self._bag_inputs
+        return self._bags
 
 
 def padded_positions(padding: Tensor, num_heads: int, width: int) -> Tensor:
@@ -149,6 +151,14 @@ class DecodeSequences:
     block_size: int
     device: torch.device
     _groups: dict[bool, list[DecodeGroup]] = field(default_factory=dict)
+    _in_pool: bool | None = None
+
+    def read_in_place(self, key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
+        """decode_in_pool.reads_in_place, asked in the step's first layer: every layer's
+        pool has one layout and dtype (runner/kv_memory.py allocates them alike)."""
+        if self._in_pool is None:
+            self._in_pool = decode_in_pool.reads_in_place(key_cache, value_cache, dtype)
+        return self._in_pool
 
     def groups(self, in_pool: bool, num_q_heads: int, head_size: int) -> list[DecodeGroup]:
         """In the pool (decode_in_pool.py): sorted by length, grouped as group_decodes says.
@@ -246,6 +256,9 @@ class PrefillSequence:
 class ReferencePlan:
     decodes: DecodeSequences | None
     prefills: list[PrefillSequence]
+    # Each new token's (block, offset) in the caches (kv_cache.slot_blocks_and_offsets),
+    # which every layer's write reads; None when the plan was made without slot_mapping.
+    write_index: tuple[Tensor, Tensor] | None = None
     # Where every layer's decode gathers land: allocated once per step, because a fresh
     # multi-megabyte tensor per group and layer costs page faults on each allocation.
     gather_buffers: tuple[Tensor, Tensor] | None = None
@@ -298,6 +311,7 @@ def plan_reference_attention(
     block_tables: np.ndarray,
     block_size: int,
     device: torch.device,
+    slot_mapping: np.ndarray | None = None,
 ) -> ReferencePlan:
     """Everything about a step's attention that is the same in every layer (host arrays in)."""
     starts = np.asarray(query_start_loc, dtype=np.int64)
@@ -323,7 +337,14 @@ def plan_reference_attention(
                 padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
             )
         )
-    return ReferencePlan(decodes, prefills)
+    write_index = None
+    if slot_mapping is not None:
+        slots = np.asarray(slot_mapping, dtype=np.int64)
+        write_index = (
+            _on_device(slots // block_size, device),
+            _on_device(slots % block_size, device),
+        )
+    return ReferencePlan(decodes, prefills, write_index=write_index)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -468,7 +489,7 @@ def _attend_decodes(
     can be (decode_in_pool.py), else gathered group by group."""
     num_q_heads, head_size = query.shape[1:]
     # bfloat16 queries compute in bfloat16 (_compute_dtype), the only dtype read in place.
-    in_pool = decode_in_pool.reads_in_place(key_cache, value_cache, query.dtype)
+    in_pool = decodes.read_in_place(key_cache, value_cache, query.dtype)
     groups = decodes.groups(in_pool, num_q_heads, head_size)
     if not in_pool:
         buffers = plan.decode_gather_buffers(key_cache, groups)
@@ -479,7 +500,7 @@ def _attend_decodes(
                 _query_rows(query, group),
                 key_cache,
                 value_cache,
-                *group.bag_inputs(key_cache, value_cache, num_q_heads),
+                group.bags(key_cache, value_cache, num_q_heads),
                 scale,
             )
         else:

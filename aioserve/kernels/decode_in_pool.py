@@ -30,9 +30,10 @@ prefill steps lost 3-10% where the decodes won (bench/RESULTS.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from aioserve.kernels.kv_cache import stored_order
@@ -123,44 +124,87 @@ def value_rows(
     return (first // head_size).view(-1, width).to(_index_dtype(cache, head_size))
 
 
-def attend_in_pool(
-    rows: Tensor,
+@dataclass
+class PoolBags:
+    """A decode group's bags, flattened as `torch.embedding_bag` takes them, worked out in
+    a step's first layer and read by every layer: the pool rows (key_rows, value_rows
+    flattened), where each bag starts in them, and the scores its padding masks."""
+
+    key_rows: Tensor  # [n * Hq * blocks * D]: bags of D rows, one per (sequence, head, block)
+    key_offsets: Tensor  # [n * Hq * blocks]
+    value_rows: Tensor  # [n * Hq * width]: bags of `width` rows, one per (sequence, head)
+    value_offsets: Tensor  # [n * Hq]
+    blocks: int  # blocks each sequence's scores cover
+    width: int  # slots each sequence's values cover
+    # Positions, in the scores flattened from [n, Hq, blocks * block_size], of slots past
+    # each sequence's length (None: no slot is).
+    masked: Tensor | None
+
+
+def pool_bags(
+    blocks: Tensor,
+    lengths: Tensor,
+    width: int,
     key_cache: Tensor,
     value_cache: Tensor,
-    keys_at: Tensor,
-    values_at: Tensor,
+    num_q_heads: int,
     masked: Tensor | None,
-    scale: float,
+) -> PoolBags:
+    """The bags of the sequences reading `blocks` [n, b], the longest `width` slots long."""
+    keys = key_rows(blocks, key_cache, num_q_heads)
+    values = value_rows(blocks, lengths, width, value_cache, num_q_heads)
+    return PoolBags(
+        key_rows=keys.view(-1),
+        key_offsets=_bag_offsets(keys),
+        value_rows=values.view(-1),
+        value_offsets=_bag_offsets(values),
+        blocks=blocks.shape[1],
+        width=width,
+        masked=masked,
+    )
+
+
+def _bag_offsets(rows: Tensor) -> Tensor:
+    """Where each row of `rows` [bags, length] starts once flattened, in its dtype."""
+    bags, length = rows.shape
+    return torch.arange(0, bags * length, length, dtype=rows.dtype, device=rows.device)
+
+
+def attend_in_pool(
+    rows: Tensor, key_cache: Tensor, value_cache: Tensor, bags: PoolBags, scale: float
 ) -> Tensor:
     """Attention of one query row per sequence, rows [n, Hq, D] in the pool's dtype, over
-    the sequences' slots: [n, Hq, D]. keys_at and values_at are the group's key_rows and
-    value_rows (its `width` slots); masked the positions, in the scores flattened from
-    [n, Hq, blocks * block_size], of slots past each sequence's length (None: no slot is)."""
+    the sequences' slots as the group's `bags` say: [n, Hq, D]."""
     n, num_q_heads, head_size = rows.shape
     block_size = key_cache.shape[1]
-    blocks = keys_at.shape[0] // (n * num_q_heads)
-    width = values_at.shape[1]
-    # Each query head's q · scale, once for every block its scores cover.
-    weights = (rows * scale).unsqueeze(2).expand(n, num_q_heads, blocks, head_size)
-    scores = F.embedding_bag(
-        keys_at,
-        stored_rows(key_cache, block_size),
-        mode="sum",
-        per_sample_weights=weights.reshape(keys_at.shape),
+    # Each query head's q · scale, once for every block its scores cover (one op: the
+    # product of an expanded view comes out contiguous).
+    weights = torch.mul(rows.unsqueeze(2).expand(n, num_q_heads, bags.blocks, head_size), scale)
+    scores = _weighted_sums(
+        stored_rows(key_cache, block_size), bags.key_rows, bags.key_offsets, weights
     )
-    if masked is not None:
+    if bags.masked is not None:
         # A few positions, where masked_fill_ would pass over every score.
-        scores.view(-1).index_fill_(0, masked, float("-inf"))
-    scores = scores.view(n, num_q_heads, blocks * block_size)[..., :width]
-    # float32 inside, rounded to the pool's dtype; contiguous whatever the slice was.
-    probs = torch.softmax(scores, dim=-1)
-    out = F.embedding_bag(
-        values_at,
-        stored_rows(value_cache, head_size),
-        mode="sum",
-        per_sample_weights=probs.view(values_at.shape),
+        scores.view(-1).index_fill_(0, bags.masked, float("-inf"))
+    scores = scores.view(n, num_q_heads, bags.blocks * block_size)
+    if bags.width < scores.shape[-1]:
+        # Contiguous first: softmax over a strided slice took twice as long at one row.
+        scores = scores[..., : bags.width].contiguous()
+    probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to the pool's dtype
+    out = _weighted_sums(
+        stored_rows(value_cache, head_size), bags.value_rows, bags.value_offsets, probs
     )
     return out.view(n, num_q_heads, head_size)
+
+
+def _weighted_sums(table: Tensor, rows: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
+    """For each bag (rows offsets[i]:offsets[i + 1] of `rows`), the sum of its table rows
+    times their weights: [bags, table row length].
+
+    `torch.embedding_bag` itself: F.embedding_bag's argument checks and reshapes took as
+    long as the sum at one row (~16 us a call on an AVX-512 EPYC), twice a layer.
+    """
+    return torch.embedding_bag(table, rows, offsets, False, 0, False, weights.view(-1))[0]
 
 
 def stored_rows(cache: Tensor, row_length: int) -> Tensor:

@@ -228,22 +228,29 @@ def write_kv_cache_reference(
     skips_tokens: bool = True,
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
+    slot_index: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """The torch path of `write_kv_cache`."""
+    if slot_index is None:
+        slot_index = slot_blocks_and_offsets(slot_mapping, key_cache.shape[1])
+    blocks, offsets = slot_index
     if skips_tokens and bool((slot_mapping < 0).any()):
         tokens = (slot_mapping >= 0).nonzero().squeeze(1)
-        key, value, slot_mapping = key[tokens], value[tokens], slot_mapping[tokens]
-    # Through the cache's logical [num_blocks, block_size, ...] indices, whatever its
-    # layout (empty_kv_cache): one index_put_ each.
-    block_size = key_cache.shape[1]
-    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+        key, value, blocks, offsets = key[tokens], value[tokens], blocks[tokens], offsets[tokens]
     if _check_scales(key_cache, k_scale, v_scale):
         # torch has no index_put_ for fp8 on the CPU: the bytes are copied as uint8.
         key = quantize_kv(key, k_scale, key_cache.dtype).view(torch.uint8)
         value = quantize_kv(value, v_scale, value_cache.dtype).view(torch.uint8)
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
+    # Through the cache's logical [num_blocks, block_size, ...] indices, whatever its
+    # layout (empty_kv_cache): one index_put_ each.
     key_cache.index_put_((blocks, offsets), key.to(key_cache.dtype))
     value_cache.index_put_((blocks, offsets), value.to(value_cache.dtype))
+
+
+def slot_blocks_and_offsets(slot_mapping: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+    """Each slot's (block, offset in it): the cache indices the torch path writes."""
+    return slot_mapping // block_size, slot_mapping % block_size
 
 
 def write_kv_cache(
@@ -255,16 +262,27 @@ def write_kv_cache(
     skips_tokens: bool = True,
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
+    slot_index: tuple[Tensor, Tensor] | None = None,
 ) -> None:
     """Write key/value [T, Hkv, D] into the cache slots of `slot_mapping` [T] (in place).
 
     Slot s is (block s // block_size, offset s % block_size); tokens with slot -1 are
     skipped. A caller that knows no slot is -1 says so with skips_tokens=False, sparing
-    the torch path a check in every layer. An fp8 cache needs k_scale and v_scale.
+    the torch path a check in every layer; one that writes every layer of a step gives
+    the torch path `slot_index` (slot_blocks_and_offsets) worked out once. An fp8 cache
+    needs k_scale and v_scale.
     """
     if dispatch.use_triton():
         write_kv_cache_triton(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
     else:
         write_kv_cache_reference(
-            key, value, key_cache, value_cache, slot_mapping, skips_tokens, k_scale, v_scale
+            key,
+            value,
+            key_cache,
+            value_cache,
+            slot_mapping,
+            skips_tokens,
+            k_scale,
+            v_scale,
+            slot_index,
         )

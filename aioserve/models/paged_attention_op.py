@@ -51,6 +51,7 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: 
         meta.skips_kv_writes,
         k_scale,
         v_scale,
+        None if meta.plan is None else meta.plan.write_index,
     )
     return paged_attention(
         query,

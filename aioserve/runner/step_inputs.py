@@ -151,6 +151,8 @@ def build_host_inputs(
         logits_indices=query_start_loc[1:][sampled].astype(np.int64) - 1,
         max_query_len=int(query_lens.max()),
         max_seq_len=max_seq_len,
-        attention_plan=plan_attention(query_start_loc, seq_lens, block_tables, block_size, device),
+        attention_plan=plan_attention(
+            query_start_loc, seq_lens, block_tables, block_size, device, slot_mapping
+        ),
     )
     return host, row_slots

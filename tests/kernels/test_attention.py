@@ -253,13 +253,13 @@ def test_decodes_weigh_the_pool_in_place_where_its_layout_allows(
     seqs = [(1, 5 + 9 * i) if i % 4 else (3, 9 + i) for i in range(2 * DECODE_GROUP + 3)]
     batch = make_batch(seqs, 8, 2, 64, 16, dtype, device, layout=layout)
     bags = []
-    embedding_bag = decode_in_pool.F.embedding_bag
+    weighted_sums = decode_in_pool._weighted_sums
 
-    def recording_bag(*args, **kwargs):
-        bags.append(tuple(kwargs["per_sample_weights"].shape))
-        return embedding_bag(*args, **kwargs)
+    def recording_bag(table, rows, offsets, weights):
+        bags.append((offsets.numel(), rows.numel() // offsets.numel()))  # (bags, length)
+        return weighted_sums(table, rows, offsets, weights)
 
-    monkeypatch.setattr(decode_in_pool.F, "embedding_bag", recording_bag)
+    monkeypatch.setattr(decode_in_pool, "_weighted_sums", recording_bag)
     out = paged_attention_reference(*batch.args())
     lengths = torch.tensor([n for q, n in seqs if q == 1]).numpy()
     expected = []

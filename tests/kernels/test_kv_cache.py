@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from aioserve.kernels.attention_reference import plan_reference_attention
 from aioserve.kernels.kv_cache import empty_kv_cache, write_kv_cache, write_kv_cache_reference
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.runner.step_inputs import HostStepInputs
@@ -62,6 +63,31 @@ def test_reference_matches_loop(device, block_size, layout):
     write_kv_cache_reference(key, value, key_cache, value_cache, slots)
     assert torch.equal(key_cache, expected_keys)
     assert torch.equal(value_cache, expected_values)
+
+
+@pytest.mark.parametrize("skips_tokens", [True, False])
+def test_the_steps_write_index_writes_the_same_slots(device, skips_tokens):
+    # The step's plan works out each slot's (block, offset) once for every layer's write.
+    key, value, key_cache, value_cache, slots = _inputs(
+        device, torch.float32, 10, 2, 8, 4, 12, "dim_major"
+    )
+    if not skips_tokens:
+        written = slots >= 0
+        key, value, slots = key[written], value[written], slots[written]
+    plan = plan_reference_attention(
+        np.array([0, len(slots)]),
+        np.array([len(slots)]),
+        np.zeros((1, 1), dtype=np.int32),
+        4,
+        torch.device(device),
+        slots.cpu().numpy(),
+    )
+    expected_keys, expected_values = key_cache.clone(), value_cache.clone()
+    write_kv_cache_reference(key, value, expected_keys, expected_values, slots, skips_tokens)
+    write_kv_cache_reference(
+        key, value, key_cache, value_cache, slots, skips_tokens, slot_index=plan.write_index
+    )
+    assert torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values)
 
 
 def test_a_step_without_padding_skips_the_check_and_writes_the_same(device):
