@@ -100,7 +100,11 @@ class ModelStep:
         # before the first trace, or the graph guards on its unset value and compiles again.
         current_platform()
         try:
-            for num_tokens in (1, 2, SMALL_BATCH_ROWS + 1):
+            # The count that first makes a graph's token count symbolic is its size hint,
+            # from which inductor decides which loops run on both cores: compiled at 2
+            # tokens, the rotary and norm loops of 64- and 2,048-token steps ran on one
+            # (a 64-row step's rotary took 48 us a layer against 20 compiled at 129).
+            for num_tokens in (1, SMALL_BATCH_ROWS + 1, 2):
                 ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
                 positions = torch.zeros_like(ids)  # not `ids` itself: dynamo would guard on that
                 with step_context(
@@ -139,7 +143,7 @@ def _compile(fn):
     """torch.compile with a size symbolic only where it changed between calls; call it
     under _one_graph_for_every_layer().
 
-    Warm-up calls each graph with 1, then 2 tokens (or rows), so dynamo's automatic dynamic
+    Warm-up calls each graph with 1, then more tokens (or rows), so dynamo's automatic dynamic
     shapes make the token count symbolic and nothing else: the hidden size, the head counts
     and the weights' shapes stay constants. With every size symbolic (`dynamic=True`),
     tracing spent most of its time in sympy reasoning about them: compiling the default
