@@ -523,6 +523,7 @@ def paged_attention(
     plan: ReferencePlan | None = None,
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
+    new_kv: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Causal attention of the step's query rows over their sequences' paged KV cache.
 
@@ -531,6 +532,9 @@ def paged_attention(
     block_tables int32 [B, max_blocks_per_seq]. Returns [T, Hq, D] in query's dtype,
     written into `out` when given. `plan` is the step's plan from `plan_attention`, shared
     by all layers. An fp8 cache needs its layer's k_scale and v_scale ([1] float32).
+    `new_kv`, the step's keys and values [T, Hkv, D] just written to the cache, lets the
+    torch path read a prompt with nothing cached before it from them; the Triton kernels
+    read the cache.
     """
     if dispatch.use_triton():
         return paged_attention_triton(
@@ -561,6 +565,7 @@ def paged_attention(
         plan,
         k_scale,
         v_scale,
+        new_kv,
     )
 
 

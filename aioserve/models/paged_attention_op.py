@@ -66,6 +66,7 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: 
         plan=meta.plan,
         k_scale=k_scale,
         v_scale=v_scale,
+        new_kv=(key, value),
     )
 
 

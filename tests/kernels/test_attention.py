@@ -235,6 +235,26 @@ def test_reference_bfloat16_matches_naive(device, seqs, layout):
     torch.testing.assert_close(out.double(), naive_attention(batch), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_fresh_prompt_reads_the_steps_keys_not_the_pool(device, dtype):
+    # A prompt with nothing cached before it attends the keys and values its layer has just
+    # written (new_kv) instead of gathering them back; a chunk over a cached prefix and the
+    # decodes still read the pool. bfloat16 prompts of 128 rows and more go through the
+    # products, the rest through SDPA.
+    seqs = [(1, 37), (300, 300), (20, 50), (160, 160), (9, 9)]
+    batch = make_batch(seqs, 8, 2, 64, 16, dtype, device, layout="cpu")
+    expected = paged_attention_reference(*batch.args())
+    new_keys = torch.cat([k[s - q :] for (q, s), k in zip(seqs, batch.keys, strict=True)])
+    new_values = torch.cat([v[s - q :] for (q, s), v in zip(seqs, batch.values, strict=True)])
+    for b, (query_len, seq_len) in enumerate(seqs):
+        if query_len == seq_len:  # what the fresh prompts would gather is now NaN
+            blocks = batch.block_tables[b, : -(-seq_len // 16)].long()
+            batch.key_cache[blocks] = float("nan")
+            batch.value_cache[blocks] = float("nan")
+    out = paged_attention_reference(*batch.args(), new_kv=(new_keys, new_values))
+    assert torch.equal(out, expected)
+
+
 @pytest.mark.parametrize(
     "dtype, layout, in_pool",
     [
