@@ -1,11 +1,12 @@
 """One decoder layer's KV write and decode attention on the torch path, in microseconds.
 
-SmolLM2-135M's attention shapes (9 query heads, 3 kv heads, head size 64, blocks of 32
+SmolLM2-135M's attention shapes (9 query heads, 3 kv heads, head size 64, blocks of 128
 tokens, the CPU's default), float32 or `--dtype bfloat16`: B sequences decoding one token
 each at `--context` tokens, their blocks spread over a cache of 3,000 blocks stored as the
 CPU's pool is (kv_cache.torch_path_layouts: bfloat16 decodes weigh it in place). Times `write_kv_cache_reference` (the step's new keys
-and values into their slots) and `paged_attention_reference` with the step's plan built
-once, as every layer of a step runs them; the median of `--repeats` rounds.
+and values into their slots, at the (block, offset) the plan worked out) and
+`paged_attention_reference` with the step's plan built once, as every layer of a step runs
+them; the median of `--repeats` rounds.
 
     python bench/decode_attention.py                    # B = 1, 16, 64 at 384 tokens
     python bench/decode_attention.py --batch 1 --context 1024
@@ -26,7 +27,7 @@ from aioserve.kernels.attention_reference import (
 )
 from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts, write_kv_cache_reference
 
-NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 9, 3, 64, 32, 3000
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 9, 3, 64, 128, 750
 
 
 def median_us(fn, repeats: int, calls: int = 200) -> float:
@@ -63,11 +64,11 @@ def measure(batch: int, context: int, repeats: int, dtype: torch.dtype) -> tuple
     value = torch.randn(batch, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
     block_tables = torch.from_numpy(tables)
     plan = plan_reference_attention(
-        query_start_loc, seq_lens, tables, BLOCK_SIZE, torch.device("cpu")
+        query_start_loc, seq_lens, tables, BLOCK_SIZE, torch.device("cpu"), slots.numpy()
     )
     write = median_us(
         lambda: write_kv_cache_reference(
-            key, value, key_cache, value_cache, slots, skips_tokens=False
+            key, value, key_cache, value_cache, slots, False, slot_index=plan.write_index
         ),
         repeats,
     )
