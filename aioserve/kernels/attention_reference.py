@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aioserve.kernels import decode_in_pool, dispatch
-from aioserve.kernels.kv_cache import is_fp8, stored_order
+from aioserve.kernels.kv_cache import is_fp8, slot_blocks_and_offsets, stored_order
 from aioserve.kernels.prefill_products import (
     ProductChunk,
     attend_by_products,
@@ -339,11 +339,8 @@ def plan_reference_attention(
         )
     write_index = None
     if slot_mapping is not None:
-        slots = np.asarray(slot_mapping, dtype=np.int64)
-        write_index = (
-            _on_device(slots // block_size, device),
-            _on_device(slots % block_size, device),
-        )
+        slots = _on_device(np.asarray(slot_mapping, dtype=np.int64), device)
+        write_index = slot_blocks_and_offsets(slots, block_size)
     return ReferencePlan(decodes, prefills, write_index=write_index)
 
 
