@@ -9,9 +9,9 @@ model and in float32 otherwise, the softmax always in float32 inside:
 - Decode rows (q_len == 1) of a bfloat16 pool in the CPU's layout are weighed where the
   pool keeps them (decode_in_pool.py): per group of sequences one `embedding_bag` for the
   scores and one for the values, nothing gathered. Otherwise (float32, fp8 and float16
-  caches, other layouts) they are gathered in groups of DECODE_GROUP sequences, kv head
-  by kv head ([Hkv, slots, D], `_gather_heads`: a group's gathered keys stay in the CPU's
-  cache between the gather and the product). A group's scores are then one batched
+  caches, other layouts) they are gathered in groups of DECODE_GROUP sequences
+  (decode_groups.py), kv head by kv head ([Hkv, slots, D], `_gather_heads`: a group's
+  gathered keys stay in the CPU's cache between the gather and the product). A group's scores are then one batched
   matrix product, one product per (sequence, kv head) with the GQA group of query heads
   as its rows (at these shapes torch's CPU SDPA spends most of its time setting up each
   (sequence, head) pair), its probabilities a second product with the gathered values.
@@ -42,14 +42,20 @@ its own length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aioserve.kernels import decode_in_pool, dispatch
+from aioserve.kernels import decode_in_pool
+from aioserve.kernels.decode_groups import (
+    DecodeGroup,
+    DecodeSequences,
+    on_device,
+    pool_head_rows,
+)
 from aioserve.kernels.kv_cache import is_fp8, slot_blocks_and_offsets, stored_order
 from aioserve.kernels.prefill_products import (
     ProductChunk,
@@ -60,155 +66,7 @@ from aioserve.kernels.prefill_products import (
     uses_products,
 )
 
-DECODE_GROUP = 16
 PREFILL_ALIGN = 16
-
-
-@dataclass
-class DecodeGroup:
-    """Decoding sequences attended together."""
-
-    rows: Tensor  # [n] int64: each sequence's query row
-    # [n, b] int64: the blocks each sequence reads, b its longest's (padded with the first)
-    blocks: Tensor
-    lengths: Tensor  # [n] int64: each sequence's length
-    # [p, 2] int64: the (sequence, slot) pairs past their sequence's length (None: none is).
-    padding: Tensor | None
-    # Slots each sequence's attention covers: the longest member's length where weighed in
-    # the pool, or a gathered group of one (cut to its length); else the whole blocks.
-    width: int
-    first_row: int | None  # rows[0] when the rows are consecutive, else None
-    # Worked out in the step's first layer, once the heads and the pool are known.
-    _head_rows: Tensor | None = None
-    _head_padding: Tensor | None = None
-    _bias: Tensor | None = None
-    _bags: decode_in_pool.PoolBags | None = None
-
-    def bias(self, dtype: torch.dtype, num_kv_heads: int) -> Tensor:
-        """`dtype` [n * Hkv, 1, width], -inf at the padding and 0 elsewhere, a bias for the
-        scores' product."""
-        if self._bias is None:
-            n = self.rows.numel()
-            bias = torch.zeros((n, num_kv_heads, self.width), dtype=dtype, device=self.rows.device)
-            if self.padding is not None:
-                bias[self.padding[:, 0], :, self.padding[:, 1]] = float("-inf")
-            self._bias = bias.view(n * num_kv_heads, 1, self.width)
-        return self._bias
-
-    def head_rows(self, num_kv_heads: int) -> Tensor:
-        """[n * Hkv * blocks] int64: the rows of a head-major pool viewed as
-        [num_blocks * Hkv, block_size * D] that hold the group's keys, sequence by sequence
-        and head by head."""
-        if self._head_rows is None:
-            self._head_rows = _head_rows(self.blocks, num_kv_heads)
-        return self._head_rows
-
-    def head_padding(self, num_kv_heads: int) -> Tensor | None:
-        """The padding slots as rows of the gathered [n * Hkv * width, D] keys."""
-        if self.padding is None:
-            return None
-        if self._head_padding is None:
-            self._head_padding = padded_positions(self.padding, num_kv_heads, self.width)
-        return self._head_padding
-
-    def bags(
-        self, key_cache: Tensor, value_cache: Tensor, num_q_heads: int
-    ) -> decode_in_pool.PoolBags:
-        """The group's bags over the pool (decode_in_pool.pool_bags), its padding masked
-        in the scores (padded_positions)."""
-        if self._bags is None:
-            scored_width = self.blocks.shape[1] * key_cache.shape[1]
-            self._bags = decode_in_pool.pool_bags(
-                self.blocks,
-                self.lengths,
-                self.width,
-                key_cache,
-                value_cache,
-                num_q_heads,
-                None
-                if self.padding is None
-                else padded_positions(self.padding, num_q_heads, scored_width),
-            )
-        return self._bags
-
-
-def padded_positions(padding: Tensor, num_heads: int, width: int) -> Tensor:
-    """Where the (sequence, slot) pairs of `padding` [p, 2] lie, for every head, in a
-    tensor flattened from [n, heads, width, ...] over its first three dimensions: [p * heads]."""
-    seq, slot = padding[:, :1], padding[:, 1:]
-    heads = torch.arange(num_heads, device=padding.device)
-    return ((seq * num_heads + heads) * width + slot).reshape(-1)
-
-
-@dataclass
-class DecodeSequences:
-    """A step's decoding sequences, from its host arrays, grouped for the path that attends
-    them once the first layer shows which it is."""
-
-    rows: np.ndarray  # each sequence's query row
-    lengths: np.ndarray
-    tables: np.ndarray  # [n, max_blocks] int64
-    block_size: int
-    device: torch.device
-    _groups: dict[bool, list[DecodeGroup]] = field(default_factory=dict)
-    _in_pool: bool | None = None
-
-    def read_in_place(self, key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
-        """decode_in_pool.reads_in_place, asked in the step's first layer: every layer's
-        pool has one layout and dtype (runner/kv_memory.py allocates them alike)."""
-        if self._in_pool is None:
-            self._in_pool = decode_in_pool.reads_in_place(key_cache, value_cache, dtype)
-        return self._in_pool
-
-    def groups(self, in_pool: bool, num_q_heads: int, head_size: int) -> list[DecodeGroup]:
-        """In the pool (decode_in_pool.py): sorted by length, grouped as group_decodes says.
-        Gathered: in step order, DECODE_GROUP at a time. Groups of one sequence in
-        batch-invariant mode (dispatch.batch_invariant)."""
-        if in_pool not in self._groups:
-            count = len(self.rows)
-            if dispatch.batch_invariant():
-                members = [np.array([i]) for i in range(count)]
-            elif in_pool:
-                members = decode_in_pool.group_decodes(
-                    self.lengths, self.block_size, num_q_heads, head_size
-                )
-            else:
-                members = [
-                    np.arange(i, min(i + DECODE_GROUP, count))
-                    for i in range(0, count, DECODE_GROUP)
-                ]
-            self._groups[in_pool] = [self._group(seqs, in_pool) for seqs in members]
-        return self._groups[in_pool]
-
-    def _group(self, seqs: np.ndarray, in_pool: bool) -> DecodeGroup:
-        lengths = self.lengths[seqs]
-        blocks_per_seq = -(-lengths // self.block_size)
-        width_blocks = int(blocks_per_seq.max())
-        table = self.tables[seqs, :width_blocks]
-        table = np.where(np.arange(width_blocks) < blocks_per_seq[:, None], table, table[:, :1])
-        rows = self.rows[seqs]
-        consecutive = bool((np.diff(rows) == 1).all())
-        if in_pool or len(seqs) == 1:
-            width = int(lengths.max())
-        else:
-            width = width_blocks * self.block_size
-        past = np.arange(width) >= lengths[:, None]
-        padding = self._on_device(np.argwhere(past)) if past.any() else None
-        return DecodeGroup(
-            rows=self._on_device(rows),
-            blocks=self._on_device(table),
-            lengths=self._on_device(lengths.astype(np.int64)),
-            padding=padding,
-            width=width,
-            first_row=int(rows[0]) if consecutive else None,
-        )
-
-    def _on_device(self, array: np.ndarray) -> Tensor:
-        return _on_device(array, self.device)
-
-
-def _on_device(array: np.ndarray, device: torch.device) -> Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 
 @dataclass
@@ -331,7 +189,7 @@ def plan_reference_attention(
             PrefillSequence(
                 start=start,
                 end=start + query_len,
-                blocks=_on_device(tables[b, : -(-seq_len // block_size)], device),
+                blocks=on_device(tables[b, : -(-seq_len // block_size)], device),
                 seq_len=seq_len,
                 padded_query_len=round_up(query_len, PREFILL_ALIGN),
                 padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
@@ -339,7 +197,7 @@ def plan_reference_attention(
         )
     write_index = None
     if slot_mapping is not None:
-        slots = _on_device(np.asarray(slot_mapping, dtype=np.int64), device)
+        slots = on_device(np.asarray(slot_mapping, dtype=np.int64), device)
         write_index = slot_blocks_and_offsets(slots, block_size)
     return ReferencePlan(decodes, prefills, write_index=write_index)
 
@@ -354,13 +212,6 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def _is_head_major(cache: Tensor) -> bool:
     """Whether the pool is stored [num_blocks, Hkv, block_size, D] (kv_cache.empty_kv_cache)."""
     return cache.permute(0, 2, 1, 3).is_contiguous()
-
-
-def _head_rows(blocks: Tensor, num_kv_heads: int) -> Tensor:
-    """The rows of a head-major pool viewed as [num_blocks * Hkv, block_size * D] holding
-    `blocks` [..., b]: [... * Hkv * b], head by head within each leading index."""
-    heads = torch.arange(num_kv_heads, device=blocks.device).view(-1, 1)
-    return (blocks.unsqueeze(-2) * num_kv_heads + heads).reshape(-1)
 
 
 def _gather_heads(
@@ -387,7 +238,7 @@ def _gather_heads(
     stored = cache.view(torch.uint8) if is_fp8(cache.dtype) else cache  # fp8: copied as bytes
     if head_rows is not None or _is_head_major(cache):
         if head_rows is None:
-            head_rows = _head_rows(blocks, num_kv_heads)
+            head_rows = pool_head_rows(blocks, num_kv_heads)
         runs = stored.permute(0, 2, 1, 3).view(num_blocks * num_kv_heads, -1)
         if buffer is None:
             gathered = runs.index_select(0, head_rows)

@@ -19,11 +19,8 @@ import torch
 
 from aioserve.kernels import attention_reference, decode_in_pool
 from aioserve.kernels.attention import paged_attention
-from aioserve.kernels.attention_reference import (
-    DECODE_GROUP,
-    PREFILL_ALIGN,
-    paged_attention_reference,
-)
+from aioserve.kernels.attention_reference import PREFILL_ALIGN, paged_attention_reference
+from aioserve.kernels.decode_groups import DECODE_GROUP
 from aioserve.kernels.kv_cache import empty_kv_cache, stored_order, torch_path_layouts
 
 _TOLERANCE = {

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aioserve.kernels import decode_in_pool
-from aioserve.kernels.attention_reference import padded_positions
+from aioserve.kernels.decode_groups import padded_positions
 from aioserve.kernels.decode_in_pool import (
     MAX_PADDING_SLOTS,
     group_decodes,

@@ -1,0 +1,176 @@
+"""A step's decoding sequences, grouped as the torch path of paged attention attends them.
+
+Planned once a step from its host arrays (attention_reference.plan_reference_attention),
+grouped in the step's first layer once it shows which path runs: weighed in the pool
+(decode_in_pool.py: sorted by length, grouped as `group_decodes` says) or gathered
+(DECODE_GROUP sequences at a time); in batch-invariant mode one sequence a group. Each
+group works out, also once, what every layer reads alike: its bags over the pool, its
+padding's positions, the pool rows its gathers copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from aioserve.kernels import decode_in_pool, dispatch
+
+DECODE_GROUP = 16
+
+
+@dataclass
+class DecodeGroup:
+    """Decoding sequences attended together."""
+
+    rows: Tensor  # [n] int64: each sequence's query row
+    # [n, b] int64: the blocks each sequence reads, b its longest's (padded with the first)
+    blocks: Tensor
+    lengths: Tensor  # [n] int64: each sequence's length
+    # [p, 2] int64: the (sequence, slot) pairs past their sequence's length (None: none is).
+    padding: Tensor | None
+    # Slots each sequence's attention covers: the longest member's length where weighed in
+    # the pool, or a gathered group of one (cut to its length); else the whole blocks.
+    width: int
+    first_row: int | None  # rows[0] when the rows are consecutive, else None
+    # Worked out in the step's first layer, once the heads and the pool are known.
+    _head_rows: Tensor | None = None
+    _head_padding: Tensor | None = None
+    _bias: Tensor | None = None
+    _bags: decode_in_pool.PoolBags | None = None
+
+    def bias(self, dtype: torch.dtype, num_kv_heads: int) -> Tensor:
+        """`dtype` [n * Hkv, 1, width], -inf at the padding and 0 elsewhere, a bias for the
+        scores' product."""
+        if self._bias is None:
+            n = self.rows.numel()
+            bias = torch.zeros((n, num_kv_heads, self.width), dtype=dtype, device=self.rows.device)
+            if self.padding is not None:
+                bias[self.padding[:, 0], :, self.padding[:, 1]] = float("-inf")
+            self._bias = bias.view(n * num_kv_heads, 1, self.width)
+        return self._bias
+
+    def head_rows(self, num_kv_heads: int) -> Tensor:
+        """[n * Hkv * blocks] int64: the rows of a head-major pool viewed as
+        [num_blocks * Hkv, block_size * D] that hold the group's keys, sequence by sequence
+        and head by head."""
+        if self._head_rows is None:
+            self._head_rows = pool_head_rows(self.blocks, num_kv_heads)
+        return self._head_rows
+
+    def head_padding(self, num_kv_heads: int) -> Tensor | None:
+        """The padding slots as rows of the gathered [n * Hkv * width, D] keys."""
+        if self.padding is None:
+            return None
+        if self._head_padding is None:
+            self._head_padding = padded_positions(self.padding, num_kv_heads, self.width)
+        return self._head_padding
+
+    def bags(
+        self, key_cache: Tensor, value_cache: Tensor, num_q_heads: int
+    ) -> decode_in_pool.PoolBags:
+        """The group's bags over the pool (decode_in_pool.pool_bags), its padding masked
+        in the scores (padded_positions)."""
+        if self._bags is None:
+            scored_width = self.blocks.shape[1] * key_cache.shape[1]
+            self._bags = decode_in_pool.pool_bags(
+                self.blocks,
+                self.lengths,
+                self.width,
+                key_cache,
+                value_cache,
+                num_q_heads,
+                None
+                if self.padding is None
+                else padded_positions(self.padding, num_q_heads, scored_width),
+            )
+        return self._bags
+
+
+def padded_positions(padding: Tensor, num_heads: int, width: int) -> Tensor:
+    """Where the (sequence, slot) pairs of `padding` [p, 2] lie, for every head, in a
+    tensor flattened from [n, heads, width, ...] over its first three dimensions: [p * heads]."""
+    seq, slot = padding[:, :1], padding[:, 1:]
+    heads = torch.arange(num_heads, device=padding.device)
+    return ((seq * num_heads + heads) * width + slot).reshape(-1)
+
+
+@dataclass
+class DecodeSequences:
+    """A step's decoding sequences, from its host arrays, grouped for the path that attends
+    them once the first layer shows which it is."""
+
+    rows: np.ndarray  # each sequence's query row
+    lengths: np.ndarray
+    tables: np.ndarray  # [n, max_blocks] int64
+    block_size: int
+    device: torch.device
+    _groups: dict[bool, list[DecodeGroup]] = field(default_factory=dict)
+    _in_pool: bool | None = None
+
+    def read_in_place(self, key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
+        """decode_in_pool.reads_in_place, asked in the step's first layer: every layer's
+        pool has one layout and dtype (runner/kv_memory.py allocates them alike)."""
+        if self._in_pool is None:
+            self._in_pool = decode_in_pool.reads_in_place(key_cache, value_cache, dtype)
+        return self._in_pool
+
+    def groups(self, in_pool: bool, num_q_heads: int, head_size: int) -> list[DecodeGroup]:
+        """In the pool (decode_in_pool.py): sorted by length, grouped as group_decodes says.
+        Gathered: in step order, DECODE_GROUP at a time. Groups of one sequence in
+        batch-invariant mode (dispatch.batch_invariant)."""
+        if in_pool not in self._groups:
+            count = len(self.rows)
+            if dispatch.batch_invariant():
+                members = [np.array([i]) for i in range(count)]
+            elif in_pool:
+                members = decode_in_pool.group_decodes(
+                    self.lengths, self.block_size, num_q_heads, head_size
+                )
+            else:
+                members = [
+                    np.arange(i, min(i + DECODE_GROUP, count))
+                    for i in range(0, count, DECODE_GROUP)
+                ]
+            self._groups[in_pool] = [self._group(seqs, in_pool) for seqs in members]
+        return self._groups[in_pool]
+
+    def _group(self, seqs: np.ndarray, in_pool: bool) -> DecodeGroup:
+        lengths = self.lengths[seqs]
+        blocks_per_seq = -(-lengths // self.block_size)
+        width_blocks = int(blocks_per_seq.max())
+        table = self.tables[seqs, :width_blocks]
+        table = np.where(np.arange(width_blocks) < blocks_per_seq[:, None], table, table[:, :1])
+        rows = self.rows[seqs]
+        consecutive = bool((np.diff(rows) == 1).all())
+        if in_pool or len(seqs) == 1:
+            width = int(lengths.max())
+        else:
+            width = width_blocks * self.block_size
+        past = np.arange(width) >= lengths[:, None]
+        padding = self._on_device(np.argwhere(past)) if past.any() else None
+        return DecodeGroup(
+            rows=self._on_device(rows),
+            blocks=self._on_device(table),
+            lengths=self._on_device(lengths.astype(np.int64)),
+            padding=padding,
+            width=width,
+            first_row=int(rows[0]) if consecutive else None,
+        )
+
+    def _on_device(self, array: np.ndarray) -> Tensor:
+        return on_device(array, self.device)
+
+
+def on_device(array: np.ndarray, device: torch.device) -> Tensor:
+    """A host array as a tensor on `device`."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def pool_head_rows(blocks: Tensor, num_kv_heads: int) -> Tensor:
+    """The rows of a head-major pool viewed as [num_blocks * Hkv, block_size * D] holding
+    `blocks` [..., b]: [... * Hkv * b], head by head within each leading index."""
+    heads = torch.arange(num_kv_heads, device=blocks.device).view(-1, 1)
+    return (blocks.unsqueeze(-2) * num_kv_heads + heads).reshape(-1)
