@@ -13,8 +13,9 @@ model and in float32 otherwise, the softmax always in float32 inside:
   (decode_groups.py), kv head by kv head ([Hkv, slots, D], `_gather_heads`: a group's
   gathered keys stay in the CPU's cache between the gather and the product). A group's
   scores are then one batched matrix product, one product per (sequence, kv head) with
-  the GQA group of query heads as its rows (at these shapes torch's CPU SDPA spends most of its time setting up each
-  (sequence, head) pair), its probabilities a second product with the gathered values.
+  the GQA group of query heads as its rows (at these shapes torch's CPU SDPA spends most
+  of its time setting up each (sequence, head) pair), its probabilities a second product
+  with the gathered values.
   Table entries past a sequence's blocks re-read its own first block, and gathered slots
   past its length are zeroed: the length mask hides them, but a NaN left in a free slot
   would survive the mask (0 * NaN). A gathered group of one sequence (a decode at
