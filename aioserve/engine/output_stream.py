@@ -15,11 +15,14 @@ class OutputStream:
     microsecond more, and the engine pays that for every sequence on every step.
     """
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_waiter", "_loop")
 
     def __init__(self) -> None:
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future | None = None  # the consumer's, while it waits
+        # The consumer's loop, looked up once: on Python 3.11 every
+        # `asyncio.get_running_loop()` calls getpid(), a system call (~2 µs on a VM).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def put_nowait(self, item: Any) -> None:
         self._items.append(item)
@@ -39,7 +42,10 @@ class OutputStream:
 
         Awaiting it directly, rather than `get()`, saves a coroutine per item.
         """
-        waiter = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         self._waiter = waiter
         return waiter
 
