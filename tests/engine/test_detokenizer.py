@@ -371,3 +371,41 @@ def test_decode_stream_gives_the_pieces_of_the_python_window(fast_tokenizer_and_
     streamed = stream(tokenizer, prompt, output, chunks, skip_special_tokens=skip)
     python_only = _RecordingTokenizer(tokenizer)
     assert stream(python_only, prompt, output, chunks, skip_special_tokens=skip) == streamed
+
+
+def test_whole_character_tokens_of_a_byte_level_tokenizer_need_no_decode(smollm2, monkeypatch):
+    # Right after a piece, a token that is whole characters by itself adds its own text: it
+    # is looked up, not decoded. Only the partial bytes of the emoji need the window.
+    import aioserve.engine.detokenizer as detokenizer_module
+
+    calls = {"decodes": 0, "streams": 0}
+    real_decoder, real_stream = detokenizer_module._fast_decoder, detokenizer_module.DecodeStream
+
+    def counting_decoder(tokenizer, skip):
+        decode = real_decoder(tokenizer, skip)
+
+        def counted(ids):
+            calls["decodes"] += 1
+            return decode(ids)
+
+        return counted
+
+    def counting_stream(**kwargs):
+        calls["streams"] += 1
+        return real_stream(**kwargs)
+
+    monkeypatch.setattr(detokenizer_module, "_fast_decoder", counting_decoder)
+    monkeypatch.setattr(detokenizer_module, "DecodeStream", counting_stream)
+    prompt = encode(smollm2, PROMPT)
+    prose = encode(smollm2, TEXTS["prose"])
+    emoji = encode(smollm2, " 😀")
+    assert len(emoji) > 1 and "\ufffd" in smollm2.decode(emoji[:1])
+    detokenizer = IncrementalDetokenizer(smollm2, prompt)
+    after_init = dict(calls)
+    for token in prose:
+        detokenizer.add_tokens([token])
+    assert calls == after_init
+    for token in emoji + prose:
+        detokenizer.add_tokens([token])
+    assert calls["streams"] == after_init["streams"] + 1
+    assert detokenizer.output_text == smollm2.decode(prose + emoji + prose)
