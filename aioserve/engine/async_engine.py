@@ -5,10 +5,13 @@ coroutine per engine, started on first use in the running event loop, repeats:
 
     schedule (CPU) -> prepare inputs (CPU) -> hand the step to the model thread
     -> await the oldest step in flight -> record its sampled tokens, stop checks, free
-    blocks -> detokenize and deliver outputs
+    blocks -> detokenize, tell each request's consumer it has news
 
 The model step is the only thing that leaves the event loop, so HTTP handlers keep
-running while the device computes. A request whose consumer goes away (the iterator is
+running while the device computes. A consumer builds its output when it takes it: one that
+has fallen behind gets one output for the steps it missed. When the step awaited is done
+already (the host is the bottleneck), the loop goes on without letting the consumers run,
+for up to `RUN_AHEAD_S` (steps_in_flight.py), so that the device does not wait for them. A request whose consumer goes away (the iterator is
 closed or cancelled) is aborted and its KV blocks return to the pool before the next
 step is scheduled.
 
@@ -31,6 +34,7 @@ stopped going round (a hung model step).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import random
@@ -60,7 +64,7 @@ from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.stats import StatLogger, StatsReporter
-from aioserve.engine.steps_in_flight import StepInFlight, run_timed
+from aioserve.engine.steps_in_flight import StepInFlight, StepWaiter, run_timed
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.step_masks import (
     ReasoningGate,
@@ -110,6 +114,7 @@ class AsyncEngine:
         # not keep the process from exiting.
         self._waiter: ModelThread | None = None
         self._last_step_end: float | None = None  # when the model thread last went idle
+        self._step_waiter = StepWaiter()
         self._loop_task: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._dead: BaseException | None = None
@@ -220,7 +225,7 @@ class AsyncEngine:
             self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
             self._forget(state)
             raise
-        queue = OutputStream()
+        queue = OutputStream(functools.partial(self._take_output, state))
         self._states[request_id] = state
         self._queues[request_id] = queue
         self._wakeup.set()
@@ -246,7 +251,10 @@ class AsyncEngine:
             while not finished:
                 while queue.empty():
                     await queue.wait()
-                item = queue.get_nowait()
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:  # news that amounted to no output
+                    continue
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -339,7 +347,6 @@ class AsyncEngine:
         failed). Its structured-output masks are filled now if `fill_masks`, else once the
         step in flight before it has returned its tokens."""
         self._mark_scheduled(output)
-        loop = asyncio.get_running_loop()
         index = self._failures.launch()
         masks = StepMasks.plan(output, self.hf_config.vocab_size)
         try:
@@ -350,7 +357,7 @@ class AsyncEngine:
         if masks is not None and fill_masks:
             self._fill_masks(masks)
         started = threading.Event()
-        future = loop.run_in_executor(self._model_thread, run_timed, self.runner, prepared, started)
+        future = self._model_thread.submit(run_timed, self.runner, prepared, started)
         return StepInFlight(index, output, future, started, masks)
 
     async def _finish_step(self, step: StepInFlight, next_step: StepInFlight | None) -> None:
@@ -386,7 +393,7 @@ class AsyncEngine:
 
     async def _record_step(self, step: StepInFlight, next_step: StepInFlight | None) -> None:
         try:
-            executed = await step.future
+            executed = await self._step_waiter.result(step)
             if next_step is not None:
                 # Let the model thread get the next step going before this thread takes the
                 # GIL for its long stretch of host work: a thread waiting for the GIL waits
@@ -498,18 +505,22 @@ class AsyncEngine:
         )
 
     def _deliver(self, state: RequestState) -> None:
+        """Tell the request's consumer it has news, if an output is due; the output is
+        built when the consumer takes it (`_take_output`)."""
         queue = self._queues.get(state.request_id)
         if queue is None:
             return
-        finished = state.finished
-        if finished:
+        if state.finished:
             state.metrics.finished_time = time.monotonic()
-        item = self.output_processor.make_output(state, finished)
-        if item is not None:
-            queue.put_nowait(item)
-        if finished:
+            queue.notify()
             self._stats.request_finished(state, state.metrics.finished_time)
             self._forget(state)
+        elif self.output_processor.streams(state):
+            queue.notify()
+
+    def _take_output(self, state: RequestState) -> RequestOutput | None:
+        """The output a consumer takes: everything since the one it took before."""
+        return self.output_processor.make_output(state, state.finished)
 
     def _step_failed(
         self, output: SchedulerOutput, index: int, error: BaseException, what: str

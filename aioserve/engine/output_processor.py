@@ -190,6 +190,10 @@ class OutputProcessor:
             sample.finish_reason = sample.request.status.finish_reason
             sample.stop_reason = sample.request.stop_reason
 
+    def streams(self, state: RequestState) -> bool:
+        """Whether the request's unfinished outputs are delivered (all but FINAL_ONLY)."""
+        return state.params.output_kind is not _FINAL_ONLY
+
     def make_output(self, state: RequestState, finished: bool) -> RequestOutput | None:
         """The output to deliver after a step, or None when nothing is due.
 

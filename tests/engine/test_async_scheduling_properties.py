@@ -8,7 +8,8 @@ of a token it did not sample the step before). Whatever the program:
 
 - every stream ends exactly once, its last output finished, none after it;
 - a sample that was not cut short holds exactly the tokens the stop rules allow (nothing
-  sampled after its EOS or past max_tokens slips through, one step late or not);
+  sampled after its EOS or past max_tokens slips through, one step late or not), in its
+  last cumulative output or in its deltas added up, however many steps each covers;
 - those samples are the same with asynchronous scheduling on and off;
 - at the end no request is left and the KV pool is whole.
 """
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.build import engine_parts_around
+from aioserve.engine.outputs import CompletionOutput
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.runner.stand_in_runner import StandInRunner, stand_in_token
 
@@ -174,10 +176,10 @@ def check_streams(streams: dict[str, tuple[dict, Stream]]) -> None:
         assert len(finished) <= 1, request_id
         if finished:
             assert stream.outputs[-1].finished  # nothing after the end
-        if stream.cut or spec["kind"] is not RequestOutputKind.CUMULATIVE:
+        if stream.cut:
             continue
         params = params_of(spec)
-        for sample in stream.outputs[-1].outputs:
+        for sample in samples_of(stream, spec["kind"]):
             tokens, reason = expected_sample(spec["prompt_len"], params, params.seed + sample.index)
             assert (list(sample.token_ids), sample.finish_reason) == (tokens, reason), (
                 request_id,
@@ -187,11 +189,29 @@ def check_streams(streams: dict[str, tuple[dict, Stream]]) -> None:
                 assert len(sample.logprobs) == len(tokens)
 
 
+def samples_of(stream: Stream, kind: RequestOutputKind) -> list[CompletionOutput]:
+    """Each sample as its stream delivered it in the end: the last cumulative output, or
+    the deltas (merged or not) added up, or the one final output."""
+    if kind is RequestOutputKind.CUMULATIVE:
+        return stream.outputs[-1].outputs
+    joined: dict[int, CompletionOutput] = {}
+    for out in stream.outputs:
+        for delta in out.outputs:
+            sample = joined.setdefault(
+                delta.index, CompletionOutput(delta.index, "", [], None, None)
+            )
+            sample.token_ids = [*sample.token_ids, *delta.token_ids]
+            if delta.logprobs is not None:
+                sample.logprobs = [*(sample.logprobs or []), *delta.logprobs]
+            sample.finish_reason = delta.finish_reason
+    return list(joined.values())
+
+
 def final_samples(streams) -> dict[str, list]:
     return {
-        request_id: [(list(s.token_ids), s.finish_reason) for s in stream.outputs[-1].outputs]
+        request_id: [(list(s.token_ids), s.finish_reason) for s in samples_of(stream, spec["kind"])]
         for request_id, (spec, stream) in streams.items()
-        if not stream.cut and spec["kind"] is RequestOutputKind.CUMULATIVE
+        if not stream.cut
     }
 
 
@@ -224,3 +244,35 @@ def test_a_crowded_small_pool_preempts_and_still_gives_every_token_once():
         assert all(len(s.outputs[-1].outputs[0].token_ids) == 14 for _, s in run.streams.values())
         # Known ends (max_tokens, no EOS) waste no row, even planned a step ahead.
         assert run.num_sampled_rows == 8 * 14
+
+
+def test_a_consumer_that_falls_behind_gets_the_steps_it_missed_in_one_delta():
+    async def scenario() -> tuple[list, list[int]]:
+        runner = StandInRunner(VOCAB, step_seconds=0.001)
+        engine = AsyncEngine(
+            engine_parts_around(
+                runner,
+                vocab_size=VOCAB,
+                num_blocks=NUM_BLOCKS,
+                block_size=BLOCK_SIZE,
+                max_model_len=MAX_MODEL_LEN,
+                async_scheduling=True,
+            )
+        )
+        params = SamplingParams(
+            max_tokens=30, ignore_eos=True, seed=5, output_kind=RequestOutputKind.DELTA
+        )
+        outputs = []
+        try:
+            async for out in engine.generate({"prompt_token_ids": [3, 4, 5]}, params, "slow"):
+                outputs.append(out)
+                await asyncio.sleep(0.01)  # ten steps or so go by before it takes the next
+        finally:
+            await engine.shutdown()
+        tokens, _ = expected_sample(3, params, 5)
+        return outputs, tokens
+
+    outputs, tokens = asyncio.run(scenario())
+    assert [t for out in outputs for t in out.outputs[0].token_ids] == tokens
+    assert len(outputs) < len(tokens) / 2
+    assert [out.finished for out in outputs] == [False] * (len(outputs) - 1) + [True]
