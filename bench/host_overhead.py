@@ -15,7 +15,13 @@ off:
 - host ms per step: CPU time of the event loop's thread per step (scheduling, input
   preparation, output processing, the consumers);
 - the mean host gap (how long the model thread waited for the host between steps, the
-  engine's own `host_gap`) and the event loop's lag p99 (a 1 ms timer's lateness).
+  engine's own `host_gap`) and the event loop's lag p99 (a 1 ms timer's lateness);
+- tokens per output: how many tokens each output a consumer took carried on average. A
+  consumer builds its output when it takes it, so where the host cannot keep up with the
+  steps, the loop runs ahead of the consumers (up to `RUN_AHEAD_S`) and each of their
+  outputs covers several steps; 1.0 means one output per token.
+
+It runs on uvloop, as the server does.
 
     python bench/host_overhead.py                       # D = 2, 5, 10 ms; B = 1, 64, 256
     python bench/host_overhead.py --device-ms 6 --batch 64 --steps 400
@@ -41,6 +47,7 @@ from aioserve.engine.stats import StepStats
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.resolve import DEFAULT_MODEL, resolve_model
 from aioserve.runner.stand_in_runner import StandInRunner
+from aioserve.server.serve import run_on_uvloop
 
 PROMPT_LEN = 16
 WARMUP_STEPS = 20
@@ -56,6 +63,7 @@ class Point:
     host_ms_per_step: float
     host_gap_ms: float
     lag_p99_ms: float
+    tokens_per_output: float
 
     @property
     def share_of_ideal(self) -> float:
@@ -94,6 +102,7 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
         temperature=1.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA
     )
     lags: list[float] = []
+    counts = {"outputs": 0, "tokens": 0}  # taken inside the measured window
     marks: dict[str, tuple[int, float, float, int, float]] = {}
     loop_thread = threading.current_thread()
 
@@ -111,6 +120,9 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
         prompt = {"prompt_token_ids": [(97 * i + 13 * k) % 40000 + 100 for k in range(PROMPT_LEN)]}
         async for out in engine.generate(prompt, params, f"r{i}"):
             tokens = len(out.outputs[0].token_ids)
+            if "start" in marks and "end" not in marks:
+                counts["outputs"] += 1
+                counts["tokens"] += tokens
             if i == 0 and tokens and "start" not in marks and runner.num_steps >= WARMUP_STEPS:
                 mark("start")
             if i == 0 and "start" in marks and runner.num_steps >= marks["start"][0] + steps:
@@ -140,20 +152,22 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
         host_ms_per_step=(c1 - c0) / num_steps * 1000,
         host_gap_ms=statistics.fmean(window_gaps) * 1000,
         lag_p99_ms=statistics.quantiles(lags, n=100)[98] * 1000 if len(lags) > 2 else 0.0,
+        tokens_per_output=counts["tokens"] / max(counts["outputs"], 1),
     )
 
 
 def table(points: list[Point]) -> str:
     lines = [
         "| D ms | batch | async scheduling | steps/s | ideal | share of ideal | device ms/step "
-        "| host ms/step | host gap ms | loop lag p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| host ms/step | host gap ms | loop lag p99 ms | tokens per output |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
             f"| {p.device_ms:g} | {p.batch} | {'on' if p.async_scheduling else 'off'} "
             f"| {p.steps_per_s:.1f} | {1000 / p.device_ms:.0f} | {p.share_of_ideal:.1%} "
-            f"| {p.device_ms_per_step:.2f} | {p.host_ms_per_step:.2f} | {p.host_gap_ms:.3f} | {p.lag_p99_ms:.2f} |"
+            f"| {p.device_ms_per_step:.2f} | {p.host_ms_per_step:.2f} | {p.host_gap_ms:.3f} "
+            f"| {p.lag_p99_ms:.2f} | {p.tokens_per_output:.2f} |"
         )
     return "\n".join(lines)
 
@@ -171,7 +185,7 @@ def main() -> None:
     for device_ms in args.device_ms:
         for batch in args.batch:
             for overlap in (True, False):
-                point = asyncio.run(measure(tokenizer, device_ms, batch, args.steps, overlap))
+                point = run_on_uvloop(measure(tokenizer, device_ms, batch, args.steps, overlap))
                 points.append(point)
                 print(table([point]).splitlines()[-1], flush=True)
     print()

@@ -166,12 +166,13 @@ def run_serve(args: argparse.Namespace) -> int:
         return 130
     state = ServerState(engine, list(engine.settings.served_model_names), frontend)
     app = build_app(state)
-    status = _run_on_uvloop(_serve(app, state, ssl_context, started))
+    status = run_on_uvloop(_serve(app, state, ssl_context, started))
     logger.info("Finished server process")
     return status
 
 
-def _run_on_uvloop(coroutine: Coroutine[Any, Any, T]) -> T:
+def run_on_uvloop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run the coroutine to its end on a new uvloop event loop (the server's loop)."""
     try:
         import uvloop
     except ImportError:  # no uvloop build for this platform: the standard loop works too
