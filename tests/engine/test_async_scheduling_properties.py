@@ -116,20 +116,29 @@ class Run:
     num_sampled_rows: int  # rows the runner sampled, kept or not
 
 
-async def run_program(program: list, async_scheduling: bool) -> Run:
-    runner = StandInRunner(VOCAB, eos_token_id=EOS, eos_every=3)
-    engine = AsyncEngine(
+def engine_on(runner: StandInRunner, async_scheduling: bool, **settings) -> AsyncEngine:
+    """The real engine on the stand-in, in a small KV pool."""
+    return AsyncEngine(
         engine_parts_around(
             runner,
             vocab_size=VOCAB,
             num_blocks=NUM_BLOCKS,
             block_size=BLOCK_SIZE,
             max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=4,
-            max_num_batched_tokens=16,
             async_scheduling=async_scheduling,
-            eos_token_ids=frozenset({EOS}),
+            **settings,
         )
+    )
+
+
+async def run_program(program: list, async_scheduling: bool) -> Run:
+    runner = StandInRunner(VOCAB, eos_token_id=EOS, eos_every=3)
+    engine = engine_on(
+        runner,
+        async_scheduling,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        eos_token_ids=frozenset({EOS}),
     )
     streams: dict[str, tuple[dict, Stream]] = {}
     tasks: list[asyncio.Task] = []
@@ -248,17 +257,7 @@ def test_a_crowded_small_pool_preempts_and_still_gives_every_token_once():
 
 def test_a_consumer_that_falls_behind_gets_the_steps_it_missed_in_one_delta():
     async def scenario() -> tuple[list, list[int]]:
-        runner = StandInRunner(VOCAB, step_seconds=0.001)
-        engine = AsyncEngine(
-            engine_parts_around(
-                runner,
-                vocab_size=VOCAB,
-                num_blocks=NUM_BLOCKS,
-                block_size=BLOCK_SIZE,
-                max_model_len=MAX_MODEL_LEN,
-                async_scheduling=True,
-            )
-        )
+        engine = engine_on(StandInRunner(VOCAB, step_seconds=0.001), async_scheduling=True)
         params = SamplingParams(
             max_tokens=30, ignore_eos=True, seed=5, output_kind=RequestOutputKind.DELTA
         )
@@ -266,7 +265,7 @@ def test_a_consumer_that_falls_behind_gets_the_steps_it_missed_in_one_delta():
         try:
             async for out in engine.generate({"prompt_token_ids": [3, 4, 5]}, params, "slow"):
                 outputs.append(out)
-                await asyncio.sleep(0.01)  # ten steps or so go by before it takes the next
+                await asyncio.sleep(0.05)  # dozens of steps go by before it takes the next
         finally:
             await engine.shutdown()
         tokens, _ = expected_sample(3, params, 5)
