@@ -8,12 +8,12 @@ coroutine per engine, started on first use in the running event loop, repeats:
     blocks -> detokenize, tell each request's consumer it has news
 
 The model step is the only thing that leaves the event loop, so HTTP handlers keep
-running while the device computes. A consumer builds its output when it takes it: one that
-has fallen behind gets one output for the steps it missed. When the step awaited is done
-already (the host is the bottleneck), the loop goes on without letting the consumers run,
-for up to `RUN_AHEAD_S` (steps_in_flight.py), so that the device does not wait for them. A request whose consumer goes away (the iterator is
-closed or cancelled) is aborted and its KV blocks return to the pool before the next
-step is scheduled.
+running while the device computes. A consumer builds its output when it takes it, one for
+all the steps it missed. When the host is the bottleneck, the loop goes on from a step
+that is done without letting the consumers run, for up to `RUN_AHEAD_S`
+(steps_in_flight.py), so that the device does not wait for them. A request whose consumer
+goes away (the iterator is closed or cancelled) is aborted and its KV blocks return to the
+pool before the next step is scheduled.
 
 With asynchronous scheduling (`async_scheduling`, vLLM's --async-scheduling) two steps are
 in flight: step N+1 is scheduled, prepared and queued on the model thread before step N's
@@ -225,7 +225,7 @@ class AsyncEngine:
             self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
             self._forget(state)
             raise
-        queue = OutputStream(functools.partial(self._take_output, state))
+        queue = OutputStream(functools.partial(self.output_processor.take_output, state))
         self._states[request_id] = state
         self._queues[request_id] = queue
         self._wakeup.set()
@@ -506,7 +506,7 @@ class AsyncEngine:
 
     def _deliver(self, state: RequestState) -> None:
         """Tell the request's consumer it has news, if an output is due; the output is
-        built when the consumer takes it (`_take_output`)."""
+        built when the consumer takes it."""
         queue = self._queues.get(state.request_id)
         if queue is None:
             return
@@ -517,10 +517,6 @@ class AsyncEngine:
             self._forget(state)
         elif self.output_processor.streams(state):
             queue.notify()
-
-    def _take_output(self, state: RequestState) -> RequestOutput | None:
-        """The output a consumer takes: everything since the one it took before."""
-        return self.output_processor.make_output(state, state.finished)
 
     def _step_failed(
         self, output: SchedulerOutput, index: int, error: BaseException, what: str

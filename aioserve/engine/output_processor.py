@@ -200,8 +200,8 @@ class OutputProcessor:
         `finished` is `state.finished`, which the caller has just read.
         """
         kind = state.params.output_kind
-        if kind is _FINAL_ONLY and not finished:
-            return None
+        if not finished and (kind is _FINAL_ONLY or not state.changed):
+            return None  # nothing due, or nothing new since the last output
         delta = kind is _DELTA
         samples = state.samples
         changed = state.changed
@@ -218,6 +218,10 @@ class OutputProcessor:
             state.num_cached_tokens,
             state.metrics,
         )
+
+    def take_output(self, state: RequestState) -> RequestOutput | None:
+        """The output a consumer takes now: everything since the one it took before."""
+        return self.make_output(state, state.finished)
 
     def _prompt_logprobs_due(self, state: RequestState, delta: bool) -> PromptLogprobs | None:
         """A request's prompt logprobs once every prompt token is scored: in every output
