@@ -194,11 +194,10 @@ class OutputProcessor:
         """Whether the request's unfinished outputs are delivered (all but FINAL_ONLY)."""
         return state.params.output_kind is not _FINAL_ONLY
 
-    def make_output(self, state: RequestState, finished: bool) -> RequestOutput | None:
-        """The output to deliver after a step, or None when nothing is due.
-
-        `finished` is `state.finished`, which the caller has just read.
-        """
+    def take_output(self, state: RequestState) -> RequestOutput | None:
+        """The output a consumer takes now, everything since the one it took before; None
+        when nothing is due."""
+        finished = state.finished
         kind = state.params.output_kind
         if not finished and (kind is _FINAL_ONLY or not state.changed):
             return None  # nothing due, or nothing new since the last output
@@ -218,10 +217,6 @@ class OutputProcessor:
             state.num_cached_tokens,
             state.metrics,
         )
-
-    def take_output(self, state: RequestState) -> RequestOutput | None:
-        """The output a consumer takes now: everything since the one it took before."""
-        return self.make_output(state, state.finished)
 
     def _prompt_logprobs_due(self, state: RequestState, delta: bool) -> PromptLogprobs | None:
         """A request's prompt logprobs once every prompt token is scored: in every output
