@@ -213,7 +213,7 @@ def samples_of(stream: Stream, kind: RequestOutputKind) -> list[CompletionOutput
             if delta.logprobs is not None:
                 sample.logprobs = [*(sample.logprobs or []), *delta.logprobs]
             sample.finish_reason = delta.finish_reason
-    return list(joined.values())
+    return [joined[index] for index in sorted(joined)]  # deltas may come in any sample order
 
 
 def final_samples(streams) -> dict[str, list]:
