@@ -4,6 +4,7 @@ other dtypes gather from head-major pools), and zeroed."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import torch
 
@@ -29,3 +30,18 @@ def test_the_cpu_pool_is_stored_as_the_torch_path_reads_it_and_zeroed(dtype):
         assert key_cache.permute(key_order).is_contiguous()
         assert value_cache.permute(0, 2, 1, 3).is_contiguous()
         assert reads_in_place(key_cache, value_cache, dtype) == (dtype == torch.bfloat16)
+
+
+def test_every_page_of_the_cpu_pool_is_in_memory_once_the_thread_is_done():
+    # A pool the machine cannot hold must fail at start, not under load: the kernel maps
+    # a page in only when it is first written, so the zeroing has to reach every page.
+    config = tiny_configs()["llama-gqa4-llama3-rope"]
+    head_dim = config.hidden_size // config.num_attention_heads
+    block_bytes = 2 * config.num_hidden_layers * 16 * config.num_key_value_heads * head_dim * 4
+    num_blocks = (96 << 20) // block_bytes
+    resident_before = psutil.Process().memory_info().rss
+    caches, mapping = allocate_kv_caches(config, num_blocks, 16, torch.float32, torch.device("cpu"))
+    mapping.join()
+    grown = psutil.Process().memory_info().rss - resident_before
+    assert grown >= 0.95 * num_blocks * block_bytes
+    assert not any(cache.any() for pair in caches for cache in pair)
