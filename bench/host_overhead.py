@@ -4,18 +4,26 @@ runner whose every step takes D ms of "device" time, against the ideal 1000 / D.
 The engine is the real one (scheduler, KV-cache manager, output processor with incremental
 detokenization by the default model's tokenizer, streaming to one consumer per request in
 DELTA mode, as the server streams); only the model is replaced by `StandInRunner`, whose
-step waits D ms on the model thread with the GIL released, as a device step would. For each
-D and each batch of B decoding sequences it measures, with asynchronous scheduling on and
-off:
+step lasts D ms with the GIL released, in one of two ways:
+
+- waited: the model thread waits the step out, as on the CPU, where the model thread
+  computes the step, and it needs the GIL back before the next step can start;
+- queued: the step is queued on the "device" and the model thread returns, as the
+  runner's `execute` does on a GPU; each step starts when it is queued or when the one
+  before it ends, and the host learns its tokens when it ends.
+
+For each D and each batch of B decoding sequences it measures, the steps waited with
+asynchronous scheduling on and off, and queued with it on:
 
 - steps/s over `--steps` decode steps once all B sequences decode, and its share of the
   ideal 1000 / D;
 - device ms per step: how long the stand-in's steps lasted (D, and more where the model
-  thread waited for the GIL to hand back its step);
+  thread waited for the GIL to hand back a waited step);
 - host ms per step: CPU time of the event loop's thread per step (scheduling, input
   preparation, output processing, the consumers);
-- the mean host gap (how long the model thread waited for the host between steps, the
-  engine's own `host_gap`) and the event loop's lag p99 (a 1 ms timer's lateness);
+- the mean host gap: how long the device waited for the host between steps (waited: the
+  engine's own `host_gap`; queued: the stand-in's idle time a step), and the event loop's
+  lag p99 (a 1 ms timer's lateness);
 - tokens per output: how many tokens each output a consumer took carried on average (the
   first consumer's; all are alike). A
   consumer builds its output when it takes it, so where the host cannot keep up with the
@@ -27,8 +35,8 @@ It runs on uvloop, as the server does.
     python bench/host_overhead.py                       # D = 2, 5, 10 ms; B = 1, 64, 256
     python bench/host_overhead.py --device-ms 6 --batch 64 --steps 400
 
-The figure carries over to a GPU: there a Llama-3-8B decode step takes ~6 ms, and any
-host time not hidden behind it is lost.
+The queued figure is the one that carries over to a GPU: there a Llama-3-8B decode step
+takes ~6 ms, and any host time not hidden behind it is lost.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ WARMUP_STEPS = 20
 class Point:
     device_ms: float
     batch: int
+    queued: bool
     async_scheduling: bool
     steps_per_s: float
     device_ms_per_step: float
@@ -82,8 +91,10 @@ class HostGaps:
             self.gaps.append(stats.host_gap)
 
 
-async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: bool) -> Point:
-    runner = StandInRunner(len(tokenizer), step_seconds=device_ms / 1000)
+async def measure(
+    tokenizer, device_ms: float, batch: int, steps: int, queued: bool, overlap: bool
+) -> Point:
+    runner = StandInRunner(len(tokenizer), step_seconds=device_ms / 1000, queued=queued)
     max_tokens = WARMUP_STEPS + steps + 10
     engine = AsyncEngine(
         engine_parts_around(
@@ -104,7 +115,7 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
     )
     lags: list[float] = []
     counts = {"outputs": 0, "tokens": 0}  # the first consumer's, inside the measured window
-    marks: dict[str, tuple[int, float, float, int, float]] = {}
+    marks: dict[str, tuple[int, float, float, int, float, float]] = {}
     loop_thread = threading.current_thread()
 
     def mark(name: str) -> None:
@@ -115,6 +126,7 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
             time.thread_time(),
             len(gaps.gaps),
             runner.device_seconds,
+            runner.device_idle_seconds,
         )
 
     async def consume(i: int) -> None:
@@ -147,17 +159,21 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
     await asyncio.gather(*(consume(i) for i in range(batch)))
     monitor.cancel()
     await engine.shutdown()
-    (s0, t0, c0, g0, d0), (s1, t1, c1, g1, d1) = marks["start"], marks["end"]
+    (s0, t0, c0, g0, d0, i0), (s1, t1, c1, g1, d1, i1) = marks["start"], marks["end"]
     num_steps = s1 - s0
-    window_gaps = gaps.gaps[g0:g1] or [0.0]
+    if queued:
+        host_gap = (i1 - i0) / num_steps
+    else:
+        host_gap = statistics.fmean(gaps.gaps[g0:g1] or [0.0])
     return Point(
         device_ms=device_ms,
         batch=batch,
+        queued=queued,
         async_scheduling=overlap,
         steps_per_s=num_steps / (t1 - t0),
         device_ms_per_step=(d1 - d0) / num_steps * 1000,
         host_ms_per_step=(c1 - c0) / num_steps * 1000,
-        host_gap_ms=statistics.fmean(window_gaps) * 1000,
+        host_gap_ms=host_gap * 1000,
         lag_p99_ms=statistics.quantiles(lags, n=100)[98] * 1000 if len(lags) > 2 else 0.0,
         tokens_per_output=counts["tokens"] / max(counts["outputs"], 1),
     )
@@ -165,13 +181,15 @@ async def measure(tokenizer, device_ms: float, batch: int, steps: int, overlap: 
 
 def table(points: list[Point]) -> str:
     lines = [
-        "| D ms | batch | async scheduling | steps/s | ideal | share of ideal | device ms/step "
+        "| D ms | batch | step | async scheduling | steps/s | ideal | share of ideal "
+        "| device ms/step "
         "| host ms/step | host gap ms | loop lag p99 ms | tokens per output |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
-            f"| {p.device_ms:g} | {p.batch} | {'on' if p.async_scheduling else 'off'} "
+            f"| {p.device_ms:g} | {p.batch} | {'queued' if p.queued else 'waited'} "
+            f"| {'on' if p.async_scheduling else 'off'} "
             f"| {p.steps_per_s:.1f} | {1000 / p.device_ms:.0f} | {p.share_of_ideal:.1%} "
             f"| {p.device_ms_per_step:.2f} | {p.host_ms_per_step:.2f} | {p.host_gap_ms:.3f} "
             f"| {p.lag_p99_ms:.2f} | {p.tokens_per_output:.2f} |"
@@ -191,8 +209,10 @@ def main() -> None:
     points = []
     for device_ms in args.device_ms:
         for batch in args.batch:
-            for overlap in (True, False):
-                point = run_on_uvloop(measure(tokenizer, device_ms, batch, args.steps, overlap))
+            for queued, overlap in ((False, True), (False, False), (True, True)):
+                point = run_on_uvloop(
+                    measure(tokenizer, device_ms, batch, args.steps, queued, overlap)
+                )
                 points.append(point)
                 print(table([point]).splitlines()[-1], flush=True)
     print()

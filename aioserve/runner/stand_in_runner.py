@@ -8,6 +8,14 @@ thread: it samples for each row a token that depends only on the sequence's seed
 index (so a run gives the same tokens whatever the batching; `eos_every` makes some
 sequences stop early on EOS), then sleeps out the rest of the step with the GIL released,
 as waiting for a device does.
+
+Where the model thread waits out each step, as it does on the CPU, it needs the GIL back
+at the step's end before the next step can start. On a GPU it does not: the runner's
+`execute` queues the step on the device and returns, and the device goes on to the next
+queued step while the host learns the tokens. `queued=True` stands in for that: `execute`
+makes the tokens and returns, the step occupies the "device" for `step_seconds` from when
+it was queued or when the step before it ends, whichever is later, and its output is ready
+then.
 """
 
 from __future__ import annotations
@@ -30,12 +38,15 @@ class _StandInStep:
 class _StandInOutput:
     sampled: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprobs]]
+    ready_at: float = 0.0  # perf_counter() when the queued step is done
 
     def is_ready(self) -> bool:
-        return True
+        return time.perf_counter() >= self.ready_at
 
     def wait(self) -> None:
-        pass
+        remaining = self.ready_at - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
 
 
 def stand_in_token(seed: int, step: int, vocab_size: int) -> int:
@@ -64,9 +75,13 @@ class StandInRunner:
         step_seconds: float = 0.0,
         eos_token_id: int | None = None,
         eos_every: int = 0,
+        queued: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
         self.step_seconds = step_seconds
+        self.queued = queued
+        self._device_free_at = 0.0  # queued: when the last queued step ends
+        self.device_idle_seconds = 0.0  # queued: the device's waits for a step to be queued
         self._sleep_overshoot = _sleep_overshoot(step_seconds) if step_seconds > 0 else 0.0
         self.eos_token_id = eos_token_id
         self.eos_every = eos_every  # a sequence whose seed divides by it stops at step 3 + seed % 7
@@ -112,6 +127,11 @@ class StandInRunner:
             sampled[seq_id] = [token]
             if wanted is not None:
                 logprobs[seq_id] = [TokenLogprobs(-1.0, 1, [token] * wanted, [-1.0] * wanted)]
+        self._sampled_last_step = set(sampled)
+        self.num_steps += 1
+        self.num_sampled_rows += len(step.rows)
+        if self.queued:
+            return _StandInOutput(sampled, logprobs, self._queue(started))
         # The tokens are made first, inside the step's time, as a device samples them
         # within its step: the stand-in's own Python is not the host's work.
         # One sleep, releasing the GIL once and taking it back once, as waiting for a
@@ -119,11 +139,17 @@ class StandInRunner:
         remaining = started + self.step_seconds - self._sleep_overshoot - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)
-        self._sampled_last_step = set(sampled)
-        self.num_steps += 1
-        self.num_sampled_rows += len(step.rows)
         self.device_seconds += time.perf_counter() - started
         return _StandInOutput(sampled, logprobs)
+
+    def _queue(self, queued_at: float) -> float:
+        """Occupy the device for one step after those queued before; when it ends."""
+        begins = max(queued_at, self._device_free_at)
+        if self.num_steps > 1:  # before the first step the device was not waiting for us
+            self.device_idle_seconds += begins - self._device_free_at
+        self._device_free_at = begins + self.step_seconds
+        self.device_seconds += self.step_seconds
+        return self._device_free_at
 
     def collect(self, output: _StandInOutput) -> StepResult:
         return StepResult(output.sampled, output.logprobs)
