@@ -3,7 +3,7 @@ on /health, then the server is stopped.
 
 Runs the server in this process, as `python -m aioserve serve` would, with the engine's
 start-up steps wrapped to print the seconds since Python started when each begins and
-ends (the KV pool's zeroing thread included), and a thread polling /health. Arguments
+ends (the KV pool's zeroing included), and a thread polling /health. Arguments
 after the script's own are `aioserve serve`'s:
 
     python bench/startup_timeline.py
@@ -77,7 +77,8 @@ def main() -> None:
     timed(build, "open_checkpoint", "opening the checkpoint")
     timed(build, "load_model", "loading the model")
     timed(model_runner.ModelRunner, "__init__", "building the runner")
-    timed(kv_memory, "_zero_all", "zeroing the KV pool")
+    timed(kv_memory.KVZeroing, "_zero_on_one_core", "zeroing the KV pool on its thread")
+    timed(kv_memory.KVZeroing, "join", "joining the KV pool's zeroing")
     timed(compiled_step.ModelStep, "warm_up", "compiling the model step")
     port = free_port()
     sys.argv = ["aioserve", "serve", "--host", "127.0.0.1", "--port", str(port), *sys.argv[1:]]

@@ -14,6 +14,7 @@ or, with --calculate-kv-scales, computed from the first step (models/paged_atten
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import torch
@@ -86,8 +87,9 @@ def allocate_kv_caches(
     device: torch.device,
     scales: torch.Tensor | None = None,
     calculate_scales: bool = False,
-) -> tuple[list[KVCache], threading.Thread | None]:
-    """One (key cache, value cache) pair per layer, zeroed, and the thread zeroing them.
+) -> tuple[list[KVCache], KVZeroing | None]:
+    """One (key cache, value cache) pair per layer, zeroed, and on the CPU the `KVZeroing`
+    under way.
 
     An fp8 pool's pairs carry their layer's row of `scales` [layers, 2] (1.0 when None), or
     with `calculate_scales` scales to be computed from the first step that writes them.
@@ -97,7 +99,7 @@ def allocate_kv_caches(
     page written before the server says it is ready, so that a pool the machine cannot hold
     fails at start, not under load. On the CPU that first touch of every page takes over a
     second for the default 4 GiB, so a thread does it beside the compile (torch releases
-    the GIL while it fills); join the thread before a step reads the caches.
+    the GIL while it fills); join it before a step reads the caches.
     """
     shape = kv_cache_shape(config, num_blocks, block_size)
     num_layers = config.num_hidden_layers
@@ -121,27 +123,42 @@ def allocate_kv_caches(
         for i in range(num_layers)
     ]
     if device.type != "cpu":
-        _zero_all(caches)
+        with torch.inference_mode():
+            for key, value in caches:
+                key.zero_()
+                value.zero_()
         return caches, None
-    zeroing = threading.Thread(
-        target=_zero_all_on_one_core, args=(caches,), name="kv-zeroing", daemon=True
-    )
-    zeroing.start()
-    return caches, zeroing
+    return caches, KVZeroing([cache for pair in caches for cache in pair])
 
 
-def _zero_all(caches: list[KVCache]) -> None:
-    with torch.inference_mode():
-        for key, value in caches:
-            key.zero_()
-            value.zero_()
+class KVZeroing:
+    """Zeroes the CPU pool's caches on a thread of its own, one core, beside the compile;
+    `join` zeroes what is left on the calling thread too, with all of its cores, and
+    returns once every cache is zeroed."""
 
+    def __init__(self, caches: list[torch.Tensor]) -> None:
+        self._caches = caches
+        self._next = itertools.count()  # the caches are taken in turn, by either thread
+        self._thread = threading.Thread(target=self._zero_on_one_core, name="kv-zeroing")
+        self._thread.daemon = True
+        self._thread.start()
 
-def _zero_all_on_one_core(caches: list[KVCache]) -> None:
-    # One core: compiling, in the other thread, runs on one core and leaves the other free.
-    # (torch's thread count is per thread: the model thread keeps all of its own.)
-    torch.set_num_threads(1)
-    _zero_all(caches)
+    def join(self) -> None:
+        self._zero_the_rest()
+        self._thread.join()
+
+    def _zero_on_one_core(self) -> None:
+        # One core: compiling, in the other thread, runs on one core and leaves the other
+        # free. (torch's thread count is per thread: the others keep all of their own.)
+        torch.set_num_threads(1)
+        self._zero_the_rest()
+
+    def _zero_the_rest(self) -> None:
+        with torch.inference_mode():
+            for i in self._next:
+                if i >= len(self._caches):
+                    return
+                self._caches[i].zero_()
 
 
 def kv_cache_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aioserve.kernels.decode_in_pool import reads_in_place
-from aioserve.runner.kv_memory import allocate_kv_caches
+from aioserve.runner.kv_memory import KVZeroing, allocate_kv_caches
 from tests.models.tiny_models import tiny_configs
 
 
@@ -45,3 +45,11 @@ def test_every_page_of_the_cpu_pool_is_in_memory_once_the_thread_is_done():
     grown = psutil.Process().memory_info().rss - resident_before
     assert grown >= 0.95 * num_blocks * block_bytes
     assert not any(cache.any() for pair in caches for cache in pair)
+
+
+def test_joining_the_zeroing_zeroes_what_its_thread_has_not_reached(monkeypatch):
+    # The start-up joins once the compile is done, and then lends its own cores.
+    monkeypatch.setattr(KVZeroing, "_zero_on_one_core", lambda self: None)
+    caches = [torch.ones(1000) for _ in range(5)]
+    KVZeroing(caches).join()
+    assert not any(cache.any() for cache in caches)
