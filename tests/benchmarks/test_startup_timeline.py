@@ -15,7 +15,8 @@ PHASES = (
     "opening the checkpoint",
     "loading the model",
     "building the runner",
-    "zeroing the KV pool",
+    "zeroing the KV pool on its thread",
+    "joining the KV pool's zeroing",
     "compiling the model step",
 )
 
