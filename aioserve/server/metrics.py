@@ -83,6 +83,7 @@ from prometheus_client.core import CounterMetricFamily
 from aioserve.engine.load_shedding import REASONS, LoadShedder
 from aioserve.engine.stats import StepStats
 from aioserve.platform import is_gpu
+from aioserve.server.bulk_observe import observe_each
 from aioserve.server.state import ServerState
 from aioserve.server.stats_log import StatsLine
 
@@ -332,10 +333,8 @@ class PrometheusStatLogger:
         self.prefix_cache_hits.inc(stats.prefix_cache_hits)
         if stats.num_tokens > 0:
             self.iteration_tokens.observe(stats.num_tokens)
-        for latency in stats.time_to_first_tokens:
-            self.time_to_first_token.observe(latency)
-        for latency in stats.inter_token_latencies:
-            self.inter_token_latency.observe(latency)
+        observe_each(self.time_to_first_token, stats.time_to_first_tokens)
+        observe_each(self.inter_token_latency, stats.inter_token_latencies)
         for request in stats.finished:
             self._request_success.labels(self.model_name, ENGINE_INDEX, request.finish_reason).inc()
             self.request_prompt_tokens.observe(request.num_prompt_tokens)
