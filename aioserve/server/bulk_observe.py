@@ -20,8 +20,9 @@ from prometheus_client import Histogram
 
 
 def observe_each(histogram: Histogram, amounts: Sequence[float]) -> None:
-    """`histogram.observe(amount)` for every amount, on a histogram without labels left to
-    fill (a `labels(...)` child, or one declared without labels)."""
+    """`histogram.observe(amount)` for every amount (none of them NaN, which `observe`
+    leaves out of every bucket), on a histogram without labels left to fill (a
+    `labels(...)` child, or one declared without labels)."""
     if len(amounts) < 2:
         for amount in amounts:
             histogram.observe(amount)
@@ -30,7 +31,5 @@ def observe_each(histogram: Histogram, amounts: Sequence[float]) -> None:
     # A value goes into the first bucket whose upper bound is not below it, as in observe.
     falls_in = Counter([bisect.bisect_left(bounds, amount) for amount in amounts])
     histogram._sum.inc(math.fsum(amounts))
-    buckets = histogram._buckets
     for index, count in falls_in.items():
-        if index < len(buckets):  # past the last (+Inf) bound only a NaN, which observe drops
-            buckets[index].inc(count)
+        histogram._buckets[index].inc(count)
