@@ -41,7 +41,6 @@ def test_the_cpu_pool_is_stored_as_the_torch_path_reads_it_and_zeroed(dtype):
 _POOL_RESIDENCY = """
 import psutil, torch
 from aioserve.runner.kv_memory import allocate_kv_caches
-from tests.child_process import die_with_parent
 from tests.models.tiny_models import tiny_configs
 
 config = tiny_configs()["llama-gqa4-llama3-rope"]
