@@ -216,3 +216,23 @@ def test_trusting_the_cpu_flags_picks_the_vector_set_inductor_proves(monkeypatch
     cpu_vec_isa.valid_vec_isa_list.cache_clear()
     assert str(cpu_vec_isa.pick_vec_isa()) == str(proved)
     cpu_vec_isa.valid_vec_isa_list.cache_clear()
+
+
+def test_the_compilers_are_hashed_in_the_background_to_inductors_own_keys(monkeypatch):
+    # Both keys of inductor's cache start on a thread, and what that thread computes is
+    # the key inductor computes itself: a different key would miss the cache on disk.
+    from torch._inductor import codecache
+
+    names = ("torch_key", "triton_key")
+    expected = {name: getattr(codecache, name)() for name in names}
+    started = []
+    for name in names:
+        key = getattr(codecache, name)
+        key.clear()
+        prefetch = key.prefetch
+        monkeypatch.setattr(
+            key, "prefetch", lambda name=name, run=prefetch: (started.append(name), run())
+        )
+    compiled_step.hash_compiler_versions_in_the_background()
+    assert started == list(names)
+    assert {name: getattr(codecache, name)() for name in names} == expected
