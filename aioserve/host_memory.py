@@ -8,8 +8,10 @@ faults where 1.5 million are the KV pool's and the weights' first touch. vLLM av
 by preloading tcmalloc into its CPU workers; here glibc itself is told to keep what it
 took (no `mmap` for large blocks, no trimming of the heap), which measured the same as
 tcmalloc (bench/RESULTS.md). Tensors of 2 MiB and more also go on transparent huge pages
-(torch's `THP_MEM_ALLOC_ENABLE`), which cuts the KV pool's first touch from a million
-faults to a few thousand.
+(torch's `THP_MEM_ALLOC_ENABLE`): on a Zen 5 EPYC the steps ran ~3% faster. The CPU KV
+pool is the exception (`on_small_pages`, runner/kv_memory.py): under KVM, its first touch
+on huge pages took 7.6-9.6 s for 4 GiB on one core, against 1.4-1.9 s on 4 KiB pages, and
+it ran no faster on them.
 
 The cost: memory the process freed stays in its heap, so its resident size is its peak,
 not its current use. Nothing here applies where the user chose otherwise: another
@@ -57,6 +59,7 @@ def _user_chose_allocator(env: Mapping[str, str]) -> bool:
 
 # What keep_host_memory changed in this process, for the start-up log.
 changes: list[str] = []
+_kept = False
 
 
 def _set_torch_variables() -> None:
@@ -75,8 +78,13 @@ def keep_host_memory() -> None:
     """Tune this process's allocators as the module says, recording what changed in `changes`.
 
     Call before torch is imported: torch reads `THP_MEM_ALLOC_ENABLE` once, at its first
-    allocation, and ideep reads `LRU_CACHE_CAPACITY` when torch is loaded.
+    allocation, and ideep reads `LRU_CACHE_CAPACITY` when torch is loaded. Only the first
+    call in a process does anything (a bench script calls it before the CLI does).
     """
+    global _kept
+    if _kept:
+        return
+    _kept = True
     if "torch" not in sys.modules:
         _set_torch_variables()
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
@@ -94,3 +102,20 @@ def keep_host_memory() -> None:
     )
     if applied:
         changes.append("glibc malloc keeps the large blocks it took (no mmap, no trim)")
+
+
+_MADV_NOHUGEPAGE = 15  # from <sys/mman.h>
+_PAGE = 4096
+
+
+def on_small_pages(address: int, size: int) -> bool:
+    """Ask the kernel to back [address, address + size) with 4 KiB pages, not huge ones;
+    call before the memory is first touched. Returns whether the kernel agreed (False off
+    Linux or for a range too small to hold a whole page)."""
+    start = -(-address // _PAGE) * _PAGE
+    end = (address + size) // _PAGE * _PAGE
+    if platform.system() != "Linux" or end <= start:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise(start, end - start, _MADV_NOHUGEPAGE) == 0

@@ -1,7 +1,8 @@
 """Where the start of `aioserve serve` goes: a timestamp at each phase, up to the first 200
 on /health, then the server is stopped.
 
-Runs the server in this process, as `python -m aioserve serve` would, with the engine's
+Runs the server in this process, as `python -m aioserve serve` would (its host memory
+tuned before torch is imported, as the CLI does), with the engine's
 start-up steps wrapped to print the seconds since Python started when each begins and
 ends (the KV pool's zeroing included), and a thread polling /health. Arguments
 after the script's own are `aioserve serve`'s:
@@ -65,6 +66,9 @@ def stop_when_healthy(port: int) -> None:
 
 
 def main() -> None:
+    from aioserve import host_memory
+
+    host_memory.keep_host_memory()  # before torch is imported, as the CLI does
     import torch  # noqa: F401 - timed on its own: the largest single import
 
     stamp("torch imported")
