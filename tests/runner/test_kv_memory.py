@@ -55,11 +55,10 @@ print(grown, num_blocks * block_bytes)
 """
 
 
-def test_every_page_of_the_cpu_pool_is_in_memory_once_the_thread_is_done():
-    # A pool the machine cannot hold must fail at start, not under load: the kernel maps
-    # a page in only when it is first written, so the zeroing has to reach every page.
+def _numbers_printed_by(script: str) -> list[int]:
+    """Run `script` in a Python of its own, from the repository's root: the integers it printed."""
     run = subprocess.run(
-        [sys.executable, "-c", _POOL_RESIDENCY],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
@@ -67,7 +66,13 @@ def test_every_page_of_the_cpu_pool_is_in_memory_once_the_thread_is_done():
         preexec_fn=die_with_parent,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    grown, pool_bytes = map(int, run.stdout.split())
+    return [int(word) for word in run.stdout.split()]
+
+
+def test_every_page_of_the_cpu_pool_is_in_memory_once_the_thread_is_done():
+    # A pool the machine cannot hold must fail at start, not under load: the kernel maps
+    # a page in only when it is first written, so the zeroing has to reach every page.
+    grown, pool_bytes = _numbers_printed_by(_POOL_RESIDENCY)
     assert grown >= 0.95 * pool_bytes
 
 
@@ -104,16 +109,7 @@ print(pool, plain, num_blocks * block_bytes)
 def test_the_cpu_pool_is_on_small_pages_where_other_tensors_get_huge_ones():
     # Under KVM, the first touch of 4 GiB on huge pages took 7.6-9.6 s on one core where
     # 4 KiB pages took 1.4-1.9 s, and it was the last thing before ready (RESULTS).
-    run = subprocess.run(
-        [sys.executable, "-c", _POOL_PAGES],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).resolve().parents[2],
-        preexec_fn=die_with_parent,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    pool, plain, pool_bytes = map(int, run.stdout.split())
+    pool, plain, pool_bytes = _numbers_printed_by(_POOL_PAGES)
     if plain < pool_bytes // 2:
         pytest.skip(f"this host gave a plain tensor {plain} bytes of huge pages, of {pool_bytes}")
     assert pool < pool_bytes // 10
