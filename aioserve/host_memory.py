@@ -10,8 +10,9 @@ took (no `mmap` for large blocks, no trimming of the heap), which measured the s
 tcmalloc (bench/RESULTS.md). Tensors of 2 MiB and more also go on transparent huge pages
 (torch's `THP_MEM_ALLOC_ENABLE`): on a Zen 5 EPYC the steps ran ~3% faster. The CPU KV
 pool is the exception (`on_small_pages`, runner/kv_memory.py): under KVM, its first touch
-on huge pages took 7.6-9.6 s for 4 GiB on one core, against 1.4-1.9 s on 4 KiB pages, and
-it ran no faster on them.
+on huge pages took 7.6-9.6 s for 4 GiB on one core, against 1.4-1.9 s on 4 KiB pages, the
+last thing before ready, for 1-2% of throughput at 1,536-token contexts and none measured
+at 256 (bench/RESULTS.md).
 
 The cost: memory the process freed stays in its heap, so its resident size is its peak,
 not its current use. Nothing here applies where the user chose otherwise: another

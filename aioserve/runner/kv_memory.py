@@ -139,7 +139,8 @@ class KVZeroing:
 
     def __init__(self, caches: list[torch.Tensor]) -> None:
         self._caches = caches
-        # Huge pages made the first touch 5x slower under KVM, and the steps no faster.
+        # Huge pages made the first touch 5x slower under KVM, for 1-2% of long-context
+        # throughput (host_memory.py).
         for cache in caches:
             host_memory.on_small_pages(cache.data_ptr(), cache.untyped_storage().nbytes())
         self._next = itertools.count()  # the caches are taken in turn, by either thread
