@@ -32,6 +32,8 @@ of each still holds the shapes of the last few steps; a new shape costs ~0.7 ms 
 from __future__ import annotations
 
 import ctypes
+import functools
+import mmap
 import os
 import platform
 import sys
@@ -60,7 +62,6 @@ def _user_chose_allocator(env: Mapping[str, str]) -> bool:
 
 # What keep_host_memory changed in this process, for the start-up log.
 changes: list[str] = []
-_kept = False
 
 
 def _set_torch_variables() -> None:
@@ -75,26 +76,28 @@ def _set_torch_variables() -> None:
         changes.append(f"oneDNN caches {ONEDNN_CACHE_ENTRIES} shapes ({', '.join(unset)})")
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+@functools.cache  # once a process: a bench script calls it before the CLI does
 def keep_host_memory() -> None:
     """Tune this process's allocators as the module says, recording what changed in `changes`.
 
     Call before torch is imported: torch reads `THP_MEM_ALLOC_ENABLE` once, at its first
-    allocation, and ideep reads `LRU_CACHE_CAPACITY` when torch is loaded. Only the first
-    call in a process does anything (a bench script calls it before the CLI does).
+    allocation, and ideep reads `LRU_CACHE_CAPACITY` when torch is loaded.
     """
-    global _kept
-    if _kept:
-        return
-    _kept = True
     if "torch" not in sys.modules:
         _set_torch_variables()
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return
     if _user_chose_allocator(os.environ):
         return
-    libc = ctypes.CDLL(None)
     applied = all(
-        libc.mallopt(parameter, value) == 1
+        _libc().mallopt(parameter, value) == 1
         for parameter, value in (
             (_M_MMAP_MAX, 0),
             (_M_TRIM_THRESHOLD, _NEVER_TRIM),
@@ -106,17 +109,15 @@ def keep_host_memory() -> None:
 
 
 _MADV_NOHUGEPAGE = 15  # from <sys/mman.h>
-_PAGE = 4096
 
 
 def on_small_pages(address: int, size: int) -> bool:
-    """Ask the kernel to back [address, address + size) with 4 KiB pages, not huge ones;
-    call before the memory is first touched. Returns whether the kernel agreed (False off
-    Linux or for a range too small to hold a whole page)."""
-    start = -(-address // _PAGE) * _PAGE
-    end = (address + size) // _PAGE * _PAGE
+    """Ask the kernel to back [address, address + size) with base pages (4 KiB on x86),
+    not huge ones; call before the memory is first touched. Returns whether the kernel
+    agreed (False off Linux or for a range too small to hold a whole page)."""
+    page = mmap.PAGESIZE
+    start = -(-address // page) * page
+    end = (address + size) // page * page
     if platform.system() != "Linux" or end <= start:
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise(start, end - start, _MADV_NOHUGEPAGE) == 0
+    return _libc().madvise(start, end - start, _MADV_NOHUGEPAGE) == 0
