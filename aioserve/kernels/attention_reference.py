@@ -8,7 +8,9 @@ model and in float32 otherwise, the softmax always in float32 inside:
 
 - Decode rows (q_len == 1) of a bfloat16 pool in the CPU's layout are weighed where the
   pool keeps them (decode_in_pool.py): per group of sequences one `embedding_bag` for the
-  scores and one for the values, nothing gathered. Otherwise (float32, fp8 and float16
+  scores and one for the values, nothing gathered. Where the step's rows are all decodes
+  of one such group (a decode at one stream), its result is returned as it is
+  (`ReferencePlan.bags_of_every_row`): a layer then runs seven torch ops and little else. Otherwise (float32, fp8 and float16
   caches, other layouts) they are gathered in groups of DECODE_GROUP sequences
   (decode_groups.py), kv head by kv head ([Hkv, slots, D], `_gather_heads`: a group's
   gathered keys stay in the CPU's cache between the gather and the product). A group's
@@ -121,6 +123,10 @@ class ReferencePlan:
     # Where every layer's decode gathers land: allocated once per step, because a fresh
     # multi-megabyte tensor per group and layer costs page faults on each allocation.
     gather_buffers: tuple[Tensor, Tensor] | None = None
+    # Whether every row of the step decodes, weighed in the pool as one group in the
+    # step's order (`bags_of_every_row`): asked in the first layer, kept for the others.
+    _every_row_asked: bool = False
+    _every_row_bags: decode_in_pool.PoolBags | None = None
 
     def decode_gather_buffers(
         self, cache: Tensor, groups: list[DecodeGroup]
@@ -135,6 +141,32 @@ class ReferencePlan:
                 torch.empty(size, dtype=dtype, device=cache.device) for _ in range(2)
             )
         return self.gather_buffers
+
+    def bags_of_every_row(
+        self, query: Tensor, key_cache: Tensor, value_cache: Tensor
+    ) -> decode_in_pool.PoolBags | None:
+        """The bags of the step's one decode group when its rows are the step's rows in
+        order, weighed in the pool (a decode at one stream, or any all-decode step that
+        group_decodes keeps whole); None otherwise. Such a step's attention is the group's
+        result as it is, with nothing to place into an output tensor."""
+        if not self._every_row_asked:
+            self._every_row_asked = True
+            self._every_row_bags = self._one_group_in_step_order(query, key_cache, value_cache)
+        return self._every_row_bags
+
+    def _one_group_in_step_order(
+        self, query: Tensor, key_cache: Tensor, value_cache: Tensor
+    ) -> decode_in_pool.PoolBags | None:
+        decodes = self.decodes
+        if self.prefills or decodes is None:
+            return None
+        if not decodes.read_in_place(key_cache, value_cache, query.dtype):
+            return None
+        num_q_heads, head_size = query.shape[1:]
+        groups = decodes.groups(True, num_q_heads, head_size)
+        if len(groups) != 1 or groups[0].first_row != 0 or len(decodes.rows) != len(query):
+            return None
+        return groups[0].bags(key_cache, value_cache, num_q_heads)
 
 
 def check_shapes(
@@ -478,6 +510,11 @@ def paged_attention_reference(
             query.device,
         )
     if out is None:
+        # The cheap way through for most decode steps: a layer of a one-stream decode
+        # spent more time finding its way here than weighing its slots.
+        bags = plan.bags_of_every_row(query, key_cache, value_cache)
+        if bags is not None:
+            return decode_in_pool.attend_in_pool(query, key_cache, value_cache, bags, scale)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if plan.decodes is not None:
         _attend_decodes(query, key_cache, value_cache, plan.decodes, plan, scale, kv_scales, out)

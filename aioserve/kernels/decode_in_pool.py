@@ -189,7 +189,7 @@ def attend_in_pool(
     scores = scores.view(n, num_q_heads, bags.blocks * block_size)
     if bags.width < scores.shape[-1]:
         # Contiguous first: softmax over a strided slice took twice as long at one row.
-        scores = scores[..., : bags.width].contiguous()
+        scores = scores.narrow(-1, 0, bags.width).contiguous()
     probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to the pool's dtype
     out = _weighted_sums(
         stored_rows(value_cache, head_size), bags.value_rows, bags.value_offsets, probs

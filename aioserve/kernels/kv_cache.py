@@ -244,8 +244,10 @@ def write_kv_cache_reference(
         key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
     # Through the cache's logical [num_blocks, block_size, ...] indices, whatever its
     # layout (empty_kv_cache): one index_put_ each.
-    key_cache.index_put_((blocks, offsets), key.to(key_cache.dtype))
-    value_cache.index_put_((blocks, offsets), value.to(value_cache.dtype))
+    if key.dtype != key_cache.dtype:
+        key, value = key.to(key_cache.dtype), value.to(value_cache.dtype)
+    key_cache.index_put_((blocks, offsets), key)
+    value_cache.index_put_((blocks, offsets), value)
 
 
 def slot_blocks_and_offsets(slot_mapping: Tensor, block_size: int) -> tuple[Tensor, Tensor]:

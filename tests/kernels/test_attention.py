@@ -311,6 +311,45 @@ def test_reference_prefill_attends_in_padded_shapes(device, monkeypatch, block_s
     torch.testing.assert_close(out.double(), naive_attention(batch), **_TOLERANCE[torch.bfloat16])
 
 
+@pytest.mark.parametrize("seq_lens", [[300], [29, 3, 17, 40]], ids=["one-stream", "padded"])
+def test_an_all_decode_step_weighed_in_the_pool_is_what_the_general_way_writes(device, seq_lens):
+    # Every row decodes, as one group in the step's order: the group's result is returned
+    # as it is (ReferencePlan.bags_of_every_row). Written into `out`, the same step goes the
+    # general way, group by group: the same bits, and both within bfloat16's tolerance of
+    # naive attention (shorter sequences' padding masked in the scores).
+    batch = make_batch(
+        [(1, n) for n in seq_lens], 8, 2, 64, 16, torch.bfloat16, device, layout="cpu"
+    )
+    plan = attention_reference.plan_reference_attention(
+        batch.query_start_loc.cpu().numpy(),
+        batch.seq_lens.cpu().numpy(),
+        batch.block_tables.cpu().numpy(),
+        16,
+        batch.query.device,
+    )
+    alone = paged_attention_reference(*batch.args(), plan=plan)
+    assert plan.bags_of_every_row(batch.query, batch.key_cache, batch.value_cache) is not None
+    out = torch.empty_like(batch.query)
+    assert paged_attention_reference(*batch.args(), out=out, plan=plan) is out
+    assert torch.equal(alone, out)
+    torch.testing.assert_close(alone.double(), naive_attention(batch), **_TOLERANCE[torch.bfloat16])
+
+
+def test_a_step_with_a_prefill_or_padding_rows_takes_the_general_way(device):
+    plan_of = attention_reference.plan_reference_attention
+    for seqs, extra_rows in (([(1, 30), (4, 9)], 0), ([(1, 30), (1, 12)], 2)):
+        batch = make_batch(seqs, 8, 2, 64, 16, torch.bfloat16, device, layout="cpu")
+        query = torch.cat([batch.query, batch.query[:extra_rows]])
+        plan = plan_of(
+            batch.query_start_loc.cpu().numpy(),
+            batch.seq_lens.cpu().numpy(),
+            batch.block_tables.cpu().numpy(),
+            16,
+            query.device,
+        )
+        assert plan.bags_of_every_row(query, batch.key_cache, batch.value_cache) is None
+
+
 def test_reference_writes_into_out_and_leaves_padding_rows(device):
     batch = make_batch(MIXED, 4, 2, 64, 16, torch.float32, device)
     num_tokens = batch.query.shape[0]

@@ -23,6 +23,7 @@ def tiny_runner(
     config_name: str = "llama-gqa4-llama3-rope",
     *,
     vocab_size: int | None = None,
+    num_layers: int | None = None,
     num_blocks: int = 64,
     block_size: int = 4,
     max_num_seqs: int = 8,
@@ -39,6 +40,8 @@ def tiny_runner(
     config = tiny_configs()[config_name]
     if vocab_size is not None:
         config.vocab_size = vocab_size
+    if num_layers is not None:
+        config.num_hidden_layers = num_layers
     hf, ours = hf_and_ours(config, device=device)
     ours.to(dtype)
     runner = ModelRunner(

@@ -107,6 +107,22 @@ def test_after_warm_up_no_step_compiles_again():
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_one_graph_of_a_decoder_layer_serves_every_layer():
+    """A layer's index is data to the graph, not a constant: warm-up compiles as many
+    graphs for six layers as for two. (The attention op's schema once took the index as a
+    plain int; dynamo then guarded on it, compiled a graph per layer, and past its limit of
+    8 graphs ran SmolLM2's other layers eagerly.)"""
+    graphs = {}
+    for num_layers in (2, 6):
+        torch._dynamo.reset()
+        counters.clear()
+        _, runner = tiny_runner(num_layers=num_layers, compile_model=True)
+        runner.warm_up()
+        assert runner.model_step.compiled
+        graphs[num_layers] = counters["stats"]["unique_graphs"]
+    assert graphs[6] == graphs[2], graphs
+
+
 def _count_compiled_calls(runner, monkeypatch) -> list[int]:
     """How often the layers enter torch.compile's own wrapper (checking its guards)."""
     layers = runner.model_step._layers
