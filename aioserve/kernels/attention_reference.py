@@ -209,6 +209,11 @@ def plan_reference_attention(
     lens = np.asarray(seq_lens, dtype=np.int64)
     tables = block_tables.astype(np.int64)
     query_lens = np.diff(starts)
+    if len(lens) and (query_lens == 1).all():  # decodes only, at one stream most steps
+        decodes = DecodeSequences(starts[:-1], lens, tables, block_size, device)
+        return ReferencePlan(
+            decodes, [], write_index=_write_index(slot_mapping, block_size, device)
+        )
     decoding = np.flatnonzero(query_lens == 1)
     decodes = None
     if len(decoding):
@@ -228,11 +233,21 @@ def plan_reference_attention(
                 padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
             )
         )
-    write_index = None
-    if slot_mapping is not None:
-        slots = on_device(np.asarray(slot_mapping, dtype=np.int64), device)
-        write_index = slot_blocks_and_offsets(slots, block_size)
-    return ReferencePlan(decodes, prefills, write_index=write_index)
+    return ReferencePlan(
+        decodes, prefills, write_index=_write_index(slot_mapping, block_size, device)
+    )
+
+
+def _write_index(
+    slot_mapping: np.ndarray | None, block_size: int, device: torch.device
+) -> tuple[Tensor, Tensor] | None:
+    """Each new token's (block, offset) for every layer's KV write; None without slots.
+    Divided on the host: torch's operators on a tensor of a few slots cost more."""
+    if slot_mapping is None:
+        return None
+    slots = np.asarray(slot_mapping, dtype=np.int64)
+    blocks, offsets = slot_blocks_and_offsets(slots, block_size)
+    return on_device(blocks, device), on_device(offsets, device)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -250,8 +251,11 @@ def write_kv_cache_reference(
     value_cache.index_put_((blocks, offsets), value)
 
 
-def slot_blocks_and_offsets(slot_mapping: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
-    """Each slot's (block, offset in it): the cache indices the torch path writes."""
+def slot_blocks_and_offsets(
+    slot_mapping: Tensor | np.ndarray, block_size: int
+) -> tuple[Tensor, Tensor] | tuple[np.ndarray, np.ndarray]:
+    """Each slot's (block, offset in it): the cache indices the torch path writes (tensors
+    or host arrays, as the slots come)."""
     return slot_mapping // block_size, slot_mapping % block_size
 
 

@@ -20,7 +20,7 @@ import torch
 from aioserve.kernels.attention import plan_attention
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.runner.sequence_slots import SequenceSlots
-from aioserve.runner.step_plan import StepPlan
+from aioserve.runner.step_plan import SequenceChunk, StepPlan
 
 
 def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -96,12 +96,10 @@ def build_host_inputs(
         slot = slots.slot(chunk.seq_id)
         slots.append_blocks(slot, chunk.new_block_ids)
         row_slots[row] = slot
-    query_lens = np.fromiter((c.num_tokens for c in chunks), dtype=np.int64, count=num_seqs)
     starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=num_seqs)
-    seq_lens = starts + query_lens
-    query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
-    np.cumsum(query_lens, out=query_start_loc[1:])
-    num_tokens = int(query_start_loc[-1])
+    query_start_loc, positions, seq_of_token, max_query_len = _token_layout(chunks, starts)
+    seq_lens = starts + np.diff(query_start_loc)
+    num_tokens = len(positions)
 
     max_seq_len = int(seq_lens.max())
     max_blocks = -(-max_seq_len // block_size)
@@ -109,11 +107,6 @@ def build_host_inputs(
     if np.any(slots.num_blocks[row_slots] * block_size < seq_lens):
         raise ValueError("a scheduled chunk reaches past its sequence's KV blocks")
 
-    # Position of every token: its chunk's start plus its offset inside the chunk.
-    seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
-    positions = (
-        np.arange(num_tokens) - np.repeat(query_start_loc[:-1], query_lens) + starts[seq_of_token]
-    )
     slot_mapping = (
         block_tables[seq_of_token, positions // block_size].astype(np.int64) * block_size
         + positions % block_size
@@ -149,10 +142,36 @@ def build_host_inputs(
         seq_lens=seq_lens,
         block_tables=np.ascontiguousarray(block_tables),
         logits_indices=query_start_loc[1:][sampled].astype(np.int64) - 1,
-        max_query_len=int(query_lens.max()),
+        max_query_len=max_query_len,
         max_seq_len=max_seq_len,
         attention_plan=plan_attention(
             query_start_loc, seq_lens, block_tables, block_size, device, slot_mapping
         ),
     )
     return host, row_slots
+
+
+def _token_layout(
+    chunks: list[SequenceChunk], starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Where each chunk's tokens start in the step ([B + 1] int64), each token's position
+    and sequence ([T] int64), and the longest chunk's length.
+
+    A step of one-token chunks (decodes, at any batch size) is laid out with a few numpy
+    calls: at one stream, after a model step has passed its weights through the CPU's
+    caches, each numpy call costs tens of microseconds of cold code."""
+    num_seqs = len(chunks)
+    if all(c.num_tokens == 1 for c in chunks):
+        rows = np.arange(num_seqs + 1)
+        return rows, starts, rows[:-1], 1
+    query_lens = np.fromiter((c.num_tokens for c in chunks), dtype=np.int64, count=num_seqs)
+    query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    # Position of every token: its chunk's start plus its offset inside the chunk.
+    seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+    positions = (
+        np.arange(query_start_loc[-1])
+        - np.repeat(query_start_loc[:-1], query_lens)
+        + starts[seq_of_token]
+    )
+    return query_start_loc, positions, seq_of_token, int(query_lens.max())
