@@ -195,7 +195,6 @@ def int4_linear(
     x: Tensor, packed: Tensor, scales_and_zeros: Tensor, bias: Tensor | None = None
 ) -> Tensor:
     """x [M, K] @ wᵀ (+ bias) on `pack_int4`'s layout, in x's dtype (that of the scales)."""
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-        x.contiguous(), packed, GROUP_SIZE, scales_and_zeros
-    )
+    # torch's own binding: through torch.ops, ~1 us more a call, 120 calls a step.
+    out = torch._weight_int4pack_mm_for_cpu(x.contiguous(), packed, GROUP_SIZE, scales_and_zeros)
     return out if bias is None else out + bias
