@@ -4,13 +4,16 @@ Planned once a step from its host arrays (attention_reference.plan_reference_att
 grouped in the step's first layer once it shows which path runs: weighed in the pool
 (decode_in_pool.py: sorted by length, grouped as `group_decodes` says) or gathered
 (DECODE_GROUP sequences at a time); in batch-invariant mode one sequence a group. Each
-group works out, also once, what every layer reads alike: its bags over the pool, its
-padding's positions, the pool rows its gathers copy.
+group works out, also once, what every layer reads alike: its bags over the pool (from its
+host arrays, with numpy), its padding's positions, the pool rows its gathers copy. Its
+arrays go to the device only where a path reads them there.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -20,26 +23,42 @@ from aioserve.kernels import decode_in_pool, dispatch
 
 DECODE_GROUP = 16
 
+IndexArray = TypeVar("IndexArray", Tensor, np.ndarray)
+
 
 @dataclass
 class DecodeGroup:
-    """Decoding sequences attended together."""
+    """Decoding sequences attended together: their host arrays, and the same on the device
+    once a path reads them (the bags over the pool are worked out from the host arrays)."""
 
-    rows: Tensor  # [n] int64: each sequence's query row
+    host_rows: np.ndarray  # [n] int64: each sequence's query row
     # [n, b] int64: the blocks each sequence reads, b its longest's (padded with the first)
-    blocks: Tensor
-    lengths: Tensor  # [n] int64: each sequence's length
+    table: np.ndarray
+    host_lengths: np.ndarray  # [n] int64: each sequence's length
     # [p, 2] int64: the (sequence, slot) pairs past their sequence's length (None: none is).
-    padding: Tensor | None
+    host_padding: np.ndarray | None
     # Slots each sequence's attention covers: the longest member's length where weighed in
     # the pool, or a gathered group of one (cut to its length); else the whole blocks.
     width: int
     first_row: int | None  # rows[0] when the rows are consecutive, else None
+    device: torch.device
     # Worked out in the step's first layer, once the heads and the pool are known.
     _head_rows: Tensor | None = None
     _head_padding: Tensor | None = None
     _bias: Tensor | None = None
     _bags: decode_in_pool.PoolBags | None = None
+
+    @functools.cached_property
+    def rows(self) -> Tensor:
+        return on_device(self.host_rows, self.device)
+
+    @functools.cached_property
+    def blocks(self) -> Tensor:
+        return on_device(self.table, self.device)
+
+    @functools.cached_property
+    def padding(self) -> Tensor | None:
+        return None if self.host_padding is None else on_device(self.host_padding, self.device)
 
     def bias(self, dtype: torch.dtype, num_kv_heads: int) -> Tensor:
         """`dtype` [n * Hkv, 1, width], -inf at the padding and 0 elsewhere, a bias for the
@@ -74,26 +93,30 @@ class DecodeGroup:
         """The group's bags over the pool (decode_in_pool.pool_bags), its padding masked
         in the scores (padded_positions)."""
         if self._bags is None:
-            scored_width = self.blocks.shape[1] * key_cache.shape[1]
+            scored_width = self.table.shape[1] * key_cache.shape[1]
             self._bags = decode_in_pool.pool_bags(
-                self.blocks,
-                self.lengths,
+                self.table,
+                self.host_lengths,
                 self.width,
                 key_cache,
                 value_cache,
                 num_q_heads,
                 None
-                if self.padding is None
-                else padded_positions(self.padding, num_q_heads, scored_width),
+                if self.host_padding is None
+                else padded_positions(self.host_padding, num_q_heads, scored_width),
             )
         return self._bags
 
 
-def padded_positions(padding: Tensor, num_heads: int, width: int) -> Tensor:
-    """Where the (sequence, slot) pairs of `padding` [p, 2] lie, for every head, in a
-    tensor flattened from [n, heads, width, ...] over its first three dimensions: [p * heads]."""
+def padded_positions(padding: IndexArray, num_heads: int, width: int) -> IndexArray:
+    """Where the (sequence, slot) pairs of `padding` [p, 2] (a tensor or a host array) lie,
+    for every head, in a tensor flattened from [n, heads, width, ...] over its first three
+    dimensions: [p * heads]."""
     seq, slot = padding[:, :1], padding[:, 1:]
-    heads = torch.arange(num_heads, device=padding.device)
+    if isinstance(padding, np.ndarray):
+        heads = np.arange(num_heads)
+    else:
+        heads = torch.arange(num_heads, device=padding.device)
     return ((seq * num_heads + heads) * width + slot).reshape(-1)
 
 
@@ -150,18 +173,15 @@ class DecodeSequences:
         else:
             width = width_blocks * self.block_size
         past = np.arange(width) >= lengths[:, None]
-        padding = self._on_device(np.argwhere(past)) if past.any() else None
         return DecodeGroup(
-            rows=self._on_device(rows),
-            blocks=self._on_device(table),
-            lengths=self._on_device(lengths.astype(np.int64)),
-            padding=padding,
+            host_rows=rows,
+            table=table,
+            host_lengths=lengths.astype(np.int64),
+            host_padding=np.argwhere(past) if past.any() else None,
             width=width,
             first_row=int(rows[0]) if consecutive else None,
+            device=self.device,
         )
-
-    def _on_device(self, array: np.ndarray) -> Tensor:
-        return on_device(array, self.device)
 
 
 def on_device(array: np.ndarray, device: torch.device) -> Tensor:

@@ -32,8 +32,9 @@ def _numbered_pool(layout: str) -> torch.Tensor:
 
 def test_key_rows_hold_each_blocks_slots_of_one_component():
     cache = _numbered_pool("dim_major")
-    blocks = torch.tensor([[3, 0, 7], [5, 5, 5]])
-    rows = stored_rows(cache, BLOCK_SIZE)[key_rows(blocks, cache, NUM_Q_HEADS).long()]
+    blocks = np.array([[3, 0, 7], [5, 5, 5]])
+    at = torch.from_numpy(key_rows(blocks, cache, NUM_Q_HEADS)).long()
+    rows = stored_rows(cache, BLOCK_SIZE)[at]
     rows = rows.view(2, NUM_Q_HEADS, 3, HEAD_SIZE, BLOCK_SIZE)
     for seq in range(2):
         for head in range(NUM_Q_HEADS):
@@ -47,11 +48,11 @@ def test_key_rows_hold_each_blocks_slots_of_one_component():
 @pytest.mark.parametrize("layout", ["head_major", "slot_major"])
 def test_value_rows_hold_each_slots_value_and_padding_reads_the_first(layout):
     cache = _numbered_pool(layout)
-    blocks = torch.tensor([[3, 0, 7], [5, 2, 2]])
-    lengths = torch.tensor([11, 5])
+    blocks = np.array([[3, 0, 7], [5, 2, 2]])
+    lengths = np.array([11, 5])
     width = 11  # the longest: its third block's last slot is not read
-    at = value_rows(blocks, lengths, width, cache, NUM_Q_HEADS)
-    rows = stored_rows(cache, HEAD_SIZE)[at.long()].view(2, NUM_Q_HEADS, width, HEAD_SIZE)
+    at = torch.from_numpy(value_rows(blocks, lengths, width, cache, NUM_Q_HEADS)).long()
+    rows = stored_rows(cache, HEAD_SIZE)[at].view(2, NUM_Q_HEADS, width, HEAD_SIZE)
     for seq in range(2):
         for head in range(NUM_Q_HEADS):
             kv_head = head // (NUM_Q_HEADS // NUM_KV_HEADS)
@@ -91,10 +92,13 @@ def test_decodes_that_fit_one_group_keep_the_step_order():
     ]
 
 
-def test_padded_positions_are_each_query_heads_padded_slots():
-    padding = torch.tensor([[0, 5], [1, 3], [1, 7]])  # (sequence, slot)
+@pytest.mark.parametrize("on_host", [True, False], ids=["host-array", "tensor"])
+def test_padded_positions_are_each_query_heads_padded_slots(on_host):
+    pairs = [[0, 5], [1, 3], [1, 7]]  # (sequence, slot)
+    padding = np.array(pairs) if on_host else torch.tensor(pairs)
+    positions = padded_positions(padding, NUM_Q_HEADS, 8)
     scores = torch.zeros(2, NUM_Q_HEADS, 8)
-    scores.view(-1)[padded_positions(padding, NUM_Q_HEADS, 8)] = 1
+    scores.view(-1)[torch.as_tensor(positions)] = 1
     expected = torch.zeros(2, NUM_Q_HEADS, 8)
     expected[0, :, 5] = expected[1, :, 3] = expected[1, :, 7] = 1
     assert torch.equal(scores, expected)
