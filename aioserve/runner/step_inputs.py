@@ -13,6 +13,7 @@ pinned memory so that the copy is asynchronous; on the CPU the arrays are used i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -97,8 +98,10 @@ def build_host_inputs(
         slots.append_blocks(slot, chunk.new_block_ids)
         row_slots[row] = slot
     starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=num_seqs)
-    query_start_loc, positions, seq_of_token, max_query_len = _token_layout(chunks, starts)
-    seq_lens = starts + np.diff(query_start_loc)
+    query_start_loc, positions, seq_of_token, query_lens, max_query_len = _token_layout(
+        chunks, starts
+    )
+    seq_lens = starts + query_lens
     num_tokens = len(positions)
 
     max_seq_len = int(seq_lens.max())
@@ -151,11 +154,16 @@ def build_host_inputs(
     return host, row_slots
 
 
-def _token_layout(
-    chunks: list[SequenceChunk], starts: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Where each chunk's tokens start in the step ([B + 1] int64), each token's position
-    and sequence ([T] int64), and the longest chunk's length.
+class _TokenLayout(NamedTuple):
+    query_start_loc: np.ndarray  # [B + 1] int64: where each chunk's tokens start
+    positions: np.ndarray  # [T] int64
+    seq_of_token: np.ndarray  # [T] int64: each token's chunk
+    query_lens: np.ndarray | int  # [B] int64, or 1 where every chunk is one token
+    max_query_len: int
+
+
+def _token_layout(chunks: list[SequenceChunk], starts: np.ndarray) -> _TokenLayout:
+    """How the chunks' tokens are laid out in the step.
 
     A step of one-token chunks (decodes, at any batch size) is laid out with a few numpy
     calls: at one stream, after a model step has passed its weights through the CPU's
@@ -163,7 +171,7 @@ def _token_layout(
     num_seqs = len(chunks)
     if all(c.num_tokens == 1 for c in chunks):
         rows = np.arange(num_seqs + 1)
-        return rows, starts, rows[:-1], 1
+        return _TokenLayout(rows, starts, rows[:-1], 1, 1)
     query_lens = np.fromiter((c.num_tokens for c in chunks), dtype=np.int64, count=num_seqs)
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(query_lens, out=query_start_loc[1:])
@@ -174,4 +182,4 @@ def _token_layout(
         - np.repeat(query_start_loc[:-1], query_lens)
         + starts[seq_of_token]
     )
-    return query_start_loc, positions, seq_of_token, int(query_lens.max())
+    return _TokenLayout(query_start_loc, positions, seq_of_token, query_lens, int(query_lens.max()))
