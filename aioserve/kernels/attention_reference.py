@@ -10,10 +10,11 @@ model and in float32 otherwise, the softmax always in float32 inside:
   pool keeps them (decode_in_pool.py): per group of sequences one `embedding_bag` for the
   scores and one for the values, nothing gathered. Where the step's rows are all decodes
   of one such group (a decode at one stream), its result is returned as it is
-  (`ReferencePlan.bags_of_every_row`): a layer then runs seven torch ops and little else. Otherwise (float32, fp8 and float16
-  caches, other layouts) they are gathered in groups of DECODE_GROUP sequences
-  (decode_groups.py), kv head by kv head ([Hkv, slots, D], `_gather_heads`: a group's
-  gathered keys stay in the CPU's cache between the gather and the product). A group's
+  (`ReferencePlan.bags_of_every_row`): a layer then runs seven torch ops and little else.
+  Otherwise (float32, fp8 and float16 caches, other layouts) they are gathered in groups
+  of DECODE_GROUP sequences (decode_groups.py), kv head by kv head ([Hkv, slots, D],
+  `_gather_heads`: a group's gathered keys stay in the CPU's cache between the gather and
+  the product). A group's
   scores are then one batched matrix product, one product per (sequence, kv head) with
   the GQA group of query heads as its rows (at these shapes torch's CPU SDPA spends most
   of its time setting up each (sequence, head) pair), its probabilities a second product
@@ -53,12 +54,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aioserve.kernels import decode_in_pool
-from aioserve.kernels.decode_groups import (
-    DecodeGroup,
-    DecodeSequences,
-    on_device,
-    pool_head_rows,
-)
+from aioserve.kernels.decode_groups import DecodeGroup, DecodeSequences, pool_head_rows
+from aioserve.kernels.decode_in_pool import on_device
 from aioserve.kernels.kv_cache import is_fp8, slot_blocks_and_offsets, stored_order
 from aioserve.kernels.prefill_products import (
     ProductChunk,

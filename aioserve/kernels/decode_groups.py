@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels import decode_in_pool, dispatch
+from aioserve.kernels.decode_in_pool import on_device
 
 DECODE_GROUP = 16
 
@@ -182,11 +183,6 @@ class DecodeSequences:
             first_row=int(rows[0]) if consecutive else None,
             device=self.device,
         )
-
-
-def on_device(array: np.ndarray, device: torch.device) -> Tensor:
-    """A host array as a tensor on `device`."""
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 
 def pool_head_rows(blocks: Tensor, num_kv_heads: int) -> Tensor:

@@ -159,13 +159,13 @@ def pool_bags(
     values = value_rows(blocks, lengths, width, value_cache, num_q_heads)
     device = key_cache.device
     return PoolBags(
-        key_rows=_on_device(keys.reshape(-1), device),
-        key_offsets=_on_device(_bag_offsets(keys), device),
-        value_rows=_on_device(values.reshape(-1), device),
-        value_offsets=_on_device(_bag_offsets(values), device),
+        key_rows=on_device(keys.reshape(-1), device),
+        key_offsets=on_device(_bag_offsets(keys), device),
+        value_rows=on_device(values.reshape(-1), device),
+        value_offsets=on_device(_bag_offsets(values), device),
         blocks=blocks.shape[1],
         width=width,
-        masked=None if masked is None else _on_device(masked, device),
+        masked=None if masked is None else on_device(masked, device),
     )
 
 
@@ -175,8 +175,9 @@ def _bag_offsets(rows: np.ndarray) -> np.ndarray:
     return np.arange(0, bags * length, length, dtype=rows.dtype)
 
 
-def _on_device(array: np.ndarray, device: torch.device) -> Tensor:
-    return torch.from_numpy(array).to(device)
+def on_device(array: np.ndarray, device: torch.device) -> Tensor:
+    """A host array as a tensor on `device`."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 
 def attend_in_pool(
