@@ -22,6 +22,7 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from aioserve import host_memory
 
@@ -57,24 +58,33 @@ class Timings:
         self.cpu.clear()
 
 
-def main() -> None:
-    args = parse_args()
+def one_request_at_a_time(model: str, input_len: int, output_len: int) -> Callable[[int], float]:
+    """The offline engine on `model` (the compiled step, as served), and `generate(tokens)`:
+    one random prompt of `input_len` token ids, greedy, `tokens` out, end of sequence
+    ignored; it returns the seconds the request took. Every graph is compiled on return."""
     host_memory.keep_host_memory()  # before torch is imported, as the CLI does
     from aioserve import LLM, SamplingParams
-    from aioserve.runner.model_runner import ModelRunner
 
-    llm = LLM(model=args.model, seed=0, max_model_len=args.input_len + args.output_len + 16)
+    llm = LLM(model=model, seed=0, max_model_len=input_len + output_len + 16)
     rng = random.Random(0)
     vocab = llm.get_tokenizer().vocab_size
 
     def generate(tokens: int) -> float:
-        prompt = {"prompt_token_ids": [rng.randrange(vocab) for _ in range(args.input_len)]}
+        prompt = {"prompt_token_ids": [rng.randrange(vocab) for _ in range(input_len)]}
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0)
         started = time.perf_counter()
         llm.generate([prompt], params, use_tqdm=False)
         return time.perf_counter() - started
 
-    generate(8)  # every graph compiled before timing
+    generate(8)
+    return generate
+
+
+def main() -> None:
+    args = parse_args()
+    generate = one_request_at_a_time(args.model, args.input_len, args.output_len)
+    from aioserve.runner.model_runner import ModelRunner
+
     prepare = Timings(ModelRunner, "prepare")
     execute = Timings(ModelRunner, "execute")
     one = statistics.median(generate(1) for _ in range(args.repeats))

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import random
 import statistics
-import time
 from collections.abc import Callable, Iterator
 
-from aioserve import host_memory
+from one_stream import one_request_at_a_time  # bench/, the script's own directory
 
 
 def parse_args() -> argparse.Namespace:
@@ -118,25 +116,12 @@ PARTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 
 def main() -> None:
     args = parse_args()
-    host_memory.keep_host_memory()  # before torch is imported, as the CLI does
-    from aioserve import LLM, SamplingParams
-
-    llm = LLM(model=args.model, seed=0, max_model_len=args.input_len + args.output_len + 16)
-    rng = random.Random(0)
-    vocab = llm.get_tokenizer().vocab_size
-
-    def generate(tokens: int) -> float:
-        prompt = {"prompt_token_ids": [rng.randrange(vocab) for _ in range(args.input_len)]}
-        params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0)
-        started = time.perf_counter()
-        llm.generate([prompt], params, use_tqdm=False)
-        return time.perf_counter() - started
+    generate = one_request_at_a_time(args.model, args.input_len, args.output_len)
 
     def per_token() -> float:
         one = generate(1)
         return (generate(args.output_len + 1) - one) / args.output_len * 1e3
 
-    generate(8)  # every graph compiled before timing
     print(f"one stream, {args.input_len} in / {args.output_len} out, {args.pairs} pairs a part")
     print("part        with (ms)  without (ms)  difference (ms)   without faster")
     for part in args.parts:

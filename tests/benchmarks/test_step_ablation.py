@@ -40,7 +40,8 @@ def test_every_part_is_timed_with_and_without(smollm2_gguf):
         assert float(row["diff"]) == pytest.approx(difference, abs=0.02), run.stdout
 
 
-def _load_script():
+def _load_script(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as when run: bench/ first on the path
     spec = importlib.util.spec_from_file_location("step_ablation", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -57,22 +58,22 @@ def _load_script():
         ("int4", "aioserve.models.linear", "int4_linear"),
     ],
 )
-def test_a_part_is_replaced_where_the_step_looks_it_up_and_put_back(part, owner, name):
+def test_a_part_is_replaced_where_the_step_looks_it_up_and_put_back(part, owner, name, monkeypatch):
     module = importlib.import_module(owner)
     original = getattr(module, name)
-    with _load_script().PARTS[part]():
+    with _load_script(monkeypatch).PARTS[part]():
         assert getattr(module, name) is not original
     assert getattr(module, name) is original
 
 
-def test_without_int4_the_products_are_zeros_of_the_output_shape():
+def test_without_int4_the_products_are_zeros_of_the_output_shape(monkeypatch):
     from aioserve.kernels.gguf_linear_reference import pack_int4
     from aioserve.models import linear
 
     codes = torch.randint(0, 16, (32, 64), dtype=torch.uint8)
     packed, scales = pack_int4(codes, torch.rand(32, 2), torch.rand(32, 2))
     x = torch.randn(1, 64, dtype=torch.bfloat16)
-    with _load_script().PARTS["int4"]():
+    with _load_script(monkeypatch).PARTS["int4"]():
         out = linear.int4_linear(x, packed, scales)
     assert out.shape == (1, 32) and not out.any()
     assert linear.int4_linear(x, packed, scales).any()
