@@ -25,7 +25,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from unittest.mock import patch
 
 from one_stream import one_request_at_a_time  # bench/, the script's own directory
 
@@ -45,23 +46,13 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def _replaced(owner: object, name: str, replacement: Callable) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
 def without_attention() -> contextlib.AbstractContextManager:
     from aioserve.models import paged_attention_op
 
     stack = contextlib.ExitStack()
-    stack.enter_context(_replaced(paged_attention_op, "write_kv_cache", lambda *a, **k: None))
+    stack.enter_context(without_kv_write())
     stack.enter_context(
-        _replaced(paged_attention_op, "paged_attention", lambda query, *a, **k: query.clone())
+        patch.object(paged_attention_op, "paged_attention", lambda query, *a, **k: query.clone())
     )
     return stack
 
@@ -69,7 +60,7 @@ def without_attention() -> contextlib.AbstractContextManager:
 def without_kv_write() -> contextlib.AbstractContextManager:
     from aioserve.models import paged_attention_op
 
-    return _replaced(paged_attention_op, "write_kv_cache", lambda *a, **k: None)
+    return patch.object(paged_attention_op, "write_kv_cache", lambda *a, **k: None)
 
 
 def without_bags() -> contextlib.AbstractContextManager:
@@ -78,7 +69,7 @@ def without_bags() -> contextlib.AbstractContextManager:
     def zeros(table, rows, offsets, weights):
         return table.new_zeros(offsets.shape[0], table.shape[1])
 
-    return _replaced(decode_in_pool, "_weighted_sums", zeros)
+    return patch.object(decode_in_pool, "_weighted_sums", zeros)
 
 
 def without_int4() -> contextlib.AbstractContextManager:
@@ -87,7 +78,7 @@ def without_int4() -> contextlib.AbstractContextManager:
     def zeros(x, packed, scales_and_zeros, bias=None):
         return x.new_zeros(x.shape[0], scales_and_zeros.shape[1])
 
-    return _replaced(linear, "int4_linear", zeros)
+    return patch.object(linear, "int4_linear", zeros)
 
 
 def without_head() -> contextlib.AbstractContextManager:
@@ -102,7 +93,7 @@ def without_head() -> contextlib.AbstractContextManager:
             return original(step, hidden)
         return torch.zeros(1, step.model.config.vocab_size, device=hidden.device)
 
-    return _replaced(ModelStep, "logits", logits)
+    return patch.object(ModelStep, "logits", logits)
 
 
 PARTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
