@@ -11,7 +11,10 @@ time, never output.
 Parts: `attention` (each layer's KV write and paged attention), `kv-write` (the write
 alone), `bags` (the decode attention's two weighted sums over the pool,
 kernels/decode_in_pool.py), `int4` (torch's int4 products of the layers kept as the GGUF
-stores them), `head` (the output head and its logits, sampling kept).
+stores them), `head` (the output head and its logits, sampling kept), `one-row-graph` (the
+whole step compiled as one C++ program, runner/one_row_step.py: without it the step takes
+the layer graphs). The other parts are swapped where the layer graphs call them, so they
+are measured on those, the one-row graph off in both arms.
 
     python bench/step_ablation.py --parts attention,head,int4 --pairs 10
 
@@ -37,7 +40,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--pairs", type=int, default=10)
-    parser.add_argument("--parts", default="attention,kv-write,bags,int4,head")
+    parser.add_argument("--parts", default=",".join(PARTS))
     args = parser.parse_args()
     args.parts = args.parts.split(",")
     unknown = set(args.parts) - set(PARTS)
@@ -96,12 +99,19 @@ def without_head() -> contextlib.AbstractContextManager:
     return patch.object(ModelStep, "logits", logits)
 
 
+def without_one_row_graph() -> contextlib.AbstractContextManager:
+    from aioserve.runner.one_row_step import OneRowStep
+
+    return patch.object(OneRowStep, "serves", lambda self, step, num_rows: False)
+
+
 PARTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "attention": without_attention,
     "kv-write": without_kv_write,
     "bags": without_bags,
     "int4": without_int4,
     "head": without_head,
+    "one-row-graph": without_one_row_graph,
 }
 
 
@@ -116,13 +126,16 @@ def main() -> None:
     print(f"one stream, {args.input_len} in / {args.output_len} out, {args.pairs} pairs a part")
     print("part        with (ms)  without (ms)  difference (ms)   without faster")
     for part in args.parts:
-        with PARTS[part]():
-            generate(8)
-        full, ablated = [], []
-        for pair in range(args.pairs):
-            for take_away in (False, True) if pair % 2 == 0 else (True, False):
-                with PARTS[part]() if take_away else contextlib.nullcontext():
-                    (ablated if take_away else full).append(per_token())
+        # The one-row graph calls what it compiled, not the functions these parts swap.
+        on_layer_graphs = without_one_row_graph if part != "one-row-graph" else None
+        with on_layer_graphs() if on_layer_graphs else contextlib.nullcontext():
+            with PARTS[part]():
+                generate(8)
+            full, ablated = [], []
+            for pair in range(args.pairs):
+                for take_away in (False, True) if pair % 2 == 0 else (True, False):
+                    with PARTS[part]() if take_away else contextlib.nullcontext():
+                        (ablated if take_away else full).append(per_token())
         diffs = [a - f for f, a in zip(full, ablated, strict=True)]
         spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
         faster = sum(d < 0 for d in diffs)

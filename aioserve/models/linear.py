@@ -132,6 +132,11 @@ def _packed_dense(
     op on the 4-bit weights when the model keeps them: an opaque op under torch.compile
     (inductor would not pass an opaque tensor to its own kernels), a direct call eagerly."""
     if torch.compiler.is_compiling():
+        rows = x.shape[0]
+        if int4_weight is not None and not isinstance(rows, torch.SymInt) and rows <= INT4_MAX_ROWS:
+            # A graph of a fixed row count calls torch's int4 op itself: no Python between
+            # it and the generated code (runner/one_row_step.py compiles such a graph).
+            return int4_linear(x, int4_weight, int4_scales_and_zeros, bias)
         return torch.ops.aioserve.packed_dense(
             x, packed_weight, bias, int4_weight, int4_scales_and_zeros
         )

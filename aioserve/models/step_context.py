@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aioserve.kernels.decode_in_pool_traced import RowsInPool
 from aioserve.models.attention_metadata import AttentionMetadata
 
 
@@ -49,16 +50,22 @@ class KVCache(tuple):
 class StepContext:
     meta: AttentionMetadata
     kv_caches: list[KVCache]  # one (key cache, value cache) per layer, with its scales
+    # Set for a step compiled whole (runner/one_row_step.py): its attention is traced into
+    # the graph from these inputs, not called as the custom op.
+    rows_in_pool: RowsInPool | None = None
 
 
 _current: StepContext | None = None
 
 
 @contextmanager
-def step_context(meta: AttentionMetadata, kv_caches: list[KVCache]) -> Iterator[StepContext]:
-    """Make `meta` and `kv_caches` the current step's for the duration of a forward pass."""
+def step_context(
+    meta: AttentionMetadata, kv_caches: list[KVCache], rows_in_pool: RowsInPool | None = None
+) -> Iterator[StepContext]:
+    """Make `meta` and `kv_caches` (and `rows_in_pool`) the current step's for the
+    duration of a forward pass."""
     global _current
-    previous, _current = _current, StepContext(meta, kv_caches)
+    previous, _current = _current, StepContext(meta, kv_caches, rows_in_pool)
     try:
         yield _current
     finally:

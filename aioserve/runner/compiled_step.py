@@ -19,7 +19,9 @@ head likewise for 1 row and for more. `warm_up` compiles all of them when the en
 starts, so no request waits for a compile; inductor's cache on disk
 (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>) makes later starts
 quicker. If compiling fails (no C++ compiler, an unsupported model), the step runs eagerly
-and a warning names the cause. `--enforce-eager` skips compiling altogether. GPUs run
+and a warning names the cause. A step of one decoding row in a bfloat16 pool runs instead
+one graph of the whole forward, its wrapper C++ (one_row_step.py), compiled after the
+others. `--enforce-eager` skips compiling altogether. GPUs run
 the step eagerly, their decode steps replayed from CUDA/HIP graphs (decode_graphs.py).
 """
 
@@ -35,9 +37,10 @@ from torch import Tensor, nn
 
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, pack_weights
-from aioserve.models.step_context import KVCache, step_context
+from aioserve.models.step_context import KVCache, current_step, step_context
 from aioserve.platform import current_platform
 from aioserve.runner.layer_dispatch import LayerDispatch
+from aioserve.runner.one_row_step import OneRowStep
 
 logger = logging.getLogger("aioserve")
 
@@ -50,6 +53,7 @@ class ModelStep:
         model: nn.Module,
         *,
         compiled: bool,
+        dtype: torch.dtype,
         row_weight_dtype: torch.dtype | None = None,
         packed_weights: bool = False,
     ) -> None:
@@ -76,8 +80,15 @@ class ModelStep:
             self._layers = LayerDispatch(model.layers, _compile(type(model.layers[0]).forward))
             self._layers.install()
             self._logits = _compile(model.compute_logits)
+        self._one_row = OneRowStep(model, dtype) if compiled else None
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        if self._one_row is not None:
+            step = current_step()
+            if self._one_row.serves(step, input_ids.shape[0]):
+                hidden = self._one_row.forward(step, input_ids, positions)
+                if hidden is not None:
+                    return hidden
         with _one_graph_for_every_layer():
             return self.model(input_ids, positions)
 
@@ -89,6 +100,7 @@ class ModelStep:
         self.compiled = False
         self._logits = self.model.compute_logits
         self._layers.uninstall()
+        self._one_row = None
 
     @torch.inference_mode()
     def warm_up(self, kv_caches: list[KVCache]) -> None:
@@ -123,6 +135,8 @@ class ModelStep:
             self.run_eagerly()
             return
         logger.info("compiled the model step in %.1f s", time.monotonic() - started)
+        if self._one_row is not None:
+            self._one_row.warm_up(kv_caches)
 
 
 def trust_cpu_flags_for_vector_code() -> None:

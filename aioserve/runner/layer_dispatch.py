@@ -33,6 +33,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 try:  # dynamo's record of what it compiled from a code object
@@ -85,6 +86,9 @@ class LayerDispatch:
 
     def call(self, index: int, positions: Tensor, hidden: Tensor, residual: Tensor) -> Any:
         args = (self._layers[index], positions, hidden, residual)
+        if torch.compiler.is_compiling():
+            # A graph of the whole step (one_row_step.py) traces each layer's own code.
+            return self._function(*args)
         if index == 0:
             self._step = self._graphs.get(hidden.shape[0])
             if self._step is not None and not self._step[0].accepts(args):

@@ -109,6 +109,7 @@ class ModelRunner:
         self.model_step = ModelStep(
             model,
             compiled=compile_model,
+            dtype=dtype,
             row_weight_dtype=row_weight_dtype,
             packed_weights=packed_weights,
         )

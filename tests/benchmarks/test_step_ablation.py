@@ -32,7 +32,8 @@ def test_every_part_is_timed_with_and_without(smollm2_gguf):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = {m["part"]: m for m in ROW.finditer(run.stdout)}
-    assert list(rows) == ["attention", "kv-write", "bags", "int4", "head"], run.stdout
+    expected = ["attention", "kv-write", "bags", "int4", "head", "one-row-graph"]
+    assert list(rows) == expected, run.stdout
     for row in rows.values():
         assert float(row["full"]) > 0 and float(row["without"]) > 0, run.stdout
         assert row["pairs"] == "2", run.stdout
@@ -64,6 +65,15 @@ def test_a_part_is_replaced_where_the_step_looks_it_up_and_put_back(part, owner,
     with _load_script(monkeypatch).PARTS[part]():
         assert getattr(module, name) is not original
     assert getattr(module, name) is original
+
+
+def test_without_the_one_row_graph_no_step_is_served_by_it(monkeypatch):
+    from aioserve.runner.one_row_step import OneRowStep
+
+    original = OneRowStep.serves
+    with _load_script(monkeypatch).PARTS["one-row-graph"]():
+        assert OneRowStep.serves(None, None, 1) is False
+    assert OneRowStep.serves is original
 
 
 def test_without_int4_the_products_are_zeros_of_the_output_shape(monkeypatch):

@@ -1,0 +1,135 @@
+"""The step of one decoding row, compiled whole into one C++ program.
+
+At one stream a decode step is one row, and on a 2-core CPU its ~30 layers' Python cost as
+much as a tenth of the token: each layer enters its compiled graph (compiled_step.py)
+through Python, and the graph calls the attention and the int4 products as custom ops
+whose bodies are Python. Here the whole forward (embedding, every layer, final norm) is one
+graph: the attention traced as torch ops (kernels/decode_in_pool_traced.py, its inputs
+built on the host each step), the int4 products as torch's op (models/linear.py), and
+inductor's C++ wrapper calling them in turn. On a Zen 5 EPYC it took 0.5-0.9 ms off a
+~8.5 ms token (bench/RESULTS.md).
+
+It serves the steps it can: one row, one sequence, in a bfloat16 pool read in place under
+bfloat16 compute; others take the graphs of compiled_step.py. It is compiled at warm-up
+(30-70 s with inductor's cache cold, a few seconds warm) and never at serve time: a step
+that would compile it again (a guard failing) turns it off with a warning, and that step
+and every later one take the other graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import Tensor, nn
+
+from aioserve.kernels import decode_in_pool
+from aioserve.kernels.decode_in_pool_traced import RowsInPool, rows_in_pool
+from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.models.step_context import KVCache, StepContext, step_context
+
+logger = logging.getLogger("aioserve")
+
+# Inductor's options for this graph: its wrapper in C++, built apart from the kernels so
+# that the two compile at once (the wrapper of ~30 layers is most of the compile time).
+COMPILE_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
+
+
+class OneRowStep:
+    """`forward(step, input_ids, positions)` for the steps `serves(step)` accepts."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        self._dtype = dtype
+        self._num_q_heads = model.config.num_attention_heads
+        self._compiled = torch.compile(
+            model.forward, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS
+        )
+        self.ready = False
+
+    def serves(self, step: StepContext, num_rows: int) -> bool:
+        """Whether the step is one row of one sequence writing its slot, and ready."""
+        meta = step.meta
+        return (
+            self.ready
+            and num_rows == 1
+            and meta.seq_lens.shape[0] == 1
+            and int(meta.slot_mapping[0]) >= 0
+        )
+
+    def forward(self, step: StepContext, input_ids: Tensor, positions: Tensor) -> Tensor | None:
+        """The step's hidden rows; None when the graph would have to compile again, after
+        which this step (and every later one) takes the other graphs."""
+        rows = self._rows(step.meta, step.kv_caches)
+        try:
+            with (
+                step_context(step.meta, step.kv_caches, rows),
+                torch.compiler.set_stance("fail_on_recompile"),
+            ):
+                return self._compiled(input_ids, positions)
+        except RuntimeError as error:
+            if "Detected recompile" not in str(error):  # torch's is a plain RuntimeError
+                raise
+            logger.warning("the one-row step's graph no longer fits, not used again: %s", error)
+            self.ready = False
+            return None
+
+    @torch.inference_mode()
+    def warm_up(self, kv_caches: list[KVCache]) -> None:
+        """Compile the graph on a decode of a sequence two blocks long, check that one of
+        another length runs it without compiling, and make it ready; leave it unused where
+        the pool is not read in place or compiling fails (with a warning)."""
+        key_cache, value_cache = kv_caches[0]
+        if key_cache.device.type != "cpu" or not decode_in_pool.reads_in_place(
+            key_cache, value_cache, self._dtype
+        ):
+            return
+        started = time.monotonic()
+        block_size = key_cache.shape[1]
+        try:
+            for length, first in ((block_size + 2, True), (3 * block_size, False)):
+                meta = _decode_at(length, block_size, key_cache.device)
+                rows = self._rows(meta, kv_caches)
+                if first:
+                    torch._dynamo.decorators.mark_unbacked(rows.key_rows, 2)
+                    torch._dynamo.decorators.mark_unbacked(rows.value_rows, 2)
+                stance = "default" if first else "fail_on_recompile"
+                ids = torch.zeros(1, dtype=torch.int64, device=key_cache.device)
+                positions = torch.full_like(ids, length - 1)
+                with step_context(meta, kv_caches, rows), torch.compiler.set_stance(stance):
+                    self._compiled(ids, positions)
+        except Exception as error:  # noqa: BLE001 - any failure leaves the other graphs
+            logger.warning(
+                "compiling the one-row step failed, its steps take the layer graphs: %s: %s",
+                type(error).__name__,
+                error,
+            )
+            return
+        self.ready = True
+        logger.info("compiled the one-row step in %.1f s", time.monotonic() - started)
+
+    def _rows(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> RowsInPool:
+        key_cache, value_cache = kv_caches[0]
+        return rows_in_pool(
+            meta.block_tables.numpy(),
+            meta.seq_lens.numpy(),
+            key_cache,
+            value_cache,
+            self._num_q_heads,
+        )
+
+
+def _decode_at(length: int, block_size: int, device: torch.device) -> AttentionMetadata:
+    """A decode of one sequence `length` slots long over the pool's first blocks, writing
+    its last slot: for warm-up, before any request holds a block (the pool's contents then
+    are anybody's)."""
+    blocks = -(-length // block_size)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor([length - 1], dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([length], dtype=torch.int32, device=device),
+        block_tables=torch.arange(blocks, dtype=torch.int32, device=device).unsqueeze(0),
+        max_query_len=1,
+        max_seq_len=length,
+        skips_kv_writes=False,
+    )

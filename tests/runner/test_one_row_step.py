@@ -1,0 +1,115 @@
+"""The step of one decoding row, compiled whole, gives the layer graphs' tokens.
+
+A bfloat16 runner (the pool read in place) compiles the one-row step at warm-up; a lone
+sequence's decodes then run it, across block boundaries, and its greedy tokens and top
+logprobs must be those of the same runner with the one-row step off (the layer graphs).
+Both round in bfloat16 but fuse differently, so the logprobs agree to a few bfloat16
+steps, not bit for bit. Steps of more rows and prefills take the layer graphs; a float32
+runner never builds the graph; a step the graph would have to compile again for turns it
+off for good, with a warning, and still gives the right tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from aioserve.runner import one_row_step
+from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
+
+pytestmark = pytest.mark.slow
+
+BLOCK_SIZE = 4
+SCORED = dataclasses.replace(GREEDY, logprobs=3)
+
+
+def _runner(*, one_row: bool, dtype: torch.dtype = torch.bfloat16):
+    _, runner = tiny_runner(dtype=dtype, compile_model=True, block_size=BLOCK_SIZE)
+    if not one_row:
+        runner.model_step._one_row = None
+    runner.warm_up()
+    return runner
+
+
+def _calls(runner, monkeypatch) -> list[int]:
+    """How many steps enter the one-row graph."""
+    step = runner.model_step._one_row
+    calls = [0]
+    compiled = step._compiled
+
+    def counted(*args):
+        calls[0] += 1
+        return compiled(*args)
+
+    monkeypatch.setattr(step, "_compiled", counted)
+    return calls
+
+
+def _lone_sequence(runner, decodes: int) -> list[tuple[int, list[int], list[float]]]:
+    """A 6-token prompt, then `decodes` one-row steps: each step's token and top logprobs."""
+    maker = PlanMaker(BLOCK_SIZE, 64)
+    maker.admit("s", [3, 17, 200, 45, 9, 88], SCORED)
+    out = []
+    for steps in ([("s", 6)], *[[("s", 1)]] * decodes):
+        result = run_step(runner, maker.plan(steps))
+        (token,) = result.sampled["s"]
+        (logprobs,) = result.logprobs["s"]
+        out.append((token, logprobs.top_token_ids, logprobs.top_logprobs))
+        maker.learn(result.sampled)
+    return out
+
+
+def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(monkeypatch):
+    whole = _runner(one_row=True)
+    assert whole.model_step._one_row.ready
+    calls = _calls(whole, monkeypatch)
+    decodes = 5 * BLOCK_SIZE  # across five block boundaries
+    got = _lone_sequence(whole, decodes)
+    assert calls[0] == decodes  # every decode, not the prefill
+    expected = _lone_sequence(_runner(one_row=False), decodes)
+    for (token, ids, values), (token_0, ids_0, values_0) in zip(got, expected, strict=True):
+        assert token == token_0
+        assert ids == ids_0
+        assert values == pytest.approx(values_0, abs=0.05)
+
+
+def test_steps_of_more_rows_take_the_layer_graphs(monkeypatch):
+    runner = _runner(one_row=True)
+    calls = _calls(runner, monkeypatch)
+    maker = PlanMaker(BLOCK_SIZE, 64)
+    maker.admit("a", [3, 17, 200])
+    maker.admit("b", [8, 1])
+    maker.learn(run_step(runner, maker.plan([("a", 3), ("b", 2)])).sampled)
+    maker.learn(run_step(runner, maker.plan([("a", 1), ("b", 1)])).sampled)
+    assert calls[0] == 0
+    maker.finish("b")
+    run_step(runner, maker.plan([("a", 1)]))
+    assert calls[0] == 1
+
+
+def test_a_float32_runner_does_not_build_it():
+    runner = _runner(one_row=True, dtype=torch.float32)
+    assert not runner.model_step._one_row.ready
+
+
+def test_a_step_the_graph_would_compile_again_for_turns_it_off(monkeypatch, caplog):
+    expected = _lone_sequence(_runner(one_row=False), 3)
+    runner = _runner(one_row=True)
+    build_rows = one_row_step.rows_in_pool
+
+    def other_dtype(*args):
+        # int64 pool rows: the graph's guards expect int32, so it would compile again.
+        rows = build_rows(*args)
+        return dataclasses.replace(
+            rows, key_rows=rows.key_rows.long(), value_rows=rows.value_rows.long()
+        )
+
+    monkeypatch.setattr(one_row_step, "rows_in_pool", other_dtype)
+    with caplog.at_level(logging.WARNING, logger="aioserve"):
+        got = _lone_sequence(runner, 3)
+    assert not runner.model_step._one_row.ready
+    assert "no longer fits" in caplog.text
+    assert [token for token, _, _ in got] == [token for token, _, _ in expected]
