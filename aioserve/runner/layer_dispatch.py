@@ -44,8 +44,9 @@ except ImportError:  # another torch: every call goes through torch.compile
 LayerCall = Callable[[nn.Module, Tensor, Tensor, Tensor], Any]
 
 
-class _Graph:
-    """One compiled graph of a layer's forward: its guards and its transformed bytecode."""
+class CompiledGraph:
+    """One graph torch.compile made of a function: its guards and its transformed bytecode,
+    which `call` runs with the function's own arguments and no check."""
 
     def __init__(self, entry: Any, function: types.FunctionType) -> None:
         self._guards = entry.guard_manager
@@ -70,11 +71,11 @@ class LayerDispatch:
         self._layers = list(layers)
         self._compiled = compiled
         self._function = type(self._layers[0]).forward
-        self._graphs: dict[int, list[_Graph]] = {}  # by token count, one per layer
-        self._known: dict[types.CodeType, _Graph] = {}  # by transformed bytecode
+        self._graphs: dict[int, list[CompiledGraph]] = {}  # by token count, one per layer
+        self._known: dict[types.CodeType, CompiledGraph] = {}  # by transformed bytecode
         self._uncompiled: set[int] = set()  # token counts some layer ran eagerly at
-        self._step: list[_Graph] | None = None
-        self._noted: list[_Graph] = []
+        self._step: list[CompiledGraph] | None = None
+        self._noted: list[CompiledGraph] = []
 
     def install(self) -> None:
         for index, layer in enumerate(self._layers):
@@ -110,13 +111,24 @@ class LayerDispatch:
                 self._graphs[count] = self._noted
         return out
 
-    def _graph_accepting(self, args: Sequence[Any]) -> _Graph | None:
-        if _debug_get_cache_entry_list is None:
-            return None
-        for entry in _debug_get_cache_entry_list(self._function.__code__):
-            graph = self._known.get(entry.code)
-            if graph is None:
-                graph = self._known[entry.code] = _Graph(entry, self._function)
-            if graph.accepts(args):
-                return graph
+    def _graph_accepting(self, args: Sequence[Any]) -> CompiledGraph | None:
+        return graph_accepting(self._function, args, self._known)
+
+
+def graph_accepting(
+    function: types.FunctionType,
+    args: Sequence[Any],
+    known: dict[types.CodeType, CompiledGraph] | None = None,
+) -> CompiledGraph | None:
+    """The graph compiled from `function` whose guards accept `args`, if any; `known`
+    keeps the graphs made before, by their bytecode."""
+    if _debug_get_cache_entry_list is None:
         return None
+    known = {} if known is None else known
+    for entry in _debug_get_cache_entry_list(function.__code__):
+        graph = known.get(entry.code)
+        if graph is None:
+            graph = known[entry.code] = CompiledGraph(entry, function)
+        if graph.accepts(args):
+            return graph
+    return None

@@ -5,8 +5,9 @@ sequence's decodes then run it, across block boundaries, and its greedy tokens a
 logprobs must be those of the same runner with the one-row step off (the layer graphs).
 Both round in bfloat16 but fuse differently, so the logprobs agree to a few bfloat16
 steps, not bit for bit. Steps of more rows and prefills take the layer graphs; a float32
-runner never builds the graph; a step the graph would have to compile again for turns it
-off for good, with a warning, and still gives the right tokens.
+runner never builds the graph. Only the first step and steps after a change of the settings
+a trace reads check the graph's guards; a step the graph would have to compile again for
+turns it off for good, with a warning, and still gives the right tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import pytest
 import torch
 
+from aioserve.kernels import dispatch
 from aioserve.runner import one_row_step
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 
@@ -35,7 +37,40 @@ def _runner(*, one_row: bool, dtype: torch.dtype = torch.bfloat16):
 
 
 def _calls(runner, monkeypatch) -> list[int]:
-    """How many steps enter the one-row graph."""
+    """How many steps the one-row graph computes."""
+    step = runner.model_step._one_row
+    calls = [0]
+    forward = step.forward
+
+    def counted(*args):
+        hidden = forward(*args)
+        calls[0] += hidden is not None
+        return hidden
+
+    monkeypatch.setattr(step, "forward", counted)
+    return calls
+
+
+def _lone_sequence(
+    runner, decodes: int, maker: PlanMaker | None = None, seq_id: str = "s"
+) -> list[tuple[int, list[int], list[float]]]:
+    """A 6-token prompt, then `decodes` one-row steps: each step's token and top logprobs;
+    the sequence then finished (the maker's next plan says so)."""
+    maker = PlanMaker(BLOCK_SIZE, 64) if maker is None else maker
+    maker.admit(seq_id, [3, 17, 200, 45, 9, 88], SCORED)
+    out = []
+    for steps in ([(seq_id, 6)], *[[(seq_id, 1)]] * decodes):
+        result = run_step(runner, maker.plan(steps))
+        (token,) = result.sampled[seq_id]
+        (logprobs,) = result.logprobs[seq_id]
+        out.append((token, logprobs.top_token_ids, logprobs.top_logprobs))
+        maker.learn(result.sampled)
+    maker.finish(seq_id)
+    return out
+
+
+def _guarded_calls(runner, monkeypatch) -> list[int]:
+    """How many steps go through torch.compile's wrapper (checking the graph's guards)."""
     step = runner.model_step._one_row
     calls = [0]
     compiled = step._compiled
@@ -48,27 +83,15 @@ def _calls(runner, monkeypatch) -> list[int]:
     return calls
 
 
-def _lone_sequence(runner, decodes: int) -> list[tuple[int, list[int], list[float]]]:
-    """A 6-token prompt, then `decodes` one-row steps: each step's token and top logprobs."""
-    maker = PlanMaker(BLOCK_SIZE, 64)
-    maker.admit("s", [3, 17, 200, 45, 9, 88], SCORED)
-    out = []
-    for steps in ([("s", 6)], *[[("s", 1)]] * decodes):
-        result = run_step(runner, maker.plan(steps))
-        (token,) = result.sampled["s"]
-        (logprobs,) = result.logprobs["s"]
-        out.append((token, logprobs.top_token_ids, logprobs.top_logprobs))
-        maker.learn(result.sampled)
-    return out
-
-
 def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(monkeypatch):
     whole = _runner(one_row=True)
     assert whole.model_step._one_row.ready
-    calls = _calls(whole, monkeypatch)
+    calls, guarded = _calls(whole, monkeypatch), _guarded_calls(whole, monkeypatch)
     decodes = 5 * BLOCK_SIZE  # across five block boundaries
     got = _lone_sequence(whole, decodes)
     assert calls[0] == decodes  # every decode, not the prefill
+    assert guarded[0] == 1  # the first; the others call the graph directly
+    assert whole.model_step._one_row.ready
     expected = _lone_sequence(_runner(one_row=False), decodes)
     for (token, ids, values), (token_0, ids_0, values_0) in zip(got, expected, strict=True):
         assert token == token_0
@@ -113,3 +136,18 @@ def test_a_step_the_graph_would_compile_again_for_turns_it_off(monkeypatch, capl
     assert not runner.model_step._one_row.ready
     assert "no longer fits" in caplog.text
     assert [token for token, _, _ in got] == [token for token, _, _ in expected]
+
+
+def test_a_setting_the_trace_read_changing_sends_the_step_through_the_guards(monkeypatch):
+    expected = [token for token, _, _ in _lone_sequence(_runner(one_row=False), 3)]
+    runner = _runner(one_row=True)
+    guarded = _guarded_calls(runner, monkeypatch)
+    maker = PlanMaker(BLOCK_SIZE, 64)
+    assert [token for token, _, _ in _lone_sequence(runner, 3, maker)] == expected
+    assert guarded[0] == 1
+    # "torch" runs the same kernels on the CPU as "auto", but the graph guards on the
+    # value: checked again, it would compile again, so the step turns it off.
+    monkeypatch.setattr(dispatch, "_backend", "torch")
+    assert [token for token, _, _ in _lone_sequence(runner, 3, maker, "t")] == expected
+    assert guarded[0] == 2
+    assert not runner.model_step._one_row.ready
