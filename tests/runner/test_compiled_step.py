@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 from aioserve.kernels import dispatch
 from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, onednn_packs
 from aioserve.runner import compiled_step
+from tests.runner.call_counts import count_calls
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 from tests.runner.test_model_runner import greedy_run
 
@@ -125,16 +126,7 @@ def test_one_graph_of_a_decoder_layer_serves_every_layer():
 
 def _count_compiled_calls(runner, monkeypatch) -> list[int]:
     """How often the layers enter torch.compile's own wrapper (checking its guards)."""
-    layers = runner.model_step._layers
-    calls = [0]
-    compiled = layers._compiled
-
-    def counted(*args):
-        calls[0] += 1
-        return compiled(*args)
-
-    monkeypatch.setattr(layers, "_compiled", counted)
-    return calls
+    return count_calls(monkeypatch, runner.model_step._layers, "_compiled")
 
 
 def _greedy_tokens(runner, maker, prefix: str, calls: list[int] | None = None):

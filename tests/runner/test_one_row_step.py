@@ -20,6 +20,7 @@ import torch
 
 from aioserve.kernels import dispatch
 from aioserve.runner import one_row_step
+from tests.runner.call_counts import count_calls
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 
 pytestmark = pytest.mark.slow
@@ -39,16 +40,12 @@ def _runner(*, one_row: bool, dtype: torch.dtype = torch.bfloat16):
 def _calls(runner, monkeypatch) -> list[int]:
     """How many steps the one-row graph computes."""
     step = runner.model_step._one_row
-    calls = [0]
-    forward = step.forward
+    return count_calls(monkeypatch, step, "forward", lambda hidden: hidden is not None)
 
-    def counted(*args):
-        hidden = forward(*args)
-        calls[0] += hidden is not None
-        return hidden
 
-    monkeypatch.setattr(step, "forward", counted)
-    return calls
+def _guarded_calls(runner, monkeypatch) -> list[int]:
+    """How many steps go through torch.compile's wrapper (checking the graph's guards)."""
+    return count_calls(monkeypatch, runner.model_step._one_row, "_compiled")
 
 
 def _lone_sequence(
@@ -67,20 +64,6 @@ def _lone_sequence(
         maker.learn(result.sampled)
     maker.finish(seq_id)
     return out
-
-
-def _guarded_calls(runner, monkeypatch) -> list[int]:
-    """How many steps go through torch.compile's wrapper (checking the graph's guards)."""
-    step = runner.model_step._one_row
-    calls = [0]
-    compiled = step._compiled
-
-    def counted(*args):
-        calls[0] += 1
-        return compiled(*args)
-
-    monkeypatch.setattr(step, "_compiled", counted)
-    return calls
 
 
 def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(monkeypatch):
