@@ -6,12 +6,13 @@ through Python, and the graph calls the attention and the int4 products as custo
 whose bodies are Python. Here the whole forward (embedding, every layer, final norm) is one
 graph: the attention traced as torch ops (kernels/decode_in_pool_traced.py, its inputs
 built on the host each step), the int4 products as torch's op (models/linear.py), and
-inductor's C++ wrapper calling them in turn. On a Zen 5 EPYC it took 0.5-0.9 ms off a
-~8.5 ms token (bench/RESULTS.md).
+inductor's C++ wrapper calling them in turn, the graph's guards checked only when they
+could have changed (`forward`). On a Zen 5 EPYC one stream went from 8.0-8.7 to 6.6-7.3 ms
+a token in process (bench/RESULTS.md).
 
 It serves the steps it can: one row, one sequence, in a bfloat16 pool read in place under
 bfloat16 compute; others take the graphs of compiled_step.py. It is compiled at warm-up
-(30-70 s with inductor's cache cold, a few seconds warm) and never at serve time: a step
+(~33 s with inductor's cache cold, ~4 s warm) and never at serve time: a step
 that would compile it again (a guard failing) turns it off with a warning, and that step
 and every later one take the other graphs.
 """
@@ -32,8 +33,8 @@ from aioserve.runner.layer_dispatch import CompiledGraph, graph_accepting
 
 logger = logging.getLogger("aioserve")
 
-# Inductor's options for this graph: its wrapper in C++, built apart from the kernels so
-# that the two compile at once (the wrapper of ~30 layers is most of the compile time).
+# Inductor's options for this graph: its wrapper in C++, built apart from the kernels (a
+# cold compile took 35 s so, 75 s built together).
 COMPILE_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 
 

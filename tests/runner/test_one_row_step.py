@@ -29,8 +29,10 @@ BLOCK_SIZE = 4
 SCORED = dataclasses.replace(GREEDY, logprobs=3)
 
 
-def _runner(*, one_row: bool, dtype: torch.dtype = torch.bfloat16):
-    _, runner = tiny_runner(dtype=dtype, compile_model=True, block_size=BLOCK_SIZE)
+def _runner(
+    *, one_row: bool, dtype: torch.dtype = torch.bfloat16, config: str = "llama-gqa4-llama3-rope"
+):
+    _, runner = tiny_runner(config, dtype=dtype, compile_model=True, block_size=BLOCK_SIZE)
     if not one_row:
         runner.model_step._one_row = None
     runner.warm_up()
@@ -66,8 +68,9 @@ def _lone_sequence(
     return out
 
 
-def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(monkeypatch):
-    whole = _runner(one_row=True)
+@pytest.mark.parametrize("config", ["llama-gqa4-llama3-rope", "qwen2-tied", "qwen3"])
+def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(config, monkeypatch):
+    whole = _runner(one_row=True, config=config)
     assert whole.model_step._one_row.ready
     calls, guarded = _calls(whole, monkeypatch), _guarded_calls(whole, monkeypatch)
     decodes = 5 * BLOCK_SIZE  # across five block boundaries
@@ -75,7 +78,7 @@ def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(mo
     assert calls[0] == decodes  # every decode, not the prefill
     assert guarded[0] == 1  # the first; the others call the graph directly
     assert whole.model_step._one_row.ready
-    expected = _lone_sequence(_runner(one_row=False), decodes)
+    expected = _lone_sequence(_runner(one_row=False, config=config), decodes)
     for (token, ids, values), (token_0, ids_0, values_0) in zip(got, expected, strict=True):
         assert token == token_0
         assert ids == ids_0
