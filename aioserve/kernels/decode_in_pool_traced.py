@@ -48,7 +48,8 @@ def rows_in_pool(
 ) -> RowsInPool:
     """The inputs of `write_and_attend` for sequences of `lengths` [n] whose blocks are the
     rows of `block_tables` [n, >= blocks] (host arrays): each writes its new row at its
-    last slot, and the bags cover the longest sequence's blocks."""
+    last slot, and the bags cover the longest sequence's blocks (a shorter one's row must
+    name blocks of the pool there, whose slots are masked)."""
     block_size = key_cache.shape[1]
     blocks = int(-(-lengths.max() // block_size))
     tables = block_tables[:, :blocks].astype(np.int64)
