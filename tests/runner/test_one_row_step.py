@@ -4,10 +4,11 @@ A bfloat16 runner (the pool read in place) compiles the one-row step at warm-up;
 sequence's decodes then run it, across block boundaries, and its greedy tokens and top
 logprobs must be those of the same runner with the one-row step off (the layer graphs).
 Both round in bfloat16 but fuse differently, so the logprobs agree to a few bfloat16
-steps, not bit for bit. Steps of more rows and prefills take the layer graphs; a float32
-runner never builds the graph. Only the first step and steps after a change of the settings
-a trace reads check the graph's guards; a step the graph would have to compile again for
-turns it off for good, with a warning, and still gives the right tokens.
+steps, not bit for bit, and two near-tied tokens below the first may swap places. Steps of
+more rows and prefills take the layer graphs; a float32 runner never builds the graph.
+Only the first step and steps after a change of the settings a trace reads check the
+graph's guards; a step the graph would have to compile again for turns it off for good,
+with a warning, and still gives the right tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ pytestmark = pytest.mark.slow
 
 BLOCK_SIZE = 4
 SCORED = dataclasses.replace(GREEDY, logprobs=3)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # dynamo keeps at most 8 graphs of a code object, and every compiled runner of this
+    # process compiled its model's forward once: past that a one-row graph would not be
+    # built (a warning, and the layer graphs), as test_compiled_step.py says of layers.
+    torch._dynamo.reset()
 
 
 def _runner(
@@ -81,8 +90,12 @@ def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(co
     expected = _lone_sequence(_runner(one_row=False, config=config), decodes)
     for (token, ids, values), (token_0, ids_0, values_0) in zip(got, expected, strict=True):
         assert token == token_0
-        assert ids == ids_0
+        # The top logprobs agree; below the first, two near-tied tokens may swap places.
         assert values == pytest.approx(values_0, abs=0.05)
+        theirs = dict(zip(ids_0, values_0, strict=True))
+        for token_id, value in zip(ids, values, strict=True):
+            if token_id in theirs:
+                assert value == pytest.approx(theirs[token_id], abs=0.05)
 
 
 def test_steps_of_more_rows_take_the_layer_graphs(monkeypatch):
