@@ -109,16 +109,15 @@ def attend_layer(
     query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: float
 ) -> Tensor:
     """Write this layer's new keys and values into its cache, then attend: [T, Hq, D]."""
-    if (
-        torch.compiler.is_compiling()
-        and not isinstance(layer_index, torch.SymInt)
-        and current_step().rows_in_pool is not None
-    ):
+    if torch.compiler.is_compiling() and not isinstance(layer_index, torch.SymInt):
         # The step compiled whole (its layers' indices constants): its attention is torch
         # ops in the graph.
         step = current_step()
-        key_cache, value_cache = step.kv_caches[layer_index]
-        return write_and_attend(query, key, value, key_cache, value_cache, step.rows_in_pool, scale)
+        if step.rows_in_pool is not None:
+            key_cache, value_cache = step.kv_caches[layer_index]
+            return write_and_attend(
+                query, key, value, key_cache, value_cache, step.rows_in_pool, scale
+            )
     if torch.compiler.is_compiling():
         # Contiguous in and out, so that the op's inputs have one layout whatever inductor
         # decided for the views that feed it.
