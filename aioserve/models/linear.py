@@ -28,7 +28,9 @@ bench/packed_products.py`) took 18.4 → 12.0 ms at one row, 24.8 → 15.9 at 64
 at 256, and about the same from 512 rows up. Served, the one-stream decode step went from
 31–32 to 29.7 ms; a 64-row step's products took as long as before (bench/RESULTS.md). The
 plain weight is released (a Linear keeps only its shape), so the model's memory does not
-grow; a tied output head keeps its plain table for the embedding and gets a packed copy.
+grow; a tied output head keeps its plain table for the embedding and gets a packed copy,
+which products of more than one row read (a compiled single row reads the table with the
+multiply-reduce loop: as fast here, and no opaque op in a graph of the whole step).
 Beside the packed weights, a GGUF checkpoint's Q4_0 / Q4_1 layers can be kept as stored
 (models/gguf_weights.py): the same op then multiplies steps of up to INT4_MAX_ROWS rows by
 them with torch's int4 CPU matmul, reading a third of the bytes. On a GPU a GGUF layer
@@ -157,6 +159,23 @@ def _dense_in_row_tiles(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tenso
     return out if bias is None else out + bias
 
 
+def _one_compiled_row(x: Tensor) -> bool:
+    """Whether x is a single row, in a graph being compiled for that row count."""
+    return (
+        torch.compiler.is_compiling()
+        and x.dim() == 2
+        and not isinstance(x.shape[0], torch.SymInt)
+        and x.shape[0] == 1
+    )
+
+
+def _row_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x [1, in] @ weightᵀ as a multiply-reduce, which inductor turns into one loop over the
+    weight, reading it at memory speed (MKL's GEMV gets about half of that here)."""
+    out = (x * weight).sum(dim=1, dtype=torch.float32).to(x.dtype).unsqueeze(0)
+    return out if bias is None else out + bias
+
+
 def dense(
     x: Tensor,
     weight: Tensor,
@@ -168,25 +187,25 @@ def dense(
 ) -> Tensor:
     """x [T, in] @ weight [out, in]ᵀ (+ bias [out]) as a contiguous [T, out].
 
-    row_weight, when given, holds the weight's values in a narrower dtype, read instead of
-    it by the compiled single-row product; packed_weight, when given, holds them in
-    oneDNN's layout and is read instead of `weight` (see `pack_weights`); with it, the
-    int4 pair holds a GGUF 4-bit checkpoint's weights as stored, read instead for steps of
-    up to INT4_MAX_ROWS rows (models/gguf_weights.py).
+    row_weight, when given, holds the weight's values, in a narrower dtype on a float32
+    model, read instead of it by the compiled single-row product; packed_weight, when
+    given, holds them in oneDNN's layout and is read instead of `weight` (see
+    `pack_weights`) except by that product when row_weight is given; with it, the int4 pair
+    holds a GGUF 4-bit checkpoint's weights as stored, read instead for steps of up to
+    INT4_MAX_ROWS rows (models/gguf_weights.py).
     """
     if packed_weight is not None:
+        if row_weight is not None and _one_compiled_row(x):
+            # Inductor's loop reads the weight as fast as oneDNN does, and a graph of the
+            # whole step (runner/one_row_step.py) then calls no Python for it.
+            return _row_product(x, row_weight, bias)
         return _packed_dense(x, packed_weight, bias, int4_weight, int4_scales_and_zeros)
     if dispatch.batch_invariant() and x.dim() == 2:
         return _dense_in_row_tiles(x, weight, bias)
     if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > SMALL_BATCH_ROWS:
         return F.linear(x, weight, bias)
-    if x.shape[0] == 1 and torch.compiler.is_compiling():
-        # One row: a multiply-reduce that inductor turns into one loop over the weight,
-        # reading it at memory speed (MKL's GEMV gets about half of that here).
-        if row_weight is not None:
-            weight = row_weight
-        out = (x * weight).sum(dim=1, dtype=torch.float32).to(x.dtype).unsqueeze(0)
-        return out if bias is None else out + bias
+    if _one_compiled_row(x):
+        return _row_product(x, weight if row_weight is None else row_weight, bias)
     if bias is None:
         out_t = torch.mm(weight, x.t())
     else:

@@ -195,10 +195,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tie_word_embeddings:
+            table = self.embed_tokens.weight
             return dense(
                 hidden,
-                self.embed_tokens.weight,
-                row_weight=self.head_row_weight,
+                table,
+                # The table itself where it has no narrower copy: a single row reads it
+                # rather than the packed copy (linear.dense).
+                row_weight=table if self.head_row_weight is None else self.head_row_weight,
                 packed_weight=self.head_packed_weight,
             ).float()
         return self.lm_head(hidden).float()

@@ -20,8 +20,8 @@ starts, so no request waits for a compile; inductor's cache on disk
 (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>) makes later starts
 quicker. If compiling fails (no C++ compiler, an unsupported model), the step runs eagerly
 and a warning names the cause. A step of one decoding row in a bfloat16 pool runs instead
-one graph of the whole forward, its wrapper C++ (one_row_step.py), compiled after the
-others. `--enforce-eager` skips compiling altogether. GPUs run
+one graph of the whole forward and the head, its wrapper C++ (one_row_step.py), compiled
+after the others. `--enforce-eager` skips compiling altogether. GPUs run
 the step eagerly, their decode steps replayed from CUDA/HIP graphs (decode_graphs.py).
 """
 
@@ -83,14 +83,25 @@ class ModelStep:
         self._one_row = OneRowStep(model, dtype) if compiled else None
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
-        if self._one_row is not None:
-            step = current_step()
-            if self._one_row.serves(step, input_ids.shape[0]):
-                hidden = self._one_row.forward(step, input_ids, positions)
-                if hidden is not None:
-                    return hidden
+        """The step's hidden rows."""
         with _one_graph_for_every_layer():
             return self.model(input_ids, positions)
+
+    def forward_and_logits(
+        self, input_ids: Tensor, positions: Tensor, logits_indices: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """The step's hidden rows and the logits of its rows `logits_indices` (None where
+        there are none)."""
+        if self._one_row is not None:
+            step = current_step()
+            if self._one_row.serves(step, input_ids.shape[0], logits_indices.shape[0]):
+                out = self._one_row.forward(step, input_ids, positions)
+                if out is not None:
+                    return out
+        hidden = self.forward(input_ids, positions)
+        if not logits_indices.shape[0]:
+            return hidden, None
+        return hidden, self.logits(hidden[logits_indices])
 
     def logits(self, hidden: Tensor) -> Tensor:
         with _one_graph_for_every_layer():

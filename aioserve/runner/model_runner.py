@@ -204,11 +204,15 @@ class ModelRunner:
             state.admit(admission)
         if step.inputs.graph_size:
             hidden, logits_indices = self.decode_graphs.run(step.inputs, state.last_sampled)
+            logits = None
+            if step.sampling is not None:
+                logits = self.model_step.logits(hidden[logits_indices])
         else:
             inputs = step.inputs.to_device(self.device, state.last_sampled)
             with step_context(inputs.attention, self.kv_caches):
-                hidden = self.model_step.forward(inputs.input_ids, inputs.positions)
-            logits_indices = inputs.logits_indices
+                hidden, logits = self.model_step.forward_and_logits(
+                    inputs.input_ids, inputs.positions, inputs.logits_indices
+                )
         prompt_logprobs = None
         if step.prompt_logprobs is not None:
             tensors = compute_prompt_logprobs(
@@ -223,7 +227,6 @@ class ModelRunner:
                 output.done = torch.cuda.Event()
                 output.done.record()
             return output
-        logits = self.model_step.logits(hidden[logits_indices])
         slots = host_to_device(step.sampling.slots, self.device)
         if step.token_bitmask is not None:
             step.token_bitmask.wait_ready()  # the engine fills it while the forward ran

@@ -3,15 +3,16 @@
 At one stream a decode step is one row, and on a 2-core CPU its ~30 layers' Python cost as
 much as a tenth of the token: each layer enters its compiled graph (compiled_step.py)
 through Python, and the graph calls the attention and the int4 products as custom ops
-whose bodies are Python. Here the whole forward (embedding, every layer, final norm) is one
-graph: the attention traced as torch ops (kernels/decode_in_pool_traced.py, its inputs
-built on the host each step), the int4 products as torch's op (models/linear.py), and
+whose bodies are Python. Here the whole forward (embedding, every layer, final norm) and
+the output head are one graph: the attention traced as torch ops
+(kernels/decode_in_pool_traced.py, its inputs built on the host each step), the int4
+products as torch's op and a tied head as a multiply-reduce loop (models/linear.py), and
 inductor's C++ wrapper calling them in turn, the graph's guards checked only when they
 could have changed (`forward`). On a Zen 5 EPYC one stream went from 8.0-8.7 to 6.6-7.3 ms
-a token in process (bench/RESULTS.md).
+a token in process, and to 6.2-6.3 ms with the head in the graph (bench/RESULTS.md).
 
-It serves the steps it can: one row, one sequence, in a bfloat16 pool read in place under
-bfloat16 compute; others take the graphs of compiled_step.py. It is compiled at warm-up
+It serves the steps it can: one row, one sequence, sampling, in a bfloat16 pool read in
+place under bfloat16 compute; others take the graphs of compiled_step.py. It is compiled at warm-up
 (~33 s with inductor's cache cold, ~4 s warm) and never at serve time: a step
 that would compile it again (a guard failing) turns it off with a warning, and that step
 and every later one take the other graphs.
@@ -38,6 +39,14 @@ logger = logging.getLogger("aioserve")
 COMPILE_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 
 
+def forward_and_logits(
+    model: nn.Module, input_ids: Tensor, positions: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The step's hidden rows and their logits: what the graph computes."""
+    hidden = model(input_ids, positions)
+    return hidden, model.compute_logits(hidden)
+
+
 class OneRowStep:
     """`forward(step, input_ids, positions)` for the steps `serves(step)` accepts."""
 
@@ -46,25 +55,29 @@ class OneRowStep:
         self._dtype = dtype
         self._num_q_heads = model.config.num_attention_heads
         self._compiled = torch.compile(
-            model.forward, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS
+            forward_and_logits, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS
         )
         self.ready = False
         self._graph: CompiledGraph | None = None  # the graph the guards last accepted
         self._settings: tuple = ()  # _settings() when they did
 
-    def serves(self, step: StepContext, num_rows: int) -> bool:
-        """Whether the step is one row of one sequence writing its slot, and ready."""
+    def serves(self, step: StepContext, num_rows: int, num_sampled: int) -> bool:
+        """Whether the step is one row of one sequence writing its slot and sampling, and
+        ready."""
         meta = step.meta
         return (
             self.ready
             and num_rows == 1
+            and num_sampled == 1
             and meta.seq_lens.shape[0] == 1
             and int(meta.slot_mapping[0]) >= 0
         )
 
-    def forward(self, step: StepContext, input_ids: Tensor, positions: Tensor) -> Tensor | None:
-        """The step's hidden rows; None when the graph would have to compile again, after
-        which this step (and every later one) takes the other graphs.
+    def forward(
+        self, step: StepContext, input_ids: Tensor, positions: Tensor
+    ) -> tuple[Tensor, Tensor] | None:
+        """The step's hidden row and its logits; None when the graph would have to compile
+        again, after which this step (and every later one) takes the other graphs.
 
         The graph's guards (every layer's modules and weights, ~1 ms on a Zen 5 EPYC, an
         eighth of the token) are checked on the first step and whenever the settings a
@@ -72,22 +85,22 @@ class OneRowStep:
         as layer_dispatch.py does. Its inputs are built here with fixed dtypes and shapes
         but for the block count, which the graph takes as dynamic."""
         rows = self._rows(step.meta, step.kv_caches)
-        args = (self._model, input_ids, positions)
+        args = (self._model, input_ids, positions)  # forward_and_logits's
         with step_context(step.meta, step.kv_caches, rows):
             if self._graph is not None and self._settings == _settings():
                 return self._graph.call(*args)
             try:
                 with torch.compiler.set_stance("fail_on_recompile"):
-                    hidden = self._compiled(input_ids, positions)
+                    out = self._compiled(self._model, input_ids, positions)
             except RuntimeError as error:
                 if "Detected recompile" not in str(error):  # torch's is a plain RuntimeError
                     raise
                 logger.warning("the one-row step's graph no longer fits, not used again: %s", error)
                 self.ready = False
                 return None
-            self._graph = graph_accepting(type(self._model).forward, args)
+            self._graph = graph_accepting(forward_and_logits, args)
             self._settings = _settings()
-            return hidden
+            return out
 
     @torch.inference_mode()
     def warm_up(self, kv_caches: list[KVCache]) -> None:
@@ -112,7 +125,7 @@ class OneRowStep:
                 ids = torch.zeros(1, dtype=torch.int64, device=key_cache.device)
                 positions = torch.full_like(ids, length - 1)
                 with step_context(meta, kv_caches, rows), torch.compiler.set_stance(stance):
-                    self._compiled(ids, positions)
+                    self._compiled(self._model, ids, positions)
         except Exception as error:  # noqa: BLE001 - any failure leaves the other graphs
             logger.warning(
                 "compiling the one-row step failed, its steps take the layer graphs: %s: %s",

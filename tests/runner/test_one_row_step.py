@@ -3,7 +3,7 @@
 A bfloat16 runner (the pool read in place) compiles the one-row step at warm-up; a lone
 sequence's decodes then run it, across block boundaries, and its greedy tokens and top
 logprobs must be those of the same runner with the one-row step off (the layer graphs).
-Both round in bfloat16 but fuse differently, so the logprobs agree to a few bfloat16
+The graph computes the decodes' logits too. Both round in bfloat16 but fuse differently, so the logprobs agree to a few bfloat16
 steps, not bit for bit, and two near-tied tokens below the first may swap places. Steps of
 more rows and prefills take the layer graphs; a float32 runner never builds the graph.
 Only the first step and steps after a change of the settings a trace reads check the
@@ -51,7 +51,7 @@ def _runner(
 def _calls(runner, monkeypatch) -> list[int]:
     """How many steps the one-row graph computes."""
     step = runner.model_step._one_row
-    return count_calls(monkeypatch, step, "forward", lambda hidden: hidden is not None)
+    return count_calls(monkeypatch, step, "forward", lambda out: out is not None)
 
 
 def _guarded_calls(runner, monkeypatch) -> list[int]:
@@ -82,10 +82,12 @@ def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(co
     whole = _runner(one_row=True, config=config)
     assert whole.model_step._one_row.ready
     calls, guarded = _calls(whole, monkeypatch), _guarded_calls(whole, monkeypatch)
+    head = count_calls(monkeypatch, whole.model_step, "logits")
     decodes = 5 * BLOCK_SIZE  # across five block boundaries
     got = _lone_sequence(whole, decodes)
     assert calls[0] == decodes  # every decode, not the prefill
     assert guarded[0] == 1  # the first; the others call the graph directly
+    assert head[0] == 1  # the prefill's: the graph computes the decodes' logits itself
     assert whole.model_step._one_row.ready
     expected = _lone_sequence(_runner(one_row=False, config=config), decodes)
     for (token, ids, values), (token_0, ids_0, values_0) in zip(got, expected, strict=True):
