@@ -5,6 +5,8 @@ the attention's custom op (models/paged_attention_op.py), which runs Python betw
 compiled code of every layer. This module writes the same computation with every size
 taken from its input tensors, so that torch.compile can trace it into a graph of the whole
 step (runner/one_row_step.py) whose C++ wrapper calls every op with no Python in between.
+The pool rows the bags read are worked out by torch ops too (`rows_in_pool`), from the
+step's block table and lengths, in the graph.
 
 The bags have fixed sizes, so no offsets are passed: each sequence's scores cover its
 blocks whole and so do its values, the slots past its length masked to -inf before the
@@ -17,12 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from aioserve.kernels import decode_in_pool
 
 
 @dataclass
@@ -32,42 +31,59 @@ class RowsInPool:
 
     write_blocks: Tensor  # [n] int64: each row's slot, as block and offset in it
     write_offsets: Tensor  # [n] int64
-    # decode_in_pool.key_rows and value_rows, shaped so that the block count is one
-    # dimension of each (which a compiled graph takes as its one dynamic size).
+    # decode_in_pool.key_rows and value_rows, shaped so that the block count (a compiled
+    # graph's one dynamic size) is one dimension of each.
     key_rows: Tensor  # [n, Hq, blocks, D]
     value_rows: Tensor  # [n, Hq, blocks, block_size]
     lengths: Tensor  # [n, 1] int64: each sequence's length, the new row included
 
 
 def rows_in_pool(
-    block_tables: np.ndarray,
-    lengths: np.ndarray,
+    block_tables: Tensor,
+    seq_lens: Tensor,
     key_cache: Tensor,
     value_cache: Tensor,
     num_q_heads: int,
 ) -> RowsInPool:
-    """The inputs of `write_and_attend` for sequences of `lengths` [n] whose blocks are the
-    rows of `block_tables` [n, >= blocks] (host arrays): each writes its new row at its
-    last slot, and the bags cover the longest sequence's blocks (a shorter one's row must
-    name blocks of the pool there, whose slots are masked)."""
-    block_size = key_cache.shape[1]
-    blocks = int(-(-lengths.max() // block_size))
-    tables = block_tables[:, :blocks].astype(np.int64)
-    last = lengths - 1
-    n, head_size = len(lengths), key_cache.shape[3]
-    keys = decode_in_pool.key_rows(tables, key_cache, num_q_heads)
-    values = decode_in_pool.value_rows(
-        tables, lengths, blocks * block_size, value_cache, num_q_heads
-    )
-    keys = keys.reshape(n, num_q_heads, blocks, head_size)
-    values = values.reshape(n, num_q_heads, blocks, block_size)
+    """The inputs of `write_and_attend` for sequences of lengths `seq_lens` [n] whose
+    blocks are the rows of `block_tables` [n, blocks], as many as the longest sequence
+    needs: each writes its new row at its last slot, and the bags cover all those blocks
+    (a shorter sequence's row must name blocks of the pool there, whose slots are masked).
+
+    Torch ops on the step's own metadata, so that a compiled step works them out in its
+    graph, once for all its layers (every layer's pool has the same layout): the pool rows
+    of decode_in_pool.key_rows and value_rows, computed as they are there."""
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    key_block_stride, _, key_head_stride, key_dim_stride = key_cache.stride()
+    value_block_stride, value_slot_stride, value_head_stride, _ = value_cache.stride()
     device = key_cache.device
+    tables = block_tables.long()
+    n, blocks = tables.shape
+    torch._check(blocks > 0)
+    lengths = seq_lens.long()
+    kv_heads = torch.arange(num_q_heads, device=device) // (num_q_heads // num_kv_heads)
+    dims = torch.arange(head_size, device=device)
+    key_starts = (
+        tables[:, None, :, None] * key_block_stride
+        + (kv_heads * key_head_stride)[None, :, None, None]
+        + dims * key_dim_stride
+    )  # [n, Hq, blocks, D]: where each row of block_size slots starts
+    slots = torch.arange(blocks * block_size, device=device)
+    # A slot past the sequence's length points at its first slot: its weight is zero, and
+    # a free slot might hold a NaN (0 * NaN).
+    valid = slots < lengths[:, None]  # [n, slots]
+    slot_blocks = torch.where(valid, tables[:, slots // block_size], tables[:, 0, None])
+    offsets = torch.where(valid, slots % block_size, 0)
+    value_starts = (slot_blocks * value_block_stride + offsets * value_slot_stride)[:, None, :] + (
+        kv_heads * value_head_stride
+    )[None, :, None]  # [n, Hq, slots]
+    last = lengths - 1
     return RowsInPool(
-        write_blocks=decode_in_pool.on_device(tables[np.arange(n), last // block_size], device),
-        write_offsets=decode_in_pool.on_device((last % block_size).astype(np.int64), device),
-        key_rows=decode_in_pool.on_device(keys, device),
-        value_rows=decode_in_pool.on_device(values, device),
-        lengths=decode_in_pool.on_device(lengths.astype(np.int64).reshape(-1, 1), device),
+        write_blocks=tables.gather(1, (last // block_size)[:, None]).squeeze(1),
+        write_offsets=last % block_size,
+        key_rows=key_starts // block_size,
+        value_rows=(value_starts // head_size).view(n, num_q_heads, blocks, block_size),
+        lengths=lengths[:, None],
     )
 
 

@@ -50,8 +50,9 @@ class KVCache(tuple):
 class StepContext:
     meta: AttentionMetadata
     kv_caches: list[KVCache]  # one (key cache, value cache) per layer, with its scales
-    # Set for a step compiled whole (runner/one_row_step.py): its attention is traced into
-    # the graph from these inputs, not called as the custom op.
+    # Set inside the graph of a step compiled whole (runner/one_row_step.py), before its
+    # layers: their attention is then traced into the graph reading these rows, not called
+    # as the custom op.
     rows_in_pool: RowsInPool | None = None
 
 
@@ -59,13 +60,10 @@ _current: StepContext | None = None
 
 
 @contextmanager
-def step_context(
-    meta: AttentionMetadata, kv_caches: list[KVCache], rows_in_pool: RowsInPool | None = None
-) -> Iterator[StepContext]:
-    """Make `meta` and `kv_caches` (and `rows_in_pool`) the current step's for the
-    duration of a forward pass."""
+def step_context(meta: AttentionMetadata, kv_caches: list[KVCache]) -> Iterator[StepContext]:
+    """Make `meta` and `kv_caches` the current step's for the duration of a forward pass."""
     global _current
-    previous, _current = _current, StepContext(meta, kv_caches, rows_in_pool)
+    previous, _current = _current, StepContext(meta, kv_caches)
     try:
         yield _current
     finally:

@@ -5,7 +5,7 @@ much as a tenth of the token: each layer enters its compiled graph (compiled_ste
 through Python, and the graph calls the attention and the int4 products as custom ops
 whose bodies are Python. Here the whole forward (embedding, every layer, final norm) and
 the output head are one graph: the attention traced as torch ops
-(kernels/decode_in_pool_traced.py, its inputs built on the host each step), the int4
+(kernels/decode_in_pool_traced.py, the pool rows it reads worked out in the graph), the int4
 products as torch's op and a tied head as a multiply-reduce loop (models/linear.py), and
 inductor's C++ wrapper calling them in turn, the graph's guards checked only when they
 could have changed (`forward`). On a Zen 5 EPYC one stream went from 8.0-8.7 to 6.6-7.3 ms
@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from aioserve.kernels import decode_in_pool, dispatch
-from aioserve.kernels.decode_in_pool_traced import RowsInPool, rows_in_pool
+from aioserve.kernels.decode_in_pool_traced import rows_in_pool
 from aioserve.models.attention_metadata import AttentionMetadata
-from aioserve.models.step_context import KVCache, StepContext, step_context
+from aioserve.models.step_context import KVCache, StepContext, current_step, step_context
 from aioserve.runner.layer_dispatch import CompiledGraph, graph_accepting
 
 logger = logging.getLogger("aioserve")
@@ -40,9 +40,18 @@ COMPILE_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 
 
 def forward_and_logits(
-    model: nn.Module, input_ids: Tensor, positions: Tensor
+    model: nn.Module, input_ids: Tensor, positions: Tensor, num_q_heads: int
 ) -> tuple[Tensor, Tensor]:
-    """The step's hidden rows and their logits: what the graph computes."""
+    """The step's hidden rows and their logits: what the graph computes.
+
+    The pool rows the attention reads are worked out first, once for every layer, into the
+    step's context, where each layer's traced attention finds them
+    (models/paged_attention_op.py `attend_layer`)."""
+    step = current_step()
+    key_cache, value_cache = step.kv_caches[0]
+    step.rows_in_pool = rows_in_pool(
+        step.meta.block_tables, step.meta.seq_lens, key_cache, value_cache, num_q_heads
+    )
     hidden = model(input_ids, positions)
     return hidden, model.compute_logits(hidden)
 
@@ -62,14 +71,16 @@ class OneRowStep:
         self._settings: tuple = ()  # _settings() when they did
 
     def serves(self, step: StepContext, num_rows: int, num_sampled: int) -> bool:
-        """Whether the step is one row of one sequence writing its slot and sampling, and
-        ready."""
+        """Whether the step is one row of one sequence writing its slot and sampling, its
+        block table as wide as its blocks, and ready."""
         meta = step.meta
+        block_size = step.kv_caches[0][0].shape[1]
         return (
             self.ready
             and num_rows == 1
             and num_sampled == 1
             and meta.seq_lens.shape[0] == 1
+            and meta.block_tables.shape[1] == -(-meta.max_seq_len // block_size)
             and int(meta.slot_mapping[0]) >= 0
         )
 
@@ -82,25 +93,24 @@ class OneRowStep:
         The graph's guards (every layer's modules and weights, ~1 ms on a Zen 5 EPYC, an
         eighth of the token) are checked on the first step and whenever the settings a
         trace reads change (`_settings`); other steps call the graph's bytecode directly,
-        as layer_dispatch.py does. Its inputs are built here with fixed dtypes and shapes
-        but for the block count, which the graph takes as dynamic."""
-        rows = self._rows(step.meta, step.kv_caches)
-        args = (self._model, input_ids, positions)  # forward_and_logits's
-        with step_context(step.meta, step.kv_caches, rows):
-            if self._graph is not None and self._settings == _settings():
-                return self._graph.call(*args)
-            try:
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    out = self._compiled(self._model, input_ids, positions)
-            except RuntimeError as error:
-                if "Detected recompile" not in str(error):  # torch's is a plain RuntimeError
-                    raise
-                logger.warning("the one-row step's graph no longer fits, not used again: %s", error)
-                self.ready = False
-                return None
-            self._graph = graph_accepting(forward_and_logits, args)
-            self._settings = _settings()
-            return out
+        as layer_dispatch.py does. Its inputs are `step`'s tensors (the current step's),
+        with fixed dtypes and shapes but for the block count, which the graph takes as
+        dynamic."""
+        args = (self._model, input_ids, positions, self._num_q_heads)  # forward_and_logits's
+        if self._graph is not None and self._settings == _settings():
+            return self._graph.call(*args)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                out = self._compiled(*args)
+        except RuntimeError as error:
+            if "Detected recompile" not in str(error):  # torch's is a plain RuntimeError
+                raise
+            logger.warning("the one-row step's graph no longer fits, not used again: %s", error)
+            self.ready = False
+            return None
+        self._graph = graph_accepting(forward_and_logits, args)
+        self._settings = _settings()
+        return out
 
     @torch.inference_mode()
     def warm_up(self, kv_caches: list[KVCache]) -> None:
@@ -117,15 +127,13 @@ class OneRowStep:
         try:
             for length, first in ((block_size + 2, True), (3 * block_size, False)):
                 meta = _decode_at(length, block_size, key_cache.device)
-                rows = self._rows(meta, kv_caches)
                 if first:
-                    torch._dynamo.decorators.mark_unbacked(rows.key_rows, 2)
-                    torch._dynamo.decorators.mark_unbacked(rows.value_rows, 2)
+                    torch._dynamo.decorators.mark_unbacked(meta.block_tables, 1)
                 stance = "default" if first else "fail_on_recompile"
                 ids = torch.zeros(1, dtype=torch.int64, device=key_cache.device)
                 positions = torch.full_like(ids, length - 1)
-                with step_context(meta, kv_caches, rows), torch.compiler.set_stance(stance):
-                    self._compiled(self._model, ids, positions)
+                with step_context(meta, kv_caches), torch.compiler.set_stance(stance):
+                    self._compiled(self._model, ids, positions, self._num_q_heads)
         except Exception as error:  # noqa: BLE001 - any failure leaves the other graphs
             logger.warning(
                 "compiling the one-row step failed, its steps take the layer graphs: %s: %s",
@@ -135,16 +143,6 @@ class OneRowStep:
             return
         self.ready = True
         logger.info("compiled the one-row step in %.1f s", time.monotonic() - started)
-
-    def _rows(self, meta: AttentionMetadata, kv_caches: list[KVCache]) -> RowsInPool:
-        key_cache, value_cache = kv_caches[0]
-        return rows_in_pool(
-            meta.block_tables.numpy(),
-            meta.seq_lens.numpy(),
-            key_cache,
-            value_cache,
-            self._num_q_heads,
-        )
 
 
 def _settings() -> tuple:

@@ -80,6 +80,33 @@ def _custom_op_path(query, key, value, key_cache, value_cache, tables, lengths):
     return decode_in_pool.attend_in_pool(query, key_cache, value_cache, bags, SCALE)
 
 
+def _rows(tables: np.ndarray, lengths: list[int], key_cache, value_cache):
+    """rows_in_pool on a step's metadata: the block table as wide as the longest needs."""
+    blocks = -(-max(lengths) // BLOCK_SIZE)
+    return rows_in_pool(
+        torch.from_numpy(np.ascontiguousarray(tables[:, :blocks])),
+        torch.tensor(lengths, dtype=torch.int32),
+        key_cache,
+        value_cache,
+        Q_HEADS,
+    )
+
+
+def test_rows_in_pool_are_the_custom_op_paths_rows():
+    lengths, tables = [5, 2 * BLOCK_SIZE + 3], np.array([[7, 2, 9], [4, 11, 1]], dtype=np.int32)
+    key_cache, value_cache = _pools()
+    rows = _rows(tables, lengths, key_cache, value_cache)
+    blocks = tables.astype(np.int64)
+    keys = decode_in_pool.key_rows(blocks, key_cache, Q_HEADS)
+    values = decode_in_pool.value_rows(
+        blocks, np.array(lengths), 3 * BLOCK_SIZE, value_cache, Q_HEADS
+    )
+    assert rows.key_rows.flatten(0, 2).tolist() == keys.tolist()
+    assert rows.value_rows.flatten(2).flatten(0, 1).tolist() == values.tolist()
+    assert rows.write_blocks.tolist() == [7, 1] and rows.write_offsets.tolist() == [4, 2]
+    assert rows.lengths.tolist() == [[5], [2 * BLOCK_SIZE + 3]]
+
+
 @pytest.mark.parametrize(
     "lengths", [[1], [BLOCK_SIZE], [BLOCK_SIZE + 1], [3 * BLOCK_SIZE - 2], [5, 2 * BLOCK_SIZE + 3]]
 )
@@ -88,7 +115,7 @@ def test_write_and_attend_equals_the_custom_op_path_bit_for_bit(lengths):
     key_cache, value_cache, (query, key, value) = _filled(lengths, tables, seed=len(lengths))
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     expected = _custom_op_path(query, key, value, expected_keys, expected_values, tables, lengths)
-    rows = rows_in_pool(tables, np.array(lengths, dtype=np.int32), key_cache, value_cache, Q_HEADS)
+    rows = _rows(tables, lengths, key_cache, value_cache)
     out = write_and_attend(query, key, value, key_cache, value_cache, rows, SCALE)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
@@ -100,7 +127,7 @@ def test_write_and_attend_equals_the_custom_op_path_bit_for_bit(lengths):
 def test_write_and_attend_is_attention_over_the_stored_slots():
     lengths, tables = [2 * BLOCK_SIZE + 5], np.array([[3, 10, 6]], dtype=np.int32)
     key_cache, value_cache, (query, key, value) = _filled(lengths, tables, seed=7)
-    rows = rows_in_pool(tables, np.array(lengths, dtype=np.int32), key_cache, value_cache, Q_HEADS)
+    rows = _rows(tables, lengths, key_cache, value_cache)
     out = write_and_attend(query, key, value, key_cache, value_cache, rows, SCALE)
     positions = range(lengths[0])
     keys = torch.stack(

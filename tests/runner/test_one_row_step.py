@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from aioserve.kernels import dispatch
-from aioserve.runner import one_row_step
 from tests.runner.call_counts import count_calls
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 
@@ -122,16 +121,14 @@ def test_a_float32_runner_does_not_build_it():
 def test_a_step_the_graph_would_compile_again_for_turns_it_off(monkeypatch, caplog):
     expected = _lone_sequence(_runner(one_row=False), 3)
     runner = _runner(one_row=True)
-    build_rows = one_row_step.rows_in_pool
+    step = runner.model_step._one_row
+    forward = step.forward
 
-    def other_dtype(*args):
-        # int64 pool rows: the graph's guards expect int32, so it would compile again.
-        rows = build_rows(*args)
-        return dataclasses.replace(
-            rows, key_rows=rows.key_rows.long(), value_rows=rows.value_rows.long()
-        )
+    def int32_positions(context, input_ids, positions):
+        # The graph's guards expect int64 positions, so it would compile again.
+        return forward(context, input_ids, positions.int())
 
-    monkeypatch.setattr(one_row_step, "rows_in_pool", other_dtype)
+    monkeypatch.setattr(step, "forward", int32_positions)
     with caplog.at_level(logging.WARNING, logger="aioserve"):
         got = _lone_sequence(runner, 3)
     assert not runner.model_step._one_row.ready
