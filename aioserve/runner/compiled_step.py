@@ -41,6 +41,7 @@ from aioserve.models.step_context import KVCache, current_step, step_context
 from aioserve.platform import current_platform
 from aioserve.runner.layer_dispatch import LayerDispatch
 from aioserve.runner.one_row_step import OneRowStep
+from aioserve.runner.step_plan import StepPlan
 
 logger = logging.getLogger("aioserve")
 
@@ -86,6 +87,18 @@ class ModelStep:
         """The step's hidden rows."""
         with _one_graph_for_every_layer():
             return self.model(input_ids, positions)
+
+    def may_run_whole(self, plan: StepPlan) -> bool:
+        """Whether the step of `plan` will likely run the graph of a one-row step: the
+        graph is ready, and the step is one token of one sequence that samples."""
+        chunks = plan.chunks
+        return (
+            self._one_row is not None
+            and self._one_row.ready
+            and len(chunks) == 1
+            and chunks[0].num_tokens == 1
+            and chunks[0].samples
+        )
 
     def forward_and_logits(
         self, input_ids: Tensor, positions: Tensor, logits_indices: Tensor

@@ -177,7 +177,14 @@ class ModelRunner:
         for seq_id in plan.finished_seq_ids:
             self.slots.forget(seq_id)
         admissions = [self.slots.admit(seq) for seq in plan.new_sequences]
-        inputs, row_slots = build_host_inputs(plan, self.slots, self.block_size, self.device)
+        inputs, row_slots = build_host_inputs(
+            plan,
+            self.slots,
+            self.block_size,
+            self.device,
+            # The graph of a one-row step works out its attention's reads itself.
+            plans_attention=not self.model_step.may_run_whole(plan),
+        )
         sampled_rows = [row for row, chunk in enumerate(plan.chunks) if chunk.samples]
         sampling = (
             build_host_sampling(self.slots, row_slots[sampled_rows]) if sampled_rows else None

@@ -146,6 +146,13 @@ class HostSampling:
 
 def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSampling:
     """The sampling rows of the slots `row_slots`; advances each one's sampled-token count."""
+    if len(row_slots) == 1:
+        return one_row_sampling(slots, int(row_slots[0]))
+    return rows_sampling(slots, row_slots)
+
+
+def rows_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSampling:
+    """build_host_sampling of any rows, in numpy calls over them."""
     steps = slots.num_sampled[row_slots]
     slots.num_sampled[row_slots] += 1
     settings = [slots.settings[slot] for slot in row_slots.tolist()]
@@ -154,13 +161,10 @@ def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSamp
     penalty = [row for row, s in enumerate(settings) if s.uses_penalties]
     masked = np.flatnonzero(slots.has_allowed_bitmask[row_slots])
     bias_rows = []
-    for row, (slot, s) in enumerate(zip(row_slots.tolist(), settings, strict=True)):
-        banned = None
-        if s.min_tokens_banned_ids and steps[row] < s.min_tokens:
-            banned = np.asarray(s.min_tokens_banned_ids, dtype=np.int64)
-        fixed = bool(slots.has_fixed_bias[slot])
-        if fixed or banned is not None:
-            bias_rows.append(BiasRow(row, slot, fixed, banned))
+    for row, (slot, step) in enumerate(zip(row_slots.tolist(), steps.tolist(), strict=True)):
+        bias = _bias_row(slots, row, slot, step)
+        if bias is not None:
+            bias_rows.append(bias)
     return HostSampling(
         slots=row_slots,
         float_settings=np.ascontiguousarray(slots.float_settings[row_slots].T),
@@ -174,4 +178,40 @@ def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSamp
         all_random=bool((temperature > 0.0).all()),
         uses_top_k=bool((top_k > 0).any()),
         uses_top_p=bool((slots.float_settings[row_slots, TOP_P] < 1.0).any()),
+    )
+
+
+def _bias_row(slots: SequenceSlots, row: int, slot: int, step: int) -> BiasRow | None:
+    """The row's logit bias at its sequence's `step`-th sample, if it has one."""
+    settings = slots.settings[slot]
+    banned = None
+    if settings.min_tokens_banned_ids and step < settings.min_tokens:
+        banned = np.asarray(settings.min_tokens_banned_ids, dtype=np.int64)
+    fixed = bool(slots.has_fixed_bias[slot])
+    return BiasRow(row, slot, fixed, banned) if fixed or banned is not None else None
+
+
+def one_row_sampling(slots: SequenceSlots, slot: int) -> HostSampling:
+    """build_host_sampling of one row (a step at one stream), from Python scalars: there
+    the host's work runs with the CPU's caches cold, and each numpy call on a few elements
+    costs microseconds."""
+    step = int(slots.num_sampled[slot])
+    slots.num_sampled[slot] = step + 1
+    settings = slots.settings[slot]
+    floats = slots.float_settings[slot]
+    temperature, top_k = float(floats[TEMPERATURE]), int(slots.top_k[slot])
+    bias = _bias_row(slots, 0, slot, step)
+    return HostSampling(
+        slots=np.array([slot], dtype=np.int64),
+        float_settings=floats[:, None].copy(),
+        top_k=np.array([top_k], dtype=np.int32),
+        seeds_and_steps=np.array([[int(slots.seeds[slot])], [step]], dtype=np.int64),
+        penalty_rows=np.zeros(1, dtype=np.int64) if settings.uses_penalties else None,
+        bias_rows=[] if bias is None else [bias],
+        bitmask_rows=np.zeros(1, dtype=np.int64) if slots.has_allowed_bitmask[slot] else None,
+        logprobs_wanted=[settings.logprobs],
+        all_greedy=temperature == 0.0,
+        all_random=temperature > 0.0,
+        uses_top_k=top_k > 0,
+        uses_top_p=float(floats[TOP_P]) < 1.0,
     )

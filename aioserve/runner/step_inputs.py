@@ -87,10 +87,30 @@ class HostStepInputs:
 
 
 def build_host_inputs(
-    plan: StepPlan, slots: SequenceSlots, block_size: int, device: torch.device
+    plan: StepPlan,
+    slots: SequenceSlots,
+    block_size: int,
+    device: torch.device,
+    plans_attention: bool = True,
 ) -> tuple[HostStepInputs, np.ndarray]:
-    """The step's inputs on the host, and the slot of each of its sequences (batch order)."""
+    """The step's inputs on the host, and the slot of each of its sequences (batch order).
+
+    Without `plans_attention` the step gets no attention plan: its layers then plan their
+    attention each, where they need one."""
     chunks = plan.chunks
+    if len(chunks) == 1 and chunks[0].num_tokens == 1:
+        return one_token_inputs(chunks[0], slots, block_size, device, plans_attention)
+    return chunks_inputs(chunks, slots, block_size, device, plans_attention)
+
+
+def chunks_inputs(
+    chunks: list[SequenceChunk],
+    slots: SequenceSlots,
+    block_size: int,
+    device: torch.device,
+    plans_attention: bool = True,
+) -> tuple[HostStepInputs, np.ndarray]:
+    """build_host_inputs of any step, in numpy calls over its chunks."""
     num_seqs = len(chunks)
     row_slots = np.empty(num_seqs, dtype=np.int64)
     for row, chunk in enumerate(chunks):
@@ -149,9 +169,63 @@ def build_host_inputs(
         max_seq_len=max_seq_len,
         attention_plan=plan_attention(
             query_start_loc, seq_lens, block_tables, block_size, device, slot_mapping
-        ),
+        )
+        if plans_attention
+        else None,
     )
     return host, row_slots
+
+
+def one_token_inputs(
+    chunk: SequenceChunk,
+    slots: SequenceSlots,
+    block_size: int,
+    device: torch.device,
+    plans_attention: bool,
+) -> tuple[HostStepInputs, np.ndarray]:
+    """build_host_inputs of a step of one sequence's one token (a decode at one stream),
+    worked out in Python integers: at one stream the host's work runs right after a model
+    step has passed its weights through the CPU's caches, where each numpy call on a few
+    elements costs microseconds of cold code, and the general path makes ~30 of them."""
+    slot = slots.slot(chunk.seq_id)
+    slots.append_blocks(slot, chunk.new_block_ids)
+    position = chunk.start
+    seq_len = position + 1
+    blocks = -(-seq_len // block_size)
+    if int(slots.num_blocks[slot]) < blocks:
+        raise ValueError("a scheduled chunk reaches past its sequence's KV blocks")
+    if chunk.token_ids is not None and len(chunk.token_ids) != 1:
+        raise ValueError(
+            f"chunk of {chunk.seq_id!r} has {len(chunk.token_ids)} token ids for 1 token"
+        )
+    # A copy: a view would keep the table's row stride, which a compiled graph guards on.
+    block_tables = slots.block_tables[slot : slot + 1, :blocks].copy()
+    slot_mapping = np.array(
+        [int(block_tables[0, position // block_size]) * block_size + position % block_size],
+        dtype=np.int64,
+    )
+    query_start_loc = np.array([0, 1], dtype=np.int32)
+    seq_lens = np.array([seq_len], dtype=np.int32)
+    placeholder = chunk.token_ids is None
+    host = HostStepInputs(
+        input_ids=np.array([0 if placeholder else chunk.token_ids[0]], dtype=np.int64),
+        placeholder_rows=np.array([0] if placeholder else [], dtype=np.int64),
+        placeholder_slots=np.array([slot] if placeholder else [], dtype=np.int64),
+        positions=np.array([position], dtype=np.int64),
+        slot_mapping=slot_mapping,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+        logits_indices=np.array([0] if chunk.samples else [], dtype=np.int64),
+        max_query_len=1,
+        max_seq_len=seq_len,
+        attention_plan=plan_attention(
+            query_start_loc, seq_lens, block_tables, block_size, device, slot_mapping
+        )
+        if plans_attention
+        else None,
+    )
+    return host, np.array([slot], dtype=np.int64)
 
 
 class _TokenLayout(NamedTuple):
