@@ -7,10 +7,10 @@ ignored, greedy. Prints the mean and median time per output token (the time afte
 first token over the tokens after it, per request, averaged over requests, as vLLM's bench
 reports TPOT) and the mean time to the first token.
 
-llama.cpp's own server could not be driven by `vllm bench serve` here (every request was
-refused with 400), so this measures it in process: no HTTP, no SSE, no tokenizer on the
-way out. That favours it against a served figure by the host work a served token costs
-(~1 ms a token for aioserve on a Zen 5 EPYC, bench/RESULTS.md).
+This measures it in process: no HTTP, no SSE, no tokenizer on the way out, which favours
+it against a served figure by the host work a served token costs (~0.5 ms a token for
+aioserve on a Zen 5 EPYC, bench/RESULTS.md). bench/llama_cpp_served.sh measures llama.cpp
+served, driven by the same client as vLLM and aioserve.
 
 Run it with the Python that has llama-cpp-python (built from source, ~4-20 min on 2 cores):
 
