@@ -100,9 +100,14 @@ def without_head() -> contextlib.AbstractContextManager:
 
 
 def without_one_row_graph() -> contextlib.AbstractContextManager:
+    from aioserve.runner.compiled_step import ModelStep
     from aioserve.runner.one_row_step import OneRowStep
 
-    return patch.object(OneRowStep, "serves", lambda self, step, num_rows: False)
+    stack = contextlib.ExitStack()
+    stack.enter_context(patch.object(OneRowStep, "serves", lambda self, *args: False))
+    # Its steps then get the attention plan the layer graphs read.
+    stack.enter_context(patch.object(ModelStep, "may_run_whole", lambda self, plan: False))
+    return stack
 
 
 PARTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
