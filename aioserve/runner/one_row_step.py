@@ -5,15 +5,15 @@ much as a tenth of the token: each layer enters its compiled graph (compiled_ste
 through Python, and the graph calls the attention and the int4 products as custom ops
 whose bodies are Python. Here the whole forward (embedding, every layer, final norm) and
 the output head are one graph: the attention traced as torch ops
-(kernels/decode_in_pool_traced.py, the pool rows it reads worked out in the graph), the int4
-products as torch's op and a tied head as a multiply-reduce loop (models/linear.py), and
-inductor's C++ wrapper calling them in turn, the graph's guards checked only when they
+(kernels/decode_in_pool_traced.py, the pool rows it reads worked out in the graph), the
+int4 products as torch's op and a tied head as a multiply-reduce loop (models/linear.py),
+and inductor's C++ wrapper calling them in turn, the graph's guards checked only when they
 could have changed (`forward`). On a Zen 5 EPYC one stream went from 8.0-8.7 to 6.6-7.3 ms
 a token in process, and to 6.2-6.3 ms with the head in the graph (bench/RESULTS.md).
 
 It serves the steps it can: one row, one sequence, sampling, in a bfloat16 pool read in
-place under bfloat16 compute; others take the graphs of compiled_step.py. It is compiled at warm-up
-(~33 s with inductor's cache cold, ~4 s warm) and never at serve time: a step
+place under bfloat16 compute; others take the graphs of compiled_step.py. It is compiled
+at warm-up (~36 s with inductor's cache cold, ~4.5 s warm) and never at serve time: a step
 that would compile it again (a guard failing) turns it off with a warning, and that step
 and every later one take the other graphs.
 """
