@@ -54,37 +54,53 @@ def rows_in_pool(
     graph, once for all its layers (every layer's pool has the same layout): the pool rows
     of decode_in_pool.key_rows and value_rows, computed as they are there."""
     _, block_size, num_kv_heads, head_size = key_cache.shape
-    key_block_stride, _, key_head_stride, key_dim_stride = key_cache.stride()
-    value_block_stride, value_slot_stride, value_head_stride, _ = value_cache.stride()
+    # Each stride in rows of the pool viewed as rows (a key row holds a block's slots of one
+    # component, a value row a slot's head_size values), so that the graph multiplies and
+    # adds but never divides: inductor's vector code divides 64-bit integers a lane at a
+    # time, which took ~9% of the one-row step when the rows were worked out as in
+    # decode_in_pool (a starting offset divided by the row length).
+    key_block, _, key_head, key_dim = _in_rows(key_cache.stride(), block_size)
+    value_block, value_slot, value_head, _ = _in_rows(value_cache.stride(), head_size)
     device = key_cache.device
     tables = block_tables.long()
     n, blocks = tables.shape
     torch._check(blocks > 0)
     lengths = seq_lens.long()
-    kv_heads = torch.arange(num_q_heads, device=device) // (num_q_heads // num_kv_heads)
+    group = num_q_heads // num_kv_heads
+    kv_heads = torch.arange(num_kv_heads, device=device).repeat_interleave(group)  # [Hq]
     dims = torch.arange(head_size, device=device)
-    key_starts = (
-        tables[:, None, :, None] * key_block_stride
-        + (kv_heads * key_head_stride)[None, :, None, None]
-        + dims * key_dim_stride
-    )  # [n, Hq, blocks, D]: where each row of block_size slots starts
-    slots = torch.arange(blocks * block_size, device=device)
-    # A slot past the sequence's length points at its first slot: its weight is zero, and
-    # a free slot might hold a NaN (0 * NaN).
-    valid = slots < lengths[:, None]  # [n, slots]
-    slot_blocks = torch.where(valid, tables[:, slots // block_size], tables[:, 0, None])
-    offsets = torch.where(valid, slots % block_size, 0)
-    value_starts = (slot_blocks * value_block_stride + offsets * value_slot_stride)[:, None, :] + (
-        kv_heads * value_head_stride
-    )[None, :, None]  # [n, Hq, slots]
+    key_rows = (
+        tables[:, None, :, None] * key_block
+        + (kv_heads * key_head)[None, :, None, None]
+        + dims * key_dim
+    )  # [n, Hq, blocks, D]
+    # Slot j of block b is the sequence's position b * block_size + j; one past its length
+    # points at its first slot: its weight is zero, and a free slot might hold a NaN (0 *
+    # NaN).
+    offsets = torch.arange(block_size, device=device)
+    positions = torch.arange(blocks, device=device)[:, None] * block_size + offsets
+    valid = positions < lengths[:, None, None]  # [n, blocks, block_size]
+    slot_rows = torch.where(
+        valid,
+        tables[:, :, None] * value_block + offsets * value_slot,
+        tables[:, :1, None] * value_block,
+    )
     last = lengths - 1
     return RowsInPool(
         write_blocks=tables.gather(1, (last // block_size)[:, None]).squeeze(1),
         write_offsets=last % block_size,
-        key_rows=key_starts // block_size,
-        value_rows=(value_starts // head_size).view(n, num_q_heads, blocks, block_size),
+        key_rows=key_rows,
+        value_rows=slot_rows[:, None] + (kv_heads * value_head)[None, :, None, None],
         lengths=lengths[:, None],
     )
+
+
+def _in_rows(strides: tuple[int, ...], row_length: int) -> tuple[int, ...]:
+    """`strides` in rows of `row_length` elements; every stride but the row's own is a
+    multiple of it in the dense layouts decode_in_pool.reads_in_place accepts."""
+    if any(stride % row_length for stride in strides if stride != 1):
+        raise ValueError(f"a pool with strides {strides} is not made of rows of {row_length}")
+    return tuple(stride // row_length for stride in strides)
 
 
 def write_and_attend(
