@@ -58,7 +58,7 @@ def environment_report() -> str:
     """What `aioserve collect-env` prints: versions, device, CPUs, relevant variables."""
     import torch
 
-    from aioserve.platform import current_platform
+    from aioserve.platform import current_arch, current_platform, gpu_name
 
     lines = [f"aioserve: {_version('aioserve')}", f"python: {sys.version.split()[0]}"]
     for name in ("torch", "transformers", "tokenizers", "safetensors", "gguf"):
@@ -72,6 +72,7 @@ def environment_report() -> str:
     if device != "cpu":
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         lines.append(f"gpus: {len(names)} x {', '.join(dict.fromkeys(names))}")
+        lines.append(f"gpu architecture: {gpu_name()} (launch tables: {current_arch()})")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     lines.append(f"cpus: {os.cpu_count()} (usable by this process: {usable or 'unknown'})")
     try:

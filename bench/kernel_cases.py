@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aioserve.kernels import kv_cache
 from aioserve.kernels.activation import silu_and_mul_reference, silu_and_mul_triton
 from aioserve.kernels.attention import paged_attention_triton
 from aioserve.kernels.attention_reference import paged_attention_reference
@@ -54,6 +53,7 @@ from aioserve.kernels.sampling.penalties import (
     apply_bias_and_penalties_triton,
 )
 from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
+from aioserve.platform import e4m3_dtype, e4m3_missing
 from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
 from bench.kernel_cases_fp8_linear import FORMULAS as FP8_LINEAR_FORMULAS
 from bench.kernel_cases_fp8_linear import fp8_linear_cases
@@ -267,10 +267,12 @@ def silu_and_mul_case(
 
 
 def fp8_kv_dtypes() -> tuple[torch.dtype, ...]:
-    """The fp8 KV-cache formats of the platform (asked of the kernel module, so that the
-    compile check's stand-in platform answers): e4m3 (fnuz on ROCm's MI300) and e5m2."""
-    rocm = kv_cache.current_platform() == "rocm"
-    return (torch.float8_e4m3fnuz if rocm else torch.float8_e4m3fn, torch.float8_e5m2)
+    """The fp8 KV-cache formats of the device (asked of the platform module, so that the
+    compile check's stand-in device answers): e4m3 (fnuz on MI300) where it has one, and
+    e5m2."""
+    if e4m3_missing() is not None:
+        return (torch.float8_e5m2,)
+    return (e4m3_dtype(), torch.float8_e5m2)
 
 
 def _fp8_scales(kv_dtype: torch.dtype | None, device: torch.device) -> tuple:

@@ -3,9 +3,10 @@ bench/kernel_cases.py.
 
 Per model, the four products of a Llama decoder layer (kernel_cases_linear.linear_layers)
 with per-channel weight scales, for each token batch and activation dtype. The 8-bit
-format is the platform's e4m3 (fnuz on ROCm), asked of the kernel module so that the
-no-GPU compile test, which makes that module answer "cuda" or "rocm", builds each
-target's own. A weight is drawn once (`random_weight`) and shared by its layer's cases.
+format is the device's e4m3 (`platform.e4m3_dtype`: fnuz on MI300), so that the no-GPU
+compile test, which makes the platform module answer for each target, builds each
+target's own; none where the device has no e4m3. A weight is drawn once
+(`random_weight`) and shared by its layer's cases.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels import fp8_linear
-from aioserve.kernels.fp8_linear_reference import fp8_dtype_for, fp8_linear_reference
+from aioserve.kernels.fp8_linear_reference import fp8_linear_reference
+from aioserve.platform import e4m3_dtype, e4m3_missing
 from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
 from bench.kernel_cases_linear import linear_layers
 
@@ -74,8 +76,10 @@ def fp8_linear_cases(
     batches: tuple[TokenBatch, ...],
     dtypes: tuple[torch.dtype, ...],
 ) -> Iterator[Case]:
-    """Every layer of `model` in the platform's e4m3, for each batch and dtype."""
-    fp8_dtype = fp8_dtype_for(fp8_linear.current_platform())
+    """Every layer of `model` in the device's e4m3, for each batch and dtype."""
+    if e4m3_missing() is not None:
+        return
+    fp8_dtype = e4m3_dtype()
     for layer, n, k in linear_layers(model):
         weight, scale = random_weight(rand, n, k, fp8_dtype)
         for batch in batches:

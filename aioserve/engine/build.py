@@ -47,7 +47,6 @@ from aioserve.engine.load_report import LoadReport, build_load_report, kv_cache_
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
-from aioserve.kernels.fp8_linear_reference import fp8_dtype_for
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.fp8_weights import keep_fp8_weights, quantize_to_fp8
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
@@ -59,6 +58,8 @@ from aioserve.platform import (
     cpu_fast_bf16_flag,
     current_platform,
     device,
+    e4m3_dtype,
+    e4m3_missing,
     is_gpu,
 )
 from aioserve.runner.decode_graphs import capture_sizes
@@ -210,9 +211,14 @@ def resolve_int4_group_weights(checkpoint: Checkpoint) -> bool:
 
 def resolve_fp8_weights(checkpoint: Checkpoint) -> bool:
     """Whether an FP8 checkpoint's layers hold only their 8-bit weights, read as stored by
-    the Triton kernels (models/fp8_weights.py): on a GPU. The CPU computes on the weights
-    dequantized at load."""
-    return checkpoint.fp8_scheme is not None and is_gpu()
+    the Triton kernels (models/fp8_weights.py): on a GPU that has e4m3 floats. The CPU, and
+    an NVIDIA GPU before sm_89, compute on the weights dequantized at load."""
+    if checkpoint.fp8_scheme is None or not is_gpu():
+        return False
+    missing = e4m3_missing()
+    if missing is not None:
+        logger.warning("the FP8 layers are dequantized at load: %s", missing)
+    return missing is None
 
 
 def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
@@ -224,6 +230,9 @@ def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
             "bfloat16 here), so it is not supported there: leave it out (an FP8 checkpoint "
             "does load on the CPU, dequantized)"
         )
+    missing = e4m3_missing()
+    if checkpoint.quantize_to_fp8 and missing is not None:
+        raise ValueError(f"--quantization fp8 cannot run here: {missing}; leave it out")
 
 
 def resolve_decode_graph_sizes(
@@ -358,10 +367,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
             kept / 2**20,
         )
     elif resolve_fp8_weights(checkpoint):
-        kept = keep_fp8_weights(model, checkpoint.fp8_layers(), fp8_dtype_for(platform))
+        kept = keep_fp8_weights(model, checkpoint.fp8_layers(), e4m3_dtype())
         logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
     elif checkpoint.quantize_to_fp8:
-        kept = quantize_to_fp8(model, fp8_dtype_for(platform))
+        kept = quantize_to_fp8(model, e4m3_dtype())
         logger.info(
             "--quantization fp8: the decoder layers quantized to FP8 at load, a scale a row: "
             "%.0f MiB",

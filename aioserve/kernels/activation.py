@@ -12,7 +12,7 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
 # Per platform: output columns one program computes, and its warps.
 _CONFIG: dict[str, dict[str, int]] = {
@@ -45,7 +45,7 @@ def silu_and_mul_triton(x: Tensor) -> Tensor:
         rows = rows.contiguous()
     out = torch.empty((rows.shape[0], intermediate_size), dtype=x.dtype, device=x.device)
     if rows.shape[0] > 0 and intermediate_size > 0:
-        config = _CONFIG[current_platform()]
+        config = launch_entry(_CONFIG)
         block = min(triton.next_power_of_2(intermediate_size), config["block"])
         grid = (rows.shape[0], triton.cdiv(intermediate_size, block))
         _silu_and_mul_kernel[grid](

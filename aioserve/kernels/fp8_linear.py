@@ -18,8 +18,10 @@ on what shares its batch. K is not split: each program sums its whole row of K i
 so the result is deterministic; a decode of one row therefore launches N / BLOCK_N
 programs, which leaves part of a GPU idle for the narrowest layers.
 
-The launch tables are fixed per platform. The GPU entries compile without a register
-spill for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has
+The launch tables are fixed per platform and GPU family (platform.launch_entry). The GPU
+entries compile without a register spill for sm_90a, gfx942, gfx90a and gfx1100
+(tests/kernels/test_gpu_compile.py); an NVIDIA GPU before sm_89 has no e4m3, and FP8
+checkpoints are dequantized at load there; bench/RESULTS.md has
 their times on an H100. The CPU entries serve Triton's interpreter (the tests). On the CPU
 the model's FP8 weights are dequantized at load, so this module's kernels run on GPUs only.
 """
@@ -37,7 +39,7 @@ from aioserve.kernels.fp8_linear_reference import (
     fp8_linear_reference,
 )
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
 _SMALL_TILE_ROWS = 16
 # Small tile: 16 rows (tl.dot's least), 32 columns so that a one-row decode of a
@@ -55,6 +57,11 @@ _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
     "rocm": {
         "small": {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2},
         "large": {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 2},
+    },
+    # gfx1100 (wave32): "rocm"'s small tile spilled 77 bytes, its large one 24.
+    "rdna3": {
+        "small": {"block_m": 16, "block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 2},
+        "large": {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 2},
     },
     "cpu": {
         "small": {"block_m": 16, "block_n": 16, "block_k": 32, "num_warps": 1, "num_stages": 1},
@@ -174,7 +181,7 @@ def _gemm_kernel(
 
 def _tile(num_rows: int) -> dict[str, int]:
     """The launch table entry for a product of `num_rows` rows."""
-    tables = _GEMM_CONFIG[current_platform()]
+    tables = launch_entry(_GEMM_CONFIG)
     if num_rows <= _SMALL_TILE_ROWS and not dispatch.batch_invariant():
         return tables["small"]
     return tables["large"]
@@ -198,7 +205,7 @@ def quantize_rows_triton(x: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Ten
             MIN_NORMAL=_MIN_NORMAL[fp8_dtype],
             SUBNORMAL_STEP=_MIN_NORMAL[fp8_dtype] / 8,
             MIN_SCALE=MIN_SCALE,
-            BLOCK_K=_QUANTIZE_BLOCK[current_platform()],
+            BLOCK_K=launch_entry(_QUANTIZE_BLOCK),
         )
     return x_q, x_scale
 

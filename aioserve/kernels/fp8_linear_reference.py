@@ -31,11 +31,6 @@ FP8_DTYPES = tuple(FP8_MAX)
 MIN_SCALE = 1.0 / (448.0 * 512.0)
 
 
-def fp8_dtype_for(platform: str) -> torch.dtype:
-    """The e4m3 variant the platform's hardware multiplies: fnuz on ROCm, fn elsewhere."""
-    return torch.float8_e4m3fnuz if platform == "rocm" else torch.float8_e4m3fn
-
-
 def _check_fp8(dtype: torch.dtype) -> float:
     if dtype not in FP8_MAX:
         raise ValueError(f"not an e4m3 type: {dtype}; expected one of {FP8_DTYPES}")

@@ -31,9 +31,9 @@ other bits (another tile, another order). In batch-invariant mode
 (`dispatch.batch_invariant`) every batch takes the tiled path with the widest tile and no
 split, which keeps a row's bits whatever shares its batch, at some cost to small batches.
 
-The launch tables are fixed per platform, never tuned at run time, and shared by every
-type. The GPU entries compile without a register spill for sm_90a and gfx942
-(tests/kernels/test_gpu_compile.py) and are sized from the arithmetic in their comments,
+The launch tables are fixed per platform and GPU family (platform.launch_entry), never
+tuned at run time, and shared by every type. The GPU entries compile without a register
+spill for sm_90a, sm_80, gfx942, gfx90a and gfx1100 (tests/kernels/test_gpu_compile.py) and are sized from the arithmetic in their comments,
 made for the 4-bit types; the others decode more per weight (cuda GEMV: Q5_1 95 registers,
 the k-quants 96–128, so 4 programs an SM where the table counts 7). Their times on an
 H100 are in bench/RESULTS.md. The CPU entries serve Triton's interpreter only (the tests):
@@ -58,9 +58,9 @@ from aioserve.kernels.gguf_linear_reference import (
 )
 from aioserve.kernels.split_k import store_sums, sum_splits
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
-# The launch tables, fixed per platform. "programs" is how many programs of the kernel the
+# The launch tables, fixed per platform and family. "programs" is how many programs of the kernel the
 # GPU holds at once at the kernel's register use (sm_90a: 65,536 registers an SM, 132 SMs
 # on an H100; gfx942: 512 VGPRs a SIMD lane, 4 SIMDs a CU, 304 CUs on an MI300X): a launch
 # of fewer output tiles than that splits K (`_split`). Registers below are the compiler's
@@ -102,6 +102,26 @@ _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
                   "programs": 608},
         "float32": {"block_m": 128, "block_n": 128, "block_g": 1, "num_warps": 8,
                     "num_stages": 2, "programs": 608},
+    },
+    # sm_80: "cuda"'s large tile spilled 32 bytes (Q5_0 ... Q6_K with a split of K), and so
+    # did 128 x 64 (8 bytes, Q5_K) and 16 warps; an A100 has 108 SMs.
+    "ampere": {
+        "small": {"block_m": 16, "block_n": 64, "block_g": 2, "num_warps": 4, "num_stages": 2,
+                  "programs": 432},
+        "large": {"block_m": 64, "block_n": 128, "block_g": 1, "num_warps": 8, "num_stages": 2,
+                  "programs": 108},
+        "float32": {"block_m": 64, "block_n": 128, "block_g": 1, "num_warps": 8,
+                    "num_stages": 2, "programs": 108},
+    },
+    # gfx1100 (wave32): "rocm"'s tiles spilled 10-64 bytes in the k-quants and Q8_0, and so
+    # did 16 x 32 and 8 warps at 16 rows; 96 CUs on an RX 7900 XTX.
+    "rdna3": {
+        "small": {"block_m": 16, "block_n": 64, "block_g": 1, "num_warps": 4, "num_stages": 2,
+                  "programs": 768},
+        "large": {"block_m": 128, "block_n": 64, "block_g": 1, "num_warps": 16, "num_stages": 2,
+                  "programs": 192},
+        "float32": {"block_m": 64, "block_n": 64, "block_g": 1, "num_warps": 8,
+                    "num_stages": 2, "programs": 192},
     },
     "cpu": {
         "small": {"block_m": 16, "block_n": 16, "block_g": 2, "num_warps": 1, "num_stages": 1,
@@ -263,7 +283,7 @@ def _split(tiles: int, groups: int, config: dict[str, int]) -> tuple[int, int]:
     """(splits, groups per split) of a launch of `tiles` output tiles over `groups` groups
     of 32 weights with the kernel `config`; a split covers whole steps, the last may be
     short."""
-    limits = _SPLIT_CONFIG[current_platform()]
+    limits = launch_entry(_SPLIT_CONFIG)
     wanted = min(limits["max_splits"], triton.cdiv(config["programs"], tiles))
     splits = max(1, min(wanted, groups // limits["min_groups"]))
     step = config["block_g"]
@@ -274,9 +294,8 @@ def _split(tiles: int, groups: int, config: dict[str, int]) -> tuple[int, int]:
 def _plan(num_rows: int, n: int, groups: int, dtype: torch.dtype) -> _Plan:
     """The launch of a product of `num_rows` rows of x in `dtype`, `n` output columns and
     `groups` groups of 32 weights along K."""
-    platform = current_platform()
     invariant = dispatch.batch_invariant()
-    gemv = _GEMV_CONFIG[platform]
+    gemv = launch_entry(_GEMV_CONFIG)
     if num_rows <= gemv["max_rows"] and not invariant:
         # A single row's tiles set the split, whatever the batch (see the docstring).
         splits, per_split = _split(triton.cdiv(n, gemv["block_n"]), groups, gemv)
@@ -284,9 +303,9 @@ def _plan(num_rows: int, n: int, groups: int, dtype: torch.dtype) -> _Plan:
             True, 1, gemv["block_n"], gemv["block_g"], gemv["num_warps"], 1, splits, per_split
         )
     if num_rows <= _SMALL_TILE_ROWS and not invariant:
-        tile = _GEMM_CONFIG[platform]["small"]
+        tile = launch_entry(_GEMM_CONFIG)["small"]
     else:
-        tile = _GEMM_CONFIG[platform]["float32" if dtype == torch.float32 else "large"]
+        tile = launch_entry(_GEMM_CONFIG)["float32" if dtype == torch.float32 else "large"]
     if invariant:
         splits, per_split = 1, max(groups, 1)
     else:

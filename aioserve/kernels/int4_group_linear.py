@@ -28,7 +28,7 @@ atomics: the result is deterministic, and the GEMV's split depends on N and K on
 batch-invariant mode every batch takes the tiled path with the widest tile and no split.
 
 The launch tables are fixed per platform. The GPU entries compile without a register spill
-for sm_90a and gfx942 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has their
+for sm_90a, sm_80, gfx942, gfx90a and gfx1100 (tests/kernels/test_gpu_compile.py); bench/RESULTS.md has their
 times on an H100. The CPU entries serve Triton's interpreter only (the tests). On the CPU
 the torch reference runs.
 """
@@ -44,7 +44,7 @@ from aioserve.kernels import dispatch
 from aioserve.kernels.int4_group_linear_reference import PACK, int4_group_linear_reference
 from aioserve.kernels.split_k import store_sums, sum_splits
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
 # "programs": how many programs of the kernel the GPU holds at once at its register use
 # (see gguf_linear.py), below which a launch splits K. "block_k" is the deepest tile; a
@@ -218,7 +218,7 @@ def tile_depth(wanted: int, group_size: int) -> int:
 def _split(tiles: int, k: int, depth: int, config: dict[str, int]) -> tuple[int, int]:
     """(splits, inputs per split) of a launch of `tiles` output tiles over K = `k` walked
     `depth` at a time; a split covers whole tiles, the last may be short."""
-    limits = _SPLIT_CONFIG[current_platform()]
+    limits = launch_entry(_SPLIT_CONFIG)
     steps = k // depth
     wanted = min(limits["max_splits"], triton.cdiv(config["programs"], tiles))
     splits = max(1, min(wanted, steps // limits["min_tiles"]))
@@ -227,17 +227,16 @@ def _split(tiles: int, k: int, depth: int, config: dict[str, int]) -> tuple[int,
 
 
 def _plan(num_rows: int, n: int, k: int, group_size: int, dtype: torch.dtype) -> _Plan:
-    platform = current_platform()
     invariant = dispatch.batch_invariant()
-    gemv = _GEMV_CONFIG[platform]
+    gemv = launch_entry(_GEMV_CONFIG)
     if num_rows <= gemv["max_rows"] and not invariant:
         depth = tile_depth(gemv["block_k"], group_size)
         splits, per_split = _split(triton.cdiv(n, gemv["block_n"]), k, depth, gemv)
         return _Plan(True, 1, gemv["block_n"], depth, gemv["num_warps"], 1, splits, per_split)
     if num_rows <= _SMALL_TILE_ROWS and not invariant:
-        tile = _GEMM_CONFIG[platform]["small"]
+        tile = launch_entry(_GEMM_CONFIG)["small"]
     else:
-        tile = _GEMM_CONFIG[platform]["float32" if dtype == torch.float32 else "large"]
+        tile = launch_entry(_GEMM_CONFIG)["float32" if dtype == torch.float32 else "large"]
     depth = tile_depth(tile["block_k"], group_size)
     if invariant:
         splits, per_split = 1, k

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
 # Per platform: heads of one token a program copies, and its warps.
 _CONFIG: dict[str, dict[str, int]] = {
@@ -189,7 +189,7 @@ def write_kv_cache_triton(
     num_tokens, num_heads, head_size = key.shape
     if num_tokens == 0:
         return
-    config = _CONFIG[current_platform()]
+    config = launch_entry(_CONFIG)
     block_heads = min(triton.next_power_of_2(num_heads), config["heads_per_program"])
     grid = (num_tokens, triton.cdiv(num_heads, block_heads))
     _write_kv_cache_kernel[grid](

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
 # Per platform: the widest slice of a row one program holds at a time (longer rows are
 # walked in slices), how many row elements one warp/wavefront should cover, and the
@@ -95,7 +95,7 @@ def rms_norm_triton(
         residual = _rows(residual)
         residual_out = torch.empty_like(out)
     if num_rows > 0:
-        config = _CONFIG[current_platform()]
+        config = launch_entry(_CONFIG)
         block = min(triton.next_power_of_2(hidden_size), config["max_block"])
         num_warps = max(1, min(config["max_warps"], block // config["elements_per_warp"]))
         _rms_norm_kernel[(num_rows,)](

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
 # Per platform: how many heads of one token a program rotates, and its warps.
 _CONFIG: dict[str, dict[str, int]] = {
@@ -163,7 +163,7 @@ def _rotate_triton(positions: Tensor, x: Tensor, cos_sin_cache: Tensor, is_neox_
     if num_tokens == 0:
         return out
     rotary_dim = cos_sin_cache.shape[1]
-    config = _CONFIG[current_platform()]
+    config = launch_entry(_CONFIG)
     block_heads = min(triton.next_power_of_2(num_heads), config["heads_per_program"])
     grid = (num_tokens, triton.cdiv(num_heads, block_heads))
     _rotary_kernel[grid](

@@ -25,7 +25,7 @@ from aioserve.kernels import dispatch
 from aioserve.kernels.kv_cache import empty_kv_cache, is_fp8, torch_path_layouts
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, step_context
-from aioserve.platform import current_platform
+from aioserve.platform import current_platform, e4m3_dtype, e4m3_missing
 
 # --kv-cache-dtype values and the names the load report gives the pool's dtype.
 KV_CACHE_DTYPE_NAMES = {
@@ -39,21 +39,21 @@ def kv_cache_torch_dtype(requested: str, model_dtype: torch.dtype) -> torch.dtyp
     """The pool's dtype for --kv-cache-dtype `requested` (vLLM's names; fp8 is fp8_e4m3).
 
     e4m3 is float8_e4m3fn, except on ROCm's MI300 family (gfx94x), whose hardware format is
-    float8_e4m3fnuz (no negative zero, exponent bias 8, largest value 240).
+    float8_e4m3fnuz (platform.e4m3_dtype); refused on a GPU that has no e4m3 at all.
     """
     if requested == "auto":
         return model_dtype
     if requested == "fp8_e5m2":
         return torch.float8_e5m2
     if requested in ("fp8", "fp8_e4m3"):
-        if current_platform() == "rocm" and _is_gfx94x():
-            return torch.float8_e4m3fnuz
-        return torch.float8_e4m3fn
+        missing = e4m3_missing()
+        if missing is not None:
+            raise ValueError(
+                f"--kv-cache-dtype {requested} (e4m3) cannot run here: {missing}; "
+                "use --kv-cache-dtype fp8_e5m2 or auto"
+            )
+        return e4m3_dtype()
     raise ValueError(f"KV-cache dtype {requested!r} is not supported")
-
-
-def _is_gfx94x() -> bool:
-    return torch.cuda.get_device_properties(0).gcnArchName.startswith("gfx94")
 
 
 def layer_kv_scales(model: nn.Module, dtype: torch.dtype) -> torch.Tensor | None:

@@ -1,17 +1,21 @@
-"""Compile every Triton kernel for NVIDIA sm_90a and AMD gfx942 on a machine without a GPU.
+"""Compile every Triton kernel for a member of each GPU family the launch tables tell apart,
+on a machine without a GPU: NVIDIA sm_90a (Hopper) and sm_80 (Ampere), AMD gfx942 (MI300,
+CDNA3), gfx90a (MI200, CDNA2) and gfx1100 (RDNA3, wave32).
 
-Run as `python -m tests.kernels.gpu_compile [cuda|rocm ...]` (without TRITON_INTERPRET: the
-compiler needs real JIT functions); it prints one JSON object per compiled launch. tests/kernels/
-test_gpu_compile.py runs it and checks the results.
+Run as `python -m tests.kernels.gpu_compile [hopper|ampere|cdna3|cdna2|rdna3 ...]` (without
+TRITON_INTERPRET: the compiler needs real JIT functions); it prints one JSON object per
+compiled launch. tests/kernels/test_gpu_compile.py runs it and checks the results.
 
 Each kernel is reached through its launcher, as the engine calls it: bench/kernel_cases.py
-builds the calls at the shapes of COMPILE_WORKLOAD in bf16 and fp16, on CPU tensors, with
-the platform's launch table (each kernel module's `current_platform` answers "cuda" or
-"rocm"). `JITFunction.run` is replaced by a recorder, so nothing is launched: the launch
+builds the calls at the shapes of COMPILE_WORKLOAD in the target's dtypes, on CPU tensors, with
+the target's launch tables (aioserve.platform is made to answer as the target's device
+would). `JITFunction.run` is replaced by a recorder, so nothing is launched: the launch
 that would have been made (arguments, constexprs, num_warps, ...) is compiled with
 `triton.compile` for the target instead. Reported for each: a compile error, the register
-spills (ptxas's spill stores on NVIDIA; the kernel descriptor's vgpr spill count on AMD), and whether the kernel has both a barrier and an atomic (the store -> barrier ->
-atomic pattern that races on ROCm, where a barrier does not wait for global stores).
+spills (ptxas's spill stores on NVIDIA; the kernel descriptor's vgpr spill count on AMD),
+the shared memory (LDS) one program takes, and whether the kernel has both a barrier and an
+atomic (the store -> barrier -> atomic pattern that races on ROCm, where a barrier does not
+wait for global stores).
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from aioserve import kernels
+from aioserve import platform
 from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
+from aioserve.platform import PlatformName
 from bench.kernel_cases import (
     LLAMA3_8B,
     SMOLLM2_135M,
@@ -42,7 +47,38 @@ from bench.kernel_cases import (
     build_cases,
 )
 
-TARGETS = {"cuda": GPUTarget("cuda", 90, 32), "rocm": GPUTarget("hip", "gfx942", 64)}
+
+@dataclass(frozen=True)
+class Target:
+    platform: PlatformName
+    gpu: str  # as aioserve.platform.gpu_name names it
+    target: GPUTarget
+    # The most shared memory (LDS) one program may take on the family's smallest member:
+    # H100 227 KiB; A100 163 KiB but A10, RTX 30xx and L40S (sm_86/sm_89) 99 KiB; 64 KiB
+    # on AMD's CDNA2, CDNA3 (MI300X) and RDNA3.
+    shared_bytes: int
+    # The activation dtypes compiled: both 16-bit ones for the families this project's
+    # GPU sessions run on, bfloat16 alone for the others (fp16 takes the same tiles and
+    # registers; the test's time stays near two minutes).
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
+    # Kernel modules the family never launches: NVIDIA before sm_89 has no e4m3, and an FP8
+    # checkpoint's layers are dequantized at load there (engine/build.py).
+    never_launched: tuple[str, ...] = ()
+
+
+TARGETS = {
+    "hopper": Target(
+        "cuda", "sm_90", GPUTarget("cuda", 90, 32), 232_448, (torch.bfloat16, torch.float16)
+    ),
+    "ampere": Target(
+        "cuda", "sm_80", GPUTarget("cuda", 80, 32), 101_376, never_launched=("fp8_linear",)
+    ),
+    "cdna3": Target(
+        "rocm", "gfx942", GPUTarget("hip", "gfx942", 64), 65_536, (torch.bfloat16, torch.float16)
+    ),
+    "cdna2": Target("rocm", "gfx90a", GPUTarget("hip", "gfx90a", 64), 65_536),
+    "rdna3": Target("rocm", "gfx1100", GPUTarget("hip", "gfx1100", 32), 65_536),
+}
 # Head sizes 64 (SmolLM2), 128 (Llama-3-8B) and 256, query heads per KV head 3, 4, 1 and 8.
 # Token batches of 1, 16 and 64 rows: the GGUF linear layers' GEMV, small and large tiles.
 COMPILE_WORKLOAD = Workload(
@@ -116,8 +152,8 @@ def _type_of(value: Any) -> str:
     raise TypeError(f"cannot type a kernel argument {value!r}")
 
 
-def record_launches(platform: str) -> list[Launch]:
-    """Every distinct launch the launchers make on `platform` across COMPILE_WORKLOAD."""
+def record_launches(arch: str) -> list[Launch]:
+    """Every distinct launch the launchers make on `arch`'s device across COMPILE_WORKLOAD."""
     launches: dict[str, Launch] = {}
 
     def record(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
@@ -129,16 +165,14 @@ def record_launches(platform: str) -> list[Launch]:
         launch = Launch(self, {n: values[n] for n in self.arg_names}, options)
         launches.setdefault(launch.key(), launch)
 
-    modules = [m for m in sys.modules.values() if m and m.__name__.startswith(kernels.__name__)]
-    patched = [m for m in modules if hasattr(m, "current_platform")]
-    originals = [m.current_platform for m in patched]
+    target = TARGETS[arch]
+    device_globals = ("_platform", "_arch", "_gpu")
+    originals = [getattr(platform, name) for name in device_globals]
     original_run = JITFunction.run
     JITFunction.run = record
     try:
-        for module in patched:
-            module.current_platform = lambda: platform
-        dtypes = (torch.bfloat16, torch.float16)
-        for case in build_cases(COMPILE_WORKLOAD, dtypes, torch.device("cpu")):
+        platform._platform, platform._arch, platform._gpu = target.platform, arch, target.gpu
+        for case in build_cases(COMPILE_WORKLOAD, target.dtypes, torch.device("cpu")):
             case.run()
         for model in COMPILE_WORKLOAD.models:  # not a bench case: structured outputs' mask
             logits = torch.zeros(4, model.vocab)
@@ -146,43 +180,46 @@ def record_launches(platform: str) -> list[Launch]:
             apply_token_bitmask_triton(logits, bitmask, torch.tensor([0, 3]))
     finally:
         JITFunction.run = original_run
-        for module, original in zip(patched, originals, strict=True):
-            module.current_platform = original
+        for name, original in zip(device_globals, originals, strict=True):
+            setattr(platform, name, original)
     return list(launches.values())
 
 
-def compile_launch(launch: Launch, platform: str) -> tuple[Any, int]:
+def compile_launch(launch: Launch, arch: str) -> tuple[Any, int]:
     """The compiled kernel and its spills: bytes of spill stores in ptxas's own report of
     the compile (NVIDIA), or the vector registers spilled to scratch (AMD)."""
+    target = TARGETS[arch]
     log = io.StringIO()
-    knobs.nvidia.dump_ptxas_log = platform == "cuda"
+    knobs.nvidia.dump_ptxas_log = target.platform == "cuda"
     with contextlib.redirect_stdout(log):
-        compiled = triton.compile(launch.source(), target=TARGETS[platform], options=launch.options)
-    if platform == "rocm":
+        compiled = triton.compile(launch.source(), target=target.target, options=launch.options)
+    if target.platform == "rocm":
         counts = re.findall(r"\.vgpr_spill_count:\s*(\d+)", compiled.asm["amdgcn"])
     else:
         counts = re.findall(r"(\d+) bytes spill stores", log.getvalue())
     return compiled, sum(int(c) for c in counts)
 
 
-def main(platforms: list[str]) -> None:
+def main(archs: list[str]) -> None:
     knobs.compilation.always_compile = True  # a cached kernel has no ptxas report
-    for platform in platforms:
-        for launch in record_launches(platform):
+    for arch in archs:
+        for launch in record_launches(arch):
             result: dict[str, Any] = {
                 "kernel": launch.kernel.__name__,
-                "platform": platform,
+                "module": launch.kernel.fn.__module__,
+                "arch": arch,
                 "constexprs": {n: v for n, v in launch.values.items() if launch.is_constexpr(n)},
                 "options": launch.options,
             }
             try:
-                compiled, result["spills"] = compile_launch(launch, platform)
+                compiled, result["spills"] = compile_launch(launch, arch)
             except Exception as error:  # reported, not raised: the test names each one
                 result["error"] = f"{type(error).__name__}: {error}"[:2000]
             else:
                 ttir = compiled.asm["ttir"]
                 barrier = re.search(r"\b(gpu|ttg)\.barrier\b", ttir) is not None
                 result["barrier_and_atomic"] = barrier and "atomic_rmw" in ttir
+                result["shared"] = compiled.metadata.shared
             print(json.dumps(result, default=str), flush=True)
 
 

@@ -1,9 +1,11 @@
-"""GPU readiness without a GPU: every Triton kernel compiles for H100 (sm_90a) and MI300
-(gfx942) at its real launch configurations, without a register spill, and no kernel orders
-a store before another thread's atomic with a barrier alone (gpu_compile.py says how).
+"""GPU readiness without a GPU: every Triton kernel compiles for a member of each GPU
+family its launch tables tell apart (H100 sm_90a, A100 sm_80, MI300 gfx942, MI200 gfx90a,
+RDNA3 gfx1100) at its real launch configurations, without a register spill, within the
+family's shared memory, and no kernel orders a store before another thread's atomic with a
+barrier alone (gpu_compile.py says how).
 
-The compiler runs in a child process without TRITON_INTERPRET, which this test session
-sets for the interpreter tests.
+The compiler runs in child processes without TRITON_INTERPRET, which this test session
+sets for the interpreter tests: two, one a core, each compiling its share of the families.
 """
 
 from __future__ import annotations
@@ -20,23 +22,24 @@ from aioserve import kernels
 from tests.kernels import gpu_compile
 
 ROOT = Path(__file__).resolve().parents[2]
+# The families each of the two child processes compiles, about even in time.
+_SHARES = (("rdna3", "ampere", "cdna2"), ("hopper", "cdna3"))
 
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9's default, without its warning
-    # One process per target, side by side: the compiles take a core each.
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.kernels.gpu_compile", platform],
+            [sys.executable, "-m", "tests.kernels.gpu_compile", *archs],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
-        for platform in gpu_compile.TARGETS
+        for archs in _SHARES
     ]
     lines = []
     for child in children:
@@ -46,12 +49,14 @@ def results() -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def launch_kernels() -> set[str]:
+def launch_kernels(never_launched: tuple[str, ...] = ()) -> set[str]:
     """The names of the @triton.jit kernels the launchers launch (the others are helpers
-    that kernels call)."""
+    that kernels call), but for those of the modules named in `never_launched`."""
     source = Path(kernels.__file__).parent
     names = set()
     for path in source.rglob("*.py"):
+        if path.stem in never_launched:
+            continue
         lines = path.read_text().splitlines()
         for above, line in zip(lines, lines[1:], strict=False):
             if above.strip() == "@triton.jit" and line.startswith("def _") and "_kernel(" in line:
@@ -59,16 +64,53 @@ def launch_kernels() -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("platform", list(gpu_compile.TARGETS))
-def test_every_kernel_compiles_without_spills(results, platform):
-    mine = [r for r in results if r["platform"] == platform]
-    assert {r["kernel"] for r in mine} == launch_kernels()
+@pytest.mark.parametrize("arch", list(gpu_compile.TARGETS))
+def test_every_kernel_compiles_without_spills(results, arch):
+    target = gpu_compile.TARGETS[arch]
+    mine = [r for r in results if r["arch"] == arch]
+    assert {r["kernel"] for r in mine} == launch_kernels(target.never_launched)
     failed = [r for r in mine if "error" in r]
     assert failed == [], failed[0]
     spilled = [
-        (r["kernel"], r["constexprs"], r["options"], r["spills"]) for r in mine if r["spills"]
+        (r["module"], r["kernel"], r["constexprs"], r["options"], r["spills"])
+        for r in mine
+        if r["spills"] and not known_spill(arch, r)
     ]
     assert spilled == []
+    limit = gpu_compile.TARGETS[arch].shared_bytes
+    too_large = [(r["module"], r["kernel"], r["shared"]) for r in mine if r["shared"] > limit]
+    assert too_large == []
+
+
+def known_spill(arch: str, result: dict) -> bool:
+    """The spills no tile removed (kernels/attention_launch.py): RDNA3's attention at head
+    size 256, or over fp8 keys from head size 128. Everything else spills nothing on every
+    family."""
+    constexprs = result["constexprs"]
+    return (
+        arch == "rdna3"
+        and result["module"] == "aioserve.kernels.attention"
+        and result["kernel"] in ("_decode_kernel", "_prefill_kernel")
+        and (
+            constexprs["BLOCK_D"] == 256 or (constexprs["KV_FP8"] and constexprs["BLOCK_D"] >= 128)
+        )
+    )
+
+
+def test_rdna3s_known_spills_are_only_those(results):
+    """RDNA3's known spills are still there: if a Triton release or a new tile removes
+    them, the exception above should go too."""
+    for kernel in ("_decode_kernel", "_prefill_kernel"):
+        for head_size in (128, 256):
+            cases = [
+                r
+                for r in results
+                if r["arch"] == "rdna3"
+                and r["kernel"] == kernel
+                and r["constexprs"]["BLOCK_D"] == head_size
+                and known_spill("rdna3", r)
+            ]
+            assert any(r["spills"] for r in cases), (kernel, head_size)
 
 
 def test_no_kernel_orders_a_store_and_an_atomic_with_a_barrier_alone(results):

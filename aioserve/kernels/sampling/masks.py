@@ -21,7 +21,7 @@ from torch import Tensor
 from aioserve.kernels import dispatch
 from aioserve.kernels.sampling.common import SAMPLING_EPS, _launch_config, _rows_where
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import current_platform
+from aioserve.platform import launch_entry
 
 # Probability mass is summed as int64 multiples of 2**-40 (see the module docstring).
 _MASS_SCALE = float(2**40)
@@ -335,7 +335,7 @@ def _num_splits(num_rows: int, vocab_size: int) -> int:
     """Programs a row is split over: enough to fill the device at small batch, at least 16
     tokens each. The masks come out the same for any split (their sums are integers), so
     this may depend on the batch."""
-    wanted = triton.cdiv(_ROW_PROGRAMS[current_platform()], num_rows)
+    wanted = triton.cdiv(launch_entry(_ROW_PROGRAMS), num_rows)
     return max(1, min(wanted, triton.cdiv(vocab_size, 16)))
 
 
@@ -362,7 +362,7 @@ def _launch_masks(
     num_rows, vocab_size = src.shape
     if num_rows == 0:
         return
-    row_programs = _ROW_PROGRAMS[current_platform()]
+    row_programs = launch_entry(_ROW_PROGRAMS)
     splits = splits or _num_splits(num_rows, vocab_size)
     block, num_warps = _launch_config(
         vocab_size if splits == 1 else triton.cdiv(vocab_size, row_programs)
