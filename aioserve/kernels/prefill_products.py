@@ -5,7 +5,10 @@ packs the keys again for every query head of a GQA group. At SmolLM2's shapes (9
 heads over 3 kv heads, head size 64, bfloat16, an AVX-512 EPYC) a 256-token prompt took
 1.44 ms a layer through it, padding included, and 0.85 ms as the products below; 2,048
 tokens 43.9 against 34.1 ms. Below ~128 rows the products' padding costs more than SDPA
-spends, so shorter prefills keep SDPA (`uses_products`).
+spends, so shorter prefills keep SDPA (`uses_products`), and so does a CPU without
+bfloat16 arithmetic (`--dtype bfloat16` on AVX2), where torch's bfloat16 products fall back
+to slow code: 24.9 ms a 256-token prompt's layer against SDPA's 1.0 (torch held to AVX2 on
+a Zen 5 EPYC, ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2).
 
 A sequence's query rows go in chunks of CHUNK_ROWS, each against the keys up to its last
 row, so the blocks above the causal diagonal are mostly skipped. A chunk is two products
@@ -27,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from aioserve.platform import cpu_fast_bf16_flag
 
 CHUNK_ROWS = 256
 ROW_ALIGN = 64
@@ -56,7 +61,10 @@ def padded_key_count(seq_len: int) -> int:
 def uses_products(dtype: torch.dtype, query_len: int, seq_len: int) -> bool:
     """Whether a prefill of query_len rows over seq_len keys goes through the products."""
     return (
-        dtype == torch.bfloat16 and query_len >= MIN_ROWS and padded_key_count(seq_len) <= MAX_KEYS
+        dtype == torch.bfloat16
+        and query_len >= MIN_ROWS
+        and padded_key_count(seq_len) <= MAX_KEYS
+        and cpu_fast_bf16_flag() is not None
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from aioserve.kernels import attention_reference
+from aioserve.kernels import attention_reference, prefill_products
 from aioserve.kernels.attention_reference import paged_attention_reference
 from aioserve.kernels.prefill_products import (
     CHUNK_ROWS,
@@ -60,9 +60,15 @@ def test_chunks_attend_causally_over_the_prefix_in_padded_shapes():
         assert attended[rows:].any(1).all()  # a padded row is never empty (no NaN)
 
 
-def test_products_only_for_long_enough_bfloat16_prefills_within_the_key_cap():
+def test_products_only_for_long_enough_bfloat16_prefills_within_the_key_cap(monkeypatch):
+    monkeypatch.setattr(prefill_products, "cpu_fast_bf16_flag", lambda: "avx512_bf16")
     assert uses_products(torch.bfloat16, MIN_ROWS, MIN_ROWS)
     assert not uses_products(torch.bfloat16, MIN_ROWS - 1, 2000)
     assert not uses_products(torch.float32, 1000, 1000)
     assert uses_products(torch.bfloat16, MIN_ROWS, MAX_KEYS)
     assert not uses_products(torch.bfloat16, MIN_ROWS, MAX_KEYS + 1)
+
+
+def test_no_products_on_a_cpu_without_bfloat16_arithmetic(monkeypatch):
+    monkeypatch.setattr(prefill_products, "cpu_fast_bf16_flag", lambda: None)
+    assert not uses_products(torch.bfloat16, 1000, 1000)
