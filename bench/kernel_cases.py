@@ -16,7 +16,8 @@ zeros: they hide unwritten outputs and run faster than real data). It carries:
 
 The types these share are in bench/kernel_case_types.py, the cases of the linear layers
 (GGUF blocks) in bench/kernel_cases_linear.py, those on AWQ / GPTQ weights in
-bench/kernel_cases_int4_group.py, those on FP8 weights in bench/kernel_cases_fp8_linear.py. This module imports triton (through
+bench/kernel_cases_int4_group.py, those on FP8 weights in bench/kernel_cases_fp8_linear.py,
+the dense GEMM of batch-invariant mode in bench/kernel_cases_dense.py. This module imports triton (through
 aioserve's kernels), so TRITON_INTERPRET must be set before it is imported when the
 kernels are to be interpreted on the CPU.
 """
@@ -55,6 +56,8 @@ from aioserve.kernels.sampling.penalties import (
 from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
 from aioserve.platform import e4m3_dtype, e4m3_missing
 from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
+from bench.kernel_cases_dense import FORMULAS as DENSE_FORMULAS
+from bench.kernel_cases_dense import dense_linear_cases
 from bench.kernel_cases_fp8_linear import FORMULAS as FP8_LINEAR_FORMULAS
 from bench.kernel_cases_fp8_linear import fp8_linear_cases
 from bench.kernel_cases_int4_group import FORMULAS as INT4_GROUP_FORMULAS
@@ -102,6 +105,7 @@ FORMULAS = (
     }
     | LINEAR_FORMULAS
     | FP8_LINEAR_FORMULAS
+    | DENSE_FORMULAS
     | INT4_GROUP_FORMULAS
 )
 
@@ -575,4 +579,5 @@ def build_cases(
                 yield build_sampling(rand(), model, rows)
         yield from gguf_linear_cases(rand(), model, workload.token_batches, dtypes)
         yield from fp8_linear_cases(rand(), model, workload.token_batches, dtypes)
+        yield from dense_linear_cases(rand(), model, workload.token_batches, dtypes)
         yield from int4_group_linear_cases(rand(), model, workload.token_batches, dtypes)

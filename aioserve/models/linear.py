@@ -40,9 +40,10 @@ multiplied by those of kernels/int4_group_linear.py (models/int4_group_weights.p
 checkpoint's (or `--quantization fp8`'s) only their 8-bit weights, multiplied by
 kernels/fp8_linear.py's (models/fp8_weights.py).
 
-In batch-invariant mode (VLLM_BATCH_INVARIANT=1, CPU only so far) every product is computed
-in tiles of INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a
-row's bits then do not depend on how many rows share its product.
+In batch-invariant mode (VLLM_BATCH_INVARIANT=1) the CPU computes every product in tiles of
+INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a row's bits
+then do not depend on how many rows share its product. A GPU (and the Triton backend)
+takes the fixed-tile GEMM of kernels/dense_linear.py instead of cuBLAS/hipBLASLt.
 
 Linear and Embedding leave their parameters uninitialized (torch.empty), as every
 parameter of a model here is: the loader fills them all, from the checkpoint or with small
@@ -57,6 +58,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.dense_linear import dense_linear_triton
 from aioserve.kernels.fp8_linear import fp8_linear
 from aioserve.kernels.gguf_linear import gguf_linear
 from aioserve.kernels.gguf_linear_reference import int4_linear
@@ -201,6 +203,8 @@ def dense(
             return _row_product(x, row_weight, bias)
         return _packed_dense(x, packed_weight, bias, int4_weight, int4_scales_and_zeros)
     if dispatch.batch_invariant() and x.dim() == 2:
+        if dispatch.use_triton():
+            return dense_linear_triton(x, weight, bias)
         return _dense_in_row_tiles(x, weight, bias)
     if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > SMALL_BATCH_ROWS:
         return F.linear(x, weight, bias)

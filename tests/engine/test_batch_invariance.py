@@ -1,5 +1,7 @@
-"""VLLM_BATCH_INVARIANT=1 on the CPU: a seeded request gets the same tokens and the same
-logprobs, bit for bit, alone and among 63 other requests (SmolLM2's real weights).
+"""VLLM_BATCH_INVARIANT=1: a seeded request gets the same tokens and the same logprobs, bit
+for bit, alone and among 63 other requests (SmolLM2's real weights), on the CPU and, under
+`pytest -m gpu`, on a GPU (its GGUF layers through the quantized kernels' widest tile, its
+head through the fixed-tile dense GEMM).
 
 Prefix caching is off, so the second run computes the prompt again rather than reading the
 first run's blocks; every prompt fits in one prefill step, so no prompt is cut into chunks
@@ -11,6 +13,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from aioserve import LLM, SamplingParams
 from aioserve.kernels import dispatch
@@ -41,7 +44,16 @@ def _samples(output) -> tuple[list[int], list[dict[int, float]]]:
 
 
 def test_a_seeded_request_gets_the_same_bits_alone_and_in_a_batch_of_64(batch_invariant_llm):
-    llm = batch_invariant_llm
+    check_alone_and_in_a_batch_of_64(batch_invariant_llm)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_seeded_request_gets_the_same_bits_alone_and_in_a_batch(batch_invariant_llm):
+    assert torch.cuda.is_available()
+    check_alone_and_in_a_batch_of_64(batch_invariant_llm)
+
+
+def check_alone_and_in_a_batch_of_64(llm: LLM) -> None:
     seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=12, logprobs=5)
     prompt = "The quickest way to learn a language is"
     alone = _samples(llm.generate([prompt], seeded, use_tqdm=False)[0])
