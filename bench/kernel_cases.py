@@ -17,7 +17,8 @@ zeros: they hide unwritten outputs and run faster than real data). It carries:
 The types these share are in bench/kernel_case_types.py, the cases of the linear layers
 (GGUF blocks) in bench/kernel_cases_linear.py, those on AWQ / GPTQ weights in
 bench/kernel_cases_int4_group.py, those on FP8 weights in bench/kernel_cases_fp8_linear.py,
-the dense GEMM of batch-invariant mode in bench/kernel_cases_dense.py. This module imports triton (through
+the dense GEMM of batch-invariant mode in bench/kernel_cases_dense.py, the rotary fused
+with the KV write in bench/kernel_cases_rotary_kv.py. This module imports triton (through
 aioserve's kernels), so TRITON_INTERPRET must be set before it is imported when the
 kernels are to be interpreted on the CPU.
 """
@@ -64,6 +65,8 @@ from bench.kernel_cases_int4_group import FORMULAS as INT4_GROUP_FORMULAS
 from bench.kernel_cases_int4_group import int4_group_linear_cases
 from bench.kernel_cases_linear import FORMULAS as LINEAR_FORMULAS
 from bench.kernel_cases_linear import gguf_linear_cases
+from bench.kernel_cases_rotary_kv import FORMULAS as ROTARY_KV_FORMULAS
+from bench.kernel_cases_rotary_kv import rotary_kv_write_case
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
@@ -106,6 +109,7 @@ FORMULAS = (
     | LINEAR_FORMULAS
     | FP8_LINEAR_FORMULAS
     | DENSE_FORMULAS
+    | ROTARY_KV_FORMULAS
     | INT4_GROUP_FORMULAS
 )
 
@@ -553,6 +557,7 @@ def build_cases(
         functools.partial(rotary_case, is_neox=False),
         silu_and_mul_case,
         functools.partial(write_kv_cache_case, block_size=workload.block_size),
+        functools.partial(rotary_kv_write_case, block_size=workload.block_size),
     ]
     sampling = [sample_greedy_case, sample_random_case, bias_and_penalties_case, logprobs_case]
     for model in workload.models:
@@ -568,6 +573,9 @@ def build_cases(
             for dtype in dtypes:
                 for batch in workload.token_batches:
                     yield write_kv_cache_case(
+                        rand(), model, batch, dtype, workload.block_size, kv_dtype
+                    )
+                    yield rotary_kv_write_case(
                         rand(), model, batch, dtype, workload.block_size, kv_dtype
                     )
                 for label, seqs in workload.attention_batches:

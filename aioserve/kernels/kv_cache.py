@@ -93,7 +93,7 @@ def quantize_kv(x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
     return (x.float() / scale).clamp_(-finite, finite).to(dtype)
 
 
-def _check_scales(cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
+def check_kv_scales(cache: Tensor, k_scale: Tensor | None, v_scale: Tensor | None) -> bool:
     """Whether the cache is fp8 (then both scales are needed)."""
     if not is_fp8(cache.dtype):
         return False
@@ -162,13 +162,18 @@ def _write_kv_cache_kernel(
         + heads[:, None] * stride_value_cache_head
         + dims[None, :]
     )
-    if FP8_MAX > 0:  # an fp8 cache: scaled and saturated
-        key = key.to(tl.float32) / tl.load(k_scale_ptr)
-        key = tl.minimum(tl.maximum(key, -FP8_MAX), FP8_MAX)
-        value = value.to(tl.float32) / tl.load(v_scale_ptr)
-        value = tl.minimum(tl.maximum(value, -FP8_MAX), FP8_MAX)
-    tl.store(key_dst, key.to(key_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(value_dst, value.to(value_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(key_dst, as_stored(key, key_cache_ptr, k_scale_ptr, FP8_MAX), mask=mask)
+    tl.store(value_dst, as_stored(value, value_cache_ptr, v_scale_ptr, FP8_MAX), mask=mask)
+
+
+@triton.jit
+def as_stored(values, cache_ptr, scale_ptr, FP8_MAX: tl.constexpr):
+    """`values` in the cache's dtype: an fp8 cache's (FP8_MAX > 0) divided by the layer's
+    scale and saturated. Shared with kernels/rotary_kv_write.py."""
+    if FP8_MAX > 0:
+        values = values.to(tl.float32) / tl.load(scale_ptr)
+        values = tl.minimum(tl.maximum(values, -FP8_MAX), FP8_MAX)
+    return values.to(cache_ptr.dtype.element_ty)
 
 
 def write_kv_cache_triton(
@@ -181,7 +186,7 @@ def write_kv_cache_triton(
     v_scale: Tensor | None = None,
 ) -> None:
     """The Triton path of `write_kv_cache`."""
-    fp8 = _check_scales(key_cache, k_scale, v_scale)
+    fp8 = check_kv_scales(key_cache, k_scale, v_scale)
     if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError("the KV cache must have unit stride along head_size")
     key = key if key.stride(-1) == 1 else key.contiguous()
@@ -238,7 +243,7 @@ def write_kv_cache_reference(
     if skips_tokens and bool((slot_mapping < 0).any()):
         tokens = (slot_mapping >= 0).nonzero().squeeze(1)
         key, value, blocks, offsets = key[tokens], value[tokens], blocks[tokens], offsets[tokens]
-    if _check_scales(key_cache, k_scale, v_scale):
+    if check_kv_scales(key_cache, k_scale, v_scale):
         # torch has no index_put_ for fp8 on the CPU: the bytes are copied as uint8.
         key = quantize_kv(key, k_scale, key_cache.dtype).view(torch.uint8)
         value = quantize_kv(value, v_scale, value_cache.dtype).view(torch.uint8)

@@ -100,6 +100,37 @@ def build_cos_sin_cache(
 
 
 @triton.jit
+def rotary_angles(
+    positions_ptr, token, cos_sin_ptr, stride_cos_sin, rotary_dim, IS_NEOX, BLOCK_HALF
+):
+    """A token's cos and sin [BLOCK_HALF] (float32), the head dimensions each pair rotates
+    (`first`, `second`) and the pairs' mask: shared with kernels/rotary_kv_write.py."""
+    half = rotary_dim // 2
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    pair = tl.arange(0, BLOCK_HALF)
+    pair_mask = pair < half
+    cos_sin_row = cos_sin_ptr + position * stride_cos_sin
+    cos = tl.load(cos_sin_row + pair, mask=pair_mask, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin_row + half + pair, mask=pair_mask, other=0.0).to(tl.float32)
+    if IS_NEOX:
+        first = pair
+        second = pair + half
+    else:
+        first = 2 * pair
+        second = 2 * pair + 1
+    return cos, sin, first, second, pair_mask
+
+
+@triton.jit
+def rotated_pairs(x_heads, cos, sin, first, second, mask):
+    """The heads at `x_heads` [BLOCK_HEADS, 1] rotated, float32: the new values of their
+    `first` and `second` dimensions."""
+    x1 = tl.load(x_heads + first[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_heads + second[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
 def _rotary_kernel(
     positions_ptr,
     x_ptr,
@@ -122,30 +153,16 @@ def _rotary_kernel(
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_HEADS + tl.arange(0, BLOCK_HEADS)
     head_mask = heads < num_heads
-    half = rotary_dim // 2
-
-    position = tl.load(positions_ptr + token).to(tl.int64)
-    pair = tl.arange(0, BLOCK_HALF)
-    pair_mask = pair < half
-    cos_sin_row = cos_sin_ptr + position * stride_cos_sin
-    cos = tl.load(cos_sin_row + pair, mask=pair_mask, other=0.0).to(tl.float32)
-    sin = tl.load(cos_sin_row + half + pair, mask=pair_mask, other=0.0).to(tl.float32)
-
-    if IS_NEOX:
-        first = pair
-        second = pair + half
-    else:
-        first = 2 * pair
-        second = 2 * pair + 1
-
+    cos, sin, first, second, pair_mask = rotary_angles(
+        positions_ptr, token, cos_sin_ptr, stride_cos_sin, rotary_dim, IS_NEOX, BLOCK_HALF
+    )
     x_heads = x_ptr + token * stride_x_token + heads[:, None] * stride_x_head
     out_heads = out_ptr + token * stride_out_token + heads[:, None] * stride_out_head
     mask = head_mask[:, None] & pair_mask[None, :]
-    x1 = tl.load(x_heads + first[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_heads + second[None, :], mask=mask, other=0.0).to(tl.float32)
+    rotated_first, rotated_second = rotated_pairs(x_heads, cos, sin, first, second, mask)
     out_dtype = out_ptr.dtype.element_ty
-    tl.store(out_heads + first[None, :], (x1 * cos - x2 * sin).to(out_dtype), mask=mask)
-    tl.store(out_heads + second[None, :], (x2 * cos + x1 * sin).to(out_dtype), mask=mask)
+    tl.store(out_heads + first[None, :], rotated_first.to(out_dtype), mask=mask)
+    tl.store(out_heads + second[None, :], rotated_second.to(out_dtype), mask=mask)
 
     if BLOCK_PASS > 0:
         # Partial rotary: the dimensions past rotary_dim are copied unchanged.

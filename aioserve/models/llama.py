@@ -23,9 +23,9 @@ from transformers import PretrainedConfig
 
 from aioserve.kernels.activation import silu_and_mul
 from aioserve.kernels.rms_norm import rms_norm
-from aioserve.kernels.rotary import apply_rotary, build_cos_sin_cache
+from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear, dense
-from aioserve.models.paged_attention_op import attend_layer
+from aioserve.models.paged_attention_op import rotate_and_attend
 
 
 class RMSNorm(nn.Module):
@@ -94,8 +94,9 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
-        q, k = apply_rotary(positions, q, k, self.cos_sin_cache, is_neox_style=True)
-        out = attend_layer(q, k, v, self.layer_index, self.scale)
+        out = rotate_and_attend(
+            positions, q, k, v, self.cos_sin_cache, True, self.layer_index, self.scale
+        )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

@@ -20,9 +20,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aioserve.kernels import dispatch
 from aioserve.kernels.attention import paged_attention
 from aioserve.kernels.decode_in_pool_traced import write_and_attend
 from aioserve.kernels.kv_cache import write_kv_cache
+from aioserve.kernels.rotary import apply_rotary
+from aioserve.kernels.rotary_kv_write import rotary_and_write_kv
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, current_step
 
@@ -32,7 +35,14 @@ K_SCALE_RANGE = 200.0
 V_SCALE_RANGE = 100.0
 
 
-def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: float) -> Tensor:
+def _attend(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    layer_index: int,
+    scale: float,
+    kv_written: bool = False,
+) -> Tensor:
     step = current_step()
     meta = step.meta
     layer_cache = step.kv_caches[layer_index]
@@ -40,20 +50,21 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: 
     # An fp8 cache's scales (KVCache); a plain pair has none.
     k_scale = getattr(layer_cache, "k_scale", None)
     v_scale = getattr(layer_cache, "v_scale", None)
-    if getattr(layer_cache, "scales_pending", False) and _writes_kv(meta):
-        written = meta.slot_mapping >= 0
-        _calculate_scales(layer_cache, key[written], value[written])
-    write_kv_cache(
-        key,
-        value,
-        key_cache,
-        value_cache,
-        meta.slot_mapping,
-        meta.skips_kv_writes,
-        k_scale,
-        v_scale,
-        None if meta.plan is None else meta.plan.write_index,
-    )
+    if not kv_written:
+        if getattr(layer_cache, "scales_pending", False) and _writes_kv(meta):
+            written = meta.slot_mapping >= 0
+            _calculate_scales(layer_cache, key[written], value[written])
+        write_kv_cache(
+            key,
+            value,
+            key_cache,
+            value_cache,
+            meta.slot_mapping,
+            meta.skips_kv_writes,
+            k_scale,
+            v_scale,
+            None if meta.plan is None else meta.plan.write_index,
+        )
     return paged_attention(
         query,
         key_cache,
@@ -103,6 +114,45 @@ _LIBRARY.impl("paged_attention", _attend, "CompositeExplicitAutograd")
 @torch.library.register_fake("aioserve::paged_attention")
 def _(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: float) -> Tensor:
     return torch.empty_like(query)
+
+
+def rotate_and_attend(
+    positions: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cos_sin_cache: Tensor,
+    is_neox_style: bool,
+    layer_index: int,
+    scale: float,
+) -> Tensor:
+    """Rotate query [T, Hq, D] and key [T, Hkv, D], write this layer's keys and values into
+    its cache, then attend: [T, Hq, D].
+
+    Where the Triton kernels run eagerly (a GPU) the rotary and the write are one launch
+    (kernels/rotary_kv_write.py), unless the layer's fp8 scales are still to be computed
+    from the rotated keys; elsewhere `apply_rotary`, then `attend_layer`."""
+    if dispatch.use_triton() and not torch.compiler.is_compiling():
+        step = current_step()
+        layer_cache = step.kv_caches[layer_index]
+        if not getattr(layer_cache, "scales_pending", False):
+            key_cache, value_cache = layer_cache
+            query, key = rotary_and_write_kv(
+                positions,
+                query,
+                key,
+                value,
+                cos_sin_cache,
+                key_cache,
+                value_cache,
+                step.meta.slot_mapping,
+                is_neox_style,
+                getattr(layer_cache, "k_scale", None),
+                getattr(layer_cache, "v_scale", None),
+            )
+            return _attend(query, key, value, layer_index, scale, kv_written=True)
+    query, key = apply_rotary(positions, query, key, cos_sin_cache, is_neox_style)
+    return attend_layer(query, key, value, layer_index, scale)
 
 
 def attend_layer(
