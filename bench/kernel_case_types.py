@@ -9,6 +9,7 @@ companions it imports (kernel_cases_linear) share one copy of these types.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -97,3 +98,31 @@ def compare(out: Tensor, reference: Tensor, dtype: torch.dtype) -> str | None:
     error = ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()
     tolerance = _RELATIVE_TOLERANCE[dtype]
     return None if error <= tolerance else f"relative error {error:.2e} > {tolerance:.0e}"
+
+
+def cache_slots(rand: Random, batch: TokenBatch, block_size: int) -> tuple[Tensor, int]:
+    """The batch's KV-cache slots and the pool's block count: a prompt's slots run on over
+    shuffled blocks; one token of each of n sequences sits in a block of its own, at any
+    offset."""
+    n = batch.n
+    if batch.is_prefill:
+        num_blocks = math.ceil(n / block_size) + 1
+        tokens = torch.arange(n, device=rand.device)
+        blocks = rand.permutation(num_blocks)[tokens // block_size]
+        return blocks * block_size + tokens % block_size, num_blocks
+    num_blocks = n + 1
+    slots = rand.permutation(num_blocks)[:n] * block_size + rand.integers(0, block_size, n)
+    return slots, num_blocks
+
+
+def fp8_kv_scales(kv_dtype: torch.dtype | None, device: torch.device) -> tuple:
+    """(k_scale, v_scale) of an fp8 cache, () for a cache in the model's dtype: powers of
+    two, so that a key made of fp8 numbers times its scale is written without rounding."""
+    if kv_dtype is None:
+        return ()
+    return (torch.tensor([2.0**-4], device=device), torch.tensor([2.0**-3], device=device))
+
+
+def kv_label(label: str, kv_dtype: torch.dtype | None) -> str:
+    """A case's shape label, naming an fp8 cache's format."""
+    return label if kv_dtype is None else f"{label}, {str(kv_dtype).removeprefix('torch.')} KV"

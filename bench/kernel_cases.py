@@ -56,7 +56,16 @@ from aioserve.kernels.sampling.penalties import (
 )
 from aioserve.kernels.sampling.sampler import sample_reference, sample_triton
 from aioserve.platform import e4m3_dtype, e4m3_missing
-from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
+from bench.kernel_case_types import (
+    Case,
+    ModelShape,
+    Random,
+    TokenBatch,
+    cache_slots,
+    compare,
+    fp8_kv_scales,
+    kv_label,
+)
 from bench.kernel_cases_dense import FORMULAS as DENSE_FORMULAS
 from bench.kernel_cases_dense import dense_linear_cases
 from bench.kernel_cases_fp8_linear import FORMULAS as FP8_LINEAR_FORMULAS
@@ -283,18 +292,6 @@ def fp8_kv_dtypes() -> tuple[torch.dtype, ...]:
     return (e4m3_dtype(), torch.float8_e5m2)
 
 
-def _fp8_scales(kv_dtype: torch.dtype | None, device: torch.device) -> tuple:
-    """(k_scale, v_scale) of an fp8 cache, () for a cache in the model's dtype: powers of
-    two, so that a key made of fp8 numbers times its scale is written without rounding."""
-    if kv_dtype is None:
-        return ()
-    return (torch.tensor([2.0**-4], device=device), torch.tensor([2.0**-3], device=device))
-
-
-def _kv_label(label: str, kv_dtype: torch.dtype | None) -> str:
-    return label if kv_dtype is None else f"{label}, {str(kv_dtype).removeprefix('torch.')} KV"
-
-
 def write_kv_cache_case(
     rand: Random,
     model: ModelShape,
@@ -306,14 +303,7 @@ def write_kv_cache_case(
     """N tokens' keys and values written into the paged cache through a slot mapping; with
     `kv_dtype`, into an fp8 cache (quantized by the layer's scales)."""
     n, heads, d = batch.n, model.kv_heads, model.head
-    if batch.is_prefill:  # one prompt: consecutive slots over shuffled blocks
-        num_blocks = math.ceil(n / block_size) + 1
-        tokens = torch.arange(n, device=rand.device)
-        blocks = rand.permutation(num_blocks)[tokens // block_size]
-        slots = blocks * block_size + tokens % block_size
-    else:  # one token of each of n sequences: each in its own block, at any offset
-        num_blocks = n + 1
-        slots = rand.permutation(num_blocks)[:n] * block_size + rand.integers(0, block_size, n)
+    slots, num_blocks = cache_slots(rand, batch, block_size)
     key = rand.normal(n, heads, d, dtype=dtype)
     value = rand.normal(n, heads, d, dtype=dtype)
     key_cache = rand.normal(num_blocks, block_size, heads, d, dtype=dtype)
@@ -321,7 +311,7 @@ def write_kv_cache_case(
     # 4·N·Hkv·D·e + 8·N; fp8: 2·N·Hkv·D·(e + 1) + 8·N
     traffic = 2 * n * heads * d * key.element_size() + 8 * n
     traffic += 2 * n * heads * d * (key.element_size() if kv_dtype is None else 1)
-    scales = _fp8_scales(kv_dtype, rand.device)
+    scales = fp8_kv_scales(kv_dtype, rand.device)
     if kv_dtype is not None:
         # fp8 numbers times the scales: the write divides exactly and rounds nothing, so it
         # must match the reference bit for bit (Triton's interpreter misrounds a float that
@@ -342,7 +332,7 @@ def write_kv_cache_case(
     return Case(
         "write_kv_cache" if kv_dtype is None else "write_kv_cache fp8",
         model.name,
-        _kv_label(batch.label, kv_dtype),
+        kv_label(batch.label, kv_dtype),
         dtype,
         traffic,
         0,
@@ -378,7 +368,7 @@ def attention_case(
     value_cache = rand.normal(*cache_shape, dtype=dtype)
     if kv_dtype is not None:
         key_cache, value_cache = key_cache.to(kv_dtype), value_cache.to(kv_dtype)
-    scales = _fp8_scales(kv_dtype, device)
+    scales = fp8_kv_scales(kv_dtype, device)
     num_tokens = sum(query_lens)
     query = rand.normal(num_tokens, model.q_heads, d, dtype=dtype)
     query_start_loc = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
@@ -414,7 +404,7 @@ def attention_case(
     return Case(
         "paged_attention" if kv_dtype is None else "paged_attention fp8",
         model.name,
-        _kv_label(label, kv_dtype),
+        kv_label(label, kv_dtype),
         dtype,
         traffic,
         flops,

@@ -9,15 +9,22 @@ launch, against `apply_rotary_reference` then `write_kv_cache_reference`.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from aioserve.kernels.kv_cache import write_kv_cache_reference
 from aioserve.kernels.rotary import apply_rotary_reference, build_cos_sin_cache
 from aioserve.kernels.rotary_kv_write import rotary_and_write_kv_triton
-from bench.kernel_case_types import Case, ModelShape, Random, TokenBatch, compare
+from bench.kernel_case_types import (
+    Case,
+    ModelShape,
+    Random,
+    TokenBatch,
+    cache_slots,
+    compare,
+    fp8_kv_scales,
+    kv_label,
+)
 
 # In the notation of kernel_cases.FORMULAS (e bytes per element of the model's dtype, e_kv
 # of the cache's): q and k read and written, v read, k and v written into the cache, the
@@ -27,20 +34,6 @@ FORMULAS = {
     "rotary_kv_write fp8": "2·N·(Hq+Hkv)·D·e + N·Hkv·D·e + 2·N·Hkv·D·e_kv + 16·N + 4·N·D",
 }
 _MAX_POSITION = 8192
-
-
-def _slots(rand: Random, batch: TokenBatch, block_size: int) -> tuple[Tensor, int]:
-    """The batch's cache slots and the pool's block count: a prompt's slots run on over
-    shuffled blocks, decodes' sit in blocks of their own at any offset."""
-    n = batch.n
-    if batch.is_prefill:
-        num_blocks = math.ceil(n / block_size) + 1
-        tokens = torch.arange(n, device=rand.device)
-        blocks = rand.permutation(num_blocks)[tokens // block_size]
-        return blocks * block_size + tokens % block_size, num_blocks
-    num_blocks = n + 1
-    slots = rand.permutation(num_blocks)[:n] * block_size + rand.integers(0, block_size, n)
-    return slots, num_blocks
 
 
 def rotary_kv_write_case(
@@ -61,18 +54,13 @@ def rotary_kv_write_case(
     query = qkv[:, :q_size].view(n, model.q_heads, d)
     key = qkv[:, q_size : q_size + kv_size].view(n, model.kv_heads, d)
     value = qkv[:, q_size + kv_size :].view(n, model.kv_heads, d)
-    slots, num_blocks = _slots(rand, batch, block_size)
+    slots, num_blocks = cache_slots(rand, batch, block_size)
     cache_dtype = dtype if kv_dtype is None else kv_dtype
     caches = [
         rand.normal(num_blocks, block_size, model.kv_heads, d, dtype=dtype).to(cache_dtype)
         for _ in range(2)
     ]
-    scales = ()
-    if kv_dtype is not None:
-        scales = (
-            torch.tensor([2.0**-4], device=rand.device),
-            torch.tensor([2.0**-3], device=rand.device),
-        )
+    scales = fp8_kv_scales(kv_dtype, rand.device)
     e, e_kv = qkv.element_size(), caches[0].element_size()
     traffic = 2 * n * (q_size + kv_size) * e + n * kv_size * e + 2 * n * kv_size * e_kv
     traffic += 16 * n + 4 * n * d
@@ -95,11 +83,8 @@ def rotary_kv_write_case(
                 results.append(_fp8_codes_agree(cache, expected))
         return next((result for result in results if result is not None), None)
 
-    label = batch.label
-    if kv_dtype is not None:
-        label = f"{label}, {str(kv_dtype).removeprefix('torch.')} KV"
     name = "rotary_kv_write" if kv_dtype is None else "rotary_kv_write fp8"
-    return Case(name, model.name, label, dtype, traffic, 0, run, check)
+    return Case(name, model.name, kv_label(batch.label, kv_dtype), dtype, traffic, 0, run, check)
 
 
 def _fp8_codes_agree(cache: Tensor, expected: Tensor) -> str | None:
