@@ -17,8 +17,10 @@ from tests.child_process import die_with_parent
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "step_ablation.py"
 
+# A time per token is the difference of two requests' times (step_ablation.per_token): on a
+# loaded host, at these small sizes, it can come out negative, so the columns are signed.
 ROW = re.compile(
-    r"^(?P<part>[\w-]+) +(?P<full>[\d.]+) +(?P<without>[\d.]+) +(?P<diff>[+-][\d.]+) ± "
+    r"^(?P<part>[\w-]+) +(?P<full>-?[\d.]+) +(?P<without>-?[\d.]+) +(?P<diff>[+-][\d.]+) ± "
     r"+[\d.]+ +(?P<faster>\d+)/(?P<pairs>\d+)$",
     re.M,
 )
@@ -35,7 +37,6 @@ def test_every_part_is_timed_with_and_without(smollm2_gguf):
     expected = ["attention", "kv-write", "bags", "int4", "head", "one-row-graph"]
     assert list(rows) == expected, run.stdout
     for row in rows.values():
-        assert float(row["full"]) > 0 and float(row["without"]) > 0, run.stdout
         assert row["pairs"] == "2", run.stdout
         difference = float(row["without"]) - float(row["full"])
         assert float(row["diff"]) == pytest.approx(difference, abs=0.02), run.stdout
