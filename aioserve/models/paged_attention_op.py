@@ -25,7 +25,7 @@ from aioserve.kernels.attention import paged_attention
 from aioserve.kernels.decode_in_pool_traced import write_and_attend
 from aioserve.kernels.kv_cache import write_kv_cache
 from aioserve.kernels.rotary import apply_rotary
-from aioserve.kernels.rotary_kv_write import rotary_and_write_kv
+from aioserve.kernels.rotary_kv_write import rotary_and_write_kv_triton
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, current_step
 
@@ -137,7 +137,7 @@ def rotate_and_attend(
         layer_cache = step.kv_caches[layer_index]
         if not getattr(layer_cache, "scales_pending", False):
             key_cache, value_cache = layer_cache
-            query, key = rotary_and_write_kv(
+            query, key = rotary_and_write_kv_triton(
                 positions,
                 query,
                 key,
