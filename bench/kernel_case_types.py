@@ -88,6 +88,25 @@ class Random:
         return torch.rand(shape, generator=self.generator, device=self.device)
 
 
+class Zeros(Random):
+    """Inputs of the right shapes and dtypes, cheap to make: floats all zero, integers
+    counting up through their range (distinct, as a case's ids must be). For recording the
+    launches the launchers would make (tests/kernels/gpu_compile.py), where no kernel runs."""
+
+    def normal(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> Tensor:
+        return torch.zeros(shape, device=self.device, dtype=dtype)
+
+    def integers(self, low: int, high: int, *shape: int, dtype=torch.int64) -> Tensor:
+        count = math.prod(shape)
+        values = torch.arange(low, low + count, device=self.device)
+        if count > high - low:
+            values = values.sub_(low).remainder_(high - low).add_(low)
+        return values.reshape(shape).to(dtype)
+
+    def uniform(self, *shape: int) -> Tensor:
+        return torch.zeros(shape, device=self.device)
+
+
 def compare(out: Tensor, reference: Tensor, dtype: torch.dtype) -> str | None:
     """None when `out` matches `reference` to the dtype's relative tolerance; else why not."""
     if out.shape != reference.shape:

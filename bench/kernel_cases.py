@@ -528,9 +528,13 @@ def logprobs_case(rand: Random, model: ModelShape, rows: int) -> Case:
 
 
 def build_cases(
-    workload: Workload, dtypes: tuple[torch.dtype, ...], device: torch.device
+    workload: Workload,
+    dtypes: tuple[torch.dtype, ...],
+    device: torch.device,
+    inputs: type[Random] = Random,
 ) -> Iterator[Case]:
-    """Every case of `workload`, built one at a time (each one's inputs freed after it).
+    """Every case of `workload`, built one at a time (each one's inputs freed after it),
+    its inputs drawn from `inputs` (`Zeros` where no kernel will run).
 
     The per-token kernels, attention and the linear layers run in each of `dtypes`; the
     sampling kernels run once, on float32 logits, as the engine calls them.
@@ -538,7 +542,7 @@ def build_cases(
     seeds = itertools.count(1)
 
     def rand() -> Random:
-        return Random(device, next(seeds))
+        return inputs(device, next(seeds))
 
     per_token = [
         functools.partial(rms_norm_case, with_residual=False),

@@ -4,7 +4,16 @@ CDNA3), gfx90a (MI200, CDNA2) and gfx1100 (RDNA3, wave32).
 
 Run as `python -m tests.kernels.gpu_compile [hopper|ampere|cdna3|cdna2|rdna3 ...]` (without
 TRITON_INTERPRET: the compiler needs real JIT functions); it prints one JSON object per
-compiled launch. tests/kernels/test_gpu_compile.py runs it and checks the results.
+launch. tests/kernels/test_gpu_compile.py runs it and checks the results.
+
+Compiling all ~1,000 launches takes ~6 minutes of one core, so the measures of each are
+kept in gpu_compile_record.json under Triton's own compile key for the launch (the
+kernel's source and every JIT function it calls, types, constexprs, options, the Triton
+build, the target, ptxas's version): a launch whose key is there is taken from the record,
+one launch of each kernel a family is compiled again to check the record, and a launch
+whose key is not there (a kernel or a launch table changed, another Triton) is compiled.
+`python -m tests.kernels.gpu_compile --write-record` compiles everything and writes the
+record afresh; the test fails while the record lacks a launch.
 
 Each kernel is reached through its launcher, as the engine calls it: bench/kernel_cases.py
 builds the calls at the shapes of COMPILE_WORKLOAD in the target's dtypes, on CPU tensors, with
@@ -21,23 +30,31 @@ wait for global stores).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
+import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 from triton import knobs
+from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.compiler.compiler import make_backend
+from triton.runtime.cache import get_cache_key
 from triton.runtime.jit import JITFunction
 
 from aioserve import platform
 from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
 from aioserve.platform import PlatformName
+from bench.kernel_case_types import Zeros
 from bench.kernel_cases import (
     LLAMA3_8B,
     SMOLLM2_135M,
@@ -97,6 +114,11 @@ COMPILE_WORKLOAD = Workload(
     ),
     sample_rows=(1, 4),
 )
+# What is measured of each compiled launch, and where each launch's measures are recorded
+# by its compile key (`compile_key`).
+_MEASURES = ("spills", "shared", "barrier_and_atomic")
+RECORD = Path(__file__).with_name("gpu_compile_record.json")
+_KEY_LENGTH = 32  # hex digits of the key's sha256 kept: 128 bits
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg")
 _TRITON_TYPES = {
     torch.float32: "fp32",
@@ -172,7 +194,7 @@ def record_launches(arch: str) -> list[Launch]:
     JITFunction.run = record
     try:
         platform._platform, platform._arch, platform._gpu = target.platform, arch, target.gpu
-        for case in build_cases(COMPILE_WORKLOAD, target.dtypes, torch.device("cpu")):
+        for case in build_cases(COMPILE_WORKLOAD, target.dtypes, torch.device("cpu"), Zeros):
             case.run()
         for model in COMPILE_WORKLOAD.models:  # not a bench case: structured outputs' mask
             logits = torch.zeros(4, model.vocab)
@@ -185,43 +207,101 @@ def record_launches(arch: str) -> list[Launch]:
     return list(launches.values())
 
 
-def compile_launch(launch: Launch, arch: str) -> tuple[Any, int]:
-    """The compiled kernel and its spills: bytes of spill stores in ptxas's own report of
-    the compile (NVIDIA), or the vector registers spilled to scratch (AMD)."""
+def compile_key(launch: Launch, arch: str) -> str:
+    """Triton's own cache key for compiling `launch` for `arch` (the start of the compiled
+    kernel's metadata hash): it covers the kernel's source and every JIT function it calls,
+    the argument types, constexprs and options, the Triton build, the target and ptxas's
+    version, so an unchanged key means the compiler would be given the same work."""
+    backend = make_backend(TARGETS[arch].target)
+    options = backend.parse_options(dict(launch.options))
+    env_vars = get_cache_invalidating_env_vars()
+    key = get_cache_key(launch.source(), backend, options, env_vars=env_vars)
+    return hashlib.sha256(key.encode()).hexdigest()[:_KEY_LENGTH]
+
+
+def compile_and_measure(launch: Launch, arch: str) -> dict[str, Any]:
+    """Compile `launch` for `arch`: its measures (`_MEASURES`), or the compile error."""
     target = TARGETS[arch]
     log = io.StringIO()
     knobs.nvidia.dump_ptxas_log = target.platform == "cuda"
-    with contextlib.redirect_stdout(log):
-        compiled = triton.compile(launch.source(), target=target.target, options=launch.options)
+    try:
+        with contextlib.redirect_stdout(log):
+            options = launch.options
+            compiled = triton.compile(launch.source(), target=target.target, options=options)
+    except Exception as error:  # reported, not raised: the test names each one
+        return {"error": f"{type(error).__name__}: {error}"[:2000]}
+    # Spills: the vector registers spilled to scratch in AMD's kernel descriptor, or the
+    # bytes of spill stores in ptxas's own report of the compile.
     if target.platform == "rocm":
         counts = re.findall(r"\.vgpr_spill_count:\s*(\d+)", compiled.asm["amdgcn"])
     else:
         counts = re.findall(r"(\d+) bytes spill stores", log.getvalue())
-    return compiled, sum(int(c) for c in counts)
+    ttir = compiled.asm["ttir"]
+    barrier = re.search(r"\b(gpu|ttg)\.barrier\b", ttir) is not None
+    return {
+        "spills": sum(int(c) for c in counts),
+        "shared": compiled.metadata.shared,
+        "barrier_and_atomic": barrier and "atomic_rmw" in ttir,
+        "hash": compiled.metadata.hash,
+    }
 
 
-def main(archs: list[str]) -> None:
-    knobs.compilation.always_compile = True  # a cached kernel has no ptxas report
+def results(archs: list[str], record: dict[str, dict]) -> Iterator[dict[str, Any]]:
+    """One result for each launch on each of `archs`: its measures from `record` where its
+    compile key is there, but for one such launch of each kernel a family, compiled again
+    to check the record ("recorded" then holds the record's word); compiled where the key
+    is not in the record."""
     for arch in archs:
+        checked: set[str] = set()
         for launch in record_launches(arch):
+            name = launch.kernel.__name__
+            key = compile_key(launch, arch)
             result: dict[str, Any] = {
-                "kernel": launch.kernel.__name__,
+                "kernel": name,
                 "module": launch.kernel.fn.__module__,
                 "arch": arch,
                 "constexprs": {n: v for n, v in launch.values.items() if launch.is_constexpr(n)},
                 "options": launch.options,
+                "key": key,
             }
-            try:
-                compiled, result["spills"] = compile_launch(launch, arch)
-            except Exception as error:  # reported, not raised: the test names each one
-                result["error"] = f"{type(error).__name__}: {error}"[:2000]
-            else:
-                ttir = compiled.asm["ttir"]
-                barrier = re.search(r"\b(gpu|ttg)\.barrier\b", ttir) is not None
-                result["barrier_and_atomic"] = barrier and "atomic_rmw" in ttir
-                result["shared"] = compiled.metadata.shared
-            print(json.dumps(result, default=str), flush=True)
+            recorded = record.get(key)
+            if recorded is not None and name in checked:
+                yield result | recorded | {"from_record": True}
+                continue
+            result |= compile_and_measure(launch, arch)
+            if recorded is not None:
+                result["recorded"] = recorded
+                checked.add(name)
+            yield result
+
+
+def load_record() -> dict[str, dict]:
+    return json.loads(RECORD.read_text())["launches"] if RECORD.exists() else {}
+
+
+def write_record() -> None:
+    """Compile every launch on every family and write RECORD afresh (the launches that
+    compiled; a compile error is never recorded)."""
+    launches = {
+        r["key"]: {m: r[m] for m in _MEASURES}
+        for r in results(list(TARGETS), record={})
+        if "error" not in r
+    }
+    lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(launches.items())]
+    header = f'{{\n "triton": {json.dumps(triton.__version__)},\n "launches": {{\n'
+    RECORD.write_text(header + ",\n".join(lines) + "\n }\n}\n")
+    print(f"{len(launches)} launches written to {RECORD}")
+
+
+def main(args: list[str]) -> None:
+    os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9's default, without its warning
+    knobs.compilation.always_compile = True  # a cached kernel has no ptxas report
+    if args == ["--write-record"]:
+        write_record()
+        return
+    for result in results(args or list(TARGETS), load_record()):
+        print(json.dumps(result, default=str), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(TARGETS))
+    main(sys.argv[1:])

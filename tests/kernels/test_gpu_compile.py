@@ -5,7 +5,9 @@ family's shared memory, and no kernel orders a store before another thread's ato
 barrier alone (gpu_compile.py says how).
 
 The compiler runs in child processes without TRITON_INTERPRET, which this test session
-sets for the interpreter tests: two, one a core, each compiling its share of the families.
+sets for the interpreter tests: two, one a core, each taking its share of the families.
+A launch whose compile key is in gpu_compile_record.json is taken from there, one of each
+kernel a family compiled again to check the record (gpu_compile.py says why and how).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ _SHARES = (("rdna3", "ampere", "cdna2"), ("hopper", "cdna3"))
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9's default, without its warning
     children = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.kernels.gpu_compile", *archs],
@@ -116,3 +117,32 @@ def test_rdna3s_known_spills_are_only_those(results):
 def test_no_kernel_orders_a_store_and_an_atomic_with_a_barrier_alone(results):
     racy = {r["kernel"] for r in results if r.get("barrier_and_atomic")}
     assert racy == set()
+
+
+def test_the_record_is_the_compilers_word(results):
+    """The launches compiled again agree with the record, each family's every kernel was
+    checked so, and the compile key is Triton's own (the start of the kernel's hash)."""
+    compiled = [r for r in results if "hash" in r]
+    assert all(r["hash"].startswith(r["key"]) for r in compiled)
+    checked = [r for r in compiled if "recorded" in r]
+    disagree = [
+        (r["arch"], r["kernel"], r["recorded"], {m: r[m] for m in r["recorded"]})
+        for r in checked
+        if r["recorded"] != {m: r[m] for m in r["recorded"]}
+    ]
+    assert disagree == []
+    for arch in gpu_compile.TARGETS:
+        from_record = {r["kernel"] for r in results if r["arch"] == arch and r.get("from_record")}
+        assert from_record <= {r["kernel"] for r in checked if r["arch"] == arch}
+
+
+def test_the_record_holds_every_launch(results):
+    """Every launch was in the record, so the test stays near half a minute: after a
+    change to a kernel or a launch table, `python -m tests.kernels.gpu_compile
+    --write-record` records the new launches (this test then names none)."""
+    missing = [
+        (r["arch"], r["kernel"], r["constexprs"])
+        for r in results
+        if "hash" in r and "recorded" not in r
+    ]
+    assert missing == [], f"{len(missing)} launches not in the record, the first: {missing[0]}"
