@@ -76,7 +76,7 @@ class Target:
     shared_bytes: int
     # The activation dtypes compiled: both 16-bit ones for the families this project's
     # GPU sessions run on, bfloat16 alone for the others (fp16 takes the same tiles and
-    # registers; the test's time stays near two minutes).
+    # registers; a full compile, --write-record, stays near six minutes).
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
     # Kernel modules the family never launches: NVIDIA before sm_89 has no e4m3, and an FP8
     # checkpoint's layers are dequantized at load there (engine/build.py).

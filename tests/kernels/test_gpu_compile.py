@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import triton
 
 from aioserve import kernels
 from tests.kernels import gpu_compile
@@ -139,7 +140,12 @@ def test_the_record_is_the_compilers_word(results):
 def test_the_record_holds_every_launch(results):
     """Every launch was in the record, so the test stays near half a minute: after a
     change to a kernel or a launch table, `python -m tests.kernels.gpu_compile
-    --write-record` records the new launches (this test then names none)."""
+    --write-record` records the new launches (this test then names none). Under another
+    Triton release (the test extra asks for any from 3.2) every key differs: the launches
+    are all compiled, checked as above, and this test is skipped."""
+    recorded_for = json.loads(gpu_compile.RECORD.read_text())["triton"]
+    if triton.__version__ != recorded_for:
+        pytest.skip(f"the record is Triton {recorded_for}'s, this is {triton.__version__}")
     missing = [
         (r["arch"], r["kernel"], r["constexprs"])
         for r in results
