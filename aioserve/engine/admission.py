@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any
 
+from aioserve.engine.request import Request
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -129,3 +131,34 @@ def max_new_tokens(settings: EngineSettings, prompt_len: int, params: SamplingPa
 def sibling_seed(seed: int, index: int) -> int:
     """The seed of sample `index` of a seeded request: seed + index, kept in int64."""
     return (seed + index + 2**63) % 2**64 - 2**63
+
+
+def sequence_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's sequences: its own for n = 1, else "<id>#<index>" each."""
+    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
+
+
+def new_sequences(
+    settings: EngineSettings,
+    ids: list[str],
+    prompt_ids: list[int],
+    params: SamplingParams,
+    seed_rng: random.Random,
+    **scheduling: Any,
+) -> list[Request]:
+    """One Request per sequence id, with its seed (the request's seed + index, else one
+    drawn from `seed_rng`) and its output-token limit; `scheduling` gives each its
+    priority, arrival_time and arrival_index."""
+    max_tokens = max_new_tokens(settings, len(prompt_ids), params)
+    return [
+        Request(
+            request_id=sequence_id,
+            prompt_token_ids=prompt_ids,
+            sampling_params=params,
+            seed=seed_rng.getrandbits(63) if params.seed is None else sibling_seed(params.seed, i),
+            eos_token_ids=settings.eos_token_ids,
+            max_tokens=max_tokens,
+            **scheduling,
+        )
+        for i, sequence_id in enumerate(ids)
+    ]

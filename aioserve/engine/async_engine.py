@@ -46,8 +46,8 @@ from collections.abc import AsyncIterator
 from aioserve.config.engine import EngineConfig
 from aioserve.engine.admission import (
     PromptType,
-    max_new_tokens,
-    sibling_seed,
+    new_sequences,
+    sequence_ids,
     tokenize_prompt,
     validate_request,
 )
@@ -185,44 +185,29 @@ class AsyncEngine:
             samples=[],
             metrics=RequestMetrics(arrival_time=now),
         )
-        sequence_ids = (
-            [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
-        )
-        for sequence_id in sequence_ids:
+        ids = sequence_ids(request_id, params.n)
+        for sequence_id in ids:
             # A sibling of an n > 1 request is named "<id>#<index>": another client's id
             # may not take one of those names, nor give them to its own siblings.
             if sequence_id in self._sample_of:
                 raise ValueError(f"request id {sequence_id!r} is already running")
-        arrival = next(self._arrivals)
-        for index, sequence_id in enumerate(sequence_ids):
-            if params.seed is not None:
-                seed = sibling_seed(params.seed, index)
-            else:
-                seed = self._seed_rng.getrandbits(63)
-            request = Request(
-                request_id=sequence_id,
-                prompt_token_ids=prompt_ids,
-                sampling_params=params,
-                seed=seed,
-                eos_token_ids=self.settings.eos_token_ids,
-                max_tokens=max_new_tokens(self.settings, len(prompt_ids), params),
-                priority=priority,
-                arrival_time=now,
-                arrival_index=arrival,
-            )
+        requests = new_sequences(
+            self.settings, ids, prompt_ids, params, self._seed_rng,
+            priority=priority, arrival_time=now, arrival_index=next(self._arrivals),
+        )  # fmt: skip
+        for index, request in enumerate(requests):
             if params.structured_outputs is not None:
                 request.matcher = self.structured_outputs.new_matcher(params.structured_outputs)
                 if params.reasoning_end is not None:
                     request.reasoning_gate = ReasoningGate(params.reasoning_end)
             state.samples.append(self.output_processor.new_sample(index, request))
-            self._sample_of[sequence_id] = (state, index)
+            self._sample_of[request.request_id] = (state, index)
         try:
             for sample in state.samples:
                 self.scheduler.add_request(sample.request)
         except BaseException:
             # All or nothing: no sibling may stay behind holding a place or blocks.
-            sequence_ids = [s.request.request_id for s in state.samples]
-            self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ABORTED)
+            self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
             self._forget(state)
             raise
         queue = OutputStream(functools.partial(self.output_processor.take_output, state))
@@ -535,8 +520,8 @@ class AsyncEngine:
                 failed[entry[0].request_id] = entry[0]
         now = time.monotonic()
         for state in failed.values():
-            sequence_ids = [s.request.request_id for s in state.samples]
-            self.scheduler.finish_requests(sequence_ids, RequestStatus.FINISHED_ERROR)
+            siblings = [s.request.request_id for s in state.samples]
+            self.scheduler.finish_requests(siblings, RequestStatus.FINISHED_ERROR)
             queue = self._queues.get(state.request_id)
             if queue is not None:
                 queue.put_nowait(RuntimeError(f"the model step failed: {error}"))
