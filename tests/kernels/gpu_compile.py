@@ -12,8 +12,8 @@ kernel's source and every JIT function it calls, types, constexprs, options, the
 build, the target, ptxas's version): a launch whose key is there is taken from the record,
 one launch of each kernel a family is compiled again to check the record, and a launch
 whose key is not there (a kernel or a launch table changed, another Triton) is compiled.
-`python -m tests.kernels.gpu_compile --write-record` compiles everything and writes the
-record afresh; the test fails while the record lacks a launch.
+`python -m tests.kernels.gpu_compile --write-record` compiles everything (~3 minutes on two
+cores) and writes the record afresh; the test fails while the record lacks a launch.
 
 Each kernel is reached through its launcher, as the engine calls it: bench/kernel_cases.py
 builds the calls at the shapes of COMPILE_WORKLOAD in the target's dtypes, on CPU tensors, with
@@ -33,10 +33,12 @@ import contextlib
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import re
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +78,7 @@ class Target:
     shared_bytes: int
     # The activation dtypes compiled: both 16-bit ones for the families this project's
     # GPU sessions run on, bfloat16 alone for the others (fp16 takes the same tiles and
-    # registers; a full compile, --write-record, stays near six minutes).
+    # registers; a full compile, --write-record, stays near three minutes on two cores).
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
     # Kernel modules the family never launches: NVIDIA before sm_89 has no e4m3, and an FP8
     # checkpoint's layers are dequantized at load there (engine/build.py).
@@ -279,12 +281,21 @@ def load_record() -> dict[str, dict]:
     return json.loads(RECORD.read_text())["launches"] if RECORD.exists() else {}
 
 
+def _compile_family(arch: str) -> list[dict[str, Any]]:
+    knobs.compilation.always_compile = True
+    return list(results([arch], record={}))
+
+
 def write_record() -> None:
-    """Compile every launch on every family and write RECORD afresh (the launches that
-    compiled; a compile error is never recorded)."""
+    """Compile every launch on every family, a process a core, and write RECORD afresh
+    (the launches that compiled; a compile error is never recorded)."""
+    spawn = multiprocessing.get_context("spawn")  # not fork: torch's threads have run
+    with ProcessPoolExecutor(os.cpu_count(), mp_context=spawn) as pool:
+        families = list(pool.map(_compile_family, TARGETS))
     launches = {
         r["key"]: {m: r[m] for m in _MEASURES}
-        for r in results(list(TARGETS), record={})
+        for family in families
+        for r in family
         if "error" not in r
     }
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(launches.items())]
