@@ -22,6 +22,7 @@ T = TypeVar("T")
 _platform: PlatformName | None = None
 _arch: ArchName | None = None
 _gpu: str | None = None
+_compute_units: int | None = None
 
 
 def current_platform() -> PlatformName:
@@ -53,6 +54,17 @@ def gpu_name() -> str:
             major, minor = torch.cuda.get_device_capability(0)
             _gpu = f"sm_{major}{minor}"
     return _gpu
+
+
+def compute_units() -> int:
+    """Device 0's streaming multiprocessors (NVIDIA) or compute units (AMD), which a launch
+    table's "per_unit" counts of resident programs multiply; 1 on the CPU, where Triton's
+    interpreter runs one program at a time."""
+    global _compute_units
+    if _compute_units is None:
+        gpu = current_platform() != "cpu"
+        _compute_units = torch.cuda.get_device_properties(0).multi_processor_count if gpu else 1
+    return _compute_units
 
 
 def current_arch() -> ArchName:

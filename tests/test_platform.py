@@ -19,6 +19,7 @@ def as_device(monkeypatch: pytest.MonkeyPatch, platform_name: str, gpu: str) -> 
     monkeypatch.setattr(platform, "_platform", platform_name)
     monkeypatch.setattr(platform, "_gpu", gpu)
     monkeypatch.setattr(platform, "_arch", None)
+    monkeypatch.setattr(platform, "_compute_units", None)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,15 @@ def test_a_launch_table_gives_the_familys_row_else_the_platforms(monkeypatch):
     ]:
         as_device(monkeypatch, platform_name, gpu)
         assert platform.launch_entry(table) == row
+
+
+def test_compute_units_are_the_devices_sms_or_cus_and_one_on_the_cpu(monkeypatch):
+    as_device(monkeypatch, "cpu", "")
+    assert platform.compute_units() == 1
+    as_device(monkeypatch, "cuda", "sm_90")
+    properties = SimpleNamespace(multi_processor_count=114)  # an H100 PCIe card
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    assert platform.compute_units() == 114
 
 
 @pytest.mark.parametrize(

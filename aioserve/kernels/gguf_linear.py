@@ -58,13 +58,15 @@ from aioserve.kernels.gguf_linear_reference import (
 )
 from aioserve.kernels.split_k import store_sums, sum_splits
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import launch_entry
+from aioserve.platform import compute_units, launch_entry
 
-# The launch tables, fixed per platform and family. "programs" is how many programs of the kernel the
-# GPU holds at once at the kernel's register use (sm_90a: 65,536 registers an SM, 132 SMs
-# on an H100; gfx942: 512 VGPRs a SIMD lane, 4 SIMDs a CU, 304 CUs on an MI300X): a launch
-# of fewer output tiles than that splits K (`_split`). Registers below are the compiler's
-# count in bf16 (tests/kernels/test_gpu_compile.py compiles every launch).
+# The launch tables, fixed per platform and family. "per_unit" is how many programs of the
+# kernel one SM (NVIDIA) or CU (AMD) holds at once at the kernel's register use (sm_90a:
+# 65,536 registers an SM; gfx942: 512 VGPRs a SIMD lane, 4 SIMDs a CU): a launch of fewer
+# output tiles than that times the device's units (`platform.compute_units`: 132 on an
+# H100 SXM, 114 on the PCIe card, 304 on an MI300X) splits K (`_split`). Registers below
+# are the compiler's count in bf16 (tests/kernels/test_gpu_compile.py compiles every
+# launch).
 
 # The GEMV: the most rows it takes, output columns and groups of 32 weights per step,
 # warps. A row decodes every weight again, about five instructions a weight, which at one
@@ -74,9 +76,9 @@ from aioserve.platform import launch_entry
 # rows, so it holds few addresses (cuda: 72 registers, 7 programs an SM; 16 columns by 8
 # blocks took 139; rocm: 54 VGPRs, 8 programs a CU).
 _GEMV_CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"max_rows": 1, "block_n": 4, "block_g": 32, "num_warps": 4, "programs": 924},
-    "rocm": {"max_rows": 1, "block_n": 8, "block_g": 16, "num_warps": 4, "programs": 2432},
-    "cpu": {"max_rows": 4, "block_n": 16, "block_g": 2, "num_warps": 1, "programs": 8},
+    "cuda": {"max_rows": 1, "block_n": 4, "block_g": 32, "num_warps": 4, "per_unit": 7},
+    "rocm": {"max_rows": 1, "block_n": 8, "block_g": 16, "num_warps": 4, "per_unit": 8},
+    "cpu": {"max_rows": 4, "block_n": 16, "block_g": 2, "num_warps": 1, "per_unit": 8},
 }
 # The tiled product: the "small" tile for batches of up to _SMALL_TILE_ROWS rows (16 is
 # tl.dot's least), the "large" one for the rest, "float32" instead of "large" for float32
@@ -89,47 +91,47 @@ _SMALL_TILE_ROWS = 16
 _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
     "cuda": {
         "small": {"block_m": 16, "block_n": 64, "block_g": 2, "num_warps": 4, "num_stages": 2,
-                  "programs": 528},
+                  "per_unit": 4},
         "large": {"block_m": 128, "block_n": 128, "block_g": 1, "num_warps": 8, "num_stages": 2,
-                  "programs": 132},
+                  "per_unit": 1},
         "float32": {"block_m": 64, "block_n": 128, "block_g": 1, "num_warps": 8,
-                    "num_stages": 2, "programs": 132},
+                    "num_stages": 2, "per_unit": 1},
     },
     "rocm": {
         "small": {"block_m": 16, "block_n": 64, "block_g": 2, "num_warps": 4, "num_stages": 2,
-                  "programs": 2432},
+                  "per_unit": 8},
         "large": {"block_m": 128, "block_n": 128, "block_g": 1, "num_warps": 8, "num_stages": 2,
-                  "programs": 608},
+                  "per_unit": 2},
         "float32": {"block_m": 128, "block_n": 128, "block_g": 1, "num_warps": 8,
-                    "num_stages": 2, "programs": 608},
+                    "num_stages": 2, "per_unit": 2},
     },
     # sm_80: "cuda"'s large tile spilled 32 bytes (Q5_0 ... Q6_K with a split of K), and so
-    # did 128 x 64 (8 bytes, Q5_K) and 16 warps; an A100 has 108 SMs.
+    # did 128 x 64 (8 bytes, Q5_K) and 16 warps.
     "ampere": {
         "small": {"block_m": 16, "block_n": 64, "block_g": 2, "num_warps": 4, "num_stages": 2,
-                  "programs": 432},
+                  "per_unit": 4},
         "large": {"block_m": 64, "block_n": 128, "block_g": 1, "num_warps": 8, "num_stages": 2,
-                  "programs": 108},
+                  "per_unit": 1},
         "float32": {"block_m": 64, "block_n": 128, "block_g": 1, "num_warps": 8,
-                    "num_stages": 2, "programs": 108},
+                    "num_stages": 2, "per_unit": 1},
     },
     # gfx1100 (wave32): "rocm"'s tiles spilled 10-64 bytes in the k-quants and Q8_0, and so
-    # did 16 x 32 and 8 warps at 16 rows; 96 CUs on an RX 7900 XTX.
+    # did 16 x 32 and 8 warps at 16 rows.
     "rdna3": {
         "small": {"block_m": 16, "block_n": 64, "block_g": 1, "num_warps": 4, "num_stages": 2,
-                  "programs": 768},
+                  "per_unit": 8},
         "large": {"block_m": 128, "block_n": 64, "block_g": 1, "num_warps": 16, "num_stages": 2,
-                  "programs": 192},
+                  "per_unit": 2},
         "float32": {"block_m": 64, "block_n": 64, "block_g": 1, "num_warps": 8,
-                    "num_stages": 2, "programs": 192},
+                    "num_stages": 2, "per_unit": 2},
     },
     "cpu": {
         "small": {"block_m": 16, "block_n": 16, "block_g": 2, "num_warps": 1, "num_stages": 1,
-                  "programs": 8},
+                  "per_unit": 8},
         "large": {"block_m": 32, "block_n": 32, "block_g": 2, "num_warps": 1, "num_stages": 1,
-                  "programs": 8},
+                  "per_unit": 8},
         "float32": {"block_m": 32, "block_n": 32, "block_g": 2, "num_warps": 1,
-                    "num_stages": 1, "programs": 8},
+                    "num_stages": 1, "per_unit": 8},
     },
 }  # fmt: skip
 # Splits of K: at most `max_splits`, each walking at least `min_groups` groups of 32
@@ -284,7 +286,7 @@ def _split(tiles: int, groups: int, config: dict[str, int]) -> tuple[int, int]:
     of 32 weights with the kernel `config`; a split covers whole steps, the last may be
     short."""
     limits = launch_entry(_SPLIT_CONFIG)
-    wanted = min(limits["max_splits"], triton.cdiv(config["programs"], tiles))
+    wanted = min(limits["max_splits"], triton.cdiv(config["per_unit"] * compute_units(), tiles))
     splits = max(1, min(wanted, groups // limits["min_groups"]))
     step = config["block_g"]
     per_split = max(1, triton.cdiv(triton.cdiv(groups, splits), step)) * step

@@ -44,44 +44,44 @@ from aioserve.kernels import dispatch
 from aioserve.kernels.int4_group_linear_reference import PACK, int4_group_linear_reference
 from aioserve.kernels.split_k import store_sums, sum_splits
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import launch_entry
+from aioserve.platform import compute_units, launch_entry
 
-# "programs": how many programs of the kernel the GPU holds at once at its register use
-# (see gguf_linear.py), below which a launch splits K. "block_k" is the deepest tile; a
-# smaller group size makes it shallower. Registers, the compiler's count in bf16 (cuda /
-# rocm, tests/kernels/test_gpu_compile.py compiles every launch): GEMV 56 / 49 (9
-# programs an SM, 9 a CU), small tile 125 / 64 (4 an SM, 8 a CU), large tile 184 / 100 (1
-# an SM, 2 a CU); act-order adds at most 4.
+# "per_unit": how many programs of the kernel one SM or CU holds at once at its register
+# use; a launch of fewer tiles than that times the device's units splits K (see
+# gguf_linear.py). "block_k" is the deepest tile; a smaller group size makes it shallower.
+# Registers, the compiler's count in bf16 (cuda / rocm, tests/kernels/test_gpu_compile.py
+# compiles every launch): GEMV 56 / 49 (9 programs an SM, 9 a CU), small tile 125 / 64 (4
+# an SM, 8 a CU), large tile 184 / 100 (1 an SM, 2 a CU); act-order adds at most 4.
 _GEMV_CONFIG: dict[str, dict[str, int]] = {
-    "cuda": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "programs": 1188},
-    "rocm": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "programs": 2736},
-    "cpu": {"max_rows": 4, "block_n": 16, "block_k": 32, "num_warps": 1, "programs": 8},
+    "cuda": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "per_unit": 9},
+    "rocm": {"max_rows": 1, "block_n": 32, "block_k": 64, "num_warps": 4, "per_unit": 9},
+    "cpu": {"max_rows": 4, "block_n": 16, "block_k": 32, "num_warps": 1, "per_unit": 8},
 }
 _SMALL_TILE_ROWS = 16
 _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
     "cuda": {
         "small": {"block_m": 16, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3,
-                  "programs": 528},
+                  "per_unit": 4},
         "large": {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3,
-                  "programs": 132},
+                  "per_unit": 1},
         "float32": {"block_m": 64, "block_n": 128, "block_k": 32, "num_warps": 8,
-                    "num_stages": 2, "programs": 132},
+                    "num_stages": 2, "per_unit": 1},
     },
     "rocm": {
         "small": {"block_m": 16, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 2,
-                  "programs": 2432},
+                  "per_unit": 8},
         "large": {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 2,
-                  "programs": 608},
+                  "per_unit": 2},
         "float32": {"block_m": 64, "block_n": 128, "block_k": 32, "num_warps": 8,
-                    "num_stages": 2, "programs": 608},
+                    "num_stages": 2, "per_unit": 2},
     },
     "cpu": {
         "small": {"block_m": 16, "block_n": 16, "block_k": 32, "num_warps": 1, "num_stages": 1,
-                  "programs": 8},
+                  "per_unit": 8},
         "large": {"block_m": 32, "block_n": 32, "block_k": 32, "num_warps": 1, "num_stages": 1,
-                  "programs": 8},
+                  "per_unit": 8},
         "float32": {"block_m": 32, "block_n": 32, "block_k": 32, "num_warps": 1,
-                    "num_stages": 1, "programs": 8},
+                    "num_stages": 1, "per_unit": 8},
     },
 }  # fmt: skip
 # Splits of K: at most `max_splits`, each at least `min_tiles` tiles of K deep.
@@ -220,7 +220,7 @@ def _split(tiles: int, k: int, depth: int, config: dict[str, int]) -> tuple[int,
     `depth` at a time; a split covers whole tiles, the last may be short."""
     limits = launch_entry(_SPLIT_CONFIG)
     steps = k // depth
-    wanted = min(limits["max_splits"], triton.cdiv(config["programs"], tiles))
+    wanted = min(limits["max_splits"], triton.cdiv(config["per_unit"] * compute_units(), tiles))
     splits = max(1, min(wanted, steps // limits["min_tiles"]))
     per_split = triton.cdiv(steps, splits) * depth
     return triton.cdiv(k, per_split), per_split

@@ -72,6 +72,9 @@ class Target:
     platform: PlatformName
     gpu: str  # as aioserve.platform.gpu_name names it
     target: GPUTarget
+    # SMs or CUs of the member compiled for (`platform.compute_units`), which set how
+    # finely the GGUF and int4 products split K.
+    units: int
     # The most shared memory (LDS) one program may take on the family's smallest member:
     # H100 227 KiB; A100 163 KiB but A10, RTX 30xx and L40S (sm_86/sm_89) 99 KiB; 64 KiB
     # on AMD's CDNA2, CDNA3 (MI300X) and RDNA3.
@@ -87,17 +90,18 @@ class Target:
 
 TARGETS = {
     "hopper": Target(
-        "cuda", "sm_90", GPUTarget("cuda", 90, 32), 232_448, (torch.bfloat16, torch.float16)
+        "cuda", "sm_90", GPUTarget("cuda", 90, 32), 132, 232_448, (torch.bfloat16, torch.float16)
     ),
     "ampere": Target(
-        "cuda", "sm_80", GPUTarget("cuda", 80, 32), 101_376, never_launched=("fp8_linear",)
+        "cuda", "sm_80", GPUTarget("cuda", 80, 32), 108, 101_376, never_launched=("fp8_linear",)
     ),
     "cdna3": Target(
-        "rocm", "gfx942", GPUTarget("hip", "gfx942", 64), 65_536, (torch.bfloat16, torch.float16)
+        "rocm", "gfx942", GPUTarget("hip", "gfx942", 64), 304, 65_536,
+        (torch.bfloat16, torch.float16),
     ),
-    "cdna2": Target("rocm", "gfx90a", GPUTarget("hip", "gfx90a", 64), 65_536),
-    "rdna3": Target("rocm", "gfx1100", GPUTarget("hip", "gfx1100", 32), 65_536),
-}
+    "cdna2": Target("rocm", "gfx90a", GPUTarget("hip", "gfx90a", 64), 110, 65_536),
+    "rdna3": Target("rocm", "gfx1100", GPUTarget("hip", "gfx1100", 32), 96, 65_536),
+}  # fmt: skip
 # Head sizes 64 (SmolLM2), 128 (Llama-3-8B) and 256, query heads per KV head 3, 4, 1 and 8.
 # Token batches of 1, 16 and 64 rows: the GGUF linear layers' GEMV, small and large tiles.
 COMPILE_WORKLOAD = Workload(
@@ -190,12 +194,13 @@ def record_launches(arch: str) -> list[Launch]:
         launches.setdefault(launch.key(), launch)
 
     target = TARGETS[arch]
-    device_globals = ("_platform", "_arch", "_gpu")
+    device_globals = ("_platform", "_arch", "_gpu", "_compute_units")
     originals = [getattr(platform, name) for name in device_globals]
     original_run = JITFunction.run
     JITFunction.run = record
     try:
         platform._platform, platform._arch, platform._gpu = target.platform, arch, target.gpu
+        platform._compute_units = target.units
         for case in build_cases(COMPILE_WORKLOAD, target.dtypes, torch.device("cpu"), Zeros):
             case.run()
         for model in COMPILE_WORKLOAD.models:  # not a bench case: structured outputs' mask

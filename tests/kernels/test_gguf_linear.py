@@ -23,6 +23,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from aioserve import platform
 from aioserve.kernels import dispatch
 from aioserve.kernels.gguf_linear import _plan, gguf_linear, gguf_linear_triton
 from aioserve.kernels.gguf_linear_reference import (
@@ -166,6 +167,21 @@ def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch(triton_back
         assert torch.equal(row[0], batched[i])
     expected = gguf_linear_reference(x, blocks, qtype)
     torch.testing.assert_close(batched, expected, **_TOLERANCE[torch.float32])
+
+
+def test_k_is_split_for_the_devices_own_number_of_sms(monkeypatch):
+    """A GEMV of Llama-3-8B's key/value projection (1,024 columns, 256 tiles of 4, K 4,096)
+    on NVIDIA, 7 programs an SM: split 4 ways on an H100 SXM's 132 SMs (924 programs),
+    2 on an A10's 72 (504)."""
+    monkeypatch.setattr(platform, "_platform", "cuda")
+    monkeypatch.setattr(platform, "_arch", "hopper")
+    splits = {}
+    for units in (132, 72):
+        monkeypatch.setattr(platform, "_compute_units", units)
+        plan = _plan(1, 1024, 4096 // 32, torch.bfloat16)
+        assert plan.gemv and plan.splits * plan.groups_per_split >= 4096 // 32
+        splits[units] = plan.splits
+    assert splits == {132: 4, 72: 2}
 
 
 @pytest.mark.parametrize("qtype", GGUF_TYPES)
