@@ -79,29 +79,22 @@ class Target:
     # H100 227 KiB; A100 163 KiB but A10, RTX 30xx and L40S (sm_86/sm_89) 99 KiB; 64 KiB
     # on AMD's CDNA2, CDNA3 (MI300X) and RDNA3.
     shared_bytes: int
-    # The activation dtypes compiled: both 16-bit ones for the families this project's
-    # GPU sessions run on, bfloat16 alone for the others (fp16 takes the same tiles and
-    # registers; a full compile, --write-record, stays near three minutes on two cores).
-    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
     # Kernel modules the family never launches: NVIDIA before sm_89 has no e4m3, and an FP8
     # checkpoint's layers are dequantized at load there (engine/build.py).
     never_launched: tuple[str, ...] = ()
+    # The activation dtypes compiled.
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 
 
 TARGETS = {
-    "hopper": Target(
-        "cuda", "sm_90", GPUTarget("cuda", 90, 32), 132, 232_448, (torch.bfloat16, torch.float16)
-    ),
+    "hopper": Target("cuda", "sm_90", GPUTarget("cuda", 90, 32), 132, 232_448),
     "ampere": Target(
         "cuda", "sm_80", GPUTarget("cuda", 80, 32), 108, 101_376, never_launched=("fp8_linear",)
     ),
-    "cdna3": Target(
-        "rocm", "gfx942", GPUTarget("hip", "gfx942", 64), 304, 65_536,
-        (torch.bfloat16, torch.float16),
-    ),
+    "cdna3": Target("rocm", "gfx942", GPUTarget("hip", "gfx942", 64), 304, 65_536),
     "cdna2": Target("rocm", "gfx90a", GPUTarget("hip", "gfx90a", 64), 110, 65_536),
     "rdna3": Target("rocm", "gfx1100", GPUTarget("hip", "gfx1100", 32), 96, 65_536),
-}  # fmt: skip
+}
 # Head sizes 64 (SmolLM2), 128 (Llama-3-8B) and 256, query heads per KV head 3, 4, 1 and 8.
 # Token batches of 1, 16 and 64 rows: the GGUF linear layers' GEMV, small and large tiles.
 COMPILE_WORKLOAD = Workload(
