@@ -1,4 +1,5 @@
-"""What a request must pass before it enters the engine, and the limits it gets there."""
+"""What a request must pass before it enters the engine, the limits it gets there, and
+the sequences it becomes (one, or n siblings, each with its seed)."""
 
 from __future__ import annotations
 
@@ -144,11 +145,13 @@ def new_sequences(
     prompt_ids: list[int],
     params: SamplingParams,
     seed_rng: random.Random,
-    **scheduling: Any,
+    *,
+    priority: int,
+    arrival_time: float,
+    arrival_index: int,
 ) -> list[Request]:
     """One Request per sequence id, with its seed (the request's seed + index, else one
-    drawn from `seed_rng`) and its output-token limit; `scheduling` gives each its
-    priority, arrival_time and arrival_index."""
+    drawn from `seed_rng`), its output-token limit and the request's place in the queue."""
     max_tokens = max_new_tokens(settings, len(prompt_ids), params)
     return [
         Request(
@@ -158,7 +161,9 @@ def new_sequences(
             seed=seed_rng.getrandbits(63) if params.seed is None else sibling_seed(params.seed, i),
             eos_token_ids=settings.eos_token_ids,
             max_tokens=max_tokens,
-            **scheduling,
+            priority=priority,
+            arrival_time=arrival_time,
+            arrival_index=arrival_index,
         )
         for i, sequence_id in enumerate(ids)
     ]

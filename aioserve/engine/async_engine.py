@@ -195,16 +195,16 @@ class AsyncEngine:
             self.settings, ids, prompt_ids, params, self._seed_rng,
             priority=priority, arrival_time=now, arrival_index=next(self._arrivals),
         )  # fmt: skip
-        for index, request in enumerate(requests):
-            if params.structured_outputs is not None:
-                request.matcher = self.structured_outputs.new_matcher(params.structured_outputs)
-                if params.reasoning_end is not None:
-                    request.reasoning_gate = ReasoningGate(params.reasoning_end)
-            state.samples.append(self.output_processor.new_sample(index, request))
-            self._sample_of[request.request_id] = (state, index)
         try:
-            for sample in state.samples:
-                self.scheduler.add_request(sample.request)
+            for index, request in enumerate(requests):
+                if params.structured_outputs is not None:
+                    spec = params.structured_outputs
+                    request.matcher = self.structured_outputs.new_matcher(spec)
+                    if params.reasoning_end is not None:
+                        request.reasoning_gate = ReasoningGate(params.reasoning_end)
+                state.samples.append(self.output_processor.new_sample(index, request))
+                self._sample_of[request.request_id] = (state, index)
+                self.scheduler.add_request(request)
         except BaseException:
             # All or nothing: no sibling may stay behind holding a place or blocks.
             self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)

@@ -98,6 +98,28 @@ def test_a_failure_while_building_inputs_fails_only_that_step(engine, monkeypatc
     assert len(final_token_ids(engine, SamplingParams(max_tokens=4), "after")[0]) == 4
 
 
+def test_a_sibling_that_fails_to_register_leaves_no_sibling_behind(engine, monkeypatch):
+    """All or nothing: the second of three siblings fails as its output is set up, after
+    the first was registered and queued; none stays registered, queued or holding blocks,
+    and the id is free again."""
+    new_sample = engine.output_processor.new_sample
+
+    def fail_second(index, request):
+        if index == 1:
+            raise RuntimeError("injected registration failure")
+        return new_sample(index, request)
+
+    params = SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=4, ignore_eos=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.output_processor, "new_sample", fail_second)
+        with pytest.raises(RuntimeError, match="injected registration failure"):
+            asyncio.run(collect(engine, PROMPT, params, "half-registered"))
+    assert not engine.scheduler.has_unfinished()
+    assert_idle(engine)
+    tokens = final_token_ids(engine, params, "half-registered")
+    assert [len(t) for t in tokens] == [4, 4, 4]
+
+
 def test_logprobs_beyond_the_vocabulary_are_refused_without_a_limit(engine, monkeypatch):
     monkeypatch.setattr(engine, "settings", dataclasses.replace(engine.settings, max_logprobs=-1))
     vocab = engine.hf_config.vocab_size
