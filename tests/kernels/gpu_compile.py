@@ -6,13 +6,13 @@ Run as `python -m tests.kernels.gpu_compile [hopper|ampere|cdna3|cdna2|rdna3 ...
 TRITON_INTERPRET: the compiler needs real JIT functions); it prints one JSON object per
 launch. tests/kernels/test_gpu_compile.py runs it and checks the results.
 
-Compiling all ~1,000 launches takes ~6 minutes of one core, so the measures of each are
+Compiling all ~1,400 launches takes ~8 minutes of one core, so the measures of each are
 kept in gpu_compile_record.json under Triton's own compile key for the launch (the
 kernel's source and every JIT function it calls, types, constexprs, options, the Triton
 build, the target, ptxas's version): a launch whose key is there is taken from the record,
 one launch of each kernel a family is compiled again to check the record, and a launch
 whose key is not there (a kernel or a launch table changed, another Triton) is compiled.
-`python -m tests.kernels.gpu_compile --write-record` compiles everything (~3 minutes on two
+`python -m tests.kernels.gpu_compile --write-record` compiles everything (~5 minutes on two
 cores) and writes the record afresh; the test fails while the record lacks a launch.
 
 Each kernel is reached through its launcher, as the engine calls it: bench/kernel_cases.py
@@ -29,6 +29,7 @@ wait for global stores).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import io
@@ -50,7 +51,7 @@ from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
-from triton.runtime.cache import get_cache_key
+from triton.runtime.cache import get_cache_key, triton_key
 from triton.runtime.jit import JITFunction
 
 from aioserve import platform
@@ -252,31 +253,43 @@ def results(archs: list[str], record: dict[str, dict]) -> Iterator[dict[str, Any
     to check the record ("recorded" then holds the record's word); compiled where the key
     is not in the record."""
     for arch in archs:
-        checked: set[str] = set()
+        checked: set[tuple[str, str]] = set()  # (module, kernel): two modules have a _gemm_kernel
         for launch in record_launches(arch):
-            name = launch.kernel.__name__
+            kernel = (launch.kernel.fn.__module__, launch.kernel.__name__)
             key = compile_key(launch, arch)
             result: dict[str, Any] = {
-                "kernel": name,
-                "module": launch.kernel.fn.__module__,
+                "kernel": kernel[1],
+                "module": kernel[0],
                 "arch": arch,
                 "constexprs": {n: v for n, v in launch.values.items() if launch.is_constexpr(n)},
                 "options": launch.options,
                 "key": key,
             }
             recorded = record.get(key)
-            if recorded is not None and name in checked:
+            if recorded is not None and kernel in checked:
                 yield result | recorded | {"from_record": True}
                 continue
             result |= compile_and_measure(launch, arch)
             if recorded is not None:
                 result["recorded"] = recorded
-                checked.add(name)
+                checked.add(kernel)
             yield result
 
 
-def load_record() -> dict[str, dict]:
-    return json.loads(RECORD.read_text())["launches"] if RECORD.exists() else {}
+def compiler_build() -> str:
+    """A digest of what every compile key starts from: the Triton build (its sources and
+    libtriton's bytes, which differ between wheels of one version) and each target's
+    backend (ptxas's version, AMD's code generator revision)."""
+    backends = [make_backend(target.target).hash() for target in TARGETS.values()]
+    return hashlib.sha256("-".join([triton_key(), *backends]).encode()).hexdigest()[:_KEY_LENGTH]
+
+
+def read_record() -> dict[str, Any]:
+    """RECORD as written: the compiler build it was written with, and each launch's
+    measures by compile key (none when there is no record)."""
+    if not RECORD.exists():
+        return {"compiler": None, "launches": {}}
+    return json.loads(RECORD.read_text())
 
 
 def _compile_family(arch: str) -> list[dict[str, Any]]:
@@ -288,7 +301,8 @@ def write_record() -> None:
     """Compile every launch on every family, a process a core, and write RECORD afresh
     (the launches that compiled; a compile error is never recorded)."""
     spawn = multiprocessing.get_context("spawn")  # not fork: torch's threads have run
-    with ProcessPoolExecutor(os.cpu_count(), mp_context=spawn) as pool:
+    workers = min(len(TARGETS), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
         families = list(pool.map(_compile_family, TARGETS))
     launches = {
         r["key"]: {m: r[m] for m in _MEASURES}
@@ -297,20 +311,33 @@ def write_record() -> None:
         if "error" not in r
     }
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(launches.items())]
-    header = f'{{\n "triton": {json.dumps(triton.__version__)},\n "launches": {{\n'
+    header = (
+        f'{{\n "triton": {json.dumps(triton.__version__)},\n'
+        f' "compiler": {json.dumps(compiler_build())},\n "launches": {{\n'
+    )
     RECORD.write_text(header + ",\n".join(lines) + "\n }\n}\n")
     print(f"{len(launches)} launches written to {RECORD}")
 
 
-def main(args: list[str]) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("families", nargs="*", help=f"of {', '.join(TARGETS)} (default: all)")
+    parser.add_argument("--write-record", action="store_true", help="compile every launch "
+                        "on every family and write the record afresh")  # fmt: skip
+    args = parser.parse_args()
     os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9's default, without its warning
     knobs.compilation.always_compile = True  # a cached kernel has no ptxas report
-    if args == ["--write-record"]:
+    if args.write_record:
+        if sys.argv[1:] != ["--write-record"]:
+            parser.error("--write-record compiles every family: name none")
         write_record()
         return
-    for result in results(args or list(TARGETS), load_record()):
+    unknown = set(args.families) - TARGETS.keys()
+    if unknown:
+        parser.error(f"no family {', '.join(sorted(unknown))}; the families: {', '.join(TARGETS)}")
+    for result in results(args.families or list(TARGETS), read_record()["launches"]):
         print(json.dumps(result, default=str), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
