@@ -471,12 +471,14 @@ class AsyncEngine:
             state.changed.add(index)
             touched[state.request_id] = state
         self.scheduler.finish_requests(stopped_by_text, RequestStatus.FINISHED_STOPPED)
-        off_constraint = [r for r in off_constraint if not r.status.is_finished]
-        if off_constraint:
-            self._end_with_error(off_constraint, "a sampled token broke its structured output")
+        # The sequences the scheduler ended first: ending one that broke its constraint
+        # may end its request, which then forgets its siblings.
         for request in finished:
             state, index = self._sample_of[request.request_id]
             self.output_processor.finish_sample(state.samples[index])
+        off_constraint = [r for r in off_constraint if not r.status.is_finished]
+        if off_constraint:
+            self._end_with_error(off_constraint, "a sampled token broke its structured output")
         for state in touched.values():
             self._deliver(state)
         self._stats.step_done(

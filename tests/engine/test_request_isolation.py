@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 
 from aioserve import RequestOutputKind, SamplingParams
+from aioserve.engine.structured_outputs.params import StructuredOutputsParams
 from tests.engine.smollm2 import collect, float32_engine
 
 pytestmark = pytest.mark.slow
@@ -118,6 +119,53 @@ def test_a_sibling_that_fails_to_register_leaves_no_sibling_behind(engine, monke
     assert_idle(engine)
     tokens = final_token_ids(engine, params, "half-registered")
     assert [len(t) for t in tokens] == [4, 4, 4]
+
+
+class _RefusingMatcher:
+    """A structured-output matcher that fills its mask as the real one does and then
+    refuses every token: the constraint's own failure, which ends only its sequence."""
+
+    def __init__(self, matcher) -> None:
+        self.matcher = matcher
+
+    def fill_bitmask(self, words) -> None:
+        self.matcher.fill_bitmask(words)
+
+    def accept(self, token_id: int) -> bool:
+        raise RuntimeError("injected matcher failure")
+
+
+def test_a_broken_constraint_beside_a_sibling_that_stopped_ends_only_that_request(
+    engine, monkeypatch
+):
+    """n=2 with a structured output: in one step, one sibling samples its stop token (which
+    also completes its stop string) while the other's matcher fails. Ending the failed one
+    ended the request and forgot both siblings before the stopped one was recorded, and the
+    lookup of it killed the engine."""
+    tokenizer = engine.tokenizer
+    word, stop = tokenizer.encode(" yes")[0], tokenizer.encode(" no")[0]
+    new_matcher = engine.structured_outputs.new_matcher
+    monkeypatch.setattr(
+        engine.structured_outputs, "new_matcher", lambda spec: _RefusingMatcher(new_matcher(spec))
+    )
+    seen = set()
+    for seed in range(12):
+        params = SamplingParams(
+            n=2,
+            temperature=50.0,  # near even odds between the two allowed tokens
+            seed=seed,
+            max_tokens=8,
+            allowed_token_ids=[word, stop],
+            stop_token_ids=[stop],
+            stop=[" no"],
+            include_stop_str_in_output=True,
+            structured_outputs=StructuredOutputsParams(regex="( yes| no)+"),
+        )
+        outputs = asyncio.run(collect(engine, PROMPT, params, f"broken-{seed}"))
+        reasons = sorted(sample.finish_reason for sample in outputs[-1].outputs)
+        seen.add(tuple(reasons))
+        assert_idle(engine)
+    assert ("error", "stop") in seen  # the case arose
 
 
 def test_logprobs_beyond_the_vocabulary_are_refused_without_a_limit(engine, monkeypatch):
