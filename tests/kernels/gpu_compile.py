@@ -227,8 +227,7 @@ def compile_and_measure(launch: Launch, arch: str) -> dict[str, Any]:
     knobs.nvidia.dump_ptxas_log = target.platform == "cuda"
     try:
         with contextlib.redirect_stdout(log):
-            options = launch.options
-            compiled = triton.compile(launch.source(), target=target.target, options=options)
+            compiled = triton.compile(launch.source(), target.target, launch.options)
     except Exception as error:  # reported, not raised: the test names each one
         return {"error": f"{type(error).__name__}: {error}"[:2000]}
     # Spills: the vector registers spilled to scratch in AMD's kernel descriptor, or the
