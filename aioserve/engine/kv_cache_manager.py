@@ -155,13 +155,16 @@ class KVCacheManager:
         self._block_tables[request.request_id] = table
         return True
 
-    def cache_full_blocks(self, request: Request) -> None:
-        """Register the request's computed full blocks in the prefix cache."""
+    def cache_full_blocks(self, request: Request, num_written: int) -> None:
+        """Register in the prefix cache the request's full blocks among its first
+        `num_written` tokens, those whose keys and values a finished step has written.
+
+        Not `num_computed_tokens`: with asynchronous scheduling that already counts the
+        step in flight, which may still fail and leave its blocks unwritten. And known to
+        the host: a block's hash needs its last token."""
         if not self.enable_prefix_caching:
             return
-        # Computed and known: with asynchronous scheduling a block may be computed (or
-        # being computed) before the host knows its last token.
-        num_known = min(request.num_computed_tokens, request.num_tokens)
+        num_known = min(num_written, request.num_tokens)
         if num_known // self.block_size <= request.num_registered_blocks:
             return  # no block filled up since the last call (most decode steps)
         self.update_block_hashes(request)

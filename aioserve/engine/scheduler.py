@@ -293,7 +293,7 @@ class Scheduler:
             if request.status.is_finished:
                 finished.append(request)
             elif request.status is _RUNNING:
-                cache_full_blocks(request)
+                cache_full_blocks(request, chunk.num_computed_tokens + chunk.num_tokens)
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]

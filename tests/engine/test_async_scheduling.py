@@ -22,7 +22,7 @@ import pytest
 
 from aioserve import AsyncEngine, SamplingParams
 from aioserve.config.engine import engine_config_from_kwargs
-from tests.engine.smollm2 import SHARED_PREFIX, collect, float32_engine
+from tests.engine.smollm2 import LONG_PASSAGE, SHARED_PREFIX, collect, float32_engine
 
 pytestmark = pytest.mark.slow
 
@@ -227,3 +227,44 @@ def test_preemption_is_the_same_with_and_without_overlap(small_pool_engine):
     on, off = run_both_ways(small_pool_engine, crowded)
     assert_same(on, off)
     assert all(len(entry[2]) == 100 for entry in on)
+
+
+def test_a_failed_step_leaves_none_of_its_blocks_in_the_prefix_cache(engine, monkeypatch):
+    """With overlap, a prompt's next chunk is computing while the host records the one
+    before; if that step fails, the blocks it was to write must not be offered to the
+    next request with the same prompt (they hold whatever an earlier sequence left)."""
+    engine.settings = dataclasses.replace(engine.settings, async_scheduling=True)
+    monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 32)  # chunks of 32
+    prompt = {"prompt_token_ids": engine.tokenizer(LONG_PASSAGE).input_ids[:100]}
+    other = {"prompt_token_ids": engine.tokenizer("Different words. " * 40).input_ids[:100]}
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    execute = engine.runner.execute
+    steps = 0
+
+    def second_step_fails(step):
+        nonlocal steps
+        steps += 1
+        if steps == 2:
+            raise RuntimeError("injected step failure")
+        return execute(step)
+
+    async def scenario():
+        try:
+            expected = await final(engine, prompt, params, "expected")
+            assert engine.kv_cache.reset_prefix_cache()
+            await final(engine, other, params, "other")  # the pool's blocks hold its keys now
+            assert engine.kv_cache.reset_prefix_cache()
+            monkeypatch.setattr(engine.runner, "execute", second_step_fails)
+            with pytest.raises(RuntimeError, match="injected step failure"):
+                await final(engine, prompt, params, "fails")
+            monkeypatch.setattr(engine.runner, "execute", execute)
+            again = await final(engine, prompt, params, "again")
+            return expected, again
+        finally:
+            await engine.stop_loop()
+
+    expected, again = asyncio.run(asyncio.wait_for(scenario(), 300))
+    assert again.outputs[0].token_ids == expected.outputs[0].token_ids
+    assert again.num_cached_tokens <= 32  # what the step before the failure wrote
+    assert engine.num_unfinished_requests == 0
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks

@@ -149,7 +149,7 @@ def test_prefix_cache_hits_full_blocks_and_leaves_one_token_to_compute():
     first = _request("a", list(range(1, 13)))  # exactly three full blocks
     assert kv.allocate(first, first.num_tokens)
     first.num_computed_tokens = first.num_tokens
-    kv.cache_full_blocks(first)
+    kv.cache_full_blocks(first, first.num_tokens)
     first_table = kv.block_table("a")
     kv.free(first)
 
@@ -165,7 +165,7 @@ def test_lru_eviction_takes_the_oldest_free_block_and_forgets_its_hash():
     a = _request("a", [1, 2, 3, 4, 5])
     assert kv.allocate(a, 5)
     a.num_computed_tokens = 5
-    kv.cache_full_blocks(a)
+    kv.cache_full_blocks(a, 5)
     kv.free(a)
     b = _request("b", [9, 9, 9, 9, 9, 9, 9, 9])
     assert kv.allocate(b, 8), "both blocks, one of them cached, must be reusable"
