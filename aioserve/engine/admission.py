@@ -160,6 +160,7 @@ def new_sequences(
             sampling_params=params,
             seed=seed_rng.getrandbits(63) if params.seed is None else sibling_seed(params.seed, i),
             eos_token_ids=settings.eos_token_ids,
+            eos_token_id=settings.tokenizer_eos_token_id,
             max_tokens=max_tokens,
             priority=priority,
             arrival_time=arrival_time,

@@ -98,6 +98,8 @@ class EngineSettings:
     max_logprobs: int
     seed: int
     eos_token_ids: frozenset[int]
+    """Every token id that ends a request as its end of sequence (tokenizer, generation
+    config and model config); the tokenizer's own is `tokenizer_eos_token_id`."""
     default_sampling: dict
     """Defaults from the generation config (auto / folder) plus --override-generation-config."""
     max_new_tokens_cap: int | None
@@ -111,6 +113,8 @@ class EngineSettings:
     """The structured-output defaults (--structured-outputs-config, --guided-decoding-*)."""
     load_report: LoadReport | None = None
     """What was loaded and the memory it holds (load_report.py); None around a stand-in runner."""
+    tokenizer_eos_token_id: int | None = None
+    """The tokenizer's EOS: the one that ends a request with no stop_reason (vLLM's)."""
 
 
 @dataclass
@@ -440,6 +444,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_logprobs=model_cfg.max_logprobs,
         seed=model_cfg.seed,
         eos_token_ids=_eos_token_ids(tokenizer, generation, hf_config),
+        tokenizer_eos_token_id=None if tokenizer is None else tokenizer.eos_token_id,
         default_sampling=default_sampling,
         max_new_tokens_cap=generation.get("max_new_tokens"),
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
@@ -539,6 +544,7 @@ def engine_parts_around(
         max_logprobs=20,
         seed=0,
         eos_token_ids=eos_token_ids,
+        tokenizer_eos_token_id=None if tokenizer is None else tokenizer.eos_token_id,
         default_sampling={},
         max_new_tokens_cap=None,
         max_num_queued_reqs=max_num_queued_reqs,

@@ -51,6 +51,10 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     arrival_index: int = 0
     """Position in arrival order: breaks ties between equal priorities."""
+    eos_token_id: int | None = None
+    """The tokenizer's own EOS, which ends the request with no stop_reason; the other
+    `eos_token_ids` (a generation config's) report themselves, as vLLM, which adds them to
+    the request's stop token ids."""
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -310,7 +310,7 @@ class Scheduler:
         num_output = len(request.output_token_ids)
         if num_output >= params.min_tokens:
             if not params.ignore_eos and token_id in request.eos_token_ids:
-                request.stop_reason = None
+                request.stop_reason = None if token_id == request.eos_token_id else token_id
                 return RequestStatus.FINISHED_STOPPED
             if token_id in params.stop_token_ids:
                 request.stop_reason = token_id

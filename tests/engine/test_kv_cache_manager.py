@@ -7,6 +7,7 @@ after every step that block ownership is consistent, and at the end that the poo
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import subprocess
@@ -187,6 +188,29 @@ def test_siblings_with_equal_rank_queue_and_preempt_without_comparing_requests()
         [c.request.request_id for c in output.chunks], RequestStatus.FINISHED_ABORTED
     )
     assert [c.request.request_id for c in scheduler.schedule().chunks] == ["req#2"]
+
+
+def test_an_eos_from_the_generation_config_reports_itself_as_the_stop_reason():
+    """As vLLM, which adds a generation config's other EOS ids to the stop token ids: the
+    tokenizer's EOS (7) ends with no stop_reason, another (EOS, 0) with its id."""
+    kv = KVCacheManager(8, BLOCK_SIZE, enable_prefix_caching=False)
+    scheduler = Scheduler(
+        kv, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, enable_chunked_prefill=True
+    )
+    requests = [
+        dataclasses.replace(
+            _request(name, [1, 2, 3]), eos_token_ids=frozenset({7, EOS}), eos_token_id=7
+        )
+        for name in ("tokenizer-eos", "config-eos")
+    ]
+    for request in requests:
+        scheduler.add_request(request)
+    output = scheduler.schedule()
+    finished = scheduler.update(output, {"tokenizer-eos": [7], "config-eos": [EOS]})
+    assert [(r.request_id, r.status, r.stop_reason) for r in finished] == [
+        ("tokenizer-eos", RequestStatus.FINISHED_STOPPED, None),
+        ("config-eos", RequestStatus.FINISHED_STOPPED, EOS),
+    ]
 
 
 def test_priority_policy_admits_and_preempts_by_priority_then_arrival():
