@@ -158,6 +158,8 @@ class OutputProcessor:
         if len(request.output_token_ids) <= request.sampling_params.min_tokens:
             # Like vLLM, stop strings are only looked for once min_tokens are out.
             pieces.append(matcher.emit_unchecked(piece))
+            if status.is_finished:  # its length reached within min_tokens
+                pieces.append(matcher.flush())
             return False
         safe, matched = matcher.process(piece)
         pieces.append(safe)

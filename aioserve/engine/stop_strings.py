@@ -20,10 +20,10 @@ Semantics (vLLM's, which are the specification):
   not on how it was split into pieces. vLLM instead takes the first in list order among
   those found in a step's new text, which can depend on how many tokens a step produced.
 - Empty strings in `stop` are ignored (they would match before any output).
-- Text produced before `min_tokens` are out is emitted unchecked (`emit_unchecked`), but
-  its end stays in view: a stop string that starts there and ends in checked text still
-  stops the request, as vLLM's look-back does. The part of it already emitted stays
-  emitted.
+- Text produced before `min_tokens` are out is not searched (`emit_unchecked`), but it is
+  held back as any other, and its end stays in view: a stop string that starts there and
+  ends in checked text still stops the request and cuts the output at its start, as
+  vLLM's look-back does; none of it was emitted.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ class StopStringMatcher:
         self._stopped = False
 
     def emit_unchecked(self, new_text: str) -> str:
-        """Take text that may not stop the request (before min_tokens): all of it is safe."""
-        if self._stop and not self._stopped:
-            self._tail = (self._tail + new_text)[-self._context :] if self._context else ""
-            self._sent = len(self._tail)
-        return new_text
+        """Take text that may not stop the request (before min_tokens): returns the part
+        safe to emit now, holding back its end as `process` does."""
+        if not self._stop or self._stopped:
+            return new_text
+        return self._hold_back(self._tail + new_text, new_text)
 
     def process(self, new_text: str) -> tuple[str, str | None]:
         """Feed the detokenizer's newest piece.
@@ -69,13 +69,20 @@ class StopStringMatcher:
             self._stopped = True
             self._tail, self._sent = "", 0
             return text[first_unsent:end], stop_str  # empty if it ends in sent text
+        return self._hold_back(text, new_text), None
+
+    def _hold_back(self, text: str, new_text: str) -> str:
+        """Keep the last `context` characters of `text` (the tail and `new_text`) as the
+        tail; return what may be emitted now: all of `new_text` with
+        include_stop_str_in_output, else the unsent text before the new tail."""
+        first_unsent = self._sent
         self._tail = text[-self._context :] if self._context else ""
         if self._include:
             self._sent = len(self._tail)
-            return new_text, None
+            return new_text
         safe_end = len(text) - len(self._tail)
         self._sent = max(0, first_unsent - safe_end)
-        return text[first_unsent:safe_end], None
+        return text[first_unsent:safe_end]
 
     def flush(self) -> str:
         """The held-back text, at the end of a request that no stop string ended."""

@@ -134,6 +134,30 @@ def test_stop_string_ends_generation_and_is_excluded(engine):
     assert kept.outputs[0].text == text[: text.index(stop) + len(stop)]
 
 
+def test_text_held_back_for_stop_strings_is_released_when_min_tokens_end_the_request(engine):
+    """max_tokens == min_tokens: the request ends before any stop string is looked for, and
+    the end of its text, held back in case it began a stop string, is still delivered."""
+    for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.DELTA):
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=6,
+            min_tokens=6,
+            ignore_eos=True,
+            stop=["never in it"],
+            output_kind=kind,
+        )
+        outputs = [out.outputs[0] for out in run(collect(engine, "Count: one,", params, "m"))]
+        if kind is RequestOutputKind.DELTA:
+            text, token_ids = "", []
+            for delta in outputs:
+                text += delta.text
+                token_ids += delta.token_ids
+        else:
+            text, token_ids = outputs[-1].text, outputs[-1].token_ids
+        assert outputs[-1].finish_reason == "length" and len(token_ids) == 6
+        assert text == engine.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
 def test_stop_token_ids_max_tokens_and_min_tokens(engine):
     prompt = "The quick brown fox"
     greedy = run(

@@ -178,11 +178,15 @@ def test_any_split_emits_what_the_whole_text_gives(text, stop, include, cuts):
     assert emitted == expected_text
 
 
-@pytest.mark.parametrize("include, emitted", [(False, ""), (True, "ld")])
-def test_a_stop_string_may_start_in_text_from_before_min_tokens(include, emitted):
+@pytest.mark.parametrize(
+    "include, before, after", [(False, "Hello", " "), (True, "Hello wor", "ld")]
+)
+def test_a_stop_string_may_start_in_text_from_before_min_tokens(include, before, after):
+    """Text before min_tokens is held back as any other: the start of a stop string that
+    ends later is never emitted (the output is "Hello " without the stop string)."""
     matcher = StopStringMatcher(["world"], include)
-    assert matcher.emit_unchecked("Hello wor") == "Hello wor"
-    assert matcher.process("ld and more") == (emitted, "world")
+    assert matcher.emit_unchecked("Hello wor") == before
+    assert matcher.process("ld and more") == (after, "world")
 
 
 def test_a_stop_string_wholly_before_min_tokens_does_not_stop():
@@ -201,10 +205,11 @@ def test_a_stop_string_wholly_before_min_tokens_does_not_stop():
     unchecked=st.integers(0, 30),
     cuts=st.lists(st.integers(0, 30), max_size=12),
 )
-def test_text_before_min_tokens_is_emitted_and_only_later_endings_stop(
+def test_text_before_min_tokens_is_unchecked_and_only_later_endings_stop(
     text, stop, include, unchecked, cuts
 ):
-    """vLLM's look-back: a stop string counts if it ends after the unchecked text."""
+    """vLLM's look-back: a stop string counts if it ends after the unchecked text, and the
+    output is cut at its start wherever that is."""
     unchecked = min(unchecked, len(text))
     bounds = sorted({0, unchecked, len(text), *(c for c in cuts if c <= len(text))})
     pieces = [text[i:j] for i, j in pairwise(bounds)]
@@ -214,7 +219,7 @@ def test_text_before_min_tokens_is_emitted_and_only_later_endings_stop(
         if ending_here:
             expected_stop = max(ending_here, key=len)
             cut = end if include else end - len(expected_stop)
-            expected_text = text[: max(cut, unchecked)]  # what was emitted stays emitted
+            expected_text = text[:cut]
             break
 
     matcher = StopStringMatcher(stop, include)
