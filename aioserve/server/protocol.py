@@ -352,11 +352,12 @@ def _generation_fields(
 ) -> dict[str, Any]:
     stream = fields.get("stream", False)
     stream_options = fields.get("stream_options")
-    if stream_options is not None and not stream:
+    if stream_options and not stream:  # vLLM lets an empty {} through
         raise bad_parameter(
             "stream_options", shown_value(stream_options), "stream_options needs stream=true"
         )
     options = BodyFields(stream_options or {}, STREAM_OPTIONS_BODY, "stream_options.")
+    include_usage = options.get("include_usage", False)
     fields.get("user")  # OpenAI's end-user id: checked, otherwise unused
     priority = fields.get("priority", 0)
     if priority != 0 and state.engine.settings.scheduling_policy != "priority":
@@ -369,8 +370,9 @@ def _generation_fields(
         "max_tokens_field": max_tokens_field,
         "logprobs_field": logprobs_field,
         "stream": stream,
-        "include_usage": options.get("include_usage", False),
-        "continuous_usage_stats": options.get("continuous_usage_stats", False),
+        "include_usage": include_usage,
+        # Usage in every chunk only when usage is asked for at all (vLLM's rule).
+        "continuous_usage_stats": include_usage and options.get("continuous_usage_stats", False),
         "priority": priority,
         "return_token_ids": fields.get("return_token_ids", False),
     }

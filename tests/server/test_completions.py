@@ -177,6 +177,24 @@ def test_stream_usage_chunks(openai_server, engine):
     assert content[-1].choices[0].finish_reason is not None
 
 
+def test_continuous_usage_needs_include_usage_and_empty_stream_options_pass(openai_server):
+    """vLLM's rules: usage in every chunk only when include_usage asks for usage at all, and
+    an empty stream_options on a request that does not stream is no error."""
+    chunks = list(
+        client(openai_server).completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=3,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": False, "continuous_usage_stats": True},
+        )
+    )
+    assert chunks and all(c.usage is None for c in chunks)
+    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "stream_options": {}}
+    assert post(openai_server, "/v1/completions", request).status == 200
+
+
 def test_several_prompts_with_n2_index_choices_like_vllm(openai_server, engine):
     prompts = ["The capital of France is", "One, two, three,"]
     request = {
