@@ -358,6 +358,7 @@ def _generation_fields(
         )
     options = BodyFields(stream_options or {}, STREAM_OPTIONS_BODY, "stream_options.")
     include_usage = options.get("include_usage", False)
+    continuous_usage = options.get("continuous_usage_stats", False)
     fields.get("user")  # OpenAI's end-user id: checked, otherwise unused
     priority = fields.get("priority", 0)
     if priority != 0 and state.engine.settings.scheduling_policy != "priority":
@@ -372,7 +373,7 @@ def _generation_fields(
         "stream": stream,
         "include_usage": include_usage,
         # Usage in every chunk only when usage is asked for at all (vLLM's rule).
-        "continuous_usage_stats": include_usage and options.get("continuous_usage_stats", False),
+        "continuous_usage_stats": include_usage and continuous_usage,
         "priority": priority,
         "return_token_ids": fields.get("return_token_ids", False),
     }
