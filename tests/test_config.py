@@ -520,3 +520,12 @@ def test_platform_defaults_follow_vllms_usage_contexts(dest, platform, serving, 
     from aioserve.engine.build import platform_default
 
     assert platform_default(dest, platform, serving) == expected
+
+
+def test_the_engine_alone_refuses_to_be_asked_for_statistics_it_does_not_log():
+    """LLM(disable_log_stats=False) makes vLLM log statistics; the engine on its own logs
+    none, so the value is refused by name rather than dropped. True (vLLM's default for
+    LLM) is what happens anyway."""
+    with pytest.raises(ConfigError, match="disable_log_stats=False"):
+        engine_config_from_kwargs(disable_log_stats=False)
+    assert engine_config_from_kwargs(disable_log_stats=True).model.model

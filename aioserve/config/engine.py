@@ -177,4 +177,10 @@ def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
     unknown = [name for name, arg in declared.items() if arg is None or not arg.is_keyword]
     if unknown:
         raise TypeError(f"unexpected engine argument(s): {', '.join(unknown)}")
-    return _build(checked_values(((declared[n], v) for n, v in kwargs.items()), keywords=True))
+    values = checked_values(((declared[n], v) for n, v in kwargs.items()), keywords=True)
+    if values.get("disable_log_stats") is False:  # vLLM's LLM then logs statistics
+        raise ConfigError(
+            "disable_log_stats=False: the engine on its own logs no statistics "
+            "(`aioserve serve` logs them, and exports them at /metrics)"
+        )
+    return _build(values)
