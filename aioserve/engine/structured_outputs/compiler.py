@@ -215,12 +215,50 @@ class StructuredOutputCompiler:
             regex = choice_regex(spec)
         else:
             regex = spec
-        return _backends().OutlinesIndex.compile(regex, tokens)
+        return _backends().OutlinesIndex.compile(ascii_shorthands(regex), tokens)
 
 
 def choice_regex(spec: str) -> str:
     """A regex matching exactly one of the choices (a JSON list of strings)."""
     return "(" + "|".join(_escape(choice) for choice in json.loads(spec)) + ")"
+
+
+# `\d`, `\w` and `\s` as vLLM's default backend (xgrammar) reads them, in ASCII; outlines'
+# regex engine would take any Unicode digit, letter or space (a date's year "🯱🯱🯱🯱").
+_ASCII_SHORTHANDS = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r\\f\\v"}
+
+
+def ascii_shorthands(regex: str) -> str:
+    """`regex` with its \\d, \\w and \\s written as ASCII ranges (inside a class, the
+    ranges alone); escaped backslashes and every other escape are left as they are."""
+    out, in_class, i = [], False, 0
+    while i < len(regex):
+        char = regex[i]
+        if char == "\\" and i + 1 < len(regex):
+            escaped = regex[i + 1]
+            ranges = _ASCII_SHORTHANDS.get(escaped)
+            if ranges is None:
+                out.append(regex[i : i + 2])
+            else:
+                out.append(ranges if in_class else f"[{ranges}]")
+            i += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+            out.append(char)
+            if regex[i + 1 : i + 2] == "^":  # a leading ^ or ] belongs to the class
+                out.append("^")
+                i += 1
+            if regex[i + 1 : i + 2] == "]":
+                out.append("]")
+                i += 1
+        elif char == "]" and in_class:
+            in_class = False
+            out.append(char)
+        else:
+            out.append(char)
+        i += 1
+    return "".join(out)
 
 
 def _escape(text: str) -> str:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# Keywords whose meaning outlines' regex enforces, or that constrain nothing.
+# Keywords whose meaning outlines' regex enforces, or that constrain nothing. Not allOf:
+# outlines writes its schemas one after the other (two objects in a row), not as one.
 _OUTLINES_KEYWORDS = frozenset(
     {
         "type", "properties", "required", "additionalProperties", "items", "prefixItems",
         "minItems", "maxItems", "enum", "const", "pattern", "minLength", "maxLength",
-        "format", "$ref", "$defs", "definitions", "anyOf", "allOf",
+        "format", "$ref", "$defs", "definitions", "anyOf",
         "title", "description", "default", "examples", "$schema", "$id", "$comment",
     }
 )  # fmt: skip

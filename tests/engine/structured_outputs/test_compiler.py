@@ -44,6 +44,16 @@ BOUNDED = {
     "additionalProperties": False,
 }
 SQL = 'start: "SELECT " NAME " FROM " NAME ";"\nNAME: /[a-z]{1,6}/'
+# Both parts hold: one object with both properties (outlines wrote two objects in a row).
+BOTH = {
+    "allOf": [
+        {"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"]},
+        {"type": "object", "properties": {"b": {"enum": ["x", "y"]}}, "required": ["b"]},
+    ],
+    "properties": {"a": True, "b": True},
+    "additionalProperties": False,
+}
+DATE = {"type": "string", "format": "date"}
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +105,20 @@ def random_walk(compiler, tokenizer, constraint: Constraint, seed: int, limit: i
         (Constraint(json=PERSON), lambda t: jsonschema.validate(json.loads(t), PERSON) or True),
         (Constraint(json=BOUNDED), lambda t: jsonschema.validate(json.loads(t), BOUNDED) or True),
         (Constraint(grammar=SQL), lambda t: lark.Lark(SQL).parse(t)),
+        # ASCII digits, letters and spaces, as vLLM's xgrammar reads \d, \w, \s.
+        (Constraint(regex=r"\d{2}\s\w{2}"), lambda t: re.fullmatch(r"\d{2}\s\w{2}", t, re.ASCII)),
+        (Constraint(json=BOTH), lambda t: jsonschema.validate(json.loads(t), BOTH) or True),
+        (
+            Constraint(json=DATE),
+            lambda t: jsonschema.validate(
+                json.loads(t), DATE, format_checker=jsonschema.FormatChecker()
+            )
+            or t.isascii(),
+        ),
     ],
-    ids=["regex", "choice", "json-outlines", "json-guidance", "grammar"],
-)
+    ids=["regex", "choice", "json-outlines", "json-guidance", "grammar", "regex-ascii", "all-of",
+         "date"],
+)  # fmt: skip
 def test_random_walks_satisfy_the_constraint(compiler, tokenizer, constraint, check, seed):
     text = random_walk(compiler, tokenizer, constraint, seed)
     assert check(text), text
@@ -109,6 +130,8 @@ def test_auto_picks_outlines_where_it_enforces_the_schema_and_guidance_elsewhere
     assert isinstance(compiler.compile(Constraint(json=BOUNDED)), GuidanceGrammar)
     assert isinstance(compiler.compile(Constraint(grammar=SQL)), GuidanceGrammar)
     assert isinstance(compiler.compile(Constraint(json_object=True)), GuidanceGrammar)
+    # outlines would write allOf's parts one after the other: two objects in a row.
+    assert isinstance(compiler.compile(Constraint(json={"allOf": BOTH["allOf"]})), GuidanceGrammar)
     forced = Constraint(json=PERSON, backend="guidance")
     assert isinstance(compiler.compile(forced), GuidanceGrammar)
 
