@@ -192,7 +192,9 @@ class StructuredOutputCompiler:
             if kind == "json" or kind == "json_object":
                 grammar = _backends().guidance_json_grammar(schema, whitespace)
             else:
-                grammar = _backends().guidance_grammar(kind, spec)
+                grammar = _backends().guidance_grammar(
+                    kind, ascii_shorthands(spec) if kind == "regex" else spec
+                )
             return _backends().GuidanceGrammar.compile(grammar, tokens)
         except ValueError as error:
             reason = str(error).strip()

@@ -107,6 +107,10 @@ def random_walk(compiler, tokenizer, constraint: Constraint, seed: int, limit: i
         (Constraint(grammar=SQL), lambda t: lark.Lark(SQL).parse(t)),
         # ASCII digits, letters and spaces, as vLLM's xgrammar reads \d, \w, \s.
         (Constraint(regex=r"\d{2}\s\w{2}"), lambda t: re.fullmatch(r"\d{2}\s\w{2}", t, re.ASCII)),
+        (
+            Constraint(regex=r"\d{2}\s\w{2}", backend="guidance"),
+            lambda t: re.fullmatch(r"\d{2}\s\w{2}", t, re.ASCII),
+        ),
         (Constraint(json=BOTH), lambda t: jsonschema.validate(json.loads(t), BOTH) or True),
         (
             Constraint(json=DATE),
@@ -116,8 +120,8 @@ def random_walk(compiler, tokenizer, constraint: Constraint, seed: int, limit: i
             or t.isascii(),
         ),
     ],
-    ids=["regex", "choice", "json-outlines", "json-guidance", "grammar", "regex-ascii", "all-of",
-         "date"],
+    ids=["regex", "choice", "json-outlines", "json-guidance", "grammar", "regex-ascii",
+         "regex-ascii-guidance", "all-of", "date"],
 )  # fmt: skip
 def test_random_walks_satisfy_the_constraint(compiler, tokenizer, constraint, check, seed):
     text = random_walk(compiler, tokenizer, constraint, seed)
