@@ -426,7 +426,7 @@ class AsyncEngine:
         stopped_by_text: list[str] = []
         off_constraint: list[Request] = []
         now = time.monotonic()
-        num_prompt_tokens = num_generated = 0
+        num_prompt_tokens = num_cached_prompt_tokens = num_generated = 0
         first_token_latencies: list[float] = []
         inter_token_latencies: list[float] = []
         sampled, logprobs, prompt_logprobs = result.sampled, result.logprobs, result.prompt_logprobs
@@ -437,6 +437,8 @@ class AsyncEngine:
             start, num_prompt = chunk.num_computed_tokens, len(request.prompt_token_ids)
             if start < num_prompt:
                 num_prompt_tokens += min(start + chunk.num_tokens, num_prompt) - start
+                if start == request.num_cached_prompt_tokens:  # the prefill's first chunk
+                    num_cached_prompt_tokens += start
             entry = self._sample_of.get(request_id)
             if entry is None:
                 continue
@@ -489,6 +491,7 @@ class AsyncEngine:
             first_token_latencies,
             inter_token_latencies,
             host_gap,
+            num_cached_prompt_tokens,
         )
 
     def _deliver(self, state: RequestState) -> None:

@@ -68,6 +68,9 @@ class StepStats:
     """Prompt tokens looked up in the prefix cache in this step."""
     prefix_cache_hits: int
     """Of those, the tokens found."""
+    num_cached_prompt_tokens: int = 0
+    """Prompt tokens served from the prefix cache to the prefills that began in this step:
+    with `num_prompt_tokens`, vLLM's prompt tokens (which the iteration tokens leave out)."""
     time_to_first_tokens: list[float] = field(default_factory=list)
     """Arrival to first token, for each request that got its first token in this step."""
     inter_token_latencies: list[float] = field(default_factory=list)
@@ -151,6 +154,7 @@ class StatsReporter:
         time_to_first_tokens: list[float] | None = None,
         inter_token_latencies: list[float] | None = None,
         host_gap: float | None = None,
+        num_cached_prompt_tokens: int = 0,
     ) -> None:
         """Tell every logger what the last step (or abort) did."""
         if not self.loggers:
@@ -172,6 +176,7 @@ class StatsReporter:
             num_preemptions=preemptions,
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
+            num_cached_prompt_tokens=num_cached_prompt_tokens,
             time_to_first_tokens=time_to_first_tokens or [],
             inter_token_latencies=inter_token_latencies or [],
             finished=self._finished,

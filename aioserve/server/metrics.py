@@ -326,7 +326,7 @@ class PrometheusStatLogger:
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_cache_usage)
-        self.prompt_tokens.inc(stats.num_prompt_tokens)
+        self.prompt_tokens.inc(stats.num_prompt_tokens + stats.num_cached_prompt_tokens)
         self.generation_tokens.inc(stats.num_generation_tokens)
         self.num_preemptions.inc(stats.num_preemptions)
         self.prefix_cache_queries.inc(stats.prefix_cache_queries)

@@ -84,6 +84,7 @@ PREFILL_STEP = step(
     num_preemptions=1,
     prefix_cache_queries=16,
     prefix_cache_hits=8,
+    num_cached_prompt_tokens=8,
     time_to_first_tokens=[0.03, 0.3],
 )
 DECODE_STEP = step(

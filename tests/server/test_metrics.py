@@ -126,7 +126,7 @@ def test_known_steps_give_known_metrics():
     stat_logger.record(DECODE_STEP)
     m = exposition(stat_logger)
 
-    assert value(m, "vllm:prompt_tokens_total") == 12
+    assert value(m, "vllm:prompt_tokens_total") == 12 + 8  # computed and from the cache
     assert value(m, "vllm:generation_tokens_total") == 5
     assert value(m, "vllm:num_preemptions_total") == 1
     assert value(m, "vllm:prefix_cache_queries_total") == 16
@@ -435,3 +435,27 @@ def test_a_failed_model_step_counts_its_requests_as_errors(engine, monkeypatch):
     assert value(m, "vllm:e2e_request_latency_seconds_count") == 1
     assert value(m, "vllm:num_requests_running") == 0
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_prompt_tokens_count_the_ones_served_from_the_prefix_cache(engine):
+    """vLLM's prompt tokens are every prompt token prefilled, computed or found in the
+    prefix cache; its iteration tokens are the computed ones alone."""
+    stat_logger = PrometheusStatLogger(MODEL, max_model_len=512)
+    prompt = {"prompt_token_ids": list(range(1000, 1040))}  # two full blocks of 16, and 8
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+
+    async def scenario():
+        assert engine.kv_cache.reset_prefix_cache()
+        engine.stat_loggers.append(stat_logger)
+        try:
+            for request_id in ("first", "again"):
+                async for _ in engine.generate(prompt, params, request_id):
+                    pass
+        finally:
+            engine.stat_loggers.remove(stat_logger)
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+    m = exposition(stat_logger)
+    assert value(m, "vllm:prefix_cache_hits_total") == 32
+    assert value(m, "vllm:prompt_tokens_total") == 80
+    assert value(m, "vllm:iteration_tokens_total_sum") == 80 - 32 + 4
