@@ -43,7 +43,7 @@ SCRAPED_SAMPLES = {
     "vllm:num_requests_running": 0,
     "vllm:generation_tokens_total": 5,
     "vllm:time_to_first_token_seconds_count": 2,
-    "vllm:prompt_tokens_total": 12,
+    "vllm:prompt_tokens_total": 20,  # 12 computed, 8 from the prefix cache
 }
 """Samples of PREFILL_STEP then DECODE_STEP, as a dashboard built for vLLM queries them."""
 
