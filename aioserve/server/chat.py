@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from aioserve.engine.outputs import RequestOutput
+from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server import responses
 from aioserve.server.body_fields import read_json_body
 from aioserve.server.chat_template import render_chat
@@ -26,7 +26,12 @@ from aioserve.server.protocol import (
     check_serving,
     parse_chat_request,
 )
-from aioserve.server.reasoning import ReasoningSplitter, reasoning_closed, split_answer
+from aioserve.server.reasoning import (
+    ReasoningSplitter,
+    count_reasoning_tokens,
+    reasoning_closed,
+    split_whole,
+)
 from aioserve.server.responses import ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
@@ -52,8 +57,12 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             chat_template_kwargs=parsed.chat_template_kwargs,
             tools=parsed.tool_use.tools,
         )
-        if parsed.params.reasoning_end is not None and reasoning_closed(text):
-            parsed.params.reasoning_end = None  # the prompt already ended the reasoning
+        parser = state.engine.settings.reasoning_parser
+        prompt_closed = bool(parser) and reasoning_closed(parser, text)
+        if prompt_closed or not parsed.include_reasoning:
+            # The prompt already ended the reasoning, or it is not wanted (vLLM then
+            # constrains the answer from its first token).
+            parsed.params.reasoning_end = None
         check_prompt(engine, token_ids, parsed, "messages")
         if parsed.add_generation_prompt:
             role = state.frontend.response_role
@@ -71,9 +80,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             reservation,
         )
         if parsed.stream:
-            events = _chunks(state, parsed, token_ids, role, echo, head, outputs)
+            events = _chunks(state, parsed, token_ids, prompt_closed, role, echo, head, outputs)
             return await stream_events(request, events)
-        return await _full_response(state, parsed, token_ids, role, echo, head, outputs)
+        return await _full_response(
+            state, parsed, token_ids, prompt_closed, role, echo, head, outputs
+        )
 
 
 def _echoed_text(parsed: ChatRequest, role: str) -> str:
@@ -91,6 +102,7 @@ async def _full_response(
     state: ServerState,
     parsed: ChatRequest,
     prompt_token_ids: list[int],
+    prompt_closed: bool,
     role: str,
     echo: str,
     head: ResponseHead,
@@ -100,17 +112,21 @@ async def _full_response(
         async for output in outputs:
             final = output
     as_token_ids = state.frontend.return_tokens_as_token_ids
+    parser = state.engine.settings.reasoning_parser
+    # Hidden reasoning hides the token data that would show it too (vLLM's rule).
+    hidden = bool(parser) and not parsed.include_reasoning
     choices = []
+    reasoning_tokens = 0
     for sample in sorted(final.outputs, key=lambda o: o.index):
         logprobs = None
-        if sample.logprobs is not None:
+        if sample.logprobs is not None and not hidden:
             logprobs = responses.chat_logprobs(
                 sample.token_ids, sample.logprobs, parsed.params.logprobs, as_token_ids
             )
         reasoning, content = None, sample.text
-        parser = state.engine.settings.reasoning_parser
         if parser:
-            reasoning, content = split_answer(parser, sample.text, parsed.chat_template_kwargs)
+            reasoning, content, count = _split_reasoning(state, parsed, prompt_closed, sample)
+            reasoning_tokens += count
         content, tool_calls, finish_reason = _calls_in_answer(parsed, content, sample.finish_reason)
         choices.append(
             responses.chat_choice(
@@ -120,7 +136,7 @@ async def _full_response(
                 logprobs,
                 finish_reason,
                 sample.stop_reason,
-                sample.token_ids if parsed.return_token_ids else None,
+                sample.token_ids if parsed.return_token_ids and not hidden else None,
                 reasoning if parsed.include_reasoning else None,
                 tool_calls,
             )
@@ -130,10 +146,28 @@ async def _full_response(
         len(prompt_token_ids),
         sum(len(sample.token_ids) for sample in final.outputs),
         final.num_cached_tokens if details else None,
+        reasoning_tokens if parser else None,
     )
     prompt_ids = prompt_token_ids if parsed.return_token_ids else None
     body = responses.chat_response(head, choices, usage, prompt_ids, final.prompt_logprobs)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def _split_reasoning(
+    state: ServerState, parsed: ChatRequest, prompt_closed: bool, sample: CompletionOutput
+) -> tuple[str | None, str | None, int]:
+    """(reasoning, content, reasoning tokens) of a whole answer."""
+    splitter = ReasoningSplitter(
+        state.engine.settings.reasoning_parser, parsed.chat_template_kwargs, prompt_closed
+    )
+    reasoning, content = split_whole(splitter, sample.text)
+    skip_special_tokens = parsed.params.skip_special_tokens
+    count = count_reasoning_tokens(
+        splitter,
+        sample.token_ids,
+        lambda ids: state.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens),
+    )
+    return reasoning, content, count
 
 
 def _calls_in_answer(
@@ -149,6 +183,8 @@ def _calls_in_answer(
     if tool_use.calls_finish_as_tool_calls:
         finish_reason = "tool_calls"
     text = answer.content or (None if tool_use.constraint is None else "")
+    if tool_use.constraint is None and text is not None and not text.strip():
+        text = None  # only whitespace around the calls (vLLM's rule)
     return text, tool_call_objects(answer), finish_reason
 
 
@@ -156,6 +192,7 @@ async def _chunks(
     state: ServerState,
     parsed: ChatRequest,
     prompt_token_ids: list[int],
+    prompt_closed: bool,
     role: str,
     echo: str,
     head: ResponseHead,
@@ -170,9 +207,22 @@ async def _chunks(
     cached_tokens = 0
     started = False
     parser = state.engine.settings.reasoning_parser
+    kwargs = parsed.chat_template_kwargs
     splitters = [
-        ReasoningSplitter(parser, parsed.chat_template_kwargs) for _ in range(n if parser else 0)
+        ReasoningSplitter(parser, kwargs, prompt_closed) for _ in range(n if parser else 0)
     ]
+    reasoning_tokens = [0] * n
+    # Hidden reasoning hides the token data that would show it too (vLLM's rule).
+    hidden = bool(parser) and not parsed.include_reasoning
+
+    def usage_of(completion_tokens: int, *, cached: int | None = None) -> dict[str, Any]:
+        return responses.usage(
+            num_prompt_tokens,
+            completion_tokens,
+            cached,
+            sum(reasoning_tokens) if parser else None,
+        )
+
     tool_parser = parsed.tool_use.parser
     call_streams = [ToolCallStream(tool_parser) for _ in range(n if tool_parser else 0)]
     async with aclosing(outputs):
@@ -190,21 +240,26 @@ async def _chunks(
                         prompt_token_ids if parsed.return_token_ids else None,
                     )
                     if parsed.continuous_usage_stats:
-                        event["usage"] = responses.usage(num_prompt_tokens, 0)
+                        event["usage"] = responses.usage(
+                            num_prompt_tokens, 0, reasoning_tokens=0 if parser else None
+                        )
                     yield event
                     if echo:
                         choice = responses.chat_chunk_choice(index, echo, None, None, None, None)
                         yield responses.chunk(head, [choice])
             for sample in output.outputs:
                 num_tokens[sample.index] += len(sample.token_ids)
-                has_token_data = bool(sample.token_ids) and (
-                    sample.logprobs is not None or parsed.return_token_ids
+                has_token_data = (
+                    bool(sample.token_ids)
+                    and (sample.logprobs is not None or parsed.return_token_ids)
+                    and not hidden
                 )
                 content, reasoning = sample.text, None
                 if parser:
-                    split = splitters[sample.index].feed(
-                        sample.text, last=sample.finish_reason is not None
-                    )
+                    splitter = splitters[sample.index]
+                    if splitter.in_reasoning:
+                        reasoning_tokens[sample.index] += len(sample.token_ids)
+                    split = splitter.feed(sample.text, last=sample.finish_reason is not None)
                     content = split.content or None
                     if parsed.include_reasoning:
                         reasoning = split.reasoning or None
@@ -222,7 +277,7 @@ async def _chunks(
                 ):
                     continue
                 logprobs = None
-                if sample.logprobs is not None:
+                if sample.logprobs is not None and not hidden:
                     logprobs = responses.chat_logprobs(
                         sample.token_ids, sample.logprobs, parsed.params.logprobs, as_token_ids
                     )
@@ -232,7 +287,7 @@ async def _chunks(
                     logprobs,
                     finish_reason,
                     sample.stop_reason,
-                    sample.token_ids if parsed.return_token_ids else None,
+                    sample.token_ids if parsed.return_token_ids and not hidden else None,
                     reasoning,
                     tool_calls,
                 )
@@ -240,15 +295,13 @@ async def _chunks(
                     unfinished -= 1
                 event = responses.chunk(head, [choice])
                 if parsed.continuous_usage_stats:
-                    event["usage"] = responses.usage(num_prompt_tokens, num_tokens[sample.index])
+                    event["usage"] = usage_of(num_tokens[sample.index])
                 if unfinished == 0 and not parsed.include_usage:
                     event["system_fingerprint"] = responses.SYSTEM_FINGERPRINT
                 yield event
     if parsed.include_usage:
         yield {
             **responses.chunk(head, []),
-            "usage": responses.usage(
-                num_prompt_tokens, sum(num_tokens), cached_tokens if details else None
-            ),
+            "usage": usage_of(sum(num_tokens), cached=cached_tokens if details else None),
             "system_fingerprint": responses.SYSTEM_FINGERPRINT,
         }

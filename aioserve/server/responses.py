@@ -38,9 +38,13 @@ class ResponseHead:
 
 
 def usage(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """A usage block; `cached_tokens` adds prompt_tokens_details (--enable-prompt-tokens-details)."""
+    """A usage block; `cached_tokens` adds prompt_tokens_details (--enable-prompt-tokens-details),
+    `reasoning_tokens` completion_tokens_details (with a --reasoning-parser)."""
     block: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -48,18 +52,25 @@ def usage(
     }
     if cached_tokens is not None:
         block["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        block["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return block
 
 
 def full_usage(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The usage block of a non-streamed response, with vLLM's null detail keys."""
     block = usage(prompt_tokens, completion_tokens)
     block["prompt_tokens_details"] = (
         {"cached_tokens": cached_tokens} if cached_tokens is not None else None
     )
-    block["completion_tokens_details"] = None
+    block["completion_tokens_details"] = (
+        {"reasoning_tokens": reasoning_tokens} if reasoning_tokens is not None else None
+    )
     return block
 
 
@@ -313,9 +324,11 @@ def chat_chunk_choice(
     reasoning: str | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A chat stream chunk's choice; its delta has `content`, and `reasoning` and
-    `tool_calls` when given."""
-    delta: dict[str, Any] = {"content": content}
+    """A chat stream chunk's choice; its delta has `content`, `reasoning` and `tool_calls`
+    when given (vLLM writes only the delta's fields that were set)."""
+    delta: dict[str, Any] = {}
+    if content is not None:
+        delta["content"] = content
     if reasoning is not None:
         delta["reasoning"] = reasoning
     if tool_calls is not None:
