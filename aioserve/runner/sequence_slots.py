@@ -26,6 +26,8 @@ from torch import Tensor
 from aioserve.kernels.sampling import SAMPLING_EPS
 from aioserve.runner.step_plan import NewSequence, SamplingSettings
 
+_SMALLEST_TOP_P = float(np.finfo(np.float32).tiny)
+
 # Columns of SequenceSlots.float_settings.
 TEMPERATURE, TOP_P, MIN_P, PRESENCE, FREQUENCY, REPETITION = range(6)
 
@@ -122,7 +124,9 @@ class SequenceSlots:
         temperature = 0.0 if s.temperature < SAMPLING_EPS else s.temperature
         self.float_settings[slot] = (
             temperature,
-            s.top_p,
+            # A top_p below float32's smallest normal would round to 0, a mass no token
+            # reaches; any such top_p keeps the most likely token alone, as this one does.
+            max(s.top_p, _SMALLEST_TOP_P),
             s.min_p,
             s.presence_penalty,
             s.frequency_penalty,

@@ -265,3 +265,18 @@ def test_a_plan_naming_an_unknown_sequence_or_missing_blocks_is_refused():
     short.chunks[0].token_ids = [1]
     with pytest.raises(ValueError, match="past its sequence's KV blocks"):
         runner.prepare(short)
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 1e-300])
+def test_a_top_p_below_float32s_range_keeps_the_likeliest_token(top_p):
+    """vLLM keeps at least one token whatever top_p in (0, 1]; one that rounds to 0 in
+    float32 made the step fail (index -1), and three such requests killed the engine."""
+    _, runner = tiny_runner()
+    maker = PlanMaker(4, 64)
+    tiny = SamplingSettings(temperature=1.0, top_k=-1, top_p=top_p, min_p=0.0, seed=3)
+    maker.admit("tiny", PROMPTS["a"], tiny)
+    maker.admit("greedy", PROMPTS["a"], GREEDY)
+    for num_new in (len(PROMPTS["a"]), 1, 1):
+        step = run_step(runner, maker.plan([("tiny", num_new), ("greedy", num_new)]))
+        maker.learn(step.sampled)
+        assert step.sampled["tiny"] == step.sampled["greedy"]
