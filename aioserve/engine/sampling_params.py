@@ -11,11 +11,13 @@ Construction normalizes and validates (`ValueError` naming the field and the bad
 - A temperature below 1e-5 means greedy sampling: top_p, top_k and min_p are reset to
   their "off" values (1.0, -1, 0.0), as vLLM does, and `n` must then be 1.
 
-Where this differs from current vLLM, on purpose: `top_k=0` is rejected (vLLM's classic
-rule: -1 disables top-k); `logprobs` and `prompt_logprobs` must be non-negative (no -1 for
-"the whole vocabulary"); a temperature in (0, 0.01) is kept as given rather than raised
-to 0.01 (the sampler works in float32 on max-subtracted values and stays finite); there is
-no upper bound on temperature. `bad_words` is not supported yet. Limits that need the
+- `top_k` 0 or -1 disables top-k (vLLM 0.32 prefers 0 and quietly accepts -1); it is
+  held as -1.
+
+Where this differs from current vLLM, on purpose: `logprobs` and `prompt_logprobs` must be
+non-negative (no -1 for "the whole vocabulary"); a temperature in (0, 0.01) is kept as
+given rather than raised to 0.01 (the sampler works in float32 on max-subtracted values
+and stays finite). `bad_words` is not supported yet. Limits that need the
 model or the server's settings (vocabulary range of token ids, `--max-logprobs`) are
 checked by the engine, not here.
 """
@@ -92,6 +94,8 @@ class SamplingParams:
                 raise ValueError("give structured_outputs or guided_decoding, not both.")
             self.structured_outputs = guided_decoding
         self._normalize_types()
+        if self.top_k == 0:
+            self.top_k = -1
         self._verify_args()
         if self.temperature < SAMPLING_EPS:
             self.top_p = 1.0
@@ -243,16 +247,24 @@ class SamplingParams:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not math.isfinite(self.repetition_penalty):
+            raise ValueError(
+                f"repetition_penalty must be a finite number, got {self.repetition_penalty}."
+            )
         if self.repetition_penalty <= 0.0:
             raise ValueError(
                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}."
             )
+        if not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number, got {self.temperature}.")
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if self.temperature > 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -34,6 +34,20 @@ def final_token_ids(engine, params, request_id) -> list[list[int]]:
     return [sample.token_ids for sample in outputs[-1].outputs]
 
 
+def even_odds(engine, word: int, other: int) -> dict[int, float]:
+    """A logit_bias that gives `word` the logit of `other` at PROMPT's first sample, so that
+    a draw between the two comes up either way (temperature stops at vLLM's 2)."""
+
+    def logprob(token: int) -> float:
+        params = SamplingParams(
+            temperature=0.0, max_tokens=1, logprobs=0, allowed_token_ids=[token]
+        )
+        (sample,) = asyncio.run(collect(engine, PROMPT, params, f"odds-{token}"))[-1].outputs
+        return sample.logprobs[0][token].logprob
+
+    return {word: logprob(other) - logprob(word)}
+
+
 def assert_idle(engine) -> None:
     assert not engine.is_dead
     assert engine.num_unfinished_requests == 0
@@ -144,6 +158,7 @@ def test_a_broken_constraint_beside_a_sibling_that_stopped_ends_only_that_reques
     lookup of it killed the engine."""
     tokenizer = engine.tokenizer
     word, stop = tokenizer.encode(" yes")[0], tokenizer.encode(" no")[0]
+    odds = even_odds(engine, word, stop)
     new_matcher = engine.structured_outputs.new_matcher
     monkeypatch.setattr(
         engine.structured_outputs, "new_matcher", lambda spec: _RefusingMatcher(new_matcher(spec))
@@ -152,7 +167,8 @@ def test_a_broken_constraint_beside_a_sibling_that_stopped_ends_only_that_reques
     for seed in range(12):
         params = SamplingParams(
             n=2,
-            temperature=50.0,  # near even odds between the two allowed tokens
+            temperature=1.0,
+            logit_bias=odds,
             seed=seed,
             max_tokens=8,
             allowed_token_ids=[word, stop],
@@ -180,11 +196,13 @@ def test_an_abort_does_not_end_a_finished_sibling_twice(engine):
     """n=2 in DELTA mode: a sibling that stopped says so once, the abort ends only the other."""
     tokenizer = engine.tokenizer
     word, stop = tokenizer.encode(" yes")[0], tokenizer.encode(" no")[0]
+    odds = even_odds(engine, word, stop)
 
     async def one_sibling_stops_then_abort(seed: int) -> list | None:
         params = SamplingParams(
             n=2,
-            temperature=50.0,  # near even odds between the two allowed tokens
+            temperature=1.0,
+            logit_bias=odds,
             seed=seed,
             max_tokens=64,
             allowed_token_ids=[word, stop],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import pytest
 
@@ -44,8 +45,10 @@ def test_defaults_are_vllms():
         ({"temperature": -1.0}, "temperature must be non-negative, got -1.0."),
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5."),
         ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0."),
-        ({"top_k": 0}, "top_k must be -1 (disable), or at least 1, got 0."),
-        ({"top_k": -2}, "top_k must be -1 (disable), or at least 1, got -2."),
+        ({"top_k": -2}, "top_k must be 0 (disable), or at least 1, got -2."),
+        ({"temperature": 2.5}, "temperature must be in [0, 2], got 2.5."),
+        ({"temperature": math.inf}, "temperature must be a finite number, got inf."),
+        ({"repetition_penalty": math.nan}, "repetition_penalty must be a finite number, got nan."),
         ({"min_p": 1.5}, "min_p must be in [0, 1], got 1.5."),
         ({"min_p": -0.1}, "min_p must be in [0, 1], got -0.1."),
         ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2], got 3.0."),
@@ -154,8 +157,9 @@ def test_clone_is_deep_and_replace_validates():
     assert final.output_kind is RequestOutputKind.FINAL_ONLY and final.is_greedy
     assert p.output_kind is RequestOutputKind.CUMULATIVE
     assert dataclasses.replace(p, top_k=3).top_k == 3
-    with pytest.raises(ValueError, match="top_k must be -1"):
-        dataclasses.replace(p, top_k=0)
+    assert dataclasses.replace(p, top_k=0).top_k == -1  # vLLM 0.32's "disabled"
+    with pytest.raises(ValueError, match="top_k must be 0"):
+        dataclasses.replace(p, top_k=-3)
     with pytest.raises(ValueError, match="top_p must be in"):
         p.clone(top_p=2.0)
     assert copy.deepcopy(p) == p
