@@ -58,6 +58,13 @@ def _engine_command(
     )
 
 
+RANGE_RATIO_HELP = (
+    "Spread of the random dataset's lengths: each is drawn from "
+    "[len * (1 - ratio), len * (1 + ratio)], ratio in [0, 1). One number for both, or a "
+    'JSON object such as \'{"input": 0.3, "output": 0.5}\' for each.'
+)
+
+
 def _add_prefix_repetition_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("prefix repetition dataset options")
     group.add_argument(
@@ -101,7 +108,7 @@ def _add_throughput(commands: argparse._SubParsersAction) -> None:
     )
     bench.add_argument(
         "--dataset-name",
-        choices=DATASET_NAMES,
+        choices=[name for name in DATASET_NAMES if name != "custom"],
         default="sharegpt",
         help="The workload; without --dataset-path, sharegpt and burstgpt fall back to random.",
     )
@@ -109,12 +116,30 @@ def _add_throughput(commands: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--dataset-path", help="The dataset file (ShareGPT JSON, BurstGPT CSV, text)."
     )
-    bench.add_argument("--input-len", type=int, help="Input tokens per request (random, sonnet).")
     bench.add_argument(
-        "--output-len", type=int, help="Output tokens per request; overrides the dataset's."
+        "--input-len",
+        type=int,
+        help="Input tokens per request (random: when --random-input-len is not given; sonnet).",
+    )
+    bench.add_argument(
+        "--output-len",
+        type=int,
+        help="Output tokens per request; overrides the dataset's (random: when "
+        "--random-output-len is not given).",
     )
     bench.add_argument("--n", type=int, default=1, help="Sequences generated per prompt.")
     bench.add_argument("--num-prompts", type=int, default=1000, help="Number of prompts.")
+    bench.add_argument(
+        "--num-warmups",
+        type=int,
+        default=0,
+        help="Untimed prompts first: the same dataset, --num-warmups of them, seed + 1.",
+    )
+    bench.add_argument(
+        "--no-oversample",
+        action="store_true",
+        help="sharegpt: do not repeat requests when the file has fewer than --num-prompts.",
+    )
     bench.add_argument("--hf-max-batch-size", type=int, help="Largest batch of the hf backend.")
     bench.add_argument("--output-json", help="Write the results to this JSON file.")
     bench.add_argument(
@@ -132,14 +157,25 @@ def _add_throughput(commands: argparse._SubParsersAction) -> None:
         "--prefix-len",
         type=int,
         default=0,
-        help="Fixed prefix tokens before the random context (random, sonnet).",
+        help="Fixed prefix tokens before the random context (random: when "
+        "--random-prefix-len is not given; sonnet).",
     )
-    bench.add_argument(
-        "--random-range-ratio",
-        type=float,
-        default=0.0,
-        help="Spread of the random dataset's lengths: each is drawn from "
-        "[len * (1 - ratio), len * (1 + ratio)]; in [0, 1).",
+    bench.add_argument("--random-range-ratio", default="0.0", help=RANGE_RATIO_HELP)
+    random_dataset = parser.add_argument_group("random dataset options")
+    random_dataset.add_argument(
+        "--random-input-len",
+        type=int,
+        help="Input tokens per request; wins over --input-len (default: that, else 1024).",
+    )
+    random_dataset.add_argument(
+        "--random-output-len",
+        type=int,
+        help="Output tokens per request; wins over --output-len (default: that, else 128).",
+    )
+    random_dataset.add_argument(
+        "--random-prefix-len",
+        type=int,
+        help="Shared prefix tokens; wins over --prefix-len (default: that, else 0).",
     )
     bench.add_argument("--hf-subset", help="Subset of an hf dataset (the hf dataset is refused).")
     bench.add_argument("--hf-split", help="Split of an hf dataset (the hf dataset is refused).")
@@ -192,7 +228,35 @@ def _add_serve_dataset_options(parser: argparse.ArgumentParser) -> None:
     dataset = parser.add_argument_group("dataset options")
     dataset.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
     dataset.add_argument(
-        "--dataset-path", help="The dataset file (ShareGPT JSON, BurstGPT CSV, text)."
+        "--dataset-path",
+        help="The dataset file (ShareGPT JSON, BurstGPT CSV, custom JSONL, text).",
+    )
+    dataset.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="Accepted for vLLM command lines, no effect: aioserve's tokenizer loading never "
+        "runs code shipped with a model, and a tokenizer that needs it fails either way.",
+    )
+    dataset.add_argument(
+        "--disable-shuffle",
+        action="store_true",
+        help="sharegpt, custom: keep the file's order instead of shuffling it with --seed.",
+    )
+    dataset.add_argument(
+        "--no-oversample",
+        action="store_true",
+        help="sharegpt, custom: do not repeat requests when the file has fewer than --num-prompts.",
+    )
+    dataset.add_argument(
+        "--skip-chat-template",
+        action="store_true",
+        help="custom: send the prompts as they are, not rendered with the chat template.",
+    )
+    dataset.add_argument(
+        "--chat-template-kwargs",
+        type=json.loads,
+        help="custom: JSON object of arguments for the chat template, e.g. "
+        "'{\"enable_thinking\": false}'.",
     )
     dataset.add_argument("--num-prompts", type=int, default=1000, help="Number of prompts.")
     dataset.add_argument("--seed", type=int, default=0, help="Seed of the workload and arrivals.")
@@ -205,18 +269,20 @@ def _add_serve_dataset_options(parser: argparse.ArgumentParser) -> None:
     random_dataset = parser.add_argument_group("random dataset options")
     random_dataset.add_argument("--random-input-len", type=int, default=1024)
     random_dataset.add_argument("--random-output-len", type=int, default=128)
-    random_dataset.add_argument(
-        "--random-range-ratio",
-        type=float,
-        default=0.0,
-        help="Each length is drawn from [len * (1 - ratio), len * (1 + ratio)]; in [0, 1).",
-    )
+    random_dataset.add_argument("--random-range-ratio", default="0.0", help=RANGE_RATIO_HELP)
     random_dataset.add_argument(
         "--random-prefix-len", type=int, default=0, help="Shared prefix tokens."
     )
     sharegpt = parser.add_argument_group("sharegpt dataset options")
     sharegpt.add_argument(
         "--sharegpt-output-len", type=int, help="Output tokens; overrides the replies' lengths."
+    )
+    custom = parser.add_argument_group("custom dataset options")
+    custom.add_argument(
+        "--custom-output-len",
+        type=int,
+        default=256,
+        help="Output tokens per request; -1: each row's output_tokens.",
     )
     sonnet = parser.add_argument_group("sonnet dataset options")
     sonnet.add_argument("--sonnet-input-len", type=int, default=550)
@@ -237,7 +303,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "--backend",
         choices=("openai", "vllm", "openai-chat"),
         default="openai",
-        help="openai (alias vllm): the completions API; openai-chat: chat completions.",
+        help="openai (alias vllm): the completions API; openai-chat: chat completions. "
+        "openai-responses is refused: aioserve serves no /v1/responses.",
     )
     target.add_argument("--base-url", help="The server's URL, instead of --host and --port.")
     target.add_argument("--host", default="127.0.0.1")
@@ -256,7 +323,20 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "--served-model-name", help="The name to send in requests, when it differs from --model."
     )
     target.add_argument("--tokenizer", help="Tokenizer for the workload (default: the model).")
-    target.add_argument("--tokenizer-mode", choices=("auto", "slow"), default="auto")
+    target.add_argument(
+        "--tokenizer-mode",
+        default="auto",
+        help="vLLM's tokenizer mode. auto, hf, cohere, kimi_k3, inkling: the transformers "
+        "tokenizer (fast when there is one); slow: its slow version. Modes that need a "
+        "tokenizer of vLLM's own (mistral, deepseek_v32, ...) are refused.",
+    )
+    target.add_argument(
+        "--ready-check-timeout-sec",
+        type=int,
+        default=0,
+        help="Before the run, retry the first request (every 5 s) until it succeeds or this "
+        "many seconds pass; 0 skips the check.",
+    )
     traffic = parser.add_argument_group("traffic options")
     traffic.add_argument(
         "--request-rate",
@@ -272,6 +352,14 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "process, below 1 burstier, above 1 more even.",
     )
     traffic.add_argument("--max-concurrency", type=int, help="Most requests in flight at once.")
+    traffic.add_argument(
+        "--ramp-up-strategy",
+        choices=("linear", "exponential"),
+        help="Raise the request rate from --ramp-up-start-rps to --ramp-up-end-rps over the "
+        "run (instead of --request-rate).",
+    )
+    traffic.add_argument("--ramp-up-start-rps", type=int, help="First request rate of a ramp-up.")
+    traffic.add_argument("--ramp-up-end-rps", type=int, help="Last request rate of a ramp-up.")
     traffic.add_argument("--num-warmups", type=int, default=0, help="Untimed requests first.")
     traffic.add_argument(
         "--ignore-eos",
@@ -281,6 +369,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     traffic.add_argument("--request-id-prefix", help="Prefix of the x-request-id header.")
     traffic.add_argument(
         "--extra-body", type=json.loads, help="JSON object merged into every request body."
+    )
+    traffic.add_argument(
+        "--logprobs",
+        type=int,
+        help="Log probabilities per token asked of the completions backends (default: none).",
     )
     sampling = parser.add_argument_group("sampling parameters (default: the server's)")
     for option, kind in (
@@ -297,6 +390,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     results.add_argument("--disable-tqdm", action="store_true", help="No progress bar.")
     results.add_argument("--save-result", action="store_true", help="Write the result JSON.")
     results.add_argument(
+        "--append-result",
+        action="store_true",
+        help="Append the result JSON as a new line of the result file.",
+    )
+    results.add_argument(
         "--save-detailed",
         action="store_true",
         help="Also save per-request lengths, timings, texts and errors.",
@@ -309,12 +407,21 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     results.add_argument("--label", help="Label of the result (default: the backend).")
     results.add_argument(
         "--percentile-metrics",
-        help="Comma-separated metrics to report: ttft, tpot, itl, e2el (default: ttft,tpot,itl).",
+        help="Comma-separated metrics to report: ttft, tpot, itl, e2el, and with "
+        "--max-concurrency client_queue_time and (at a finite --request-rate) "
+        "e2el_including_client_queue (default: ttft,tpot,itl).",
     )
     results.add_argument(
         "--metric-percentiles",
         default="99",
-        help='Comma-separated percentiles to report, e.g. "25,50,75" (default: 99).',
+        help='Comma-separated percentiles (0 to 100) to report, e.g. "25,50,75" (default: 99).',
+    )
+    results.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="KEY:VALUE",
+        help="Service level objectives in milliseconds (ttft, tpot, e2el), e.g. ttft:200 "
+        "e2el:2000: also report the requests per second that met all of them.",
     )
     _add_serve_dataset_options(parser)
     parser.set_defaults(run=_run_serve)

@@ -11,6 +11,9 @@ The datasets are vLLM's, with their defaults:
   (sonnets.txt) is eleven of Shakespeare's sonnets (1, 18, 29, 30, 55, 60, 71, 73, 106, 116,
   130), which are in the public domain; a file of your own can replace it;
 - burstgpt: the request and response lengths of a local BurstGPT trace (CSV), GPT-4 rows;
+- custom: the prompts (and optional output lengths) of a local JSONL file, one
+  {"prompt": ..., "output_tokens": ...} object a line, rendered with the chat template
+  unless told not to;
 - prefix_repetition: `num_prefixes` random prefixes, each shared by an equal number of
   prompts with their own random suffix;
 - hf: datasets from the Hugging Face hub, which aioserve's benchmarks do not download:
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aioserve")
 
-DATASET_NAMES = ("sharegpt", "random", "sonnet", "burstgpt", "hf", "prefix_repetition")
+DATASET_NAMES = ("sharegpt", "random", "sonnet", "burstgpt", "hf", "prefix_repetition", "custom")
 SONNETS = Path(__file__).with_name("sonnets.txt")
 SONNET_INSTRUCTION = "Pick as many lines as you can from these poem lines:\n"
 
@@ -110,14 +113,21 @@ def random_requests(
     prefix_len: int = 0,
     range_ratio: float = 0.0,
     seed: int = 0,
+    output_range_ratio: float | None = None,
 ) -> list[SampleRequest]:
     """vLLM's random dataset: `prefix_len` shared random tokens, then `input_len` more.
 
-    With `range_ratio` r, each request's input and output lengths are drawn uniformly from
-    [len * (1 - r), len * (1 + r)]. `input_len` counts the tokenizer's special tokens.
+    With `range_ratio` r, each request's input length is drawn uniformly from
+    [len * (1 - r), len * (1 + r)], and its output length likewise with
+    `output_range_ratio` (default: r). `input_len` counts the tokenizer's special tokens.
     """
-    if not 0.0 <= range_ratio < 1.0:
-        raise DatasetError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    if output_range_ratio is None:
+        output_range_ratio = range_ratio
+    for which, ratio in (("input", range_ratio), ("output", output_range_ratio)):
+        if not 0.0 <= ratio < 1.0:
+            raise DatasetError(
+                f"--random-range-ratio: the {which} ratio must be in [0, 1), got {ratio}"
+            )
     if prefix_len < 0:
         raise DatasetError(f"the random prefix length must be at least 0, got {prefix_len}")
     if output_len < 1:
@@ -131,8 +141,8 @@ def random_requests(
             f"the input length {input_len} leaves no room for a prompt: the tokenizer adds "
             f"{num_special} special tokens and the shortest prompt would be empty"
         )
-    output_low = max(1, math.floor(output_len * (1 - range_ratio)))
-    output_high = max(1, math.ceil(output_len * (1 + range_ratio)))
+    output_low = max(1, math.floor(output_len * (1 - output_range_ratio)))
+    output_high = max(1, math.ceil(output_len * (1 + output_range_ratio)))
 
     rng = np.random.default_rng(seed)
     input_lens = rng.integers(input_low, input_high + 1, size=num_requests)
@@ -150,10 +160,30 @@ def random_requests(
     return requests
 
 
+def parse_range_ratio(text: str) -> tuple[float, float]:
+    """(input, output) ratios of --random-range-ratio: one number for both, or vLLM's JSON
+    object {"input": r1, "output": r2}."""
+    try:
+        ratio = float(text)
+        return ratio, ratio
+    except ValueError:
+        pass
+    try:
+        value = json.loads(text)
+        return float(value["input"]), float(value["output"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise DatasetError(
+            "--random-range-ratio takes a number or a JSON object with 'input' and 'output' "
+            f'numbers, e.g. \'{{"input": 0.3, "output": 0.5}}\'; got {text!r}'
+        ) from None
+
+
 # --- sharegpt ---------------------------------------------------------------------------
 
 
-def _read_sharegpt(path: str) -> list[tuple[str, str]]:
+def _read_sharegpt(path: str) -> list[list]:
+    """The conversations of a ShareGPT file that have at least two turns (vLLM's filter,
+    which comes before its shuffle)."""
     try:
         with open(path, encoding="utf-8") as file:
             data = json.load(file)
@@ -163,23 +193,33 @@ def _read_sharegpt(path: str) -> list[tuple[str, str]]:
         raise DatasetError(f"--dataset-path: {path!r} is not valid JSON: {error}") from None
     if not isinstance(data, list):
         raise DatasetError(f"--dataset-path: {path!r} must hold a JSON list of conversations")
-    pairs = []
+    conversations = []
     for entry in data:
         turns = entry.get("conversations") if isinstance(entry, dict) else None
         if isinstance(turns, list) and len(turns) >= 2:
-            first, second = turns[0], turns[1]
-            if isinstance(first, dict) and isinstance(second, dict):
-                prompt, completion = first.get("value"), second.get("value")
-                if isinstance(prompt, str) and isinstance(completion, str):
-                    pairs.append((prompt, completion))
-    return pairs
+            conversations.append(turns)
+    return conversations
 
 
-def _oversample(requests: list[SampleRequest], num_requests: int, rng: random.Random) -> None:
-    """Repeat randomly chosen requests until there are `num_requests` (vLLM does the same)."""
-    if len(requests) < num_requests:
+def _first_exchange(turns: list) -> tuple[str, str] | None:
+    first, second = turns[0], turns[1]
+    if isinstance(first, dict) and isinstance(second, dict):
+        prompt, completion = first.get("value"), second.get("value")
+        if isinstance(prompt, str) and isinstance(completion, str):
+            return prompt, completion
+    return None
+
+
+def oversample(
+    requests: list[SampleRequest], num_requests: int, seed: int, enabled: bool = True
+) -> None:
+    """Repeat randomly chosen requests until there are `num_requests`, as vLLM does (a
+    generator seeded afresh with `seed`, one choice per missing request)."""
+    if enabled and len(requests) < num_requests:
         logger.info("oversampling %d requests to reach %d", len(requests), num_requests)
-        requests.extend(rng.choices(requests, k=num_requests - len(requests)))
+        rng = random.Random(seed)
+        extra = [rng.choice(requests) for _ in range(num_requests - len(requests))]
+        requests.extend(extra)
 
 
 def sharegpt_requests(
@@ -189,17 +229,24 @@ def sharegpt_requests(
     *,
     output_len: int | None = None,
     seed: int = 0,
+    shuffle: bool = True,
+    oversample_to_count: bool = True,
 ) -> list[SampleRequest]:
     """The first human turn of each conversation as the prompt; the reply's length as the
-    output length unless `output_len` is given. Conversations are shuffled with `seed`;
-    too short or too long ones are skipped, as vLLM does."""
-    pairs = _read_sharegpt(path)
-    rng = random.Random(seed)
-    rng.shuffle(pairs)
+    output length unless `output_len` is given. Conversations are shuffled with `seed`
+    (unless `shuffle` is off); too short or too long ones are skipped, as vLLM does; when
+    too few are left, some are repeated (unless `oversample_to_count` is off)."""
+    conversations = _read_sharegpt(path)
+    if shuffle:
+        random.Random(seed).shuffle(conversations)
     requests: list[SampleRequest] = []
-    for prompt, completion in pairs:
+    for turns in conversations:
         if len(requests) == num_requests:
             break
+        pair = _first_exchange(turns)
+        if pair is None:
+            continue
+        prompt, completion = pair
         prompt_len = len(tokenizer(prompt).input_ids)
         wanted = len(tokenizer(completion).input_ids) if output_len is None else output_len
         too_short = prompt_len < SHAREGPT_MIN_LEN or (
@@ -216,7 +263,94 @@ def sharegpt_requests(
             f"{SHAREGPT_MIN_LEN} to {SHAREGPT_MAX_PROMPT_LEN} tokens and a reply that fits "
             f"in {SHAREGPT_MAX_TOTAL_LEN} tokens"
         )
-    _oversample(requests, num_requests, rng)
+    oversample(requests, num_requests, seed, oversample_to_count)
+    return requests
+
+
+# --- custom ---------------------------------------------------------------------------
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    if not path.endswith(".jsonl"):
+        raise DatasetError(f"--dataset-name custom reads JSONL files (*.jsonl), got {path!r}")
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as file:
+            for number, line in enumerate(file, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DatasetError(
+                        f"--dataset-path: line {number} of {path!r} is not JSON: {error}"
+                    ) from None
+                if not isinstance(row, dict) or "prompt" not in row:
+                    raise DatasetError(
+                        f"--dataset-path: line {number} of {path!r} has no 'prompt' field"
+                    )
+                rows.append(row)
+    except OSError as error:
+        raise DatasetError(f"--dataset-path: cannot read {path!r}: {error.strerror}") from None
+    return rows
+
+
+def custom_requests(
+    tokenizer: PreTrainedTokenizerBase,
+    num_requests: int,
+    path: str,
+    *,
+    output_len: int | None = 256,
+    seed: int = 0,
+    shuffle: bool = True,
+    oversample_to_count: bool = True,
+    chat_template: bool = True,
+    chat_template_kwargs: dict | None = None,
+) -> list[SampleRequest]:
+    """vLLM's custom dataset: one {"prompt": ..., "output_tokens": ...} object a line.
+
+    Rows are shuffled with `seed` unless `shuffle` is off. Each prompt is rendered as one
+    user message with the chat template (and `chat_template_kwargs`) unless
+    `chat_template` is off, and sent so rendered, whatever the endpoint, as vLLM does.
+    The output length is `output_len`, or the row's output_tokens when it is None or -1.
+    """
+    rows = _read_jsonl(path)
+    if shuffle:
+        random.Random(seed).shuffle(rows)
+    if chat_template and tokenizer.chat_template is None:
+        raise DatasetError(
+            "the custom dataset renders its prompts with the chat template, which this "
+            "tokenizer lacks; pass --skip-chat-template"
+        )
+    requests: list[SampleRequest] = []
+    for row in rows[:num_requests]:
+        prompt = str(row["prompt"])
+        if output_len is None or output_len == -1:
+            if "output_tokens" not in row:
+                raise DatasetError(
+                    "without --custom-output-len (or with -1) every custom row needs "
+                    "an 'output_tokens' field"
+                )
+            try:
+                wanted = int(row["output_tokens"])
+            except (TypeError, ValueError):
+                raise DatasetError(
+                    f"invalid 'output_tokens' in the custom dataset: {row['output_tokens']!r}; "
+                    "it must be an integer"
+                ) from None
+        else:
+            wanted = output_len
+        if chat_template:
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}],
+                add_generation_prompt=True,
+                tokenize=False,
+                **(chat_template_kwargs or {}),
+            )
+        requests.append(SampleRequest(prompt, len(tokenizer(prompt).input_ids), wanted))
+    if not requests:
+        raise DatasetError(f"--dataset-path: {path!r} has no prompt")
+    oversample(requests, num_requests, seed, oversample_to_count)
     return requests
 
 
@@ -302,7 +436,9 @@ def burstgpt_requests(
     """Synthetic prompts with the request and response token counts of a BurstGPT trace.
 
     Only GPT-4 rows with a positive response length are used, as in vLLM; rows are drawn
-    with `seed`, with replacement when the trace has fewer rows than requests.
+    with `seed`, with replacement when the trace has fewer rows than requests. The draw is
+    the one vLLM's pandas `DataFrame.sample(n, random_state=seed)` makes: numpy's legacy
+    RandomState(seed).choice over the row positions.
     """
     try:
         with open(path, encoding="utf-8", newline="") as file:
@@ -321,11 +457,10 @@ def burstgpt_requests(
             ) from None
     if not lengths:
         raise DatasetError(f"--dataset-path: {path!r} has no GPT-4 row with a response")
-    rng = random.Random(seed)
-    if num_requests <= len(lengths):
-        chosen = rng.sample(lengths, num_requests)
-    else:
-        chosen = rng.choices(lengths, k=num_requests)
+    positions = np.random.RandomState(seed).choice(
+        len(lengths), size=num_requests, replace=num_requests > len(lengths)
+    )
+    chosen = [lengths[int(p)] for p in positions]
     num_special = tokenizer.num_special_tokens_to_add()
     allowed = _allowed_token_ids(tokenizer)
     token_rng = np.random.default_rng(seed)

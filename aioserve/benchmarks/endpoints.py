@@ -78,10 +78,15 @@ class Target:
     headers: dict[str, str]
     extra_body: dict[str, Any]
     ignore_eos: bool
+    logprobs: int | None = None  # completions only, as in vLLM's chat requests
 
 
 def request_payload(target: Target, request: SampleRequest) -> dict[str, Any]:
-    """The JSON body of one streamed request, as vLLM's benchmark builds it."""
+    """The JSON body of one streamed request, as vLLM's benchmark builds it.
+
+    Completions requests always carry `repetition_penalty: 1.0` and `logprobs` (null
+    unless --logprobs), before --extra-body and the sampling options are merged in.
+    """
     if target.chat:
         payload: dict[str, Any] = {
             "model": target.model,
@@ -92,7 +97,9 @@ def request_payload(target: Target, request: SampleRequest) -> dict[str, Any]:
         payload = {
             "model": target.model,
             "prompt": request.prompt,
+            "repetition_penalty": 1.0,
             "max_tokens": request.expected_output_len,
+            "logprobs": target.logprobs,
         }
     payload["stream"] = True
     payload["stream_options"] = {"include_usage": True}

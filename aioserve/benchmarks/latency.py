@@ -4,7 +4,8 @@ As `vllm bench latency`: a batch of `--batch-size` random prompts of `--input-le
 each generating exactly `--output-len` tokens (temperature 1, EOS ignored), run
 `--num-iters-warmup` times untimed, then `--num-iters` times timed. It prints the mean and
 standard deviation and the 10/25/50/75/90/99th percentiles of the batch latency, and writes
-them with every iteration's latency to --output-json. Prefix caching is off unless asked
+them with every iteration's latency to --output-json (the standard deviation, line and key,
+is aioserve's addition). Prefix caching is off unless asked
 for, so every iteration computes its prompts in full.
 """
 
@@ -85,6 +86,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     for percentage, value in zip(PERCENTAGES, percentiles, strict=True):
         print(f"{percentage}% percentile latency: {value} seconds")
     results = {
+        "model_id": args.model,
         "avg_latency": np.mean(latencies).item(),
         "std_latency": np.std(latencies).item(),
         "latencies": latencies.tolist(),

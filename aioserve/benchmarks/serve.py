@@ -5,7 +5,8 @@ chat completions endpoint, streaming, and measures what a client sees: time to f
 token, time per output token, inter-token latency and end-to-end latency, plus request and
 token throughput. Requests leave at `--request-rate` per second, their gaps drawn from a
 gamma distribution of shape `--burstiness` (1: a Poisson process; `inf` rate: all at once),
-and at most `--max-concurrency` are in flight. The report and the `--save-result` JSON have
+or at a rate ramped from `--ramp-up-start-rps` to `--ramp-up-end-rps`, and at most
+`--max-concurrency` are in flight. The report and the `--save-result` JSON have
 vLLM's layout and keys, so results compare with `vllm bench serve`'s.
 """
 
@@ -26,6 +27,7 @@ import aiohttp
 import numpy as np
 from tqdm.asyncio import tqdm
 
+from aioserve.benchmarks import serve_options
 from aioserve.benchmarks.datasets import SampleRequest, refuse_hf_dataset
 from aioserve.benchmarks.endpoints import (
     BACKENDS,
@@ -36,8 +38,11 @@ from aioserve.benchmarks.endpoints import (
 )
 from aioserve.benchmarks.statistics import (
     LATENCY_METRICS,
+    QUEUE_METRICS,
+    LatencyStats,
     RequestResult,
     ServingMetrics,
+    latency_stats,
     metric_fields,
     percentile_label,
     serving_metrics,
@@ -45,27 +50,87 @@ from aioserve.benchmarks.statistics import (
 from aioserve.benchmarks.workload import load_tokenizer, serve_requests
 from aioserve.config.declaration import ConfigError
 
+READY_RETRY_S = 5
+
+
+def ramp_rates(count: int, strategy: str, start_rps: float, end_rps: float) -> list[float]:
+    """Each request's rate under a ramp-up: from `start_rps` at the first request to
+    `end_rps` at the last, linearly or exponentially in the request's index."""
+    rates = []
+    for index in range(count):
+        progress = index / max(count - 1, 1)
+        if strategy == "linear":
+            rates.append(start_rps + (end_rps - start_rps) * progress)
+        else:
+            rates.append(start_rps * (end_rps / start_rps) ** progress)
+    return rates
+
 
 def arrival_times(
-    count: int, request_rate: float, burstiness: float, rng: np.random.Generator
+    count: int,
+    request_rate: float,
+    burstiness: float,
+    rng: np.random.Generator,
+    rates: Sequence[float] | None = None,
 ) -> list[float]:
     """When each request leaves, in seconds after the first one could.
 
-    Gaps follow a gamma distribution of shape `burstiness` and mean 1/`request_rate`
-    (exponential, i.e. Poisson arrivals, at burstiness 1; even at infinite burstiness),
-    rescaled so the last request leaves at count / request_rate, as in vLLM. An infinite
-    rate sends all at time 0.
+    Gaps follow a gamma distribution of shape `burstiness` and mean 1/rate (exponential,
+    i.e. Poisson arrivals, at burstiness 1; even at infinite burstiness); an infinite rate
+    sends at once. At a fixed `request_rate` the times are rescaled so the last request
+    leaves at count / request_rate, as in vLLM; with per-request `rates` (a ramp-up) each
+    gap follows its request's rate and nothing is rescaled.
     """
-    if request_rate == float("inf"):
-        return [0.0] * count
-    if burstiness == float("inf"):  # the gamma distribution's limit: evenly spaced
-        gaps = np.full(count, 1.0 / request_rate)
-    else:
-        gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=count)
+    per_request = list(rates) if rates is not None else [request_rate] * count
+    gaps = []
+    for rate in per_request:
+        if rate == float("inf"):
+            gaps.append(0.0)
+        elif burstiness == float("inf"):  # the gamma distribution's limit: evenly spaced
+            gaps.append(1.0 / rate)
+        else:
+            gaps.append(float(rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness))))
     times = np.cumsum(gaps)
-    if times[-1] > 0:
+    if rates is None and count and times[-1] > 0:
         times *= (count / request_rate) / times[-1]
     return times.tolist()
+
+
+def rps_change_events(
+    send_times: Sequence[datetime], rates: Sequence[float], start_rps: int
+) -> list[dict[str, Any]]:
+    """vLLM's record of a ramp-up: when the rate first reached each whole number of
+    requests per second, from `start_rps` on."""
+    events = [{"rps": start_rps, "timestamp": send_times[0].isoformat()}] if send_times else []
+    last = start_rps
+    for sent, rate in zip(send_times, rates, strict=True):
+        if int(rate) > last:
+            events += [
+                {"rps": r, "timestamp": sent.isoformat()} for r in range(last + 1, int(rate) + 1)
+            ]
+            last = int(rate)
+    return events
+
+
+async def wait_until_ready(
+    session: aiohttp.ClientSession, target: Target, request: SampleRequest, timeout_s: int
+) -> None:
+    """Send `request` until it succeeds, every 5 s, for at most `timeout_s` seconds."""
+    print(f"Waiting for endpoint to become up in {timeout_s} seconds")
+    deadline = time.perf_counter() + timeout_s
+    error = "no attempt"
+    while (remaining := deadline - time.perf_counter()) > 0:
+        result = await send_request(session, target, request)
+        if result.success:
+            print("Initial test run completed.")
+            return
+        error = result.error
+        print(f"Endpoint is not ready: {error.rstrip().rsplit(chr(10), 1)[-1]}")
+        await asyncio.sleep(min(READY_RETRY_S, max(remaining, 0)))
+    raise ConfigError(
+        "Initial test run failed - Please make sure benchmark arguments are correctly "
+        f"specified. Error: {error}"
+    )
 
 
 async def run_requests(
@@ -79,8 +144,16 @@ async def run_requests(
     request_id_prefix: str = "",
     num_warmups: int = 0,
     show_progress: bool = True,
+    rates: Sequence[float] | None = None,
+    ready_check_timeout_s: int = 0,
+    sent_at: list[datetime] | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Send `requests` on their schedule; return their results (in order) and the duration."""
+    """Send `requests` on their schedule; return their results (in order) and the duration.
+
+    `rates`: per-request rates of a ramp-up, instead of `request_rate`. Each result's
+    client_queue_time is how long it waited for a --max-concurrency slot after its time
+    came. `sent_at`, when given, receives the wall-clock time each request's turn came.
+    """
     connector = aiohttp.TCPConnector(
         limit=max_concurrency or 0, limit_per_host=max_concurrency or 0, keepalive_timeout=60
     )
@@ -88,30 +161,41 @@ async def run_requests(
     async with aiohttp.ClientSession(connector=connector, timeout=TIMEOUT) as session:
 
         async def limited(
-            request: SampleRequest, request_id: str | None, bar: tqdm | None
+            request: SampleRequest, request_id: str | None, bar: tqdm | None, due: float
         ) -> RequestResult:
             async with limit:
                 result = await send_request(session, target, request, request_id)
+            result.client_queue_time = result.start_time - due
             if bar is not None:
                 bar.update(1)
             return result
 
+        print("Starting initial single prompt test run...")
+        if ready_check_timeout_s > 0:
+            await wait_until_ready(session, target, requests[0], ready_check_timeout_s)
+        else:
+            print("Skipping endpoint ready check.")
         if num_warmups:
             print(f"Warming up with {num_warmups} requests...")
-            warmups = [limited(requests[0], None, None) for _ in range(num_warmups)]
+            warmups = [
+                limited(requests[0], None, None, time.perf_counter()) for _ in range(num_warmups)
+            ]
             await asyncio.gather(*warmups)
             print("Warmup run completed.")
         print("Starting main benchmark run...")
         bar = tqdm(total=len(requests), disable=not show_progress)
-        schedule = arrival_times(len(requests), request_rate, burstiness, rng)
+        schedule = arrival_times(len(requests), request_rate, burstiness, rng, rates)
         start = time.perf_counter()
         tasks = []
         for index, (request, at) in enumerate(zip(requests, schedule, strict=True)):
             delay = start + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if sent_at is not None:
+                sent_at.append(datetime.now())
             request_id = f"{request_id_prefix}{index}"
-            tasks.append(asyncio.create_task(limited(request, request_id, bar)))
+            due = time.perf_counter()
+            tasks.append(asyncio.create_task(limited(request, request_id, bar, due)))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         bar.close()
@@ -125,8 +209,10 @@ def report(
     request_rate: float,
     max_concurrency: int | None,
     selected_metrics: Sequence[str],
+    goodput: bool = False,
+    extra_latencies: dict[str, LatencyStats] | None = None,
 ) -> str:
-    """The result block vLLM prints."""
+    """The result block vLLM prints. `extra_latencies`: the queue metrics, when measured."""
     lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
 
     def row(label: str, value: Any, decimals: bool = True) -> None:
@@ -142,21 +228,18 @@ def report(
     row("Total input tokens:", metrics.total_input, False)
     row("Total generated tokens:", metrics.total_output, False)
     row("Request throughput (req/s):", metrics.request_throughput)
+    if goodput:
+        row("Request goodput (req/s):", metrics.request_goodput)
     row("Output token throughput (tok/s):", metrics.output_throughput)
     row("Peak output token throughput (tok/s):", metrics.max_output_tokens_per_s)
     row("Peak concurrent requests:", metrics.max_concurrent_requests)
     row("Total token throughput (tok/s):", metrics.total_token_throughput)
-    headers = {
-        "ttft": ("TTFT", "Time to First Token"),
-        "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-        "itl": ("ITL", "Inter-token Latency"),
-        "e2el": ("E2EL", "End-to-end Latency"),
-    }
-    for name in LATENCY_METRICS:
-        if name not in selected_metrics:
+    latencies = {**metrics.latencies, **(extra_latencies or {})}
+    for name in (*LATENCY_METRICS, *QUEUE_METRICS):
+        if name not in selected_metrics or name not in latencies:
             continue
-        short, title = headers[name]
-        stats = metrics.latencies[name]
+        short, title = METRIC_TITLES[name]
+        stats = latencies[name]
         lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
         row(f"Mean {short} (ms):", stats.mean)
         row(f"Median {short} (ms):", stats.median)
@@ -166,14 +249,50 @@ def report(
     return "\n".join(lines)
 
 
+METRIC_TITLES = {
+    "ttft": ("TTFT", "Time to First Token"),
+    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("ITL", "Inter-token Latency"),
+    "e2el": ("E2EL", "End-to-end Latency"),
+    "client_queue_time": ("Client Queue Time", "Client-side Queueing"),
+    "e2el_including_client_queue": (
+        "E2EL incl. Client Queue",
+        "Queue-inclusive End-to-end Latency",
+    ),
+}
+
+
+def queue_latencies(
+    results: Sequence[RequestResult],
+    percentiles: Sequence[float],
+    request_rate: float,
+    max_concurrency: int | None,
+) -> dict[str, LatencyStats]:
+    """The queue metrics vLLM measures: client_queue_time with --max-concurrency, and
+    e2el_including_client_queue with it at a finite request rate (successful requests)."""
+    if max_concurrency is None:
+        return {}
+    succeeded = [r for r in results if r.success]
+    stats = {
+        "client_queue_time": latency_stats([r.client_queue_time for r in succeeded], percentiles)
+    }
+    if request_rate != float("inf"):
+        stats["e2el_including_client_queue"] = latency_stats(
+            [r.latency + r.client_queue_time for r in succeeded], percentiles
+        )
+    return stats
+
+
 def result_fields(
     metrics: ServingMetrics,
     duration: float,
     results: Sequence[RequestResult],
     output_lens: Sequence[int],
     selected_metrics: Sequence[str],
+    goodput: bool = False,
+    extra_latencies: dict[str, LatencyStats] | None = None,
 ) -> dict[str, Any]:
-    """The benchmark's part of the result JSON, with vLLM's keys."""
+    """The benchmark's part of the result JSON, with vLLM's keys in vLLM's order."""
     fields: dict[str, Any] = {
         "duration": duration,
         "completed": metrics.completed,
@@ -181,24 +300,30 @@ def result_fields(
         "total_input_tokens": metrics.total_input,
         "total_output_tokens": metrics.total_output,
         "request_throughput": metrics.request_throughput,
+        "request_goodput": metrics.request_goodput if goodput else None,
         "output_throughput": metrics.output_throughput,
         "total_token_throughput": metrics.total_token_throughput,
-        "max_output_tokens_per_s": metrics.max_output_tokens_per_s,
-        "max_concurrent_requests": metrics.max_concurrent_requests,
         "input_lens": [r.prompt_len for r in results],
         "output_lens": list(output_lens),
         "ttfts": [r.ttft for r in results],
         "itls": [r.itl for r in results],
+        "latencies": [r.latency for r in results],
         "start_times": [r.start_time for r in results],
+        "queue_times": [r.client_queue_time for r in results],
         "generated_texts": [r.generated_text for r in results],
         "errors": [r.error for r in results],
+        "max_output_tokens_per_s": metrics.max_output_tokens_per_s,
+        "max_concurrent_requests": metrics.max_concurrent_requests,
+        "rtfx": metrics.rtfx,
     }
-    for name in LATENCY_METRICS:
-        if name in selected_metrics:
-            fields.update(metric_fields(name, metrics.latencies[name]))
+    latencies = {**metrics.latencies, **(extra_latencies or {})}
+    for name in (*LATENCY_METRICS, *QUEUE_METRICS):
+        if name in selected_metrics and name in latencies:
+            fields.update(metric_fields(name, latencies[name]))
     return fields
 
 
+# Dropped without --save-detailed, as vLLM does (it keeps latencies and queue_times).
 DETAILED_FIELDS = (
     "input_lens",
     "output_lens",
@@ -211,26 +336,6 @@ DETAILED_FIELDS = (
 
 
 # --- the command ------------------------------------------------------------------------
-
-
-def _key_values(items: list[str] | None, option: str) -> dict[str, str]:
-    pairs = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{option} takes KEY=VALUE pairs, got {item!r}")
-        pairs[key.strip()] = value.strip()
-    return pairs
-
-
-def _numbers(text: str, option: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"{option} takes comma-separated numbers, got {text!r}") from None
-    if any(not 0 < v < 100 for v in values):
-        raise ConfigError(f"{option} takes percentiles between 0 and 100, got {text!r}")
-    return values
 
 
 async def _first_model(base_url: str, headers: dict[str, str]) -> tuple[str, str]:
@@ -261,8 +366,7 @@ def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Run `bench serve` with parsed arguments; print the report and return the result JSON."""
+def _check_options(args: argparse.Namespace) -> None:
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ConfigError(f"--max-concurrency must be at least 1, got {args.max_concurrency}")
     if not args.request_rate > 0:
@@ -273,16 +377,22 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--num-prompts must be at least 1, got {args.num_prompts}")
     if args.dataset_name == "hf":
         refuse_hf_dataset()
-    percentiles = _numbers(args.metric_percentiles, "--metric-percentiles")
-    selected = (args.percentile_metrics or "ttft,tpot,itl").split(",")
-    unknown = [name for name in selected if name not in LATENCY_METRICS]
-    if unknown:
+    if args.logprobs is not None and args.backend in CHAT_BACKENDS:
         raise ConfigError(
-            f"--percentile-metrics: unknown metric(s) {', '.join(unknown)}; "
-            f"choose from {', '.join(LATENCY_METRICS)}"
+            "--logprobs is sent with completions requests only (as vLLM does); "
+            "drop it or use --backend openai"
         )
-    headers = _key_values(args.header, "--header")
-    metadata = _key_values(args.metadata, "--metadata")
+    serve_options.check_ramp_up(args)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run `bench serve` with parsed arguments; print the report and return the result JSON."""
+    _check_options(args)
+    percentiles = serve_options.percentiles(args.metric_percentiles)
+    selected = serve_options.percentile_metrics(args.percentile_metrics)
+    goodput_ms = serve_options.goodput(args.goodput)
+    headers = serve_options.key_values(args.header, "--header")
+    metadata = serve_options.key_values(args.metadata, "--metadata")
     if api_key := os.environ.get("OPENAI_API_KEY"):
         headers.setdefault("Authorization", f"Bearer {api_key}")
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
@@ -308,11 +418,24 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         headers=headers,
         extra_body=extra_body,
         ignore_eos=ignore_eos,
+        logprobs=args.logprobs,
     )
+    rates = None
+    if args.ramp_up_strategy is not None:
+        rates = ramp_rates(
+            len(requests), args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps
+        )
+        print(f"Traffic ramp-up strategy: {args.ramp_up_strategy}.")
+        print(
+            f"Will increase RPS from {args.ramp_up_start_rps} to {args.ramp_up_end_rps} RPS "
+            "over the duration of the benchmark."
+        )
+    else:
+        print(f"Traffic request rate: {args.request_rate}")
     distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
-    print(f"Traffic request rate: {args.request_rate}")
     print(f"Burstiness factor: {args.burstiness} ({distribution})")
     print(f"Maximum request concurrency: {args.max_concurrency}")
+    sent_at: list[datetime] = []
     results, duration = asyncio.run(
         run_requests(
             target,
@@ -324,6 +447,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             request_id_prefix=args.request_id_prefix or f"bench-{uuid.uuid4().hex[:8]}-",
             num_warmups=args.num_warmups,
             show_progress=not args.disable_tqdm,
+            rates=rates,
+            ready_check_timeout_s=args.ready_check_timeout_sec,
+            sent_at=sent_at,
         )
     )
     metrics, output_lens = serving_metrics(
@@ -331,7 +457,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         duration,
         percentiles,
         lambda text: len(tokenizer(text, add_special_tokens=False).input_ids),
+        goodput_ms,
     )
+    queue_stats = queue_latencies(results, percentiles, args.request_rate, args.max_concurrency)
+    for name in QUEUE_METRICS:
+        if name in selected and name not in queue_stats:
+            print(f"{name} is not measured in this run (vLLM's rule): see --percentile-metrics")
     failures = [r.error for r in results if not r.success]
     if failures:
         print(f"Failed requests ({len(failures)}), the first ones:")
@@ -344,6 +475,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             request_rate=args.request_rate,
             max_concurrency=args.max_concurrency,
             selected_metrics=selected,
+            goodput=bool(goodput_ms),
+            extra_latencies=queue_stats,
         )
     )
 
@@ -360,14 +493,26 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "request_rate": args.request_rate if args.request_rate != float("inf") else "inf",
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,
-        **result_fields(metrics, duration, results, output_lens, selected),
     }
+    if rates is not None:
+        result["ramp_up_strategy"] = args.ramp_up_strategy
+        result["ramp_up_start_rps"] = args.ramp_up_start_rps
+        result["ramp_up_end_rps"] = args.ramp_up_end_rps
+    result.update(
+        result_fields(
+            metrics, duration, results, output_lens, selected, bool(goodput_ms), queue_stats
+        )
+    )
+    if rates is not None:
+        result["rps_change_events"] = rps_change_events(sent_at, rates, args.ramp_up_start_rps)
     if not args.save_detailed:
         for name in DETAILED_FIELDS:
             del result[name]
-    if args.save_result:
+    if args.save_result or args.append_result:
         path = _result_path(args, model_id, now)
-        with open(path, "w", encoding="utf-8") as file:
+        with open(path, "a+" if args.append_result else "w", encoding="utf-8") as file:
+            if args.append_result and file.tell() != 0:
+                file.write("\n")
             json.dump(result, file)
         print(f"Results saved to {path}")
     return result
@@ -375,9 +520,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def _result_path(args: argparse.Namespace, model_id: str, now: str) -> str:
     concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
+    if args.ramp_up_strategy is not None:
+        rate = (
+            f"ramp-up-{args.ramp_up_strategy}-{args.ramp_up_start_rps}qps-{args.ramp_up_end_rps}qps"
+        )
+    else:
+        rate = f"{args.request_rate}qps"
     name = args.result_filename or (
-        f"{args.label or args.backend}-{args.request_rate}qps{concurrency}-"
-        f"{model_id.split('/')[-1]}-{now}.json"
+        f"{args.label or args.backend}-{rate}{concurrency}-{model_id.split('/')[-1]}-{now}.json"
     )
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)

@@ -10,6 +10,9 @@ and how many tokens came back. From those:
   than one output token;
 - E2EL, end-to-end latency: last chunk - request sent.
 
+A request is good, for `--goodput`, when each of its TTFT, TPOT (0 for a request of one
+token) and E2EL named in the objectives is at most the objective's milliseconds.
+
 Each is summarized by its mean, median, standard deviation and the requested percentiles,
 in milliseconds. Percentiles interpolate linearly between the two nearest ranks (numpy's
 default, as in vLLM): the p-th percentile of sorted x[0..n-1] is x at rank p/100 * (n-1).
@@ -24,6 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+# Reported only with --max-concurrency (the second also needs a finite request rate).
+QUEUE_METRICS = ("client_queue_time", "e2el_including_client_queue")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
 
 @dataclass
@@ -39,6 +45,8 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
     error: str = ""
+    # Time between the request's turn in the schedule and its sending (--max-concurrency).
+    client_queue_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -58,11 +66,13 @@ class ServingMetrics:
     total_input: int
     total_output: int
     request_throughput: float
+    request_goodput: float  # good requests per second; 0 without objectives
     output_throughput: float
     total_token_throughput: float
     max_output_tokens_per_s: float
     max_concurrent_requests: int
     latencies: dict[str, LatencyStats]  # by metric name: "ttft", "tpot", "itl", "e2el"
+    rtfx: float = 0.0  # vLLM's inverse real-time factor of audio inputs: 0 for text
 
 
 def latency_stats(values_s: Sequence[float], percentiles: Sequence[float]) -> LatencyStats:
@@ -94,26 +104,38 @@ def metric_fields(name: str, stats: LatencyStats) -> dict[str, float]:
 
 
 def _peaks(results: Sequence[RequestResult]) -> tuple[float, int]:
-    """The most chunks that arrived within one second, and the most requests in flight."""
+    """The most chunks that arrived within one second, and the most requests active within
+    one second, as vLLM counts them.
+
+    Time is cut into one-second slots from the first request's start; a request counts in
+    every slot from the one it started in to the one it ended in, so requests that ran one
+    after another within a second all count in it.
+    """
     if not results:
         return 0.0, 0
     origin = min(r.start_time for r in results)
     end = max(r.start_time + r.latency for r in results)
-    per_second = np.zeros(int(math.ceil(end - origin)) + 1)
+    slots = int(math.ceil(end - origin)) + 1
+    per_second = np.zeros(slots)
+    active = np.zeros(slots)
     for result in results:
         arrival = result.start_time + result.ttft
         for gap in [0.0, *result.itl]:
             arrival += gap
-            per_second[int(arrival - origin)] += 1
-    # Half-open intervals [start, end): an end and a start at the same time do not overlap.
-    events = sorted(
-        [(r.start_time, 1) for r in results] + [(r.start_time + r.latency, -1) for r in results]
-    )
-    in_flight = peak = 0
-    for _, change in events:
-        in_flight += change
-        peak = max(peak, in_flight)
-    return float(per_second.max()), peak
+            slot = int(arrival - origin)
+            if 0 <= slot < slots:
+                per_second[slot] += 1
+        first = int(result.start_time - origin)
+        last = int(result.start_time + result.latency - origin)
+        active[first : last + 1] += 1
+    return float(per_second.max()), int(active.max())
+
+
+def is_good(ttft: float, tpot: float, e2el: float, objectives_ms: dict[str, float]) -> bool:
+    """Whether a request meets every objective (milliseconds) of --goodput."""
+    measured = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+    # Objective converted to seconds, not the time to ms: vLLM's rounding at the boundary.
+    return all(limit / 1000 >= measured[name] for name, limit in objectives_ms.items())
 
 
 def serving_metrics(
@@ -121,8 +143,11 @@ def serving_metrics(
     duration_s: float,
     percentiles: Sequence[float],
     count_tokens: Callable[[str], int],
+    goodput_ms: dict[str, float] | None = None,
 ) -> tuple[ServingMetrics, list[int]]:
     """The benchmark's metrics, and each request's output length (0 for a failed one).
+
+    `goodput_ms`: the --goodput objectives in milliseconds, by metric (ttft, tpot, e2el).
 
     A request's output length is the server's usage.completion_tokens, or else the number
     of tokens `count_tokens` finds in its generated text.
@@ -133,6 +158,7 @@ def serving_metrics(
     itls: list[float] = []
     e2els: list[float] = []
     total_input = 0
+    good = 0
     succeeded = [r for r in results if r.success]
     for result in results:
         if not result.success:
@@ -143,8 +169,12 @@ def serving_metrics(
             output_len = count_tokens(result.generated_text)
         output_lens.append(output_len)
         total_input += result.prompt_len
+        tpot = 0.0
         if output_len > 1:
-            tpots.append((result.latency - result.ttft) / (output_len - 1))
+            tpot = (result.latency - result.ttft) / (output_len - 1)
+            tpots.append(tpot)
+        if goodput_ms and is_good(result.ttft, tpot, result.latency, goodput_ms):
+            good += 1
         ttfts.append(result.ttft)
         itls.extend(result.itl)
         e2els.append(result.latency)
@@ -156,6 +186,7 @@ def serving_metrics(
         total_input=total_input,
         total_output=total_output,
         request_throughput=len(succeeded) / duration_s,
+        request_goodput=good / duration_s,
         output_throughput=total_output / duration_s,
         total_token_throughput=(total_input + total_output) / duration_s,
         max_output_tokens_per_s=peak_tokens,

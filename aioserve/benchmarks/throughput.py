@@ -10,8 +10,9 @@ so each generates exactly its output length. Backends:
 - hf: transformers' batched `generate` on the same model files (aioserve.benchmarks.hf_backend);
 - mii: refused (DeepSpeed-MII is not part of aioserve's stack).
 
-It prints vLLM's line "Throughput: X requests/s, Y total tokens/s, Z output tokens/s" and
-writes --output-json with vLLM's keys. Token counts come from what the engine returned
+With --num-warmups, that many requests of the same dataset (drawn with seed + 1, as vLLM
+does) run untimed first. It prints vLLM's line "Throughput: X requests/s, Y total
+tokens/s, Z output tokens/s" and writes --output-json with vLLM's keys. Token counts come from what the engine returned
 (prompt tokens once per request, output tokens of every sample).
 """
 
@@ -34,6 +35,8 @@ from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from aioserve.engine.async_engine import AsyncEngine
 
 OUR_BACKENDS = ("aioserve", "vllm")
@@ -69,6 +72,18 @@ def _check_fits(requests: Sequence[SampleRequest], max_model_len: int) -> None:
         )
 
 
+def warmup_requests(
+    args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, seed: int, chat: bool
+) -> list[SampleRequest]:
+    """The --num-warmups untimed requests: the same dataset, drawn with seed + 1."""
+    if args.num_warmups <= 0:
+        return []
+    warmup_args = argparse.Namespace(**{**vars(args), "num_prompts": args.num_warmups})
+    requests = throughput_requests(warmup_args, tokenizer, seed + 1, chat)
+    print(f"Warming up with {len(requests)} requests...")
+    return requests
+
+
 def run_aioserve(
     config: EngineConfig,
     args: argparse.Namespace,
@@ -77,18 +92,24 @@ def run_aioserve(
     """The workload on the offline LLM: (requests, seconds, outputs)."""
     from aioserve.engine.llm import LLM
 
-    with LLM.from_config(config) as llm:
-        requests = throughput_requests(args, llm.get_tokenizer(), config.model.seed, chat)
-        params = [sampling_params(r, args.n, not args.disable_detokenize) for r in requests]
+    def run(batch: Sequence[SampleRequest]) -> tuple[float, list[RequestOutput]]:
+        params = [sampling_params(r, args.n, not args.disable_detokenize) for r in batch]
         if chat:
-            conversations = [[{"role": "user", "content": r.prompt}] for r in requests]
+            conversations = [[{"role": "user", "content": r.prompt}] for r in batch]
             start = time.perf_counter()
             outputs = llm.chat(conversations, params, use_tqdm=True)
         else:
-            _check_fits(requests, llm.engine.settings.max_model_len)
+            _check_fits(batch, llm.engine.settings.max_model_len)
             start = time.perf_counter()
-            outputs = llm.generate([r.prompt for r in requests], params, use_tqdm=True)
-        elapsed = time.perf_counter() - start
+            outputs = llm.generate([r.prompt for r in batch], params, use_tqdm=True)
+        return time.perf_counter() - start, outputs
+
+    with LLM.from_config(config) as llm:
+        tokenizer, seed = llm.get_tokenizer(), config.model.seed
+        requests = throughput_requests(args, tokenizer, seed, chat)
+        if warmups := warmup_requests(args, tokenizer, seed, chat):
+            run(warmups)
+        elapsed, outputs = run(requests)
     return requests, elapsed, outputs
 
 
@@ -100,16 +121,20 @@ async def _generate_all(
     The engine is shut down at the end, whatever happens.
     """
 
-    async def one(index: int, request: SampleRequest, bar: tqdm) -> RequestOutput:
+    async def one(index: int | str, request: SampleRequest, bar: tqdm | None) -> RequestOutput:
         params = sampling_params(request, args.n, not args.disable_detokenize)
         async for output in engine.generate(request.prompt, params, f"bench-{index}"):
             last = output
-        bar.update(1)
+        if bar is not None:
+            bar.update(1)
         return last
 
     try:
-        requests = throughput_requests(args, engine.tokenizer, config.model.seed, chat=False)
-        _check_fits(requests, engine.settings.max_model_len)
+        seed = config.model.seed
+        requests = throughput_requests(args, engine.tokenizer, seed, chat=False)
+        warmups = warmup_requests(args, engine.tokenizer, seed, chat=False)
+        _check_fits([*requests, *warmups], engine.settings.max_model_len)
+        await asyncio.gather(*(one(f"warmup-{i}", r, None) for i, r in enumerate(warmups)))
         with tqdm(total=len(requests), desc="Processed prompts") as bar:
             start = time.perf_counter()
             outputs = await asyncio.gather(*(one(i, r, bar) for i, r in enumerate(requests)))
@@ -149,16 +174,22 @@ def run_hf(config: EngineConfig, args: argparse.Namespace) -> tuple[list[SampleR
     tokenizer_name = None if model_cfg.tokenizer == model_cfg.model else model_cfg.tokenizer
     tokenizer = checkpoint.load_tokenizer(tokenizer_name, model_cfg.tokenizer_mode)
     requests = throughput_requests(args, tokenizer, model_cfg.seed, chat=False)
+    warmups = warmup_requests(args, tokenizer, model_cfg.seed, chat=False)
     model = load_transformers_model(checkpoint, model_cfg.dtype)
-    elapsed = run_transformers(
-        model,
-        tokenizer,
-        requests,
-        n=args.n,
-        max_batch_size=args.hf_max_batch_size,
-        disable_detokenize=args.disable_detokenize,
-    )
-    return requests, elapsed
+
+    def run(batch: list[SampleRequest]) -> float:
+        return run_transformers(
+            model,
+            tokenizer,
+            batch,
+            n=args.n,
+            max_batch_size=args.hf_max_batch_size,
+            disable_detokenize=args.disable_detokenize,
+        )
+
+    if warmups:
+        run(warmups)
+    return requests, run(requests)
 
 
 def _check_options(args: argparse.Namespace, config: EngineConfig) -> None:
@@ -170,6 +201,8 @@ def _check_options(args: argparse.Namespace, config: EngineConfig) -> None:
     settle_throughput_dataset(args)
     if args.num_prompts < 1:
         raise ConfigError(f"--num-prompts must be at least 1, got {args.num_prompts}")
+    if args.num_warmups < 0:
+        raise ConfigError(f"--num-warmups must be at least 0, got {args.num_warmups}")
     if args.lora_path is not None:
         raise ConfigError("--lora-path: aioserve does not serve LoRA adapters yet")
     if args.n < 1:
@@ -212,6 +245,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"Total num prompt tokens:  {prompt_tokens}")
     print(f"Total num output tokens:  {output_tokens}")
     results = {
+        "model_id": args.model,
         "elapsed_time": elapsed,
         "num_requests": len(requests),
         "total_num_tokens": total_tokens,

@@ -1,9 +1,11 @@
 """From a bench command's arguments to its requests: which dataset, with which lengths.
 
 `bench throughput` and `bench serve` name their dataset options differently, as in vLLM:
-throughput has `--input-len`, `--output-len`, `--prefix-len`, `--random-range-ratio`;
-serve has one group per dataset (`--random-input-len`, `--sonnet-prefix-len`, ...), which
-its general `--input-len` / `--output-len` override.
+throughput has `--input-len`, `--output-len`, `--prefix-len` and vLLM's newer
+`--random-input-len`, `--random-output-len`, `--random-prefix-len`; for the random
+dataset a `--random-*` option wins over its plain one, which wins over the default
+(1024, 128, 0). Serve has one group per dataset (`--random-input-len`,
+`--sonnet-prefix-len`, ...), which its general `--input-len` / `--output-len` override.
 """
 
 from __future__ import annotations
@@ -20,15 +22,38 @@ if TYPE_CHECKING:
 
 # Defaults of vLLM's prefix repetition dataset: prefix, suffix, prefixes, output tokens.
 PREFIX_REPETITION_DEFAULTS = (256, 256, 10, 128)
+# Defaults of the random dataset's lengths: input, output, prefix tokens.
+RANDOM_DEFAULTS = (1024, 128, 0)
+
+# vLLM's tokenizer modes that load the transformers tokenizer, and the loader's mode for
+# each. cohere, kimi_k3 and inkling only swap vLLM's chat renderer, which the benchmark
+# does not use for token counts.
+HF_TOKENIZER_MODES = {
+    "auto": "auto",
+    "hf": "auto",
+    "slow": "slow",
+    "cohere": "auto",
+    "kimi_k3": "auto",
+    "inkling": "auto",
+}
 
 
 def load_tokenizer(model: str, tokenizer_mode: str = "auto") -> PreTrainedTokenizerBase:
     """The tokenizer of `model` (a local path, a packaged model or a hub id), as the engine
-    loads it."""
+    loads it. `tokenizer_mode` is vLLM's: the modes of HF_TOKENIZER_MODES load the
+    transformers tokenizer; the others (mistral, deepseek_v32, ...) need tokenizers of
+    vLLM's own, which aioserve does not have, and are refused."""
     from aioserve.models.checkpoint import open_checkpoint
 
+    mode = HF_TOKENIZER_MODES.get(tokenizer_mode)
+    if mode is None:
+        raise ConfigError(
+            f"--tokenizer-mode {tokenizer_mode}: aioserve has no {tokenizer_mode!r} "
+            "tokenizer (only the transformers one); use "
+            f"{', '.join(HF_TOKENIZER_MODES)}"
+        )
     try:
-        return open_checkpoint(model).load_tokenizer(tokenizer_mode=tokenizer_mode)
+        return open_checkpoint(model).load_tokenizer(tokenizer_mode=mode)
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot load the tokenizer of {model!r}: {error}") from None
 
@@ -65,7 +90,7 @@ def settle_throughput_dataset(args: argparse.Namespace) -> None:
     """Apply vLLM's dataset rules of `bench throughput` to `args`, before anything loads.
 
     --dataset is the deprecated spelling of --dataset-path. Without a dataset path, sharegpt
-    and burstgpt fall back to random, which needs --input-len. The hf dataset is refused.
+    and burstgpt fall back to random. The hf dataset is refused.
     """
     if args.dataset is not None:
         print("--dataset is deprecated: use --dataset-name and --dataset-path")
@@ -75,8 +100,20 @@ def settle_throughput_dataset(args: argparse.Namespace) -> None:
     if args.dataset_path is None and args.dataset_name in ("sharegpt", "burstgpt"):
         print("When dataset path is not set, it will default to random dataset")
         args.dataset_name = "random"
-    if args.dataset_name == "random" and args.input_len is None:
-        raise ConfigError("the random dataset needs --input-len")
+
+
+def random_lengths(args: argparse.Namespace) -> tuple[int, int, int]:
+    """`bench throughput`'s random (input, output, prefix) lengths: each --random-* option,
+    else its plain one (--input-len, --output-len, --prefix-len), else RANDOM_DEFAULTS."""
+    lengths = []
+    for name, default in zip(
+        ("input_len", "output_len", "prefix_len"), RANDOM_DEFAULTS, strict=True
+    ):
+        for value in (getattr(args, "random_" + name), getattr(args, name), default):
+            if value is not None:
+                lengths.append(value)
+                break
+    return lengths[0], lengths[1], lengths[2]
 
 
 def throughput_requests(
@@ -88,18 +125,26 @@ def throughput_requests(
     """
     name = args.dataset_name
     if name == "random":
+        input_len, output_len, prefix_len = random_lengths(args)
+        input_ratio, output_ratio = datasets.parse_range_ratio(args.random_range_ratio)
         return datasets.random_requests(
             tokenizer,
             args.num_prompts,
-            args.input_len,
-            128 if args.output_len is None else args.output_len,
-            prefix_len=args.prefix_len,
-            range_ratio=args.random_range_ratio,
+            input_len,
+            output_len,
+            prefix_len=prefix_len,
+            range_ratio=input_ratio,
+            output_range_ratio=output_ratio,
             seed=seed,
         )
     if name == "sharegpt":
         return datasets.sharegpt_requests(
-            tokenizer, args.num_prompts, args.dataset_path, output_len=args.output_len, seed=seed
+            tokenizer,
+            args.num_prompts,
+            args.dataset_path,
+            output_len=args.output_len,
+            seed=seed,
+            oversample_to_count=not args.no_oversample,
         )
     if name == "sonnet":
         return datasets.sonnet_requests(
@@ -107,7 +152,7 @@ def throughput_requests(
             args.num_prompts,
             input_len=550 if args.input_len is None else args.input_len,
             output_len=150 if args.output_len is None else args.output_len,
-            prefix_len=args.prefix_len,
+            prefix_len=0 if args.prefix_len is None else args.prefix_len,
             path=args.dataset_path,
             chat_formatted=not chat,
             seed=seed,
@@ -134,19 +179,39 @@ def serve_requests(
     if name in ("random", "prefix_repetition") and args.dataset_path is not None:
         raise DatasetError(f"--dataset-name {name} generates its prompts: drop --dataset-path")
     if name == "random":
+        input_ratio, output_ratio = datasets.parse_range_ratio(args.random_range_ratio)
         return datasets.random_requests(
             tokenizer,
             args.num_prompts,
             args.random_input_len if args.input_len is None else args.input_len,
             args.random_output_len if args.output_len is None else args.output_len,
             prefix_len=args.random_prefix_len,
-            range_ratio=args.random_range_ratio,
+            range_ratio=input_ratio,
+            output_range_ratio=output_ratio,
             seed=seed,
         )
     if name == "sharegpt":
         output_len = args.sharegpt_output_len if args.output_len is None else args.output_len
         return datasets.sharegpt_requests(
-            tokenizer, args.num_prompts, _needs_path(args), output_len=output_len, seed=seed
+            tokenizer,
+            args.num_prompts,
+            _needs_path(args),
+            output_len=output_len,
+            seed=seed,
+            shuffle=not args.disable_shuffle,
+            oversample_to_count=not args.no_oversample,
+        )
+    if name == "custom":
+        return datasets.custom_requests(
+            tokenizer,
+            args.num_prompts,
+            _needs_path(args),
+            output_len=args.custom_output_len if args.output_len is None else args.output_len,
+            seed=seed,
+            shuffle=not args.disable_shuffle,
+            oversample_to_count=not args.no_oversample,
+            chat_template=not args.skip_chat_template,
+            chat_template_kwargs=args.chat_template_kwargs,
         )
     if name == "sonnet":
         return datasets.sonnet_requests(

@@ -7,6 +7,7 @@ what it received and how many requests it had in flight at once.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -167,7 +168,8 @@ def test_max_concurrency_caps_requests_in_flight(fake_server, tmp_path):
     assert fake_server.most_in_flight == 1
     assert result["completed"] == 4
     assert result["max_concurrency"] == 1
-    assert result["max_concurrent_requests"] == 1
+    # vLLM counts the requests active within one second: all four, one after another.
+    assert result["max_concurrent_requests"] == 4
 
 
 def test_failed_requests_are_counted_not_fatal(fake_server, tmp_path, capsys):
@@ -205,3 +207,133 @@ def test_bad_options_are_refused(fake_server, capsys):
 def test_unreachable_server(tmp_path, capsys):
     assert cli.main(["bench", "serve", "--base-url", "http://127.0.0.1:9"]) == 2
     assert "cannot list the models" in capsys.readouterr().err
+
+
+def bench_serve_plain(server: FakeServer, tmp_path, *options: str) -> dict:
+    """bench_serve without --save-detailed."""
+    argv = [
+        "bench", "serve", "--base-url", f"http://127.0.0.1:{server.port}",
+        "--dataset-name", "random", "--random-input-len", "20", "--random-output-len", "4",
+        "--num-prompts", "3", "--save-result", "--result-dir", str(tmp_path),
+        "--result-filename", "result.json", *options,
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    return json.loads((tmp_path / "result.json").read_text().splitlines()[-1])
+
+
+def test_completions_carry_vllms_fixed_fields(fake_server, tmp_path):
+    """lib/endpoint_request_func.py:async_request_openai_completions sends
+    repetition_penalty 1.0 and logprobs before merging --extra-body."""
+    bench_serve_plain(fake_server, tmp_path)
+    assert all(b["repetition_penalty"] == 1.0 and b["logprobs"] is None for b in fake_server.bodies)
+    fake_server.bodies.clear()
+    bench_serve_plain(
+        fake_server, tmp_path, "--logprobs", "2", "--extra-body", '{"repetition_penalty": 1.2}'
+    )
+    assert all(b["repetition_penalty"] == 1.2 and b["logprobs"] == 2 for b in fake_server.bodies)
+    fake_server.bodies.clear()
+    bench_serve_plain(fake_server, tmp_path, "--backend", "openai-chat", "--num-prompts", "1")
+    assert "logprobs" not in fake_server.bodies[-1]
+    assert "repetition_penalty" not in fake_server.bodies[-1]
+
+
+def test_saved_keys_and_goodput_as_vllm(fake_server, tmp_path, capsys):
+    """serve.py:benchmark always saves request_goodput (null without --goodput),
+    latencies, queue_times and rtfx; --save-detailed absent drops only the other lists."""
+    result = bench_serve_plain(fake_server, tmp_path)
+    assert result["request_goodput"] is None
+    assert len(result["latencies"]) == len(result["queue_times"]) == 3
+    assert result["rtfx"] == 0.0
+    for name in ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors"):
+        assert name not in result
+    assert "Request goodput" not in capsys.readouterr().out
+    result = bench_serve_plain(fake_server, tmp_path, "--goodput", "e2el:60000", "ttft:60000")
+    assert result["request_goodput"] == pytest.approx(3 / result["duration"])
+    assert "Request goodput (req/s):" in capsys.readouterr().out
+    result = bench_serve_plain(fake_server, tmp_path, "--goodput", "ttft:0")
+    assert result["request_goodput"] == 0.0
+
+
+def test_vllm_options_are_accepted(fake_server, tmp_path, capsys):
+    result = bench_serve_plain(
+        fake_server, tmp_path,
+        "--trust-remote-code", "--tokenizer-mode", "hf",
+        "--random-range-ratio", '{"input": 0.2, "output": 0.5}',
+        "--metric-percentiles", "0,50,100", "--ready-check-timeout-sec", "5",
+        "--max-concurrency", "1", "--request-rate", "300",
+        "--percentile-metrics", "ttft,client_queue_time,e2el_including_client_queue",
+    )  # fmt: skip
+    assert {"p0_ttft_ms", "p100_ttft_ms", "mean_client_queue_time_ms"} <= set(result)
+    assert "p100_e2el_including_client_queue_ms" in result
+    out = capsys.readouterr().out
+    assert "Initial test run completed." in out and "P100 TTFT (ms):" in out
+    assert "Mean Client Queue Time (ms):" in out
+    assert {b["max_tokens"] for b in fake_server.bodies} <= {2, 3, 4, 5, 6}
+
+
+def test_append_result_adds_a_line(fake_server, tmp_path):
+    bench_serve_plain(fake_server, tmp_path, "--label", "one")
+    bench_serve_plain(fake_server, tmp_path, "--append-result", "--label", "two")
+    lines = (tmp_path / "result.json").read_text().splitlines()
+    assert [json.loads(line)["label"] for line in lines] == ["one", "two"]
+
+
+def test_ramp_up(fake_server, tmp_path, capsys):
+    result = bench_serve_plain(
+        fake_server, tmp_path, "--num-prompts", "4",
+        "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "100", "--ramp-up-end-rps", "400",
+    )  # fmt: skip
+    assert result["ramp_up_strategy"] == "linear"
+    assert (result["ramp_up_start_rps"], result["ramp_up_end_rps"]) == (100, 400)
+    # rates 100, 200, 300, 400: one event per whole RPS reached, from the start rate
+    assert [e["rps"] for e in result["rps_change_events"]] == list(range(100, 401))
+    assert "Traffic ramp-up strategy: linear." in capsys.readouterr().out
+
+
+def test_custom_dataset_over_http(fake_server, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "Why is the sky blue?", "output_tokens": 3}\n')
+    result = bench_serve_plain(
+        fake_server, tmp_path, "--dataset-name", "custom", "--dataset-path", str(path),
+        "--custom-output-len", "-1", "--skip-chat-template", "--num-prompts", "2",
+    )  # fmt: skip
+    assert result["completed"] == 2
+    assert [b["prompt"] for b in fake_server.bodies] == ["Why is the sky blue?"] * 2
+    assert [b["max_tokens"] for b in fake_server.bodies] == [3, 3]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--tokenizer-mode", "mistral"), "--tokenizer-mode mistral"),
+        (("--backend", "openai-chat", "--logprobs", "1"), "--logprobs"),
+        (("--goodput", "speed:1"), "Invalid metric name found"),
+        (("--metric-percentiles", "101"), "from 0 to 100"),
+        (("--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1"), "both --ramp-up-start"),
+        (
+            (
+                "--ramp-up-strategy",
+                "linear",
+                "--ramp-up-start-rps",
+                "1",
+                "--ramp-up-end-rps",
+                "2",
+                "--request-rate",
+                "3",
+            ),
+            "do not specify --request-rate",
+        ),  # fmt: skip
+    ],
+)
+def test_more_refusals(fake_server, capsys, options, message):
+    argv = ["bench", "serve", "--base-url", f"http://127.0.0.1:{fake_server.port}", *options]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert fake_server.bodies == []
+
+
+def test_responses_backend_is_refused(capsys):
+    """aioserve serves no /v1/responses, so vLLM's openai-responses backend stays refused."""
+    with pytest.raises((SystemExit, argparse.ArgumentError)) as error:
+        cli.main(["bench", "serve", "--backend", "openai-responses"])
+    assert "openai-responses" in str(error.value) + capsys.readouterr().err

@@ -78,4 +78,5 @@ def test_bench_serve_against_aioserve(live_server, tiny_model, tmp_path, backend
     if backend == "openai":
         assert result["total_input_tokens"] == 3 * 16
     assert result["mean_ttft_ms"] > 0
-    assert result["max_concurrent_requests"] <= 2
+    # vLLM's count: requests active within one second, so up to all three, not 2 at once.
+    assert 1 <= result["max_concurrent_requests"] <= 3

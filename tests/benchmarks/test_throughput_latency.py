@@ -9,8 +9,10 @@ import pytest
 
 from aioserve import cli
 from aioserve.benchmarks import datasets
+from aioserve.benchmarks.workload import random_lengths
 
 THROUGHPUT_KEYS = {
+    "model_id",
     "elapsed_time",
     "num_requests",
     "total_num_tokens",
@@ -39,6 +41,7 @@ def throughput(tiny_model, tmp_path, capsys, *options: str) -> tuple[dict, dict[
 
 def check_figures(result: dict, out: str) -> None:
     assert set(result) == THROUGHPUT_KEYS
+    assert next(iter(result)) == "model_id"  # throughput.py:main writes it first
     elapsed = result["elapsed_time"]
     assert result["requests_per_second"] == pytest.approx(result["num_requests"] / elapsed)
     assert result["tokens_per_second"] == pytest.approx(result["total_num_tokens"] / elapsed)
@@ -115,11 +118,27 @@ def test_throughput_refusals(tiny_model, tmp_path, capsys, options, message):
     assert message in capsys.readouterr().err
 
 
-def test_throughput_random_fallback_needs_an_input_length(tiny_model, capsys):
-    assert cli.main(["bench", "throughput", "--model", tiny_model]) == 2
-    captured = capsys.readouterr()
-    assert "default to random dataset" in captured.out
-    assert "the random dataset needs --input-len" in captured.err
+def test_random_lengths_precedence():
+    """vLLM's --random-* options win over --input-len/--output-len/--prefix-len, which
+    (unlike vLLM, which ignores them) win over the defaults 1024/128/0."""
+    throughput_parser = cli.build_parser()._subparsers._group_actions[0].choices["bench"]
+    parser = throughput_parser._subparsers._group_actions[0].choices["throughput"]
+    assert random_lengths(parser.parse_args([])) == (1024, 128, 0)
+    plain = ["--input-len", "24", "--output-len", "5", "--prefix-len", "3"]
+    assert random_lengths(parser.parse_args(plain)) == (24, 5, 3)
+    both = [*plain, "--random-input-len", "30", "--random-output-len", "6"]
+    assert random_lengths(parser.parse_args([*both, "--random-prefix-len", "0"])) == (30, 6, 0)
+
+
+def test_throughput_random_options_and_warmups(tiny_model, tmp_path, capsys):
+    result, counts, out = throughput(
+        tiny_model, tmp_path, capsys,
+        "--random-input-len", "20", "--random-output-len", "4", "--num-warmups", "2",
+    )  # fmt: skip
+    check_figures(result, out)
+    assert "Warming up with 2 requests..." in out
+    assert counts == {"prompt": 3 * 20, "output": 3 * 4}  # the warm-up is not counted
+    assert result["model_id"] == tiny_model
 
 
 def test_throughput_request_longer_than_the_context(tiny_model, capsys):
@@ -139,7 +158,8 @@ def test_latency(tiny_model, tmp_path, capsys):
     ]  # fmt: skip
     assert cli.main(argv) == 0
     result = json.loads(path.read_text())
-    assert set(result) == {"avg_latency", "std_latency", "latencies", "percentiles"}
+    assert set(result) == {"model_id", "avg_latency", "std_latency", "latencies", "percentiles"}
+    assert next(iter(result)) == "model_id" and result["model_id"] == tiny_model
     first, second = result["latencies"]
     low, high = sorted((first, second))
     assert result["avg_latency"] == pytest.approx((first + second) / 2)
