@@ -37,7 +37,11 @@ _KIND_TYPES: dict[str, tuple[type, ...]] = {
 
 
 async def read_json_body(request: web.Request) -> dict[str, Any]:
-    """The request's body as a JSON object, or a 400 saying why it is not one."""
+    """The request's body as a JSON object, or a 400 saying why it is not one. As vLLM's
+    routes, only a body sent as application/json is read (curl's default form type is not)."""
+    media_type = request.headers.get("Content-Type", "").lower().split(";", 1)[0].strip()
+    if media_type != "application/json":
+        raise APIError("Unsupported Media Type: Only 'application/json' is allowed")
     raw = await request.read()
     try:
         body = orjson.loads(raw)

@@ -63,6 +63,9 @@ ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
 
 # Once draining has ended, how long aborted requests get to write their last bytes.
 CLOSE_GRACE_S = 5.0
+# vLLM's H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT and H11_MAX_HEADER_COUNT_DEFAULT.
+MAX_HEADER_BYTES = 4 * 1024 * 1024
+MAX_HEADERS = 256
 ENGINE_DIED_EXIT_STATUS = 1
 _DEATH_POLL_S = 0.1
 _WARM_UP_PROMPT_TOKENS = 8
@@ -129,6 +132,11 @@ def make_runner(app: web.Application, frontend: FrontendConfig) -> web.AppRunner
         access_log=access_log,
         access_log_format=ACCESS_LOG_FORMAT,
         shutdown_timeout=CLOSE_GRACE_S,
+        # vLLM's (uvicorn/h11's) header limits, not aiohttp's 8 KiB a line and 128 headers:
+        # a client that sends vLLM a long token or many tracing headers gets through here too.
+        max_line_size=MAX_HEADER_BYTES,
+        max_field_size=MAX_HEADER_BYTES,
+        max_headers=MAX_HEADERS,
     )
 
 

@@ -254,7 +254,12 @@ def test_bad_tokenize_requests_are_refused_by_field(server, path, body, status, 
 
 
 def test_body_that_is_not_json_is_a_400(server):
-    reply = fetch("POST", server.url + "/tokenize", data=b'{"prompt": ')
+    reply = fetch(
+        "POST",
+        server.url + "/tokenize",
+        data=b'{"prompt": ',
+        headers={"Content-Type": "application/json"},
+    )
     assert reply.status == 400
     assert "not valid JSON" in reply.error()["message"]
     assert fetch("GET", server.url + "/health").status == 200
@@ -281,6 +286,30 @@ def test_body_over_the_limit_is_a_413(server):
     reply = Reply(413, CIMultiDict(), answer.body)
     assert str(MAX_REQUEST_BODY_BYTES) in reply.error()["message"]
     assert fetch("GET", server.url + "/health").status == 200
+
+
+def test_only_json_bodies_are_read_as_vllm_reads_them(server):
+    """vLLM's routes take application/json alone (api_utils.validate_json_request): curl's
+    default form type, text/plain or no type at all is a 400."""
+    body = json.dumps({"prompt": "Hello world"}).encode()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"Content-Type": content_type} if content_type else {}
+        for path in ("/tokenize", "/v1/completions", "/v1/chat/completions"):
+            reply = fetch("POST", server.url + path, data=body, headers=headers)
+            assert reply.status == 400, (content_type, path)
+            message = reply.error()["message"]
+            assert message == "Unsupported Media Type: Only 'application/json' is allowed"
+    typed = {"Content-Type": "Application/JSON; charset=utf-8"}
+    reply = fetch("POST", server.url + "/tokenize", data=body, headers=typed)
+    assert reply.status == 200 and reply.json()["tokens"] == VLLM_HELLO_WORLD
+
+
+def test_long_and_many_headers_get_through_as_they_do_to_vllm(server):
+    """uvicorn's h11 takes 4 MiB of head and 256 headers; aiohttp's defaults (8 KiB a line,
+    128 headers) refused what vLLM serves."""
+    assert fetch("GET", server.url + "/health", headers={"X-Big": "a" * 9000}).status == 200
+    many = {f"X-Trace-{i}": "x" for i in range(200)}
+    assert fetch("GET", server.url + "/health", headers=many).status == 200
 
 
 def test_api_key_protects_the_v1_routes(server_loop, engine):
