@@ -261,7 +261,9 @@ class AsyncEngine:
         for sample in unfinished:  # a sibling that already ended has said so once
             self.output_processor.finish_sample(sample)
             state.changed.add(sample.index)
-        self._deliver(state)
+        # As vLLM's abort, a request ended by its client leaves the per-request figures
+        # (finish reasons, latencies, token counts) alone.
+        self._deliver(state, record=False)
         self._stats.step_done(self.scheduler, self.kv_cache)
 
     # -- the engine loop --------------------------------------------------------------------
@@ -494,16 +496,17 @@ class AsyncEngine:
             num_cached_prompt_tokens,
         )
 
-    def _deliver(self, state: RequestState) -> None:
+    def _deliver(self, state: RequestState, record: bool = True) -> None:
         """Tell the request's consumer it has news, if an output is due; the output is
-        built when the consumer takes it."""
+        built when the consumer takes it. A finished request is `record`ed in the stats."""
         queue = self._queues.get(state.request_id)
         if queue is None:
             return
         if state.finished:
             state.metrics.finished_time = time.monotonic()
             queue.notify()
-            self._stats.request_finished(state, state.metrics.finished_time)
+            if record:
+                self._stats.request_finished(state, state.metrics.finished_time)
             self._forget(state)
         elif self.output_processor.streams(state):
             queue.notify()

@@ -93,8 +93,10 @@ if TYPE_CHECKING:
 # vLLM labels every series with its engine index; aioserve runs one engine per process.
 ENGINE_INDEX = "0"
 LABELS = ("model_name", "engine")
-FINISH_REASONS = ("stop", "length", "abort", "error")
-"""The finish reasons the engine reports, exposed at 0 from the start so rate() works."""
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM's finish reasons, exposed at 0 from the start so rate() works. Requests ended by
+their client are not counted (nor are they in vLLM); aioserve has no repetition
+detection, so "repetition" stays 0."""
 
 # Bucket boundaries as vLLM 0.32 uses them (24_metrics.txt).
 ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]

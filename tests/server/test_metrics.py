@@ -459,3 +459,33 @@ def test_prompt_tokens_count_the_ones_served_from_the_prefix_cache(engine):
     assert value(m, "vllm:prefix_cache_hits_total") == 32
     assert value(m, "vllm:prompt_tokens_total") == 80
     assert value(m, "vllm:iteration_tokens_total_sum") == 80 - 32 + 4
+
+
+@pytest.mark.slow
+def test_a_request_its_client_abandons_is_not_counted_as_finished(engine):
+    """vLLM's abort (output_processor.abort_requests) records no per-request figures: a
+    client that goes away moves neither request_success_total nor the latency histograms."""
+    stat_logger = PrometheusStatLogger(MODEL, max_model_len=512)
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+
+    async def scenario():
+        engine.stat_loggers.append(stat_logger)
+        try:
+            async for output in engine.generate("Once upon a time", params, "abandoned"):
+                if len(output.outputs[0].token_ids) >= 2:
+                    break  # the generator's close aborts the request
+            done = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+            async for _ in engine.generate("Once upon a time", done, "finished"):
+                pass
+        finally:
+            engine.stat_loggers.remove(stat_logger)
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+    m = exposition(stat_logger)
+    assert value(m, "vllm:request_success_total", finished_reason="length") == 1
+    for reason in ("stop", "abort", "error", "repetition"):
+        assert value(m, "vllm:request_success_total", finished_reason=reason) == 0
+    assert value(m, "vllm:e2e_request_latency_seconds_count") == 1
+    assert value(m, "vllm:request_generation_tokens_sum") == 3
+    assert value(m, "vllm:num_requests_running") == 0
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
