@@ -113,7 +113,7 @@ async def _full_response(
             text, token_ids, entries = _shown(parsed, prompt, final.prompt_logprobs, sample, True)
             logprobs = None
             if entries is not None:
-                logprobs = _completion_logprobs(state).build(token_ids, entries)
+                logprobs = _completion_logprobs(state, parsed).build(token_ids, entries)
             choices.append(
                 responses.completion_choice(
                     i * n + sample.index,
@@ -145,23 +145,27 @@ def _shown(
     """What a choice shows of `sample` (in a stream, of its newest part): the text, the
     tokens and their logprobs (None unless asked for). With echo the prompt comes first
     (`with_prompt`: in the whole answer, or a stream's first chunk of the choice), scored by
-    the prompt logprobs; with echo and max_tokens 0, the prompt alone."""
+    the prompt logprobs; with echo and max_tokens 0, the prompt alone. With return_token_ids
+    the echoed prompt is its token ids alone, not its text (vLLM's rule)."""
     text, token_ids, entries = sample.text, sample.token_ids, sample.logprobs
     if parsed.echo_only:  # the one token generated is not shown
         text, token_ids = "", []
         entries = None if entries is None else []
     if parsed.echo and with_prompt:
-        text = prompt.text + text
+        if not parsed.return_token_ids:
+            text = prompt.text + text
         if entries is not None:  # then prompt logprobs were asked for too (protocol.py)
             entries = [*prompt_logprobs, *entries]
             token_ids = [*prompt.token_ids, *token_ids]
     return text, token_ids, entries
 
 
-def _completion_logprobs(state: ServerState) -> CompletionLogprobs:
+def _completion_logprobs(state: ServerState, parsed: CompletionRequest) -> CompletionLogprobs:
     tokenizer = state.engine.tokenizer
     decode = (lambda token_id: tokenizer.decode([token_id])) if tokenizer is not None else None
-    return CompletionLogprobs(state.frontend.return_tokens_as_token_ids, decode=decode)
+    return CompletionLogprobs(
+        state.frontend.return_tokens_as_token_ids, decode=decode, top_n=parsed.params.logprobs
+    )
 
 
 async def _chunks(
@@ -174,7 +178,7 @@ async def _chunks(
     details = state.frontend.enable_prompt_tokens_details
     n = parsed.params.n
     num_choices = len(prompts) * n
-    logprobs = [_completion_logprobs(state) for _ in range(num_choices)]
+    logprobs = [_completion_logprobs(state, parsed) for _ in range(num_choices)]
     num_tokens = [0] * num_choices
     started = [False] * num_choices
     cached_tokens = [0] * len(prompts)
@@ -223,13 +227,17 @@ def _chunk_choice(
     logprobs: CompletionLogprobs,
     started: list[bool],
 ) -> dict[str, Any] | None:
-    """The choice of one sample's chunk, or None when the step added nothing to send."""
+    """The choice of one sample's chunk, or None when the step added nothing to send. As
+    vLLM's, a step that generated tokens sends its chunk even when their text is held back
+    (a stop string may start there) or empty (a special token): clients time tokens by
+    chunks."""
     first = not started[index]
     text, token_ids, entries = _shown(parsed, prompt, prompt_logprobs, sample, first)
-    has_token_data = bool(token_ids) and (entries is not None or parsed.return_token_ids)
-    if not text and sample.finish_reason is None and not has_token_data:
+    if not (text or token_ids or sample.token_ids) and sample.finish_reason is None:
         return None
     started[index] = True
+    # The prompt's ids come with the first chunk when asked for, and with an echo (vLLM's).
+    with_prompt_ids = first and (parsed.return_token_ids or parsed.echo)
     return responses.completion_chunk_choice(
         index,
         text,
@@ -237,5 +245,5 @@ def _chunk_choice(
         sample.finish_reason,
         sample.stop_reason,
         sample.token_ids if parsed.return_token_ids else None,
-        prompt.token_ids if parsed.return_token_ids and first else None,
+        prompt.token_ids if with_prompt_ids else None,
     )

@@ -93,10 +93,14 @@ class CompletionLogprobs:
         as_token_ids: bool,
         text_offset: int = 0,
         decode: Callable[[int], str] | None = None,
+        top_n: int | None = None,
     ) -> None:
         self.as_token_ids = as_token_ids
         self.text_offset = text_offset
         self.decode = decode
+        # A position lists at most top_n + 1 tokens (OpenAI's rule, kept by vLLM): an echoed
+        # prompt's positions may hold more, scored with prompt_logprobs.
+        self.top_n = top_n
 
     def build(
         self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None]
@@ -114,10 +118,13 @@ class CompletionLogprobs:
                 token = token_text(token_id, entries[token_id], self.as_token_ids)
                 tokens.append(token)
                 token_logprobs.append(max(entries[token_id].logprob, _MIN_LOGPROB))
+                listed = list(entries.items())
+                if self.top_n is not None:
+                    listed = listed[: self.top_n + 1]
                 top_logprobs.append(
                     {
                         token_text(i, lp, self.as_token_ids): max(lp.logprob, _MIN_LOGPROB)
-                        for i, lp in entries.items()
+                        for i, lp in listed
                     }
                 )
             offsets.append(self.text_offset)

@@ -211,8 +211,10 @@ def test_several_prompts_with_n2_index_choices_like_vllm(openai_server, engine):
     choices = body["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2, 3]
     for choice in choices:
-        # Choice i*n + j belongs to prompt i: echo starts its text with that prompt.
-        assert choice["text"].startswith(prompts[choice["index"] // 2])
+        # Choice i*n + j belongs to prompt i: its echoed prompt is that prompt's ids (with
+        # return_token_ids, vLLM echoes the ids, not the text).
+        prompt_ids = engine.tokenizer(prompts[choice["index"] // 2]).input_ids
+        assert choice["prompt_token_ids"] == prompt_ids
     assert body["usage"]["prompt_tokens"] == sum(
         len(engine.tokenizer(p).input_ids) for p in prompts
     )
@@ -225,7 +227,7 @@ def test_several_prompts_with_n2_index_choices_like_vllm(openai_server, engine):
     ):
         for choice in chunk.choices:
             streamed[choice.index] += choice.text
-    assert streamed == {c["index"]: c["text"] for c in choices}
+    assert streamed == {c["index"]: prompts[c["index"] // 2] + c["text"] for c in choices}
 
 
 def test_token_id_prompts_give_the_same_text_as_strings(openai_server, engine):
@@ -429,3 +431,47 @@ async def _until_running(engine, limit: float = 30) -> None:
     while engine.num_unfinished_requests == 0:
         assert asyncio.get_running_loop().time() < deadline, "the request never reached the engine"
         await asyncio.sleep(0.02)
+
+
+def test_a_token_whose_text_is_held_back_still_sends_its_chunk(openai_server):
+    """vLLM streams a chunk for every step that generated tokens, its text "" while a stop
+    string might start there (completion/serving.py); clients time tokens by chunks."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    text = post(openai_server, "/v1/completions", body).json()["choices"][0]["text"]
+    held = body | {"stop": [text + " and more"], "stream": True}
+    events = sse_events(post(openai_server, "/v1/completions", held).body)
+    texts = [event["choices"][0]["text"] for event in events if event != "[DONE]"]
+    assert texts[:3] == ["", "", ""] and len(texts) == 4 and "".join(texts) == text
+
+
+def test_echo_with_token_ids_gives_the_prompts_ids_not_its_text(openai_server):
+    """vLLM: with return_token_ids an echo's prompt is its ids, the text the output alone;
+    a streamed echo's first chunk carries the prompt's ids even without return_token_ids."""
+    body = {"model": MODEL, "prompt": "Hello world", "max_tokens": 2, "temperature": 0,
+            "echo": True}  # fmt: skip
+    plain = post(openai_server, "/v1/completions", body | {"echo": False}).json()["choices"][0]
+    with_ids = post(openai_server, "/v1/completions", body | {"return_token_ids": True}).json()
+    (choice,) = with_ids["choices"]
+    assert choice["text"] == plain["text"]
+    assert choice["prompt_token_ids"] == [19556, 905]  # vLLM's ids (vllm_samples 11)
+    shown = [({"return_token_ids": True}, plain["text"]), ({}, "Hello world" + plain["text"])]
+    for fields, text in shown:
+        events = sse_events(
+            post(openai_server, "/v1/completions", body | fields | {"stream": True}).body
+        )
+        chunks = [event["choices"][0] for event in events if event != "[DONE]"]
+        assert chunks[0]["prompt_token_ids"] == [19556, 905]
+        assert all(chunk.get("prompt_token_ids") is None for chunk in chunks[1:])
+        assert "".join(chunk["text"] for chunk in chunks) == text
+
+
+def test_an_echoed_prompts_top_logprobs_keep_logprobs_plus_one(openai_server):
+    """OpenAI's rule, as vLLM keeps it: at most logprobs + 1 tokens a position, even where
+    prompt_logprobs scored the prompt with more."""
+    body = {"model": MODEL, "prompt": "Hello world, how are you", "max_tokens": 1,
+            "temperature": 0, "echo": True, "logprobs": 1, "prompt_logprobs": 3}  # fmt: skip
+    (choice,) = post(openai_server, "/v1/completions", body).json()["choices"]
+    tops = choice["logprobs"]["top_logprobs"]
+    assert tops[0] is None and all(len(top) <= 2 for top in tops[1:])
+    assert any(len(choice["prompt_logprobs"][i]) > 2 for i in range(1, len(tops) - 1))
