@@ -104,6 +104,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("chat-template-content-format", FRONTEND, "auto",
              "Give message content to the template as a string or as a list of OpenAI parts.",
              convert=values.string, choices=("auto", "string", "openai")),
+    Argument("default-chat-template-kwargs", FRONTEND, None,
+             "Variables for the chat template (JSON object), under each request's "
+             "chat_template_kwargs, e.g. {\"enable_thinking\": false}.", "json",
+             convert=values.json_object),
     Argument("response-role", FRONTEND, "assistant",
              "Role of the reply when the request sets add_generation_prompt.", convert=values.string),
     Argument("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM).", convert=values.string),

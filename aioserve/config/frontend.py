@@ -29,6 +29,7 @@ class FrontendConfig:
     api_key: str | None
     chat_template: str | None  # None: the tokenizer's
     chat_template_content_format: str
+    default_chat_template_kwargs: dict[str, Any] | None  # None: none
     response_role: str
     ssl_keyfile: str | None
     ssl_certfile: str | None

@@ -35,12 +35,19 @@ from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, shown_value
+from aioserve.server.chat_template import (
+    BOTH_GENERATION_FLAGS,
+    refuse_request_mm_kwargs,
+    refuse_request_template,
+)
+from aioserve.server.chat_template import template_kwargs as template_kwargs_of
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.reasoning import THINK_END, thinks
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
 from aioserve.server.request_schema import (
     CHAT_BODY,
     COMPLETION_BODY,
+    REASONING_EFFORTS,
     SAMPLING_BODY_FIELDS,
     STREAM_OPTIONS_BODY,
 )
@@ -62,8 +69,6 @@ _UNSUPPORTED: dict[str, str] = {
     "truncate_prompt_tokens": "prompt truncation is not supported by aioserve yet",
     "truncation_side": "prompt truncation is not supported by aioserve yet",
     "chat_template": "a per-request chat template is not supported by aioserve yet",
-    "documents": "documents for the chat template are not supported by aioserve yet",
-    "reasoning_effort": "reasoning_effort is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
     "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
@@ -81,8 +86,8 @@ _UNSUPPORTED: dict[str, str] = {
     "return_mm_kwargs": "multimodal input is not supported by aioserve",
 }
 # Fields aioserve does not honour yet whose value is refused unless it is vLLM's default
-# for the route: (field, completions default, chat default).
-_DEFAULT_ONLY = (("add_special_tokens", True, False),)
+# for the route: (field, completions default, chat default; None: any value is honoured).
+_DEFAULT_ONLY = (("add_special_tokens", True, None),)
 
 
 @dataclass
@@ -120,6 +125,10 @@ class ChatRequest(GenerationRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    """The template's variables as vLLM merges them (chat_template.template_kwargs): the
+    server's defaults, the request's chat_template_kwargs, documents, reasoning_effort."""
+    add_special_tokens: bool = False
+    """Tokenize the rendered prompt adding the tokenizer's special tokens (BOS...) too."""
     tool_use: ToolUse = field(default_factory=lambda: ToolUse(None))
     """What the chat template gets as `tools`, and how the output becomes calls (tools.py)."""
     include_reasoning: bool = True
@@ -184,6 +193,11 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
 
 def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     """Validate a /v1/chat/completions body (the messages themselves: see chat_template)."""
+    kwargs = body.get("chat_template_kwargs")
+    refuse_request_template(body.get("chat_template"), kwargs if isinstance(kwargs, dict) else None)
+    refuse_request_mm_kwargs(body)
+    if body.get("add_generation_prompt") is True and body.get("continue_final_message") is True:
+        raise APIError(BOTH_GENERATION_FLAGS)
     _refuse_unsupported(body, chat=True)
     fields = BodyFields(body, CHAT_BODY)
     messages = body.get("messages")
@@ -225,12 +239,18 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         max_tokens_field,
         logprobs,
         "top_logprobs",
-        _prompt_logprobs(fields, top_logprobs if echo else None),
+        # vLLM's top_logprobs defaults to 0, so echo alone asks for the prompt's logprobs.
+        _prompt_logprobs(fields, (top_logprobs or 0) if echo else None),
         structured_outputs,
     )
     if tool_use.parser is not None and not tool_use.parser.skip_special_tokens:
         params.skip_special_tokens = False  # its markers are special tokens (vLLM does so too)
-    template_kwargs = fields.get("chat_template_kwargs")
+    template_kwargs = template_kwargs_of(
+        state.frontend.default_chat_template_kwargs,
+        fields.get("chat_template_kwargs"),
+        documents=_documents(body.get("documents")),
+        reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
+    )
     if params.structured_outputs is not None and thinks(
         state.engine.settings.reasoning_parser, template_kwargs
     ):
@@ -239,7 +259,8 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         messages=messages,
         add_generation_prompt=fields.get("add_generation_prompt", True),
         continue_final_message=fields.get("continue_final_message", False),
-        chat_template_kwargs=fields.get("chat_template_kwargs"),
+        chat_template_kwargs=template_kwargs,
+        add_special_tokens=_boolean(body, "add_special_tokens", False),
         tool_use=tool_use,
         echo=echo,
         include_reasoning=fields.get("include_reasoning", True),
@@ -248,6 +269,40 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
     return request
+
+
+def _documents(value: Any) -> list[dict[str, str]] | None:
+    """Chat `documents` for the template: objects of strings, as vLLM's field types them."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in value
+    ):
+        raise bad_parameter(
+            "documents",
+            shown_value(value),
+            "documents must be an array of objects whose values are strings",
+        )
+    return value
+
+
+def _reasoning_effort(value: Any) -> str | None:
+    if value is not None and value not in REASONING_EFFORTS:
+        raise bad_parameter(
+            "reasoning_effort",
+            shown_value(value),
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
+        )
+    return value
+
+
+def _boolean(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_parameter(name, shown_value(value), f"{name} must be a boolean")
+    return value
 
 
 def check_prompt(

@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+"""vLLM 0.32's accepted `reasoning_effort` values (chat_completion/protocol.py)."""
+
 _STRING = {"type": "string"}
 _INTEGER = {"type": "integer"}
 _NUMBER = {"type": "number"}
@@ -171,6 +174,9 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     BodyField("add_generation_prompt", _BOOLEAN),
     BodyField("continue_final_message", _BOOLEAN),
     BodyField("chat_template_kwargs", _OBJECT),
+    BodyField("documents", {"type": "array", "items": _OBJECT}),
+    BodyField("reasoning_effort", {"type": "string", "enum": list(REASONING_EFFORTS)}),
+    BodyField("add_special_tokens", _BOOLEAN),
     BodyField(
         "tools",
         {

@@ -12,9 +12,11 @@ Response shapes are vLLM's (shared/reference/vllm_samples 01, 02, 03, 11, 12, 13
     GET  /load           {"server_load": <requests in flight>} (--enable-server-load-tracking)
 
 /tokenize takes `prompt` (a string; `add_special_tokens` defaults to true) or `messages`
-(rendered with the chat template; `add_generation_prompt` defaults to true,
-`add_special_tokens` to false, since the template writes the special tokens), and
-`return_token_strs` for the tokens' strings. Keys outside the fields of vLLM's request
+(rendered with the chat template as for chat, chat_template.py; `add_generation_prompt`
+defaults to true, `add_special_tokens` to false, since the template writes the special
+tokens), and `return_token_strs` for the tokens' strings. As in vLLM, a request's own chat
+template, per-request multimodal kwargs, and `add_generation_prompt` with
+`continue_final_message` both true are 400s. Keys outside the fields of vLLM's request
 model for the route are logged as vLLM logs them (body_fields.log_ignored_fields).
 """
 
@@ -29,7 +31,12 @@ from aiohttp import web
 
 from aioserve import __version__
 from aioserve.server.body_fields import log_ignored_fields, read_json_body, shown_value
-from aioserve.server.chat_template import render_chat
+from aioserve.server.chat_template import (
+    BOTH_GENERATION_FLAGS,
+    refuse_request_mm_kwargs,
+    refuse_request_template,
+    render_chat,
+)
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.middlewares import IN_FLIGHT
 from aioserve.server.protocol import check_serving
@@ -117,7 +124,11 @@ async def tokenize(request: web.Request) -> web.Response:
     body = await read_json_body(request)
     check_serving(state, body)
     tokenizer = _tokenizer(state)
-    if body.get("messages") is not None:
+    # vLLM's request models refuse both set, whichever of its two models the body is.
+    if body.get("continue_final_message") and body.get("add_generation_prompt"):
+        raise APIError(BOTH_GENERATION_FLAGS)
+    chat = body.get("messages") is not None
+    if chat:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
             raise bad_parameter(
@@ -130,7 +141,9 @@ async def tokenize(request: web.Request) -> web.Response:
                 shown_value(chat_template_kwargs),
                 "chat_template_kwargs must be an object",
             )
-        text, tokens = await state.off_loop(
+        refuse_request_template(body.get("chat_template"), chat_template_kwargs)
+        refuse_request_mm_kwargs(body)
+        _, tokens = await state.off_loop(
             render_chat,
             state,
             messages,
@@ -138,9 +151,8 @@ async def tokenize(request: web.Request) -> web.Response:
             continue_final_message=_optional_bool(body, "continue_final_message", False),
             chat_template_kwargs=chat_template_kwargs,
             tools=checked_tools(body.get("tools")),
+            add_special_tokens=_optional_bool(body, "add_special_tokens", False),
         )
-        if _optional_bool(body, "add_special_tokens", False):
-            tokens = (await state.off_loop(tokenizer, text, add_special_tokens=True)).input_ids
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -150,13 +162,14 @@ async def tokenize(request: web.Request) -> web.Response:
                 "prompt must be a string (or send messages instead)",
             )
         add_special_tokens = _optional_bool(body, "add_special_tokens", True)
+        # vLLM reads these off any tokenize request, a prompt one too.
+        refuse_request_mm_kwargs(body)
         encoded = await state.off_loop(tokenizer, prompt, add_special_tokens=add_special_tokens)
         tokens = encoded.input_ids
     token_strs = None
     if _optional_bool(body, "return_token_strs", False):
         token_strs = tokenizer.convert_ids_to_tokens(tokens)
     # As vLLM's TokenizeRequest union resolves: the chat model when messages are given.
-    chat = body.get("messages") is not None
     log_ignored_fields(body, TOKENIZE_CHAT_FIELDS if chat else TOKENIZE_PROMPT_FIELDS)
     return web.json_response(
         {

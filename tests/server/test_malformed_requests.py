@@ -99,7 +99,8 @@ MALFORMED = {
     ),
     "top_p 0": completion("top_p", "0", top_p=0),
     "top_p 1.5": completion("top_p", "1.5", top_p=1.5),
-    "top_k 0": completion("top_k", "0", top_k=0),
+    "top_k -2": completion("top_k", "-2", top_k=-2),
+    "temperature 3": completion("temperature", "3", temperature=3),
     "n 0": completion("n", "0", n=0),
     "n 2 under greedy sampling": completion("n", "2", n=2, temperature=0),
     "max_tokens 0": completion("max_tokens", "0", max_tokens=0),
@@ -165,7 +166,10 @@ MALFORMED = {
     ),
     "user as int": completion("user", user=5),
     "stop token id outside the vocabulary": completion("stop_token_ids", "-1", stop_token_ids=[-1]),
-    "user message without content": chat("messages[0].content", messages=[{"role": "user"}]),
+    # vLLM lets a message leave its content out, but only an assistant's be null.
+    "user message with null content": chat(
+        "messages[0].content", messages=[{"role": "user", "content": None}]
+    ),
     "no API key": Malformed("/v1/completions", COMPLETION, status=401, headers={}),
     "wrong API key": Malformed(
         "/v1/completions", COMPLETION, status=401, headers={"Authorization": "Bearer wrong"}

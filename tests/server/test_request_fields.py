@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from aioserve.server import body_fields, chat, completions, protocol, routes
+from aioserve.server.chat_template import UNTRUSTED_TEMPLATE
 from aioserve.server.errors import error_middleware
 from aioserve.server.openai_routes import add_openai_routes
 from aioserve.server.request_fields import (
@@ -162,7 +163,8 @@ def test_no_field_aioserve_reads_can_be_reported_as_ignored(server, monkeypatch,
     # `messages` to choose vLLM's model, and takes the prompt one only when it is absent.
     read = looked_up - set(protocol._UNSUPPORTED) - REMOVED_GUIDED_FIELDS
     if route == "tokenize-prompt":
-        read.discard("messages")
+        # and, as vLLM's request union refuses both set on a prompt body too, the two flags.
+        read -= {"messages", "add_generation_prompt", "continue_final_message"}
     assert read, "nothing was recorded"
     assert read <= known, f"read by aioserve but not in vLLM's fields: {read - known}"
 
@@ -207,9 +209,6 @@ def test_every_vllm_field_is_read_refused_or_harmless_to_ignore(server, monkeypa
         ("completions", "add_special_tokens", False),
         ("completions", "cache_salt", "tenant-a"),
         ("completions", "return_tokens_as_token_ids", True),
-        ("chat", "chat_template", "{{ messages }}"),
-        ("chat", "add_special_tokens", True),
-        ("chat", "documents", [{"text": "x"}]),
     ],
 )
 def test_a_vllm_field_aioserve_cannot_honour_is_a_400_naming_it(server, route, field, value):
@@ -219,10 +218,25 @@ def test_a_vllm_field_aioserve_cannot_honour_is_a_400_naming_it(server, route, f
     assert reply.json()["error"]["param"] == field
 
 
+def test_a_chat_template_in_the_request_gets_vllms_untrusted_template_400(server):
+    path, body, _ = ROUTES["chat"]
+    for fields in ({"chat_template": "{{ messages }}"},
+                   {"chat_template_kwargs": {"chat_template": "{{ messages }}"}}):  # fmt: skip
+        reply = post(server, path, {**body, **fields})
+        assert reply.status == 400, reply.body
+        assert reply.json()["error"]["message"] == UNTRUSTED_TEMPLATE
+
+
 @pytest.mark.parametrize(
     ("route", "field", "value"),
-    [("completions", "add_special_tokens", True), ("chat", "add_special_tokens", False)],
+    [
+        ("completions", "add_special_tokens", True),
+        ("chat", "add_special_tokens", False),
+        ("chat", "add_special_tokens", True),
+        ("chat", "documents", [{"text": "x"}]),
+        ("chat", "reasoning_effort", "low"),
+    ],
 )
-def test_vllms_default_of_a_default_only_field_is_accepted(server, route, field, value):
+def test_vllm_values_aioserve_honours_are_accepted(server, route, field, value):
     path, body, _ = ROUTES[route]
     assert post(server, path, {**body, field: value}).status == 200

@@ -48,6 +48,11 @@ FRONTEND_FLAGS = [
     (["--api-key", "k"], "api_key", "k"),
     (["--chat-template", "t.jinja"], "chat_template", "t.jinja"),
     (["--chat-template-content-format", "openai"], "chat_template_content_format", "openai"),
+    (
+        ["--default-chat-template-kwargs", '{"enable_thinking": false}'],
+        "default_chat_template_kwargs",
+        {"enable_thinking": False},
+    ),
     (["--response-role", "bot"], "response_role", "bot"),
     (["--ssl-keyfile", "k.pem"], "ssl_keyfile", "k.pem"),
     (["--ssl-certfile", "c.pem"], "ssl_certfile", "c.pem"),
