@@ -18,6 +18,7 @@ from aiohttp import web
 from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server import responses
 from aioserve.server.body_fields import read_json_body
+from aioserve.server.chat_messages import content_text
 from aioserve.server.chat_template import render_chat
 from aioserve.server.generation import engine_outputs, reserve_places
 from aioserve.server.protocol import (
@@ -56,6 +57,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
             tools=parsed.tool_use.tools,
+            add_special_tokens=parsed.add_special_tokens,
         )
         parser = state.engine.settings.reasoning_parser
         prompt_closed = bool(parser) and reasoning_closed(parser, text)
@@ -92,10 +94,7 @@ def _echoed_text(parsed: ChatRequest, role: str) -> str:
     last = parsed.messages[-1]
     if not parsed.echo or last.get("role") != role:
         return ""
-    content = last.get("content") or ""
-    if isinstance(content, list):  # text parts, checked by render_chat
-        content = "\n".join(part["text"] for part in content)
-    return content
+    return content_text(last)
 
 
 async def _full_response(
@@ -177,15 +176,19 @@ def _calls_in_answer(
     tool_use = parsed.tool_use
     if tool_use.parser is None or content is None:
         return content, None, finish_reason
-    answer = tool_use.parser.read(content, final=True)
+    answer = tool_use.parser.read_whole(content)
     if not answer.has_calls:
         return content, None, finish_reason
-    if tool_use.calls_finish_as_tool_calls:
+    # vLLM's non-streamed finish: "tool_calls" for auto calls whatever ended them, for
+    # "required" only after a "stop" (chat_completion/serving.py).
+    auto = tool_use.constraint is None
+    if tool_use.calls_finish_as_tool_calls and (auto or finish_reason == "stop"):
         finish_reason = "tool_calls"
-    text = answer.content or (None if tool_use.constraint is None else "")
-    if tool_use.constraint is None and text is not None and not text.strip():
+    text = answer.content or (None if auto else "")
+    if auto and text is not None and not text.strip():
         text = None  # only whitespace around the calls (vLLM's rule)
-    return text, tool_call_objects(answer), finish_reason
+    calls = tool_call_objects(answer, tool_use.parser, tool_use.single_call)
+    return text, calls, finish_reason
 
 
 async def _chunks(
@@ -224,7 +227,10 @@ async def _chunks(
         )
 
     tool_parser = parsed.tool_use.parser
-    call_streams = [ToolCallStream(tool_parser) for _ in range(n if tool_parser else 0)]
+    single_call = parsed.tool_use.single_call
+    call_streams = [
+        ToolCallStream(tool_parser, single_call) for _ in range(n if tool_parser else 0)
+    ]
     async with aclosing(outputs):
         async for output in outputs:
             cached_tokens = output.num_cached_tokens
@@ -267,7 +273,9 @@ async def _chunks(
                 if tool_parser is not None:
                     calls = call_streams[sample.index]
                     content, tool_calls = calls.feed(content or "", last=finish_reason is not None)
-                    if calls.made_calls and finish_reason is not None:
+                    # vLLM's streamed finish: "tool_calls" only when calls were sent and
+                    # the engine stopped (chat_completion/serving.py).
+                    if calls.made_calls and finish_reason == "stop":
                         if parsed.tool_use.calls_finish_as_tool_calls:
                             finish_reason = "tool_calls"
                 if (

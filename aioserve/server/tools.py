@@ -10,8 +10,13 @@ output becomes tool calls.
   so the output is always a valid call; "required" finishes with "tool_calls", a named
   function with "stop", as in vLLM.
 
-History messages with `tool_calls`, and `tool` messages, go to the template as they are.
-POST /tokenize takes `tools` too (`checked_tools`), as vLLM's.
+With `parallel_tool_calls: false`, only the first call of an answer is kept, whatever the
+tool_choice (vLLM's maybe_filter_parallel_tool_calls).
+
+The template gets each tool as vLLM's `tool.model_dump()` gives it: `type`, then
+`function` with `name`, `description` and `parameters` (null when absent) and `strict`
+when given; other keys are dropped. POST /tokenize takes `tools` too (`checked_tools`).
+Refusals carry vLLM's " (parameter=...)" suffix.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class ToolUse:
     parser: ToolParser | None = None  # reads the output into calls (None: plain content)
     constraint: StructuredOutputsParams | None = None  # forces the output into calls
     calls_finish_as_tool_calls: bool = True  # finish_reason "tool_calls" once calls are made
+    single_call: bool = False  # parallel_tool_calls: false
 
 
 def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
@@ -49,46 +55,51 @@ def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
     this server cannot serve."""
     tools = fields.get("tools")
     parallel = fields.get("parallel_tool_calls")
+    single = parallel is False
     if tools is not None:
         if not tools:
-            raise APIError(
+            raise _refusal(
                 "`tools` must not be an empty array. Either provide at least one tool or omit "
                 "the field entirely.",
-                param="tools",
+                "tools",
             )
         tools = checked_tools(tools)
     choice = fields.get("tool_choice", "auto" if tools else "none")
     if choice == "none":
         exclude = frontend.exclude_tools_when_tool_choice_none
-        return ToolUse(None if tools is None or exclude else tools)
+        return ToolUse(None if tools is None or exclude else tools, single_call=single)
     if tools is None:
-        raise APIError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        raise _refusal("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if isinstance(choice, dict):
         tool = _named_tool(choice, tools)
         constraint = StructuredOutputsParams(json=parameters_schema(tool))
         parser = NamedCallParser(tool["function"]["name"])
-        return ToolUse(tools, parser, constraint, calls_finish_as_tool_calls=False)
+        return ToolUse(tools, parser, constraint, False, single)
     if choice == "required":
         try:
             schema = required_calls_schema(tools, parallel)
         except ValueError as error:
             raise APIError(str(error), param="tools") from None
         constraint = StructuredOutputsParams(json=schema)
-        return ToolUse(tools, RequiredCallsParser(), constraint)
+        return ToolUse(tools, RequiredCallsParser(), constraint, single_call=single)
     if choice == "auto":
         if not (frontend.enable_auto_tool_choice and frontend.tool_call_parser):
+            # vLLM's create_error_response, with no parameter (online_renderer.py)
             raise APIError(
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
-                "to be set",
-                param="tool_choice",
+                "to be set"
             )
-        return ToolUse(tools, new_tool_parser(frontend.tool_call_parser))
-    raise bad_parameter(
-        "tool_choice",
-        shown_value(choice),
+        return ToolUse(tools, new_tool_parser(frontend.tool_call_parser), single_call=single)
+    raise _refusal(
         f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
         '"required" are supported.',
+        "tool_choice",
     )
+
+
+def _refusal(message: str, param: str) -> APIError:
+    """A 400 as vLLM's VLLMValidationError words it: the message, then " (parameter=X)"."""
+    return APIError(f"{message} (parameter={param})", param=param)
 
 
 def checked_tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -98,7 +109,30 @@ def checked_tools(tools: Any) -> list[dict[str, Any]] | None:
         return None
     if not isinstance(tools, list):
         raise bad_parameter("tools", shown_value(tools), "tools must be an array")
-    return [_tool(i, tool) for i, tool in enumerate(tools)]
+    return [_template_tool(_tool(i, tool)) for i, tool in enumerate(tools)]
+
+
+def _template_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A checked tool as vLLM's ChatCompletionToolsParam.model_dump() gives it to the chat
+    template (vLLM renderers/online_renderer.py): its keys, in its order, unknown ones
+    dropped, and a tool-level `defer_loading` copied into the function when it has none."""
+    given = tool["function"]
+    defer = tool.get("defer_loading")
+    function = {
+        "name": given["name"],
+        "description": given.get("description"),
+        "parameters": given.get("parameters"),
+    }
+    for key, value in (
+        ("strict", given.get("strict")),
+        ("defer_loading", given.get("defer_loading", defer)),
+    ):
+        if value is not None:
+            function[key] = value
+    dumped: dict[str, Any] = {"type": "function", "function": function}
+    if defer is not None:
+        dumped["defer_loading"] = defer
+    return dumped
 
 
 def _tool(index: int, tool: Any) -> dict[str, Any]:
@@ -120,39 +154,52 @@ def _tool(index: int, tool: Any) -> dict[str, Any]:
         raise bad_parameter(
             f"{where}.function.name", shown_value(name), "a function needs a name (a string)"
         )
-    for key, kind in (("description", str), ("parameters", dict), ("strict", bool)):
+    kinds = (("description", str), ("parameters", dict), ("strict", bool), ("defer_loading", bool))
+    for key, kind in kinds:
         if function.get(key) is not None and not isinstance(function[key], kind):
             raise bad_parameter(
                 f"{where}.function.{key}",
                 shown_value(function[key]),
                 f"`{key}` must be {'an object' if kind is dict else f'a {kind.__name__}'}",
             )
-    return {**tool, "type": "function"}
+    defer = tool.get("defer_loading")
+    if defer is not None and not isinstance(defer, bool):
+        raise bad_parameter(
+            f"{where}.defer_loading", shown_value(defer), "`defer_loading` must be a bool"
+        )
+    return tool
 
 
 def _named_tool(choice: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The tool a named tool_choice names, checked against the tools."""
+    """The tool a named tool_choice names, checked against the tools (vLLM
+    chat_completion/protocol.py check_tool_usage, then the named choice's `type`)."""
     function = choice.get("function")
     if not isinstance(function, dict):
-        raise APIError(
+        raise _refusal(
             f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_USAGE}",
-            param="tool_choice.function",
+            "tool_choice.function",
         )
     if "name" not in function:
-        raise APIError(
+        raise _refusal(
             f"Expected field `name` in `function` in `tool_choice`! {_NAMED_USAGE}",
-            param="tool_choice.function.name",
+            "tool_choice.function.name",
         )
     name = function["name"]
     if not isinstance(name, str) or not name:
-        raise APIError(
+        raise _refusal(
             f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_NAMED_USAGE}",
-            param="tool_choice.function.name",
+            "tool_choice.function.name",
         )
     for tool in tools:
         if tool["function"]["name"] == name:
-            return tool
-    raise APIError(
-        "The tool specified in `tool_choice` does not match any of the specified `tools`",
-        param="tool_choice",
-    )
+            break
+    else:
+        raise _refusal(
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            "tool_choice",
+        )
+    kind = choice.get("type", "function")
+    if kind != "function":
+        # vLLM's ChatCompletionNamedToolChoiceParam.type is Literal["function"].
+        raise bad_parameter("tool_choice.type", shown_value(kind), "Input should be 'function'")
+    return tool

@@ -10,6 +10,7 @@ object of its `parameters` schema); "required" makes a JSON array of one or more
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from aioserve.server.tool_calls.parsers import (
@@ -17,6 +18,7 @@ from aioserve.server.tool_calls.parsers import (
     ParsedOutput,
     ToolParser,
     calls_in_array,
+    reserialised,
     skip_whitespace,
 )
 
@@ -65,6 +67,13 @@ class RequiredCallsParser(ToolParser):
         if text[pos] != "[":
             raise ValueError("the calls of tool_choice required are a JSON array")
         return ParsedOutput("", calls_in_array(text, pos, ("parameters",)))
+
+    def read_whole(self, text: str) -> ParsedOutput:
+        # vLLM parser/abstract_parser.py _extract_tool_calls: json.dumps(tc.parameters)
+        parsed = self.read(text, final=True)
+        for call in parsed.calls:
+            call.arguments = reserialised(json.loads(call.arguments))
+        return parsed
 
 
 class NamedCallParser(ToolParser):

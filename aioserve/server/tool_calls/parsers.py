@@ -2,19 +2,23 @@
 
 Each parser reads the whole output so far (`read(text, final)`) into a `ParsedOutput`: the
 content that is safe to send (never a piece of a tool-call marker still arriving) and the
-calls seen so far, each with its name once known and the raw text of its arguments so far.
-Raw text only grows as the output grows, so a stream sends each call's arguments as the
-difference from the last read (streaming.py), and the pieces join to the arguments the
-complete output gives. `final=True` reads a finished output: a call left unfinished, or
-whose arguments are not valid JSON, makes the whole output content, as in vLLM.
+calls seen so far, each with its name once known and its arguments so far. The arguments
+only grow as the output grows, so a stream sends each call's arguments as the difference
+from the last read (streaming.py). `final=True` reads the end of a stream: a call left
+unfinished, or whose arguments are not valid JSON, makes the whole output content.
+`read_whole` reads a finished output that was not streamed, as vLLM's non-streaming
+extraction does; where vLLM re-serialises the arguments there
+(`json.dumps(..., ensure_ascii=False)`), so does it.
 
 Formats (vLLM's names):
 - `hermes`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one or more, after
-  optional content;
-- `llama3_json`: an output that starts with `{` (after an optional `<|python_tag|>`):
-  `{"name": ..., "parameters": {...}}` objects separated by `;`;
-- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}` objects, or
-  (newer tokenizers) `[TOOL_CALLS]name[ARGS]{...}` per call;
+  optional content; streamed as the model wrote the arguments, re-serialised when whole;
+- `llama3_json`: `{"name": ..., "parameters": {...}}` objects separated by `;`, streamed
+  from an output that starts with `{` (after an optional `<|python_tag|>`), found anywhere
+  in a whole output; re-serialised in both modes;
+- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}` objects (or one
+  bare object), or (newer tokenizers) `[TOOL_CALLS]name[ARGS]{...}` per call; ids of 9
+  letters and digits;
 - `pythonic`: an output that is a Python list of calls, `[f(a=1), g(b="x")]`; each call is
   sent whole once its closing parenthesis arrives (its keyword arguments as JSON).
 
@@ -25,10 +29,15 @@ from __future__ import annotations
 
 import ast
 import json
+import random
+import string
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aioserve.server.tool_calls.partial_json import (
+    canonical_prefix,
     object_members,
     skip_whitespace,
     value_end,
@@ -38,7 +47,7 @@ from aioserve.server.tool_calls.partial_json import (
 @dataclass
 class CallSoFar:
     name: str | None  # None until its name is complete
-    arguments: str  # the raw text of its arguments so far
+    arguments: str  # its arguments so far (the model's text, or re-serialised)
     complete: bool = False
 
 
@@ -122,6 +131,17 @@ def checked(parsed: ParsedOutput, text: str, final: bool) -> ParsedOutput:
     return parsed
 
 
+def reserialised(arguments: Any) -> str:
+    """Arguments as vLLM writes the ones it re-serialises."""
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def new_tool_call_id() -> str:
+    """vLLM's default tool-call id: "chatcmpl-tool-" and 16 hex digits (vllm/utils
+    random_uuid, used by renderers/chat_utils.py make_tool_call_id)."""
+    return f"chatcmpl-tool-{uuid.uuid4().int & (1 << 64) - 1:016x}"
+
+
 class ToolParser:
     """One format; `read` is safe to call on any prefix of an output."""
 
@@ -135,14 +155,42 @@ class ToolParser:
             return ParsedOutput(text) if final else ParsedOutput("")
         return checked(parsed, text, final)
 
+    def read_whole(self, text: str) -> ParsedOutput:
+        """A finished output that was not streamed."""
+        return self.read(text, final=True)
+
     def parse(self, text: str, final: bool) -> ParsedOutput:
         raise NotImplementedError
+
+    def new_call_id(self) -> str:
+        return new_tool_call_id()
 
 
 class HermesParser(ToolParser):
     name = "hermes"
     skip_special_tokens = False
-    start = "<tool_call>"
+    start, end = "<tool_call>", "</tool_call>"
+
+    def read_whole(self, text: str) -> ParsedOutput:
+        # vLLM hermes_tool_parser.py extract_tool_calls: every tag's body (up to its
+        # closing tag, or the end) must be one JSON call, else the output is content.
+        first = text.find(self.start)
+        if first < 0:
+            return ParsedOutput(text)
+        parsed = ParsedOutput(text[:first])
+        start = first
+        while start >= 0:
+            body = start + len(self.start)
+            close = text.find(self.end, body)
+            try:
+                value = json.loads(text[body : close if close >= 0 else len(text)])
+                parsed.calls.append(_whole_call(value, ("arguments", "parameters")))
+            except (ValueError, TypeError, KeyError):
+                return ParsedOutput(text)
+            if close < 0:
+                break
+            start = text.find(self.start, close + len(self.end))
+        return parsed
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
         content, start = content_until(text, self.start, final)
@@ -163,11 +211,28 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     tag = "<|python_tag|>"
 
+    def read_whole(self, text: str) -> ParsedOutput:
+        # vLLM llama_tool_parser.py extract_tool_calls: every JSON object that starts at
+        # a '{' outside the ones already read is a call, the text around them dropped; one
+        # that is not JSON or not a call makes the output content.
+        decoder = json.JSONDecoder()
+        calls: list[CallSoFar] = []
+        pos = text.find("{")
+        while pos >= 0:
+            try:
+                value, end = decoder.raw_decode(text, pos)
+                calls.append(_whole_call(value, ("arguments", "parameters")))
+            except (ValueError, TypeError, KeyError):
+                return ParsedOutput(text)
+            pos = text.find("{", end)
+        return ParsedOutput("", calls) if calls else ParsedOutput(text)
+
     def parse(self, text: str, final: bool) -> ParsedOutput:
-        pos = skip_whitespace(text, 0)
-        if text.startswith(self.tag, pos):
-            pos = skip_whitespace(text, pos + len(self.tag))
-        elif not final and self.tag.startswith(text[pos:]):
+        # vLLM streams only an output that starts with the tag or '{'.
+        pos = 0
+        if text.startswith(self.tag):
+            pos = skip_whitespace(text, len(self.tag))
+        elif not final and self.tag.startswith(text):
             return ParsedOutput("")  # could still become the tag
         if pos >= len(text):
             return ParsedOutput("" if not final else text)
@@ -176,6 +241,8 @@ class Llama3JsonParser(ToolParser):
         parsed = ParsedOutput("")
         while pos < len(text) and text[pos] == "{":
             call, end = call_from_object(text, pos, ("parameters", "arguments"))
+            # Streamed re-serialised, as vLLM streams it (llama_tool_parser.py).
+            call.arguments = canonical_prefix(call.arguments, call.complete)
             parsed.calls.append(call)
             if end is None:
                 break
@@ -190,7 +257,32 @@ class MistralParser(ToolParser):
     skip_special_tokens = False
     marker, args = "[TOOL_CALLS]", "[ARGS]"
 
+    def new_call_id(self) -> str:
+        # vLLM parser/mistral.py MistralToolCall: Mistral's validator wants 9 of these.
+        return "".join(random.choices(_ALPHANUMERIC, k=9))
+
+    def read_whole(self, text: str) -> ParsedOutput:
+        parsed = self.read(text, final=True)
+        if parsed.has_calls and self._json_calls(text):
+            # vLLM parser/mistral.py _pre_v11_function_calls: arguments re-serialised,
+            # a string kept as it is.
+            for call in parsed.calls:
+                value = json.loads(call.arguments)
+                call.arguments = value if isinstance(value, str) else reserialised(value)
+        return parsed
+
+    def _json_calls(self, text: str) -> bool:
+        """Whether the calls are JSON objects (not name[ARGS]{...})."""
+        pos = skip_whitespace(text, text.find(self.marker) + len(self.marker))
+        return text[pos : pos + 1] in ("[", "{")
+
     def parse(self, text: str, final: bool) -> ParsedOutput:
+        parsed = self._parse(text, final)
+        if final and not parsed.has_calls:
+            return ParsedOutput(text)  # the text held back after the marker is content
+        return parsed
+
+    def _parse(self, text: str, final: bool) -> ParsedOutput:
         content, start = content_until(text, self.marker, final)
         parsed = ParsedOutput(content)
         if start < 0:
@@ -198,6 +290,9 @@ class MistralParser(ToolParser):
         pos = skip_whitespace(text, start + len(self.marker))
         if pos < len(text) and text[pos] == "[":  # a JSON array of calls
             parsed.calls = calls_in_array(text, pos, ("arguments", "parameters"))
+            return parsed
+        if pos < len(text) and text[pos] == "{":  # one bare call object (vLLM's too)
+            parsed.calls = [call_from_object(text, pos, ("arguments", "parameters"))[0]]
             return parsed
         while start >= 0:  # name[ARGS]{...}, each call after its own marker
             pos = start + len(self.marker)
@@ -218,15 +313,18 @@ class PythonicParser(ToolParser):
     name = "pythonic"
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
-        pos = skip_whitespace(text, 0)
-        if pos >= len(text):
-            return ParsedOutput("" if not final else text)
-        if text[pos] != "[":
+        if not text:
+            return ParsedOutput("")
+        if text[0] != "[":  # vLLM's pattern must match from the first character
             return ParsedOutput(text)
         parsed = ParsedOutput("")
-        segments = _complete_calls(text, pos + 1)
+        segments = _complete_calls(text, 1)
         if final and not segments:
             return ParsedOutput(text)  # a list, but of no call: content
+        if final:
+            # vLLM pythonic_tool_parser.py parses the whole output: text after the
+            # list makes it content.
+            ast.parse(text)
         for segment in segments:
             call = ast.parse(segment.strip(), mode="eval").body
             if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
@@ -262,6 +360,17 @@ def _complete_calls(text: str, pos: int) -> list[str]:
         pos += 1
     return calls
 
+
+def _whole_call(value: Any, arguments_keys: tuple[str, ...]) -> CallSoFar:
+    """A decoded call object as a finished call; KeyError or TypeError if it is not one."""
+    name = value["name"]
+    if not isinstance(name, str):
+        raise TypeError("a tool call's name must be a string")
+    key = next((key for key in arguments_keys if key in value), arguments_keys[0])
+    return CallSoFar(name, reserialised(value[key]), complete=True)
+
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
 
 _PARSERS: dict[str, Callable[[], ToolParser]] = {
     parser.name: parser

@@ -5,6 +5,9 @@ every piece is a prefix extension of the last, and the pieces join to the comple
 exactly as the model wrote it, so no partial-JSON re-serialising (and none of its diffing
 errors) is needed. These functions find the spans: `value_end` where a value ends,
 `object_members` the members of an object seen so far, with their spans.
+`canonical_prefix` is for the formats whose arguments vLLM re-serialises
+(`json.dumps(..., ensure_ascii=False)`): the part of that serialisation a value's text so far
+already fixes, so that the pieces still only grow and join to the re-serialised value.
 """
 
 from __future__ import annotations
@@ -106,3 +109,75 @@ def object_members(text: str, pos: int) -> tuple[dict[str, Member], int | None]:
         if pos < len(text) and text[pos] == ",":
             pos = skip_whitespace(text, pos + 1)
     return members, None
+
+
+def canonical_prefix(text: str, complete: bool = False) -> str:
+    """The start of `json.dumps(json.loads(value), ensure_ascii=False)` that the text of a
+    JSON value so far already fixes (all of it once `complete`): containers, keys and
+    strings as they arrive, numbers and literals once they end."""
+    out: list[str] = []
+    depth = 0
+    pos = 0
+    while True:
+        pos = skip_whitespace(text, pos)
+        if pos >= len(text):
+            break
+        char = text[pos]
+        if char in "{[" or char in "}]":
+            depth += 1 if char in "{[" else -1
+            out.append(char)
+            pos += 1
+        elif char in ",:":
+            out.append(char + " ")
+            pos += 1
+        elif char == '"':
+            end = string_end(text, pos)
+            if end is None:
+                out.append(_string_prefix(text[pos + 1 :]))
+                break
+            out.append(_dumps(text[pos:end]))
+            pos = end
+        else:
+            end = pos
+            while end < len(text) and text[end] not in ",:}] \t\n\r":
+                end += 1
+            if end == len(text) and not complete:
+                break  # more digits may follow
+            try:
+                out.append(_dumps(text[pos:end]))
+            except ValueError:
+                break
+            pos = end
+        if depth <= 0:
+            break
+    return "".join(out)
+
+
+def _dumps(value_text: str) -> str:
+    return json.dumps(json.loads(value_text), ensure_ascii=False)
+
+
+def _string_prefix(raw: str) -> str:
+    """The serialised start of an unfinished string (the text after its opening quote),
+    up to its last complete character."""
+    cut = 0
+    pos = 0
+    while pos < len(raw):
+        if raw[pos] != "\\":
+            pos += 1
+            cut = pos
+            continue
+        size = 6 if raw[pos + 1 : pos + 2] == "u" else 2
+        if pos + size > len(raw):
+            break
+        if size == 6 and 0xD800 <= int(raw[pos + 2 : pos + 6], 16) <= 0xDBFF:
+            # A surrogate pair's first half: its character needs the second.
+            if pos + 12 > len(raw):
+                break
+            size = 12
+        pos += size
+        cut = pos
+    try:
+        return _dumps(f'"{raw[:cut]}"')[:-1]
+    except ValueError:
+        return '"'
