@@ -65,7 +65,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             # The prompt already ended the reasoning, or it is not wanted (vLLM then
             # constrains the answer from its first token).
             parsed.params.reasoning_end = None
-        check_prompt(engine, token_ids, parsed, "messages")
+        parsed.params = check_prompt(engine, token_ids, parsed, "messages")
         if parsed.add_generation_prompt:
             role = state.frontend.response_role
         else:

@@ -50,8 +50,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     with reserve_places(engine, len(parsed.prompts) * parsed.params.n) as reservation:
         prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
-        for prompt in prompts:
-            check_prompt(engine, prompt.token_ids, parsed, "prompt")
+        params = [check_prompt(engine, prompt.token_ids, parsed, "prompt") for prompt in prompts]
         if parsed.echo:
             for prompt in prompts:
                 if prompt.text is None:
@@ -61,7 +60,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
             engine_outputs(
                 engine,
                 {"prompt": prompt.text, "prompt_token_ids": prompt.token_ids},
-                parsed.params,
+                params[i],
                 f"{head.id}-{i}",
                 parsed.priority,
                 reservation,

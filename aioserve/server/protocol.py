@@ -14,8 +14,9 @@ Sampling fields become one `SamplingParams`; its own `ValueError`s become 400s n
 field ("max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)", vLLM's
 wording). Defaults follow vLLM: a field the request leaves out takes the model's generation
 config value (`engine.settings.default_sampling`), then SamplingParams' default; completions
-default to `max_tokens=16` (OpenAI's), chat to the rest of the context, as does an explicit
-`"max_tokens": null` in completions.
+default to `max_tokens=16` (OpenAI's; an explicit `"max_tokens": null` too, as vLLM resets
+it), chat to the rest of the context. A max_tokens past the room the context leaves after
+the prompt is cut to that room, as vLLM cuts it; one past the context itself is a 400.
 
 What needs the prompt's tokens (its length and token ids, and with them the checks of the
 sampling parameters against the engine: logprobs, token ids in logit_bias, ...) is
@@ -25,6 +26,7 @@ check (engine/admission.py), so a request is validated by one piece of code.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -162,10 +164,7 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
     """Validate a /v1/completions body."""
     _refuse_unsupported(body, chat=False)
     fields = BodyFields(body, COMPLETION_BODY)
-    if "max_tokens" in body and body["max_tokens"] is None:
-        max_tokens = None  # an explicit null: the rest of the context
-    else:
-        max_tokens = fields.get("max_tokens", 16)  # OpenAI's default
+    max_tokens = fields.get("max_tokens", 16)  # OpenAI's default, for null too (as vLLM)
     logprobs = fields.get("logprobs")
     echo = fields.get("echo", False)
     echo_only = echo and max_tokens == 0
@@ -307,10 +306,20 @@ def _boolean(body: dict[str, Any], name: str, default: bool) -> bool:
 
 def check_prompt(
     engine: AsyncEngine, token_ids: list[int], request: GenerationRequest, prompt_field: str
-) -> None:
-    """400 for a tokenized prompt the engine refuses with the request's parameters (engine/
-    admission.py: its length, its token ids, the logprobs, ...), the field named as the
-    route's body names it; or for a max_tokens the context cannot hold after the prompt."""
+) -> SamplingParams:
+    """The request's sampling parameters for this tokenized prompt: max_tokens cut to the
+    room the context leaves after it (vLLM's get_max_tokens). 400 for a prompt the engine
+    refuses with them (engine/admission.py: its length, its token ids, the logprobs, ...),
+    the field named as the route's body names it, or for a max_tokens past the context."""
+    max_tokens, max_model_len = request.params.max_tokens, engine.settings.max_model_len
+    if max_tokens is not None and max_tokens > max_model_len:
+        field_name = request.max_tokens_field
+        raise bad_parameter(
+            field_name,
+            max_tokens,
+            f"{field_name}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+        )
     try:
         engine.check_request(token_ids, request.params)
     except InvalidRequest as error:
@@ -319,16 +328,13 @@ def check_prompt(
         if param.startswith("structured_outputs"):
             param = body_field(param, request.structured_output_field)
         raise bad_parameter(param, shown_value(error.value), str(error)) from None
-    max_tokens, max_model_len = request.params.max_tokens, engine.settings.max_model_len
-    if max_tokens is not None and len(token_ids) + max_tokens > max_model_len:
-        raise bad_parameter(
-            request.max_tokens_field,
-            max_tokens,
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-            f"maximum context length is {max_model_len} tokens and your request has "
-            f"{len(token_ids)} input tokens ({max_tokens} > {max_model_len} - "
-            f"{len(token_ids)}).",
-        )
+    room = max_model_len - len(token_ids)
+    if max_tokens is None or max_tokens <= room:
+        return request.params
+    try:  # shallow: the compiled structured output stays shared
+        return dataclasses.replace(request.params, max_tokens=room)
+    except ValueError as error:  # e.g. a min_tokens past the room
+        raise APIError(str(error)) from None
 
 
 def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:

@@ -345,7 +345,12 @@ def test_errors_like_vllms(openai_server, name, status, param):
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "value=21"),
         ({"logprobs": 1}, "logprobs", "value=1"),
         ({"max_completion_tokens": -1}, "max_completion_tokens", "value=-1"),
-        ({"max_tokens": 2040}, "max_tokens", "2040 > 2048 - 37"),
+        ({"max_tokens": 2049}, "max_tokens", "cannot be greater than max_model_len=2048"),
+        (
+            {"max_completion_tokens": 4096},
+            "max_completion_tokens",
+            "max_completion_tokens=4096 cannot be greater",
+        ),
         ({"continue_final_message": True}, None, "are not compatible"),
         ({"chat_template_kwargs": "x"}, "chat_template_kwargs", "value=x"),
         ({"tools": [{"type": "function"}]}, "tools[0].function", "value=null"),
@@ -387,3 +392,12 @@ def test_client_leaving_a_stream_aborts_it(openai_server, engine, server_loop):
     role = asyncio.run(asyncio.wait_for(leave_early(), 60))
     assert b'"role":"assistant"' in role
     wait_until_idle(engine, server_loop)
+
+
+def test_max_tokens_past_the_room_left_is_cut_to_it(openai_server, engine):
+    """vLLM cuts max_tokens to what the context leaves after the prompt (get_max_tokens)."""
+    body = {"messages": QUESTION, "max_tokens": 2048, "temperature": 0, "ignore_eos": True}
+    reply = post(openai_server, "/v1/chat/completions", body)
+    assert reply.status == 200, reply.body
+    usage = reply.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 2048

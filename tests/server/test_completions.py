@@ -297,12 +297,37 @@ def test_prompt_longer_than_the_context_is_400(openai_server, engine):
     )
 
 
-def test_max_tokens_past_the_context_is_400(openai_server):
-    reply = post(openai_server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2044})
+def test_max_tokens_past_the_room_left_is_cut_to_it_and_past_the_context_is_400(
+    openai_server, engine
+):
+    """vLLM 0.32 cuts max_tokens to max_model_len - prompt (api_utils.get_max_tokens) and
+    refuses only one past max_model_len itself (renderers/params.py)."""
+    prompt = engine.tokenizer("hello " * 3000).input_ids[:2040]
+    assert len(prompt) == 2040
+    body = {"prompt": prompt, "max_tokens": 2048, "temperature": 0, "ignore_eos": True}
+    for path, fields in [("/v1/completions", {}), ("/v1/completions", {"stream": True})]:
+        reply = post(openai_server, path, body | fields)
+        assert reply.status == 200, reply.body
+    answer = post(openai_server, "/v1/completions", body).json()
+    assert answer["usage"]["completion_tokens"] == 8
+    assert answer["choices"][0]["finish_reason"] == "length"
+    # Several prompts: each is cut to its own room.
+    both = post(openai_server, "/v1/completions", body | {"prompt": [prompt, prompt[:2030]]})
+    assert [c["finish_reason"] for c in both.json()["choices"]] == ["length", "length"]
+    assert both.json()["usage"]["completion_tokens"] == 8 + 18
+    reply = post(openai_server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2049})
     assert reply.status == 400
     error = reply.json()["error"]
     assert error["param"] == "max_tokens"
-    assert "2044 > 2048 - 5" in error["message"]
+    assert error["message"].startswith(
+        "max_tokens=2049 cannot be greater than max_model_len=2048. Please request fewer "
+        "output tokens."
+    )
+
+
+def test_a_null_max_tokens_means_16_as_in_vllm(openai_server):
+    body = {"prompt": PROMPT, "temperature": 0, "ignore_eos": True, "max_tokens": None}
+    assert post(openai_server, "/v1/completions", body).json()["usage"]["completion_tokens"] == 16
 
 
 @pytest.mark.parametrize(

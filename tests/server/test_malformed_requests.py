@@ -147,7 +147,7 @@ MALFORMED = {
         "input_tokens", "1024", messages=[{"role": "user", "content": "hello " * MAX_MODEL_LEN}]
     ),
     "max_tokens beyond the context": completion(
-        "max_tokens", "1024", max_tokens=MAX_MODEL_LEN, prompt="Hi"
+        "max_tokens", f"max_model_len={MAX_MODEL_LEN}", max_tokens=MAX_MODEL_LEN + 1, prompt="Hi"
     ),
     "empty messages": chat("messages", messages=[]),
     "message without role": chat("messages[0].role", messages=[{"content": "Hi"}]),
