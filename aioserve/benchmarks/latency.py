@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     for percentage, value in zip(PERCENTAGES, percentiles, strict=True):
         print(f"{percentage}% percentile latency: {value} seconds")
     results = {
-        "model_id": args.model,
+        "model_id": config.model.model,
         "avg_latency": np.mean(latencies).item(),
         "std_latency": np.std(latencies).item(),
         "latencies": latencies.tolist(),

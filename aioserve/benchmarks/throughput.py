@@ -245,7 +245,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"Total num prompt tokens:  {prompt_tokens}")
     print(f"Total num output tokens:  {output_tokens}")
     results = {
-        "model_id": args.model,
+        "model_id": config.model.model,
         "elapsed_time": elapsed,
         "num_requests": len(requests),
         "total_num_tokens": total_tokens,
