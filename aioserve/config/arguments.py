@@ -86,15 +86,17 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Do not log one line per HTTP request.", "flag", convert=values.boolean),
     Argument("allow-credentials", FRONTEND, False,
              "CORS: allow cookies and authorization headers.", "flag", convert=values.boolean),
-    Argument("allowed-origins", FRONTEND, ["*"], "CORS: allowed origins (a JSON list).",
-             convert=values.json_names),
+    Argument("allowed-origins", FRONTEND, [],
+             "CORS: allowed origins (a JSON list); none by default, as vLLM: cross-origin "
+             "browser access is off until origins are listed.", convert=values.json_names),
     Argument("allowed-methods", FRONTEND, ["*"], "CORS: allowed HTTP methods (a JSON list).",
              convert=values.json_names),
     Argument("allowed-headers", FRONTEND, ["*"], "CORS: allowed request headers (a JSON list).",
              convert=values.json_names),
     Argument("api-key", FRONTEND, None,
-             "Require 'Authorization: Bearer <key>' on the /v1 routes (the environment "
-             "variable VLLM_API_KEY does the same when this is not given).", convert=values.string),
+             "Require 'Authorization: Bearer <key>' with one of these keys on the /v1 routes "
+             "(the environment variable VLLM_API_KEY does the same when this is not given).",
+             "list", convert=values.names),
     _vllm("lora-modules", FRONTEND, None,
           "LoRA adapters loaded at start, as name=path or JSON, each served under its own model name.", "list"),
     _vllm("prompt-adapters", FRONTEND, None, "Prompt adapters loaded at start, as name=path.", "list"),

@@ -26,7 +26,7 @@ class FrontendConfig:
     allowed_origins: list[str]
     allowed_methods: list[str]
     allowed_headers: list[str]
-    api_key: str | None
+    api_key: list[str] | None
     chat_template: str | None  # None: the tokenizer's
     chat_template_content_format: str
     default_chat_template_kwargs: dict[str, Any] | None  # None: none

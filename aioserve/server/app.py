@@ -18,7 +18,7 @@ from aioserve.server.middlewares import (
     CorsPolicy,
     RequestsInFlight,
     api_key_middleware,
-    configured_api_key,
+    configured_api_keys,
     cors_preflight_middleware,
     cors_response_hook,
     drain_middleware,
@@ -57,9 +57,9 @@ def build_app(state: ServerState) -> web.Application:
         drain_middleware(lambda: state.draining, in_flight, root_path),
         cors_preflight_middleware(cors),
     ]
-    api_key = configured_api_key(frontend)
-    if api_key:
-        middlewares.append(api_key_middleware(api_key, root_path))
+    api_keys = configured_api_keys(frontend)
+    if api_keys:
+        middlewares.append(api_key_middleware(api_keys, root_path))
     middlewares.append(route_error_middleware)
     if frontend.enable_log_requests and not frontend.disable_log_requests:
         middlewares.append(request_log_middleware(frontend.max_log_len))

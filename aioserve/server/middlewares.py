@@ -227,26 +227,31 @@ def cors_response_hook(
 # --- the API key -----------------------------------------------------------------------------
 
 
-def configured_api_key(frontend: FrontendConfig) -> str | None:
-    """--api-key, else the environment variable VLLM_API_KEY, as in vLLM."""
-    return frontend.api_key or os.environ.get(API_KEY_ENV) or None
+def configured_api_keys(frontend: FrontendConfig) -> list[str]:
+    """--api-key's keys, else the environment variable VLLM_API_KEY, as in vLLM."""
+    keys = frontend.api_key or [os.environ.get(API_KEY_ENV, "")]
+    return [key for key in keys if key]
 
 
-def api_key_middleware(api_key: str, root_path: str | None) -> Middleware:
-    """401 for a /v1/* request without `Authorization: Bearer <api_key>`.
+def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware:
+    """401 for a /v1/* request without `Authorization: Bearer <key>`, one of `api_keys`.
 
     Only the /v1 routes are protected, as in vLLM; /health, /metrics, /tokenize ... are
-    not. Keys are compared as SHA-256 digests with hmac.compare_digest, so neither the
-    key's content nor its length shows in the time a refusal takes.
+    not. Keys are compared as SHA-256 digests with hmac.compare_digest, every one of them,
+    so neither a key's content nor its length shows in the time a refusal takes. The key
+    is what follows "Bearer " exactly, as vLLM reads it.
     """
-    expected = hashlib.sha256(api_key.encode()).digest()
+    expected = [hashlib.sha256(key.encode()).digest() for key in api_keys]
 
     @web.middleware
     async def check_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method != "OPTIONS" and route_path(request, root_path).startswith("/v1"):
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-            digest = hashlib.sha256(given.strip().encode()).digest()
-            if not (hmac.compare_digest(digest, expected) and scheme.lower() == "bearer"):
+            digest = hashlib.sha256(given.encode()).digest()
+            matched = False
+            for key in expected:
+                matched |= hmac.compare_digest(digest, key)
+            if not (matched and scheme.lower() == "bearer"):
                 return _json_error(
                     "Unauthorized: send a valid API key as 'Authorization: Bearer <key>'",
                     HTTPStatus.UNAUTHORIZED,

@@ -326,12 +326,23 @@ def test_api_key_protects_the_v1_routes(server_loop, engine):
                 fetch("GET", served.url + "/v1/models", headers={"Authorization": header}).status
                 == 401
             )
+        # vLLM reads the key as exactly what follows "Bearer ".
+        assert fetch("GET", served.url + "/v1/models",
+                     headers={"Authorization": "Bearer  s3cret"}).status == 401  # fmt: skip
         # Unknown /v1 routes are protected too; the rest of the server is not.
         assert fetch("GET", served.url + "/v1/nope").status == 401
         assert fetch("GET", served.url + "/health").status == 200
         assert fetch("POST", served.url + "/tokenize", json={"prompt": "a"}).status == 200
         client = openai.OpenAI(base_url=served.url + "/v1", api_key="s3cret", max_retries=0)
         assert [model.id for model in client.models.list()] == [MODEL, ALIAS]
+
+
+def test_any_of_several_api_keys_is_accepted(server_loop, engine, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")  # the flag wins over the variable
+    with serve(server_loop, engine, "--api-key", "first", "second") as served:
+        for key, status in [("first", 200), ("second", 200), ("from-env", 401), ("third", 401)]:
+            headers = {"Authorization": f"Bearer {key}"}
+            assert fetch("GET", served.url + "/v1/models", headers=headers).status == status
 
 
 def test_vllm_api_key_environment_variable_works_like_the_flag(server_loop, engine, monkeypatch):
@@ -368,15 +379,21 @@ def _preflight(url: str, origin: str, method: str = "POST", headers: str = "cont
     )
 
 
-def test_cors_by_default_allows_any_origin(server):
-    reply = _preflight(server.url, "https://app.example", headers="authorization, content-type")
-    assert reply.status == 200
-    assert reply.headers["Access-Control-Allow-Origin"] == "*"
-    assert "POST" in reply.headers["Access-Control-Allow-Methods"]
-    assert reply.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+def test_cors_is_off_by_default_and_any_origin_when_asked(server, server_loop, engine):
+    """vLLM 0.32's --allowed-origins defaults to none: "Cross-origin browser access is
+    disabled by default" (launchers/cli_args.py)."""
+    assert _preflight(server.url, "https://app.example").status == 400
     reply = fetch("GET", server.url + "/v1/models", headers={"Origin": "https://app.example"})
-    assert reply.headers["Access-Control-Allow-Origin"] == "*"
-    assert "Access-Control-Allow-Origin" not in fetch("GET", server.url + "/v1/models").headers
+    assert reply.status == 200 and "Access-Control-Allow-Origin" not in reply.headers
+    with serve(server_loop, engine, "--allowed-origins", '["*"]') as served:
+        reply = _preflight(served.url, "https://app.example", headers="authorization, content-type")
+        assert reply.status == 200
+        assert reply.headers["Access-Control-Allow-Origin"] == "*"
+        assert "POST" in reply.headers["Access-Control-Allow-Methods"]
+        assert reply.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        reply = fetch("GET", served.url + "/v1/models", headers={"Origin": "https://app.example"})
+        assert reply.headers["Access-Control-Allow-Origin"] == "*"
+        assert "Access-Control-Allow-Origin" not in fetch("GET", served.url + "/v1/models").headers
 
 
 def test_cors_with_listed_origins_methods_headers_and_credentials(server_loop, engine):

@@ -45,7 +45,8 @@ FRONTEND_FLAGS = [
     (["--allowed-origins", '["https://a.example"]'], "allowed_origins", ["https://a.example"]),
     (["--allowed-methods", '["GET", "POST"]'], "allowed_methods", ["GET", "POST"]),
     (["--allowed-headers", "[]"], "allowed_headers", []),
-    (["--api-key", "k"], "api_key", "k"),
+    (["--api-key", "k"], "api_key", ["k"]),
+    (["--api-key", "k1", "k2"], "api_key", ["k1", "k2"]),
     (["--chat-template", "t.jinja"], "chat_template", "t.jinja"),
     (["--chat-template-content-format", "openai"], "chat_template_content_format", "openai"),
     (
@@ -121,7 +122,8 @@ def test_every_supported_frontend_argument_is_tested():
 def test_defaults_are_vllms_and_the_default_model_is_served():
     options = _options()
     assert (options.host, options.port, options.api_key) == (None, 8000, None)
-    assert options.allowed_origins == options.allowed_methods == ["*"]
+    assert options.allowed_origins == []  # vLLM 0.32: cross-origin access off by default
+    assert options.allowed_methods == options.allowed_headers == ["*"]
     assert options.response_role == "assistant"
     assert options.shutdown_timeout == 30.0
     config = engine_config_from_args(build_engine_parser("aioserve serve").parse_args([]))
