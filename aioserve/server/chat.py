@@ -45,7 +45,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = await read_json_body(request)
     check_serving(state, body)
-    parsed = parse_chat_request(state, body)
+    parsed = parse_chat_request(state, body, request.headers)
     await compile_structured_output(state.engine, parsed.params, parsed.structured_output_field)
     engine = state.engine
     with reserve_places(engine, parsed.params.n) as reservation:

@@ -26,8 +26,10 @@ check (engine/admission.py), so a request is validated by one piece of code.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -90,6 +92,10 @@ _UNSUPPORTED: dict[str, str] = {
 # Fields aioserve does not honour yet whose value is refused unless it is vLLM's default
 # for the route: (field, completions default, chat default; None: any value is honoured).
 _DEFAULT_ONLY = (("add_special_tokens", True, None),)
+
+
+# vLLM's header for a request's priority (entrypoints/generate/base/serving.py).
+PRIORITY_HEADER = "X-Vllm-Priority"
 
 
 @dataclass
@@ -160,7 +166,9 @@ def check_serving(state: ServerState, body: dict[str, Any]) -> None:
         )
 
 
-def parse_completion_request(state: ServerState, body: dict[str, Any]) -> CompletionRequest:
+def parse_completion_request(
+    state: ServerState, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> CompletionRequest:
     """Validate a /v1/completions body."""
     _refuse_unsupported(body, chat=False)
     fields = BodyFields(body, COMPLETION_BODY)
@@ -184,13 +192,15 @@ def parse_completion_request(state: ServerState, body: dict[str, Any]) -> Comple
         echo=echo,
         echo_only=echo_only,
         structured_output_field=structured_output_field,
-        **_generation_fields(state, fields, params, "max_tokens", "logprobs"),
+        **_generation_fields(fields, headers or {}, params, "max_tokens", "logprobs"),
     )
     log_ignored_fields(body, COMPLETION_FIELDS)
     return request
 
 
-def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
+def parse_chat_request(
+    state: ServerState, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> ChatRequest:
     """Validate a /v1/chat/completions body (the messages themselves: see chat_template)."""
     kwargs = body.get("chat_template_kwargs")
     refuse_request_template(body.get("chat_template"), kwargs if isinstance(kwargs, dict) else None)
@@ -264,7 +274,7 @@ def parse_chat_request(state: ServerState, body: dict[str, Any]) -> ChatRequest:
         echo=echo,
         include_reasoning=fields.get("include_reasoning", True),
         structured_output_field=structured_output_field,
-        **_generation_fields(state, fields, params, max_tokens_field, "top_logprobs"),
+        **_generation_fields(fields, headers or {}, params, max_tokens_field, "top_logprobs"),
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
     return request
@@ -405,12 +415,15 @@ def _prompt_logprobs(fields: BodyFields, echoed: int | None) -> int | None:
 
 
 def _generation_fields(
-    state: ServerState,
     fields: BodyFields,
+    headers: Mapping[str, str],
     params: SamplingParams,
     max_tokens_field: str,
     logprobs_field: str,
 ) -> dict[str, Any]:
+    """The fields both routes share. As vLLM's, an X-Request-Id header names the request
+    ahead of the body's request_id, and an integer X-Vllm-Priority header sets its
+    priority ahead of the body's (which the fcfs policy, vLLM's default, ignores)."""
     stream = fields.get("stream", False)
     stream_options = fields.get("stream_options")
     if stream_options and not stream:  # vLLM lets an empty {} through
@@ -422,12 +435,12 @@ def _generation_fields(
     continuous_usage = options.get("continuous_usage_stats", False)
     fields.get("user")  # OpenAI's end-user id: checked, otherwise unused
     priority = fields.get("priority", 0)
-    if priority != 0 and state.engine.settings.scheduling_policy != "priority":
-        raise bad_parameter(
-            "priority", priority, "priority needs the server's --scheduling-policy priority"
-        )
+    with contextlib.suppress(ValueError):
+        priority = int(headers.get(PRIORITY_HEADER, priority))
     return {
-        "request_id": fields.get("request_id") or uuid.uuid4().hex[:16],
+        "request_id": headers.get("X-Request-Id")
+        or fields.get("request_id")
+        or uuid.uuid4().hex[:16],
         "params": params,
         "max_tokens_field": max_tokens_field,
         "logprobs_field": logprobs_field,

@@ -349,7 +349,7 @@ def test_a_null_max_tokens_means_16_as_in_vllm(openai_server):
         ({"prompt_logprobs": -1}, "prompt_logprobs", "value=-1"),
         ({"prompt_logprobs": 21}, "prompt_logprobs", "max allowed: 20"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
-        ({"priority": 3}, "priority", "value=3"),
+        ({"priority": "high"}, "priority", "value=high"),
         ({"prompt": ""}, "prompt", "empty"),
         ({"prompt": []}, "prompt", "value=[]"),
         ({"prompt": 5}, "prompt", "value=5"),
@@ -500,3 +500,24 @@ def test_an_echoed_prompts_top_logprobs_keep_logprobs_plus_one(openai_server):
     tops = choice["logprobs"]["top_logprobs"]
     assert tops[0] is None and all(len(top) <= 2 for top in tops[1:])
     assert any(len(choice["prompt_logprobs"][i]) > 2 for i in range(1, len(tops) - 1))
+
+
+def test_request_id_and_priority_headers_as_vllm_reads_them(openai_server):
+    """vLLM names a request by its X-Request-Id header ahead of the body's request_id, and
+    accepts any priority (the fcfs policy ignores it; X-Vllm-Priority may set it)."""
+
+    async def send(headers: dict[str, str], body: dict) -> tuple[int, dict]:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+            async with session.post(
+                openai_server + "/v1/completions", json=body, headers=headers
+            ) as response:
+                return response.status, await response.json()
+
+    body = {"prompt": PROMPT, "max_tokens": 1, "request_id": "from-body"}
+    status, answer = asyncio.run(send({"X-Request-Id": "from-header"}, body))
+    assert status == 200 and answer["id"] == "cmpl-from-header"
+    status, answer = asyncio.run(send({}, body))
+    assert answer["id"] == "cmpl-from-body"
+    for headers, fields in [({}, {"priority": 5}), ({"X-Vllm-Priority": "-3"}, {})]:
+        status, answer = asyncio.run(send(headers, {"prompt": PROMPT, "max_tokens": 1, **fields}))
+        assert status == 200, answer
