@@ -278,8 +278,11 @@ async def _chunks(
                     if calls.made_calls and finish_reason == "stop":
                         if parsed.tool_use.calls_finish_as_tool_calls:
                             finish_reason = "tool_calls"
+                # Without a parser, as in vLLM, every step that generated tokens sends its
+                # chunk, even with its text held back (clients time tokens by chunks).
+                passed_through = not parser and tool_parser is None and bool(sample.token_ids)
                 if (
-                    not (content or reasoning or tool_calls)
+                    not (content or reasoning or tool_calls or passed_through)
                     and sample.finish_reason is None
                     and not has_token_data
                 ):

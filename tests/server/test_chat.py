@@ -401,3 +401,18 @@ def test_max_tokens_past_the_room_left_is_cut_to_it(openai_server, engine):
     assert reply.status == 200, reply.body
     usage = reply.json()["usage"]
     assert usage["prompt_tokens"] + usage["completion_tokens"] == 2048
+
+
+def test_a_token_whose_text_is_held_back_still_sends_its_chunk(openai_server):
+    """Without a parser vLLM streams a chunk for every step that generated tokens, its
+    content "" while a stop string might start there."""
+    body = {"messages": QUESTION, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    text = post(openai_server, "/v1/chat/completions", body).json()["choices"][0]["message"][
+        "content"
+    ]
+    held = body | {"stop": [text + " and more"], "stream": True}
+    events = sse_events(post(openai_server, "/v1/chat/completions", held).body)
+    deltas = [e["choices"][0]["delta"] for e in events if e != "[DONE]" and e["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    contents = [delta["content"] for delta in deltas[1:]]
+    assert contents[:3] == ["", "", ""] and len(contents) == 4 and "".join(contents) == text
