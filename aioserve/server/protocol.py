@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -467,6 +468,14 @@ def _prompts(prompt: Any) -> list[PromptInput]:
             shown_value(prompt),
             "prompt must be a string, an array of strings, an array of token ids or an array "
             "of token id arrays",
+        )
+    max_prompts = int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024"))  # vLLM's cap
+    if len(prompt) > max_prompts:
+        raise APIError(
+            f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
+            f"{max_prompts}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
+            "environment variable.",
+            param="prompt",
         )
     for item in prompt:
         ok = isinstance(item, str) or (isinstance(item, list) and all(_is_int(t) for t in item))

@@ -521,3 +521,17 @@ def test_request_id_and_priority_headers_as_vllm_reads_them(openai_server):
     for headers, fields in [({}, {"priority": 5}), ({"X-Vllm-Priority": "-3"}, {})]:
         status, answer = asyncio.run(send(headers, {"prompt": PROMPT, "max_tokens": 1, **fields}))
         assert status == 200, answer
+
+
+def test_more_prompts_than_vllms_cap_are_400(openai_server, monkeypatch):
+    """vLLM refuses a prompt list over VLLM_MAX_COMPLETION_PROMPTS (1024) before any work."""
+    reply = post(openai_server, "/v1/completions", {"prompt": ["a"] * 1025, "max_tokens": 1})
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["param"] == "prompt"
+    assert error["message"].startswith("prompt list length 1025 exceeds the maximum allowed count")
+    monkeypatch.setenv("VLLM_MAX_COMPLETION_PROMPTS", "2")
+    reply = post(openai_server, "/v1/completions", {"prompt": ["a", "b", "c"], "max_tokens": 1})
+    assert reply.status == 400 and "count of 2" in reply.json()["error"]["message"]
+    reply = post(openai_server, "/v1/completions", {"prompt": ["a", "b"], "max_tokens": 1})
+    assert reply.status == 200
