@@ -9,7 +9,7 @@ Response shapes are vLLM's (shared/reference/vllm_samples 01, 02, 03, 11, 12, 13
     GET  /version        {"version": "<aioserve version>"}
     POST /tokenize       {"count", "max_model_len", "tokens", "token_strs"}
     POST /detokenize     {"prompt"}
-    GET  /load           {"server_load": <requests in flight>} (--enable-server-load-tracking)
+    GET  /load           {"server_load": <requests in flight>} (0 without --enable-server-load-tracking)
 
 /tokenize takes `prompt` (a string; `add_special_tokens` defaults to true) or `messages`
 (rendered with the chat template as for chat, chat_template.py; `add_generation_prompt`
@@ -100,6 +100,11 @@ async def version(request: web.Request) -> web.Response:
 async def server_load(request: web.Request) -> web.Response:
     """GET /load: how many requests are in flight (probes not counted)."""
     return web.json_response({"server_load": request.app[IN_FLIGHT].count})
+
+
+async def untracked_load(request: web.Request) -> web.Response:
+    """GET /load without --enable-server-load-tracking: 0, as vLLM answers then."""
+    return web.json_response({"server_load": 0})
 
 
 def _optional_bool(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -213,5 +218,4 @@ def add_routes(app: web.Application, *, load_tracking: bool) -> None:
     app.router.add_get("/version", version)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
-    if load_tracking:
-        app.router.add_get("/load", server_load)
+    app.router.add_get("/load", server_load if load_tracking else untracked_load)
