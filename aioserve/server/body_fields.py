@@ -94,6 +94,17 @@ def log_ignored_fields(body: dict[str, Any], known: frozenset[str]) -> None:
     logger.debug("The following fields were present in the request but ignored: %s", extra)
 
 
+def optional_bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    """A boolean field of `body` read outside a BodyFields declaration; null or absent:
+    `default`; another type: a 400 naming the field."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_parameter(name, shown_value(value), f"{name} must be a boolean")
+    return value
+
+
 def shown_value(value: Any, limit: int = 100) -> str:
     """A value as error messages show it: JSON, cut after `limit` characters."""
     if isinstance(value, str):

@@ -39,7 +39,7 @@ from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.structured_outputs import StructuredOutputsParams
-from aioserve.server.body_fields import BodyFields, log_ignored_fields, shown_value
+from aioserve.server.body_fields import BodyFields, log_ignored_fields, optional_bool, shown_value
 from aioserve.server.chat_template import (
     BOTH_GENERATION_FLAGS,
     refuse_request_mm_kwargs,
@@ -270,7 +270,7 @@ def parse_chat_request(
         add_generation_prompt=fields.get("add_generation_prompt", True),
         continue_final_message=fields.get("continue_final_message", False),
         chat_template_kwargs=template_kwargs,
-        add_special_tokens=_boolean(body, "add_special_tokens", False),
+        add_special_tokens=optional_bool(body, "add_special_tokens", False),
         tool_use=tool_use,
         echo=echo,
         include_reasoning=fields.get("include_reasoning", True),
@@ -303,15 +303,6 @@ def _reasoning_effort(value: Any) -> str | None:
             shown_value(value),
             f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
         )
-    return value
-
-
-def _boolean(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_parameter(name, shown_value(value), f"{name} must be a boolean")
     return value
 
 

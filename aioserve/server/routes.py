@@ -25,12 +25,16 @@ from __future__ import annotations
 import time
 import uuid
 from http import HTTPStatus
-from typing import Any
 
 from aiohttp import web
 
 from aioserve import __version__
-from aioserve.server.body_fields import log_ignored_fields, read_json_body, shown_value
+from aioserve.server.body_fields import (
+    log_ignored_fields,
+    optional_bool,
+    read_json_body,
+    shown_value,
+)
 from aioserve.server.chat_template import (
     BOTH_GENERATION_FLAGS,
     refuse_request_mm_kwargs,
@@ -107,15 +111,6 @@ async def untracked_load(request: web.Request) -> web.Response:
     return web.json_response({"server_load": 0})
 
 
-def _optional_bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_parameter(name, shown_value(value), f"{name} must be a boolean")
-    return value
-
-
 def _tokenizer(state: ServerState):
     tokenizer = state.engine.tokenizer
     if tokenizer is None:
@@ -152,11 +147,11 @@ async def tokenize(request: web.Request) -> web.Response:
             render_chat,
             state,
             messages,
-            add_generation_prompt=_optional_bool(body, "add_generation_prompt", True),
-            continue_final_message=_optional_bool(body, "continue_final_message", False),
+            add_generation_prompt=optional_bool(body, "add_generation_prompt", True),
+            continue_final_message=optional_bool(body, "continue_final_message", False),
             chat_template_kwargs=chat_template_kwargs,
             tools=checked_tools(body.get("tools")),
-            add_special_tokens=_optional_bool(body, "add_special_tokens", False),
+            add_special_tokens=optional_bool(body, "add_special_tokens", False),
         )
     else:
         prompt = body.get("prompt")
@@ -166,13 +161,13 @@ async def tokenize(request: web.Request) -> web.Response:
                 shown_value(prompt),
                 "prompt must be a string (or send messages instead)",
             )
-        add_special_tokens = _optional_bool(body, "add_special_tokens", True)
+        add_special_tokens = optional_bool(body, "add_special_tokens", True)
         # vLLM reads these off any tokenize request, a prompt one too.
         refuse_request_mm_kwargs(body)
         encoded = await state.off_loop(tokenizer, prompt, add_special_tokens=add_special_tokens)
         tokens = encoded.input_ids
     token_strs = None
-    if _optional_bool(body, "return_token_strs", False):
+    if optional_bool(body, "return_token_strs", False):
         token_strs = tokenizer.convert_ids_to_tokens(tokens)
     # As vLLM's TokenizeRequest union resolves: the chat model when messages are given.
     log_ignored_fields(body, TOKENIZE_CHAT_FIELDS if chat else TOKENIZE_PROMPT_FIELDS)

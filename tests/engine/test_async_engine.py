@@ -343,15 +343,11 @@ def test_step_stats_add_up_to_what_was_generated(engine):
     assert sum(len(s.time_to_first_tokens) for s in steps) == 3
     assert sum(len(s.inter_token_latencies) for s in steps) == 2 * 6
     finished = {f.finish_reason: f for s in steps for f in s.finished}
-    assert sorted(f.finish_reason for s in steps for f in s.finished) == [
-        "abort",
-        "length",
-        "length",
-    ]
+    # The aborted s3 is not among the finished (vLLM's abort records no per-request stats).
+    assert sorted(f.finish_reason for s in steps for f in s.finished) == ["length", "length"]
     length = finished["length"]
     assert length.num_generation_tokens == 7 and length.max_tokens_param == 7 and length.n == 1
     assert length.e2e_latency >= length.inference_time >= length.decode_time > 0
     assert length.mean_time_per_output_token == pytest.approx(length.decode_time / 6)
-    assert finished["abort"].num_generation_tokens == 1
     last = steps[-1]
     assert (last.num_running, last.num_waiting, last.kv_cache_usage) == (0, 0, 0.0)
