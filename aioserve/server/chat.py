@@ -110,7 +110,7 @@ async def _full_response(
     async with aclosing(outputs):
         async for output in outputs:
             final = output
-    as_token_ids = state.frontend.return_tokens_as_token_ids
+    as_token_ids = parsed.tokens_as_ids(state.frontend.return_tokens_as_token_ids)
     parser = state.engine.settings.reasoning_parser
     # Hidden reasoning hides the token data that would show it too (vLLM's rule).
     hidden = bool(parser) and not parsed.include_reasoning
@@ -201,7 +201,7 @@ async def _chunks(
     head: ResponseHead,
     outputs: AsyncIterator[RequestOutput],
 ) -> AsyncIterator[dict[str, Any]]:
-    as_token_ids = state.frontend.return_tokens_as_token_ids
+    as_token_ids = parsed.tokens_as_ids(state.frontend.return_tokens_as_token_ids)
     details = state.frontend.enable_prompt_tokens_details
     num_prompt_tokens = len(prompt_token_ids)
     n = parsed.params.n

@@ -163,7 +163,9 @@ def _completion_logprobs(state: ServerState, parsed: CompletionRequest) -> Compl
     tokenizer = state.engine.tokenizer
     decode = (lambda token_id: tokenizer.decode([token_id])) if tokenizer is not None else None
     return CompletionLogprobs(
-        state.frontend.return_tokens_as_token_ids, decode=decode, top_n=parsed.params.logprobs
+        parsed.tokens_as_ids(state.frontend.return_tokens_as_token_ids),
+        decode=decode,
+        top_n=parsed.params.logprobs,
     )
 
 

@@ -75,7 +75,6 @@ _UNSUPPORTED: dict[str, str] = {
     "truncation_side": "prompt truncation is not supported by aioserve yet",
     "chat_template": "a per-request chat template is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
-    "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
     "return_prompt_text": "return_prompt_text is not supported by aioserve yet",
     "logprob_token_ids": "logprob_token_ids is not supported by aioserve yet",
@@ -115,8 +114,16 @@ class GenerationRequest:
     continuous_usage_stats: bool = False
     priority: int = 0
     return_token_ids: bool = False
+    tokens_as_token_ids: bool | None = None
+    """`return_tokens_as_token_ids`: logprobs name tokens "token_id:<id>"; None: the
+    server's --return-tokens-as-token-ids (vLLM's rule: the request's value wins)."""
     structured_output_field: str = "structured_outputs"
     """The field the structured output came from (response_format, guided_json, ...)."""
+
+    def tokens_as_ids(self, server_default: bool) -> bool:
+        """Whether logprobs name tokens "token_id:<id>": the request's choice, else the
+        server's --return-tokens-as-token-ids."""
+        return server_default if self.tokens_as_token_ids is None else self.tokens_as_token_ids
 
 
 @dataclass
@@ -442,6 +449,7 @@ def _generation_fields(
         "continuous_usage_stats": include_usage and continuous_usage,
         "priority": priority,
         "return_token_ids": fields.get("return_token_ids", False),
+        "tokens_as_token_ids": fields.get("return_tokens_as_token_ids"),
     }
 
 

@@ -135,6 +135,7 @@ _ANSWER_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("priority", _INTEGER),
     BodyField("request_id", _STRING),
     BodyField("return_token_ids", _BOOLEAN),
+    BodyField("return_tokens_as_token_ids", {"type": ["boolean", "null"]}),
     BodyField("echo", _BOOLEAN),
 )
 

@@ -135,6 +135,23 @@ def test_tokens_as_token_ids(start_openai_server):
     assert choice["prompt_token_ids"] == [504, 3575, 282, 4649, 314]  # the tokenizer's ids
 
 
+def test_tokens_as_token_ids_per_request_win_over_the_server(openai_server, start_openai_server):
+    """vLLM's request field return_tokens_as_token_ids, when set, wins over the flag."""
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": 1,
+            "return_token_ids": True}  # fmt: skip
+    as_ids = post(openai_server, "/v1/completions", body | {"return_tokens_as_token_ids": True})
+    (choice,) = as_ids.json()["choices"]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(k.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"] for k in top)
+    url = start_openai_server(frontend=frontend_config(return_tokens_as_token_ids=True))
+    as_text = post(url, "/v1/completions", body | {"return_tokens_as_token_ids": False}).json()
+    assert not any(t.startswith("token_id:") for t in as_text["choices"][0]["logprobs"]["tokens"])
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0,
+            "logprobs": True, "return_tokens_as_token_ids": True}  # fmt: skip
+    content = post(openai_server, "/v1/chat/completions", chat).json()["choices"][0]["logprobs"]
+    assert all(entry["token"].startswith("token_id:") for entry in content["content"])
+
+
 def test_stream_is_framed_and_shaped_like_vllms(openai_server):
     reference = sample("04_completion")["request"]["body"]
     expected = sse_events(sample_stream("06_completion_stream"))

@@ -208,7 +208,6 @@ def test_every_vllm_field_is_read_refused_or_harmless_to_ignore(server, monkeypa
         ("completions", "truncate_prompt_tokens", 4),
         ("completions", "add_special_tokens", False),
         ("completions", "cache_salt", "tenant-a"),
-        ("completions", "return_tokens_as_token_ids", True),
     ],
 )
 def test_a_vllm_field_aioserve_cannot_honour_is_a_400_naming_it(server, route, field, value):
