@@ -124,16 +124,10 @@ class ReasoningSplitter:
         return split
 
 
-def split_answer(
-    parser: str, text: str, chat_template_kwargs: dict | None = None, prompt_closed: bool = False
-) -> tuple[str | None, str | None]:
-    """(reasoning, content) of a whole answer; None for a field the answer has nothing for
-    (content is null until the reasoning ends, as in vLLM; qwen3's empty reasoning too)."""
-    return split_whole(ReasoningSplitter(parser, chat_template_kwargs, prompt_closed), text)
-
-
 def split_whole(splitter: ReasoningSplitter, text: str) -> tuple[str | None, str | None]:
-    """split_answer with a new `splitter`, which then knows where the reasoning ended."""
+    """(reasoning, content) of a whole answer fed to a new `splitter` (which then knows
+    where the reasoning ended); None for a field the answer has nothing for (content is
+    null until the reasoning ends, as in vLLM; qwen3's empty reasoning too)."""
     split = splitter.feed(text, last=True)
     reasoning = split.reasoning if splitter.thinking else None
     if splitter.parser == "qwen3" and not reasoning:

@@ -34,9 +34,11 @@ def final_token_ids(engine, params, request_id) -> list[list[int]]:
     return [sample.token_ids for sample in outputs[-1].outputs]
 
 
-def even_odds(engine, word: int, other: int) -> dict[int, float]:
-    """A logit_bias that gives `word` the logit of `other` at PROMPT's first sample, so that
-    a draw between the two comes up either way (temperature stops at vLLM's 2)."""
+def yes_or_no(engine) -> tuple[int, int, dict[int, float]]:
+    """The tokens " yes" and " no", and a logit_bias that gives " yes" the logit of " no" at
+    PROMPT's first sample, so that a draw between the two comes up either way (temperature
+    stops at vLLM's 2)."""
+    word, stop = engine.tokenizer.encode(" yes")[0], engine.tokenizer.encode(" no")[0]
 
     def logprob(token: int) -> float:
         params = SamplingParams(
@@ -45,7 +47,7 @@ def even_odds(engine, word: int, other: int) -> dict[int, float]:
         (sample,) = asyncio.run(collect(engine, PROMPT, params, f"odds-{token}"))[-1].outputs
         return sample.logprobs[0][token].logprob
 
-    return {word: logprob(other) - logprob(word)}
+    return word, stop, {word: logprob(stop) - logprob(word)}
 
 
 def assert_idle(engine) -> None:
@@ -156,9 +158,7 @@ def test_a_broken_constraint_beside_a_sibling_that_stopped_ends_only_that_reques
     also completes its stop string) while the other's matcher fails. Ending the failed one
     ended the request and forgot both siblings before the stopped one was recorded, and the
     lookup of it killed the engine."""
-    tokenizer = engine.tokenizer
-    word, stop = tokenizer.encode(" yes")[0], tokenizer.encode(" no")[0]
-    odds = even_odds(engine, word, stop)
+    word, stop, odds = yes_or_no(engine)
     new_matcher = engine.structured_outputs.new_matcher
     monkeypatch.setattr(
         engine.structured_outputs, "new_matcher", lambda spec: _RefusingMatcher(new_matcher(spec))
@@ -194,9 +194,7 @@ def test_logprobs_beyond_the_vocabulary_are_refused_without_a_limit(engine, monk
 
 def test_an_abort_does_not_end_a_finished_sibling_twice(engine):
     """n=2 in DELTA mode: a sibling that stopped says so once, the abort ends only the other."""
-    tokenizer = engine.tokenizer
-    word, stop = tokenizer.encode(" yes")[0], tokenizer.encode(" no")[0]
-    odds = even_odds(engine, word, stop)
+    word, stop, odds = yes_or_no(engine)
 
     async def one_sibling_stops_then_abort(seed: int) -> list | None:
         params = SamplingParams(

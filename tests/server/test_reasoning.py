@@ -15,7 +15,7 @@ from aioserve.server.reasoning import (
     ReasoningSplitter,
     count_reasoning_tokens,
     reasoning_closed,
-    split_answer,
+    split_whole,
 )
 from tests.server.conftest import MODEL
 from tests.server.openai_helpers import client, post, sse_events
@@ -42,6 +42,12 @@ ANSWERS = [
     ("<think>", "", None),
     (" <think>", "", None),
 ]  # fmt: skip
+
+
+def split_answer(
+    parser: str, text: str, kwargs: dict | None = None, prompt_closed: bool = False
+) -> tuple[str | None, str | None]:
+    return split_whole(ReasoningSplitter(parser, kwargs, prompt_closed), text)
 
 
 def streamed(parser: str, pieces: list[str], kwargs: dict | None = None) -> tuple[str, str]:
