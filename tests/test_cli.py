@@ -370,13 +370,15 @@ def test_every_vllm_argument_is_declared(parser):
     # 0.18, the queue caps in PR #49445 (vllm_samples/24_metrics.txt has their
     # vllm:admission_rejections_total), --exclude-tools-when-tool-choice-none (in vLLM
     # 0.32's entrypoints/launchers/cli_args.py, as installed by ../shared/peers/),
-    # --structured-outputs-config (0.10's StructuredOutputsConfig, beside --guided-decoding-*).
+    # --structured-outputs-config (0.10's StructuredOutputsConfig, beside --guided-decoding-*),
+    # --default-chat-template-kwargs (FrontendArgs in vLLM 0.32's launchers/cli_args.py).
     later = {
         "--structured-outputs-config",
         "--shutdown-timeout",
         "--max-num-queued-reqs",
         "--max-num-queued-tokens",
         "--exclude-tools-when-tool-choice-none",
+        "--default-chat-template-kwargs",
     }
     inventory = {spelling for row in rows for spelling in row} | later
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]
