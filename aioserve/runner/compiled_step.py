@@ -127,8 +127,9 @@ class ModelStep:
         self._one_row = None
 
     @torch.inference_mode()
-    def warm_up(self, kv_caches: list[KVCache]) -> None:
-        """Compile every graph a step can need; on failure, fall back to eager with a warning."""
+    def warm_up(self, kv_caches: list[KVCache], max_model_len: int) -> None:
+        """Compile every graph a step can need, for sequences of up to `max_model_len`
+        tokens; on failure, fall back to eager with a warning."""
         if not self.compiled:
             return
         started = time.monotonic()
@@ -160,7 +161,7 @@ class ModelStep:
             return
         logger.info("compiled the model step in %.1f s", time.monotonic() - started)
         if self._one_row is not None:
-            self._one_row.warm_up(kv_caches)
+            self._one_row.warm_up(kv_caches, max_model_len)
 
 
 def trust_cpu_flags_for_vector_code() -> None:

@@ -116,6 +116,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
         self.vocab_size = model.config.vocab_size
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
@@ -135,7 +136,7 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Compile what the model step needs before the first request (see compiled_step.py)
         and capture the decode graphs; return once the KV pool is zeroed too."""
-        self.model_step.warm_up(self.kv_caches)
+        self.model_step.warm_up(self.kv_caches, self.max_model_len)
         self._wait_for_kv_zeros()
         if self.decode_graphs is not None:
             self.decode_graphs.capture()

@@ -113,10 +113,12 @@ class OneRowStep:
         return out
 
     @torch.inference_mode()
-    def warm_up(self, kv_caches: list[KVCache]) -> None:
+    def warm_up(self, kv_caches: list[KVCache], max_model_len: int) -> None:
         """Compile the graph on a decode of a sequence two blocks long, check that one of
-        another length runs it without compiling, and make it ready; leave it unused where
-        the pool is not read in place or compiling fails (with a warning)."""
+        three blocks runs it without compiling, and make it ready; leave it unused where
+        the pool is not read in place or compiling fails (with a warning). Where sequences
+        (`max_model_len`, the pool) are shorter, the lengths are cut to fit: the rotary
+        table and the pool end there."""
         key_cache, value_cache = kv_caches[0]
         if key_cache.device.type != "cpu" or not decode_in_pool.reads_in_place(
             key_cache, value_cache, self._dtype
@@ -124,8 +126,10 @@ class OneRowStep:
             return
         started = time.monotonic()
         block_size = key_cache.shape[1]
+        longest = min(max_model_len, key_cache.shape[0] * block_size)
+        lengths = (min(block_size + 2, longest - 1), min(3 * block_size, longest))
         try:
-            for length, first in ((block_size + 2, True), (3 * block_size, False)):
+            for length, first in zip(lengths, (True, False), strict=True):
                 meta = _decode_at(length, block_size, key_cache.device)
                 if first:
                     torch._dynamo.decorators.mark_unbacked(meta.block_tables, 1)

@@ -38,9 +38,13 @@ def _fresh_dynamo():
 
 
 def _runner(
-    *, one_row: bool, dtype: torch.dtype = torch.bfloat16, config: str = "llama-gqa4-llama3-rope"
+    *,
+    one_row: bool,
+    dtype: torch.dtype = torch.bfloat16,
+    config: str = "llama-gqa4-llama3-rope",
+    block_size: int = BLOCK_SIZE,
 ):
-    _, runner = tiny_runner(config, dtype=dtype, compile_model=True, block_size=BLOCK_SIZE)
+    _, runner = tiny_runner(config, dtype=dtype, compile_model=True, block_size=block_size)
     if not one_row:
         runner.model_step._one_row = None
     runner.warm_up()
@@ -97,6 +101,20 @@ def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(co
         for token_id, value in zip(ids, values, strict=True):
             if token_id in theirs:
                 assert value == pytest.approx(theirs[token_id], abs=0.05)
+
+
+def test_sequences_shorter_than_the_warm_up_lengths_still_get_the_graph(monkeypatch):
+    # The CPU's 128-slot blocks where sequences end at 256 tokens (the tiny model's rotary
+    # table): a warm-up decode three blocks long would read past it.
+    whole = _runner(one_row=True, block_size=128)
+    assert whole.max_model_len < 3 * 128
+    assert whole.model_step._one_row.ready
+    calls = _calls(whole, monkeypatch)
+    got = _lone_sequence(whole, 4, PlanMaker(128, 64))
+    assert calls[0] == 4
+    layer_graphs = _runner(one_row=False, block_size=128)
+    expected = _lone_sequence(layer_graphs, 4, PlanMaker(128, 64))
+    assert [token for token, _, _ in got] == [token for token, _, _ in expected]
 
 
 def test_steps_of_more_rows_take_the_layer_graphs(monkeypatch):
