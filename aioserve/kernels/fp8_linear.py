@@ -9,7 +9,8 @@ Two launches a product:
 - `_gemm_kernel`: tiles of BLOCK_M rows × BLOCK_N output columns, walking K BLOCK_K at a
   time with tl.dot on the 8-bit tiles themselves (H100 and MI300 multiply fp8 in their
   tensor cores; each step's sum is added into a float32 accumulator), then the two scales
-  and the bias applied once.
+  and the bias applied once. INT8 W8A8 layers (int8_linear.py) launch it too
+  (`launch_gemm`), on int8 tiles summed exactly in int32, with tiles of their own.
 
 A product moves 1 byte a weight, half of bfloat16. The tile is `_GEMM_CONFIG`'s "small" one
 (16 rows, tl.dot's least) for up to 16 rows and the "large" one beyond; in batch-invariant
@@ -136,13 +137,15 @@ def _gemm_kernel(
     PER_CHANNEL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
+    INT8: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     # One program per (BLOCK_M rows, BLOCK_N columns); the row tiles of one column tile are
     # neighbours in the grid, so they find its weights in L2. W is [N, K] row-major: its
-    # tile is loaded K-major, [BLOCK_K, BLOCK_N], as tl.dot's right operand.
+    # tile is loaded K-major, [BLOCK_K, BLOCK_N], as tl.dot's right operand. INT8: the
+    # operands are int8 (int8_linear.py), their products summed in int32, exactly.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < num_rows
@@ -154,7 +157,7 @@ def _gemm_kernel(
     # and rebuilt 64-bit offsets the 128 × 128 tile spilled on sm_90a.
     x_at = x_q_ptr + (rows % num_rows).to(tl.int64)[:, None] * k + depth[None, :]
     w_at = w_ptr + (cols % n).to(tl.int64)[None, :] * k + depth[:, None]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32 if INT8 else tl.float32)
     for start in range(0, k, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_at)
@@ -162,26 +165,30 @@ def _gemm_kernel(
         else:
             x = tl.load(x_at, mask=depth[None, :] < k - start, other=0.0)
             w = tl.load(w_at, mask=depth[:, None] < k - start, other=0.0)
-        # Hopper's fp8 tensor cores add in less than float32 precision, and Triton lets
-        # them run a whole K long by default (off by 3e-3 of the output at K = 14,336 on an
-        # H100): each step's BLOCK_K products are summed apart, then added in float32.
-        acc = tl.dot(x, w, acc, max_num_imprecise_acc=BLOCK_K)
+        if INT8:
+            acc = tl.dot(x, w, acc)
+        else:
+            # Hopper's fp8 tensor cores add in less than float32 precision, and Triton lets
+            # them run a whole K long by default (off by 3e-3 of the output at K = 14,336 on
+            # an H100): each step's BLOCK_K products are summed apart, then added in float32.
+            acc = tl.dot(x, w, acc, max_num_imprecise_acc=BLOCK_K)
         x_at += BLOCK_K
         w_at += BLOCK_K
-    acc *= tl.load(x_scale_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    # The references' order: sum · s_x, then · s_w, then + bias, each rounded to float32.
+    out = acc.to(tl.float32) * tl.load(x_scale_ptr + rows, mask=row_mask, other=0.0)[:, None]
     if PER_CHANNEL:
-        acc *= tl.load(w_scale_ptr + cols, mask=col_mask, other=0.0)[None, :]
+        out *= tl.load(w_scale_ptr + cols, mask=col_mask, other=0.0)[None, :]
     else:
-        acc *= tl.load(w_scale_ptr)
+        out *= tl.load(w_scale_ptr)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        out += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_at = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
-    tl.store(out_at, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+    tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
-def _tile(num_rows: int) -> dict[str, int]:
-    """The launch table entry for a product of `num_rows` rows."""
-    tables = launch_entry(_GEMM_CONFIG)
+def _tile(num_rows: int, config: dict[str, dict[str, dict[str, int]]]) -> dict[str, int]:
+    """`config`'s launch table entry for a product of `num_rows` rows."""
+    tables = launch_entry(config)
     if num_rows <= _SMALL_TILE_ROWS and not dispatch.batch_invariant():
         return tables["small"]
     return tables["large"]
@@ -224,7 +231,27 @@ def fp8_linear_triton(
         return out
     weight = weight.contiguous()
     x_q, x_scale = quantize_rows_triton(x, weight.dtype)
-    tile = _tile(num_rows)
+    launch_gemm(x_q, x_scale, weight, scale, bias, out, _GEMM_CONFIG)
+    return out
+
+
+def launch_gemm(
+    x_q: Tensor,
+    x_scale: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    bias: Tensor | None,
+    out: Tensor,
+    config: dict[str, dict[str, dict[str, int]]],
+) -> None:
+    """`_gemm_kernel` into `out` [M, N]: (x_q Wᵀ) · x_scale · scale (+ bias), x_q [M, K] and
+    the contiguous weight [N, K] both e4m3 or both int8 (int8_linear.py), with `config`'s
+    tiles (shaped as `_GEMM_CONFIG`). An int8 product is exact, and its float32 scaling is
+    compiled without fused multiply-adds, so that its output has the reference's bits."""
+    num_rows, k = x_q.shape
+    n = weight.shape[0]
+    int8 = x_q.dtype == torch.int8
+    tile = _tile(num_rows, config)
     grid = (triton.cdiv(num_rows, tile["block_m"]), triton.cdiv(n, tile["block_n"]))
     _gemm_kernel[grid](
         x_q,
@@ -240,13 +267,14 @@ def fp8_linear_triton(
         PER_CHANNEL=scale.shape[0] > 1,
         HAS_BIAS=bias is not None,
         EVEN_K=k % tile["block_k"] == 0,
+        INT8=int8,
         BLOCK_M=tile["block_m"],
         BLOCK_N=tile["block_n"],
         BLOCK_K=tile["block_k"],
         num_warps=tile["num_warps"],
         num_stages=tile["num_stages"],
+        **({"enable_fp_fusion": False} if int8 else {}),
     )
-    return out
 
 
 def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:

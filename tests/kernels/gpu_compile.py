@@ -55,6 +55,7 @@ from triton.runtime.cache import get_cache_key, triton_key
 from triton.runtime.jit import JITFunction
 
 from aioserve import platform
+from aioserve.kernels.int8_linear import int8_linear_triton
 from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
 from aioserve.platform import PlatformName
 from bench.kernel_case_types import Zeros
@@ -66,6 +67,7 @@ from bench.kernel_cases import (
     Workload,
     build_cases,
 )
+from bench.kernel_cases_linear import linear_layers
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class Target:
     # on AMD's CDNA2, CDNA3 (MI300X) and RDNA3.
     shared_bytes: int
     # Kernel modules the family never launches: NVIDIA before sm_89 has no e4m3, and an FP8
-    # checkpoint's layers are dequantized at load there (engine/build.py).
+    # checkpoint's layers are dequantized at load there (engine/build.py). (fp8_linear's
+    # _gemm_kernel still runs there, for int8_linear.py's INT8 products.)
     never_launched: tuple[str, ...] = ()
     # The activation dtypes compiled.
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
@@ -201,11 +204,26 @@ def record_launches(arch: str) -> list[Launch]:
             logits = torch.zeros(4, model.vocab)
             bitmask = torch.zeros(2, -(-model.vocab // 32), dtype=torch.int32)
             apply_token_bitmask_triton(logits, bitmask, torch.tensor([0, 3]))
+            _int8_linear_launches(model, target.dtypes)
     finally:
         JITFunction.run = original_run
         for name, original in zip(device_globals, originals, strict=True):
             setattr(platform, name, original)
     return list(launches.values())
+
+
+def _int8_linear_launches(model: ModelShape, dtypes: tuple[torch.dtype, ...]) -> None:
+    """Not a bench case: the INT8 W8A8 products (kernels/int8_linear.py) of `model`'s
+    layers at COMPILE_WORKLOAD's token batches, with per-channel weight scales but for the
+    attention output's per-tensor one, and a bias on qkv (as Qwen2 has)."""
+    for layer, n, k in linear_layers(model):
+        weight = torch.zeros(n, k, dtype=torch.int8)
+        scale = torch.ones(1 if layer == "o" else n)
+        bias = torch.zeros(n) if layer == "qkv" else None
+        for batch in COMPILE_WORKLOAD.token_batches:
+            for dtype in dtypes:
+                x = torch.zeros(batch.n, k, dtype=dtype)
+                int8_linear_triton(x, weight, scale, None if bias is None else bias.to(dtype))
 
 
 def compile_key(launch: Launch, arch: str) -> str:
