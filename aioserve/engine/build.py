@@ -51,6 +51,7 @@ from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.fp8_weights import keep_fp8_weights, quantize_to_fp8
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
 from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_group_weights
+from aioserve.models.int8_weights import keep_int8_weights
 from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.platform import (
@@ -376,6 +377,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
     elif resolve_fp8_weights(checkpoint):
         kept = keep_fp8_weights(model, checkpoint.fp8_layers(), e4m3_dtype())
         logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
+    elif checkpoint.int8_scheme is not None:
+        kept = keep_int8_weights(model, checkpoint.int8_layers())
+        logger.info("the INT8 layers are kept as stored: %.0f MiB", kept / 2**20)
     elif checkpoint.quantize_to_fp8:
         kept = quantize_to_fp8(model, e4m3_dtype())
         logger.info(

@@ -43,6 +43,8 @@ _QUANT_SUFFIXES = ("quant_qweight", "quant_scales", "quant_zeros", "quant_perm")
 # On a GPU, FP8 weights and their scales in place of a Linear's float weight
 # (models/fp8_weights.py); the first names the Linear once.
 _FP8_SUFFIXES = ("fp8_weight", "fp8_scale")
+# An INT8 layer's weights and scales, held instead of its weight (models/int8_weights.py).
+_INT8_SUFFIXES = ("int8_weight", "int8_scale")
 _STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
 
 
@@ -78,7 +80,7 @@ class LoadReport:
     kv_cache_sized_by: str
     """The knob that sized the KV pool, with its value."""
     quantization: str | None = None
-    """An AWQ / GPTQ / FP8 folder's quantization in words ("AWQ 4-bit, groups of 128")."""
+    """An AWQ / GPTQ / FP8 / INT8 folder's quantization in words ("AWQ 4-bit, groups of 128")."""
 
     def describe(self) -> str:
         """One line: the model, its weights' form and bytes, the KV cache and its knob."""
@@ -150,9 +152,9 @@ def build_load_report(
             packed = True
         elif name.endswith(_INT4_SUFFIXES):
             int4_bytes += buffer.nbytes
-        elif name.endswith((_BLOCKS_SUFFIX, *_QUANT_SUFFIXES, *_FP8_SUFFIXES)):
+        elif name.endswith((_BLOCKS_SUFFIX, *_QUANT_SUFFIXES, *_FP8_SUFFIXES, *_INT8_SUFFIXES)):
             kept_blocks_bytes += buffer.nbytes
-            if not name.endswith((*_QUANT_SUFFIXES[1:], *_FP8_SUFFIXES[1:])):
+            if not name.endswith((*_QUANT_SUFFIXES[1:], *_FP8_SUFFIXES[1:], *_INT8_SUFFIXES[1:])):
                 # the Linear's weight parameter is only a shape now
                 weight_bytes -= model.get_submodule(name.rpartition(".")[0]).weight.nbytes
         else:
@@ -218,7 +220,7 @@ def format_bytes(size: int) -> str:
 
 def _quantization(checkpoint: Checkpoint) -> str | None:
     """A quantized folder's scheme in words, or what --quantization fp8 made of one."""
-    scheme = checkpoint.int4_scheme or checkpoint.fp8_scheme
+    scheme = checkpoint.int4_scheme or checkpoint.fp8_scheme or checkpoint.int8_scheme
     if scheme is not None:
         return scheme.describe()
     if checkpoint.quantize_to_fp8:

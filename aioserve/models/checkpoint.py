@@ -5,8 +5,9 @@
 weights are read only when `Checkpoint.weights()` is iterated, one tensor at a time.
 
 A folder whose config.json has a `quantization_config` is read when it is AWQ or GPTQ at
-4 bits (models/int4_group_weights.py says what exactly) or FP8 W8A8
-(models/fp8_weights.py), and refused by name otherwise; `--quantization awq` / `gptq` (or
+4 bits (models/int4_group_weights.py says what exactly), FP8 W8A8
+(models/fp8_weights.py) or INT8 W8A8 (compressed-tensors' int-quantized,
+models/int8_weights.py), and refused by name otherwise; `--quantization awq` / `gptq` (or
 vLLM's `awq_marlin` / `gptq_marlin`, the same weights for its own kernels) / `fp8` must
 then match the checkpoint's method. `--quantization fp8` on a folder without one asks for
 its weights to be quantized at load (`Checkpoint.quantize_to_fp8`).
@@ -29,8 +30,8 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from aioserve.kernels.gguf_linear_reference import GGUF_TYPES
-from aioserve.models import fp8_weights
-from aioserve.models.fp8_weights import Fp8Layer, Fp8Scheme
+from aioserve.models import fp8_weights, int8_weights, w8a8_layers
+from aioserve.models.fp8_weights import Fp8Scheme
 from aioserve.models.int4_group_weights import (
     GroupedCodes,
     Int4GroupScheme,
@@ -38,10 +39,12 @@ from aioserve.models.int4_group_weights import (
     dequantized_weights,
     grouped_weights,
 )
+from aioserve.models.int8_weights import Int8Scheme
 from aioserve.models.loaders import hf_folder
 from aioserve.models.loaders.gguf import GGUFFile
 from aioserve.models.loaders.gguf_tokenizer import load_gguf_tokenizer
 from aioserve.models.resolve import ResolvedModel, resolve_model
+from aioserve.models.w8a8_layers import W8A8Layer
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 # --quantization's values -> the checkpoint's method they stand for
@@ -70,13 +73,14 @@ class Checkpoint:
     download_dir: str | None = None  # where load_tokenizer fetches a named tokenizer
     int4_scheme: Int4GroupScheme | None = None  # an AWQ or GPTQ folder's quantization
     fp8_scheme: Fp8Scheme | None = None  # an FP8 folder's quantization
+    int8_scheme: Int8Scheme | None = None  # an INT8 folder's quantization
     quantize_to_fp8: bool = False  # --quantization fp8 on a 16-bit folder
     _weight_files: list[Path] = field(default_factory=list, repr=False)
     _gguf: GGUFFile | None = field(default=None, repr=False)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF parameter name, CPU tensor) one at a time: GGUF tensors dequantized to float32,
-        folder tensors in their stored dtype, an AWQ, GPTQ or FP8 layer as its weight
+        folder tensors in their stored dtype, an AWQ, GPTQ, FP8 or INT8 layer as its weight
         dequantized to float32. Nothing for the dummy format."""
         if self.load_format == "gguf":
             assert self._gguf is not None
@@ -88,6 +92,8 @@ class Checkpoint:
             )
         elif self.fp8_scheme is not None:
             yield from fp8_weights.dequantized_weights(hf_folder.iter_weights(self._weight_files))
+        elif self.int8_scheme is not None:
+            yield from int8_weights.dequantized_weights(hf_folder.iter_weights(self._weight_files))
         elif self.load_format != "dummy":
             yield from hf_folder.iter_weights(self._weight_files)
 
@@ -102,13 +108,22 @@ class Checkpoint:
             if isinstance(value, GroupedCodes):
                 yield name, value
 
-    def fp8_layers(self) -> Iterator[tuple[str, Fp8Layer]]:
+    def fp8_layers(self) -> Iterator[tuple[str, W8A8Layer]]:
         """(HF weight name, its e4m3 values and scales) of each layer an FP8 folder holds
         quantized; nothing for other checkpoints."""
         if self.fp8_scheme is None:
             return
         for name, value in fp8_weights.fp8_layers(hf_folder.iter_weights(self._weight_files)):
-            if isinstance(value, Fp8Layer):
+            if isinstance(value, W8A8Layer):
+                yield name, value
+
+    def int8_layers(self) -> Iterator[tuple[str, W8A8Layer]]:
+        """(HF weight name, its int8 values and scales) of each layer an INT8 folder holds
+        quantized; nothing for other checkpoints."""
+        if self.int8_scheme is None:
+            return
+        for name, value in int8_weights.int8_layers(hf_folder.iter_weights(self._weight_files)):
+            if isinstance(value, W8A8Layer):
                 yield name, value
 
     def gguf_blocks(self) -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -132,8 +147,8 @@ class Checkpoint:
             return 0
         if self.int4_scheme is not None:
             return count_layers(hf_folder.weight_names(self._weight_files))
-        if self.fp8_scheme is not None:
-            return fp8_weights.count_layers(hf_folder.weight_names(self._weight_files))
+        if self.fp8_scheme is not None or self.int8_scheme is not None:
+            return w8a8_layers.count_layers(hf_folder.weight_names(self._weight_files))
         return hf_folder.count_weights(self._weight_files)
 
     def stored_weight_types(self) -> dict[str, int]:
@@ -254,6 +269,7 @@ def _open_folder(
         load_format=weight_format,
         int4_scheme=scheme if isinstance(scheme, Int4GroupScheme) else None,
         fp8_scheme=scheme if isinstance(scheme, Fp8Scheme) else None,
+        int8_scheme=scheme if isinstance(scheme, Int8Scheme) else None,
         quantize_to_fp8=quantize_to_fp8,
         _weight_files=files,
     )
@@ -272,8 +288,8 @@ def _folder_config(folder: Path, trust_remote_code: bool) -> PretrainedConfig:
 
 def _folder_quantization(
     folder: Path, config: PretrainedConfig, quantization: str | None, load_format: str
-) -> Int4GroupScheme | Fp8Scheme | None:
-    """The folder's AWQ, GPTQ or FP8 scheme (None: not quantized), checked against
+) -> Int4GroupScheme | Fp8Scheme | Int8Scheme | None:
+    """The folder's AWQ, GPTQ, FP8 or INT8 scheme (None: not quantized), checked against
     `--quantization`; ValueError for a quantization that is not supported or not matched.
     `--quantization fp8` on a folder without a quantization_config quantizes it at load."""
     raw = getattr(config, "quantization_config", None)
@@ -287,8 +303,11 @@ def _folder_quantization(
                 "no quantization_config (of the methods, only fp8 quantizes weights at load)"
             )
         return None
-    if fp8_weights.is_fp8_config(raw) or raw.get("quant_method") == "compressed-tensors":
-        scheme: Int4GroupScheme | Fp8Scheme = Fp8Scheme.from_config(raw)
+    scheme: Int4GroupScheme | Fp8Scheme | Int8Scheme
+    if int8_weights.is_int8_config(raw):
+        scheme = Int8Scheme.from_config(raw)
+    elif fp8_weights.is_fp8_config(raw) or raw.get("quant_method") == "compressed-tensors":
+        scheme = Fp8Scheme.from_config(raw)
     else:
         scheme = Int4GroupScheme.from_config(raw)
     if wanted is not None and wanted != scheme.method:

@@ -14,7 +14,8 @@ row, and refuses the rest by name. That is two formats:
 
 A quantized layer is its `<prefix>.weight` in float8_e4m3fn beside `<prefix>.weight_scale`
 (float, [], [1], [N] or [N, 1]); layers the tool left out (`ignored_layers` / `ignore`,
-usually the output head) are plain tensors. `fp8_layers` pairs them into `Fp8Layer`s;
+usually the output head) are plain tensors. `fp8_layers` pairs them into W8A8Layers
+(models/w8a8_layers.py, shared with INT8 checkpoints);
 `dequantized_weights` turns each into the float32 weight it stands for, which is what the
 model loads: on the CPU, which has no fp8 matmul worth using (kernels/
 fp8_linear_reference.py), the model computes on those weights in its dtype.
@@ -37,10 +38,13 @@ import torch
 from torch import Tensor, nn
 
 from aioserve.kernels.fp8_linear_reference import quantize_weight, to_e4m3fnuz
+from aioserve.models import w8a8_layers
 from aioserve.models.linear import Linear
+from aioserve.models.w8a8_layers import W8A8Layer, paired_layers, stacked_layers
 
 METHODS = ("fp8", "compressed-tensors")
 _CHECKPOINT_DTYPE = torch.float8_e4m3fn
+_KIND = "e4m3fn FP8"
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ def _check_compressed_tensors(config: dict[str, Any]) -> None:
     if fmt != "float-quantized":
         raise ValueError(
             f"compressed-tensors format {fmt!r} is not supported: only 'float-quantized' "
-            "(FP8 W8A8) is"
+            "(FP8 W8A8) and 'int-quantized' (INT8 W8A8) are"
         )
     groups = config.get("config_groups") or {}
     if not groups:
@@ -115,85 +119,17 @@ def _check_compressed_tensors(config: dict[str, Any]) -> None:
             )
 
 
-@dataclass(frozen=True)
-class Fp8Layer:
-    """One FP8 checkpoint weight: e4m3 values [N, K] and float32 scales [1] or [N]."""
-
-    weight: Tensor
-    scale: Tensor
-
-    def dequantize(self) -> Tensor:
-        return self.weight.float() * self.scale.reshape(-1, 1)
-
-    @property
-    def rows(self) -> int:
-        return self.weight.shape[0]
-
-
-def _layer(prefix: str, weight: Tensor, scale: Tensor) -> Fp8Layer:
-    rows = weight.shape[0]
-    scale = scale.float().reshape(-1)
-    if weight.dim() != 2 or scale.numel() not in (1, rows):
-        raise ValueError(
-            f"{prefix}.weight_scale has {scale.numel()} values for a weight of "
-            f"{tuple(weight.shape)}: expected 1 or {rows}"
-        )
-    return Fp8Layer(weight, scale)
-
-
-def fp8_layers(tensors: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor | Fp8Layer]]:
-    """(name, tensor) for each plain tensor and (`<prefix>.weight`, Fp8Layer) for each FP8
+def fp8_layers(
+    tensors: Iterable[tuple[str, Tensor]],
+) -> Iterator[tuple[str, Tensor | W8A8Layer]]:
+    """(name, tensor) for each plain tensor and (`<prefix>.weight`, W8A8Layer) for each FP8
     layer, from a folder's tensors in any order."""
-    pending: dict[str, dict[str, Tensor]] = {}
-    for name, tensor in tensors:
-        prefix, _, suffix = name.rpartition(".")
-        if suffix == "input_scale":
-            raise ValueError(
-                f"the checkpoint holds {name}: a static input scale, which is not supported"
-            )
-        quantized = suffix == "weight" and tensor.dtype == _CHECKPOINT_DTYPE
-        if not quantized and suffix != "weight_scale":
-            if tensor.dtype.itemsize == 1 and tensor.is_floating_point():
-                raise ValueError(f"{name} is {tensor.dtype}: only e4m3fn FP8 weights are read")
-            yield name, tensor
-            continue
-        parts = pending.setdefault(prefix, {})
-        parts[suffix] = tensor
-        if parts.keys() == {"weight", "weight_scale"}:
-            del pending[prefix]
-            yield f"{prefix}.weight", _layer(prefix, parts["weight"], parts["weight_scale"])
-    for prefix, parts in pending.items():
-        missing = "weight_scale" if "weight" in parts else "an FP8 weight"
-        raise ValueError(f"the checkpoint's layer {prefix} lacks {missing}")
+    return paired_layers(tensors, _CHECKPOINT_DTYPE, _KIND)
 
 
 def dequantized_weights(tensors: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
     """The folder's tensors with each FP8 layer as its float32 weight [N, K]."""
-    for name, value in fp8_layers(tensors):
-        yield name, value.dequantize() if isinstance(value, Fp8Layer) else value
-
-
-def count_layers(names: Iterable[str]) -> int:
-    """How many tensors `dequantized_weights` yields for tensors named `names`."""
-    return sum(not name.endswith(".weight_scale") for name in names)
-
-
-def _kept(
-    model: nn.Module, layers: Iterable[tuple[str, Fp8Layer]]
-) -> Iterator[tuple[Linear, list[Fp8Layer]]]:
-    """Each Linear of `model` whose checkpoint tensors are all FP8, with its shards in
-    stacking order."""
-    shards: dict[str, dict[int, Fp8Layer]] = {}
-    for hf_name, layer in layers:
-        target = model.parameter_for(hf_name)
-        if target is not None:
-            name, shard = target
-            shards.setdefault(name, {})[shard or 0] = layer
-    for module_name, module in model.named_modules():
-        name = f"{module_name}.weight"
-        parts = shards.get(name, {})
-        if isinstance(module, Linear) and parts and len(parts) == model.shard_count(name):
-            yield module, [parts[i] for i in sorted(parts)]
+    return w8a8_layers.dequantized_weights(tensors, _CHECKPOINT_DTYPE, _KIND)
 
 
 def _hold(module: Linear, weight: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> int:
@@ -210,17 +146,12 @@ def _hold(module: Linear, weight: Tensor, scale: Tensor, fp8_dtype: torch.dtype)
 
 @torch.no_grad()
 def keep_fp8_weights(
-    model: nn.Module, layers: Iterable[tuple[str, Fp8Layer]], fp8_dtype: torch.dtype
+    model: nn.Module, layers: Iterable[tuple[str, W8A8Layer]], fp8_dtype: torch.dtype
 ) -> int:
     """Give each Linear of `model` whose checkpoint tensors (`layers`) are all FP8 those
     tensors, for the Triton kernels, and release its float weight; returns the bytes kept."""
     kept = 0
-    for module, shards in _kept(model, layers):
-        weight = torch.cat([shard.weight for shard in shards])
-        if len(shards) == 1:
-            scale = shards[0].scale
-        else:  # a scale a row, each shard's (one or one a row) over its own rows
-            scale = torch.cat([shard.scale.expand(shard.rows) for shard in shards])
+    for module, weight, scale in stacked_layers(model, layers):
         kept += _hold(module, weight, scale, fp8_dtype)
     return kept
 

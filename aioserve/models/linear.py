@@ -38,7 +38,9 @@ holds only its blocks (Q4_0 ... Q6_K), multiplied by the Triton kernels of
 kernels/gguf_linear.py; an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights,
 multiplied by those of kernels/int4_group_linear.py (models/int4_group_weights.py), an FP8
 checkpoint's (or `--quantization fp8`'s) only their 8-bit weights, multiplied by
-kernels/fp8_linear.py's (models/fp8_weights.py).
+kernels/fp8_linear.py's (models/fp8_weights.py). An INT8 W8A8 checkpoint's layers hold only
+their int8 weights on the CPU too, multiplied by kernels/int8_linear.py (torch's int8 GEMM
+there, models/int8_weights.py).
 
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1) the CPU computes every product in tiles of
 INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a row's bits
@@ -63,6 +65,7 @@ from aioserve.kernels.fp8_linear import fp8_linear
 from aioserve.kernels.gguf_linear import gguf_linear
 from aioserve.kernels.gguf_linear_reference import int4_linear
 from aioserve.kernels.int4_group_linear import int4_group_linear
+from aioserve.kernels.int8_linear import int8_linear
 
 # At or below this many rows the CPU computes W @ xᵀ (the crossover measured at 128–256).
 SMALL_BATCH_ROWS = 128
@@ -242,6 +245,10 @@ class Linear(nn.Linear):
         # row (models/fp8_weights.py).
         self.register_buffer("fp8_weight", None, persistent=False)
         self.register_buffer("fp8_scale", None, persistent=False)
+        # On the CPU and GPUs, INT8 weights in place of the weight, with float32 scales [1]
+        # or one a row (models/int8_weights.py).
+        self.register_buffer("int8_weight", None, persistent=False)
+        self.register_buffer("int8_scale", None, persistent=False)
 
     def reset_parameters(self) -> None:
         """Nothing: the loader fills the parameters."""
@@ -251,6 +258,8 @@ class Linear(nn.Linear):
             return gguf_linear(x, self.gguf_blocks, self.gguf_qtype, self.bias)
         if self.fp8_weight is not None:
             return fp8_linear(x, self.fp8_weight, self.fp8_scale, self.bias)
+        if self.int8_weight is not None:
+            return int8_linear(x, self.int8_weight, self.int8_scale, self.bias)
         if self.quant_qweight is not None:
             return int4_group_linear(
                 x,
@@ -288,14 +297,15 @@ def rounded_copy(weight: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def keep_row_weights(model: nn.Module, dtype: torch.dtype) -> int:
-    """Give every Linear of `model` a `dtype` copy of its weight for single-row products.
+    """Give every Linear of `model` (but those holding INT8 weights) a `dtype` copy of its
+    weight for single-row products.
 
     Returns the bytes the copies take. A model whose output head is its tied input
     embedding keeps that copy itself (see LlamaForCausalLM.compute_logits).
     """
     added = 0
     for module in model.modules():
-        if isinstance(module, Linear):
+        if isinstance(module, Linear) and module.int8_weight is None:
             module.row_weight = rounded_copy(module.weight, dtype)
             added += module.row_weight.nbytes
     if getattr(model, "tie_word_embeddings", False):
@@ -310,14 +320,14 @@ def _pack(weight: Tensor) -> Tensor:
 
 @torch.no_grad()
 def pack_weights(model: nn.Module) -> int:
-    """Hand every Linear's weight of `model` to oneDNN in its blocked layout (onednn_packs
-    must hold for their dtype) and release the plain weight, of which a Linear then keeps
+    """Hand every Linear's weight of `model` (but those holding INT8 weights) to oneDNN in
+    its blocked layout (onednn_packs must hold for their dtype) and release the plain weight, of which a Linear then keeps
     only the shape. A tied output head gets a packed copy of the embedding table.
 
     Returns the bytes the copies take (the head's).
     """
     for module in model.modules():
-        if isinstance(module, Linear):
+        if isinstance(module, Linear) and module.int8_weight is None:
             module.packed_weight = _pack(module.weight)
             module.weight.data = module.weight.new_zeros(()).expand(module.weight.shape)
     if not getattr(model, "tie_word_embeddings", False):
