@@ -26,7 +26,9 @@ from safetensors.torch import load_file, save_file
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def quantization_config() -> dict:
+def quantization_config(weight_strategy: str = "channel") -> dict:
+    """The `quantization_config` of llm-compressor's W8A8 int8 output: weights with one scale
+    a row ("channel") or one a tensor ("tensor"), activations one a token, as they come."""
     scheme = {
         "num_bits": 8,
         "type": "int",
@@ -45,7 +47,7 @@ def quantization_config() -> dict:
         "config_groups": {
             "group_0": {
                 "targets": ["Linear"],
-                "weights": {**scheme, "strategy": "channel", "dynamic": False,
+                "weights": {**scheme, "strategy": weight_strategy, "dynamic": False,
                             "observer": "minmax"},
                 "input_activations": {**scheme, "strategy": "token", "dynamic": True,
                                       "observer": None},

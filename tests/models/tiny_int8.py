@@ -6,7 +6,7 @@ float Llama with numpy (symmetric: scale = the row's or the tensor's largest mag
 values rounded half to even), writes model.safetensors (`<prefix>.weight` in int8 beside
 `<prefix>.weight_scale` [N, 1] or [1] in float16, and, as some versions of the tool do, an
 all-zero `<prefix>.weight_zero_point`; the rest in float16, the output head left out) and
-config.json with its `quantization_config`, and returns the float32 state dict the
+config.json with its `quantization_config` (bench/w8a8_int8_checkpoint.py's), and returns the float32 state dict the
 checkpoint stands for.
 """
 
@@ -18,28 +18,8 @@ import numpy as np
 import torch
 from transformers import LlamaForCausalLM
 
+from bench.w8a8_int8_checkpoint import quantization_config
 from tests.models.tiny_quantized import PROJECTIONS, plain_tensor, save_folder, tiny_config
-
-
-def quantization_config(per_channel: bool) -> dict:
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "int-quantized",
-        "quantization_status": "compressed",
-        "ignore": ["lm_head"],
-        "kv_cache_scheme": None,
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False,
-                            "strategy": "channel" if per_channel else "tensor",
-                            "group_size": None, "observer": "minmax"},
-                "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
-                                      "dynamic": True, "strategy": "token", "observer": None},
-                "output_activations": None,
-            }
-        },
-    }  # fmt: skip
 
 
 def quantize(weight: np.ndarray, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -75,5 +55,6 @@ def write_tiny_int8(
         else:
             tensors[name] = plain_tensor(name, param)
             expected[name] = tensors[name].float()
-    save_folder(folder, tensors, config, quantization_config(per_channel))
+    strategy = "channel" if per_channel else "tensor"
+    save_folder(folder, tensors, config, quantization_config(strategy))
     return expected
