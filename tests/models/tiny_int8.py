@@ -6,8 +6,8 @@ float Llama with numpy (symmetric: scale = the row's or the tensor's largest mag
 values rounded half to even), writes model.safetensors (`<prefix>.weight` in int8 beside
 `<prefix>.weight_scale` [N, 1] or [1] in float16, and, as some versions of the tool do, an
 all-zero `<prefix>.weight_zero_point`; the rest in float16, the output head left out) and
-config.json with its `quantization_config` (bench/w8a8_int8_checkpoint.py's), and returns the float32 state dict the
-checkpoint stands for.
+config.json with its `quantization_config` (bench/w8a8_int8_checkpoint.py's), and returns
+the float32 state dict the checkpoint stands for.
 """
 
 from __future__ import annotations
