@@ -47,6 +47,7 @@ from aioserve.engine.load_report import LoadReport, build_load_report, kv_cache_
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
+from aioserve.kernels.int8_linear_reference import int8_gemm_exact
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.fp8_weights import keep_fp8_weights, quantize_to_fp8
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
@@ -229,6 +230,22 @@ def resolve_fp8_weights(checkpoint: Checkpoint) -> bool:
     return missing is None
 
 
+def resolve_int8_weights(checkpoint: Checkpoint) -> bool:
+    """Whether an INT8 W8A8 checkpoint's layers hold only their int8 weights
+    (models/int8_weights.py): on a GPU, and on a CPU whose int8 GEMM sums exactly (VNNI or
+    AMX). Elsewhere they compute on the weights dequantized at load, as FP8's do."""
+    if checkpoint.int8_scheme is None:
+        return False
+    if is_gpu() or int8_gemm_exact():
+        return True
+    logger.warning(
+        "the INT8 layers are dequantized at load: this CPU's int8 GEMM (oneDNN without VNNI "
+        "or AMX) saturates its 16-bit pair sums, and summing exactly without it is slower "
+        "than the dequantized weights"
+    )
+    return False
+
+
 def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
     """`--quantization fp8` on a 16-bit checkpoint needs the GPU's FP8 kernels."""
     if checkpoint.quantize_to_fp8 and not is_gpu():
@@ -377,7 +394,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     elif resolve_fp8_weights(checkpoint):
         kept = keep_fp8_weights(model, checkpoint.fp8_layers(), e4m3_dtype())
         logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
-    elif checkpoint.int8_scheme is not None:
+    elif resolve_int8_weights(checkpoint):
         kept = keep_int8_weights(model, checkpoint.int8_layers())
         logger.info("the INT8 layers are kept as stored: %.0f MiB", kept / 2**20)
     elif checkpoint.quantize_to_fp8:

@@ -5,6 +5,8 @@ Every step of the format is exact or one float32 rounding (the row scale, x / sc
 integer sum, each scaling), so the oracle, the reference and the Triton path agree to
 the bit: float64 holds each float32 operation's exact result (the sum of int8 products
 too) and rounds it once to float32 (innocuous double rounding: 53 ≥ 2·24 + 2 bits).
+Where torch's int8 GEMM saturates (a CPU without VNNI) the reference sums in float64; that
+it is found, on this CPU and with oneDNN held to AVX2, is checked here too.
 Under the interpreter the kernels take the CPU launch table (tiles of 16 and 32, K in
 steps of 32), so the shapes below reach the small and the large tile, partial row and
 column tiles and a K tail. The interpreter casts float32 to bfloat16 by truncation (a GPU
@@ -12,6 +14,10 @@ rounds to nearest even), so its bfloat16 outputs are checked to be one or the ot
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -22,10 +28,12 @@ from aioserve.kernels.int8_linear import int8_linear, int8_linear_triton, quanti
 from aioserve.kernels.int8_linear_reference import (
     INT8_MAX,
     MIN_SCALE,
+    int8_gemm_exact,
     int8_linear_reference,
     quantize_rows,
     quantize_weight,
 )
+from aioserve.platform import cpu_flags
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # x / scale landing exactly halfway between integers (scale 1, the row's largest being
@@ -236,3 +244,32 @@ def test_gpu_triton_equals_reference(triton_backend, device, rows, n, k, dtype) 
     bias = torch.randn(n, generator=generator, device=device).to(dtype)
     out = int8_linear(x, w_q, scale, bias).cpu()
     assert torch.equal(out, int8_linear_reference(x.cpu(), w_q.cpu(), scale.cpu(), bias.cpu()))
+
+
+_VNNI_FLAGS = {"avx512_vnni", "avx_vnni", "amx_int8"}
+_CHILD_CHECK = """
+import torch
+from aioserve.kernels.int8_linear_reference import int8_gemm_exact, integer_products
+x = torch.full((3, 576), 127, dtype=torch.int8)
+w = torch.full((5, 576), -128, dtype=torch.int8)
+saturated = torch._int_mm(x, w.t())[0, 0].item() != 127 * -128 * 576
+exact = bool((integer_products(x, w) == 127 * -128 * 576).all())
+print(int8_gemm_exact(), saturated, exact)
+"""
+
+
+@pytest.mark.skipif(
+    "ONEDNN_MAX_CPU_ISA" in os.environ, reason="oneDNN is held below what the CPU's flags say"
+)
+def test_torchs_int8_gemm_is_exact_where_the_cpu_has_vnni() -> None:
+    assert int8_gemm_exact() == bool(cpu_flags() & _VNNI_FLAGS)
+
+
+def test_without_vnni_the_saturating_gemm_is_found_and_the_sums_stay_exact() -> None:
+    # oneDNN held to AVX2, as on an AVX2-only EPYC: its pair sums saturate, the check says
+    # so, and the reference sums in float64 instead.
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD_CHECK], env=env, capture_output=True, text=True, check=True
+    )
+    assert child.stdout.split() == ["False", "True", "True"]

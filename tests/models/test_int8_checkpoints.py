@@ -6,19 +6,23 @@ on tiny Llamas written by tests/models/tiny_int8.py with numpy's own rounding:
   its float weight is released; the model's logits are those of transformers' Llama on the
   dequantized weights with each projection's input rounded per row to int8 steps (an
   independent W8A8), and further from the unrounded model's;
+- on a CPU whose int8 GEMM saturates (no VNNI) the engine computes on the dequantized
+  weights instead, and says so;
 - what is not supported is refused by name, and `--quantization` must match.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 from aioserve import LLM, SamplingParams
-from aioserve.kernels.int8_linear_reference import MIN_SCALE
+from aioserve.kernels import int8_linear_reference
+from aioserve.kernels.int8_linear_reference import MIN_SCALE, int8_gemm_exact
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.int8_weights import keep_int8_weights
 from aioserve.models.linear import Linear
@@ -184,7 +188,23 @@ def test_served_compiled_the_engine_gives_the_eager_engines_tokens(tmp_path):
             max_model_len=128,
         ) as llm:
             report = llm.engine.settings.load_report
-            assert report.quantization.startswith("INT8 W8A8") and report.kept_blocks_bytes
+            assert report.quantization.startswith("INT8 W8A8")
+            assert bool(report.kept_blocks_bytes) == int8_gemm_exact()
             outputs = llm.generate(prompts, greedy, use_tqdm=False)
         tokens[eager] = [list(output.outputs[0].token_ids) for output in outputs]
     assert tokens[False] == tokens[True]
+
+
+def test_a_cpu_whose_int8_gemm_saturates_gets_the_dequantized_weights(
+    tmp_path, monkeypatch, caplog
+):
+    write_tiny_int8(tmp_path)
+    monkeypatch.setattr(int8_linear_reference, "_EXACT", False)
+    with caplog.at_level(logging.WARNING, logger="aioserve"):
+        llm = LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
+    with llm:
+        report = llm.engine.settings.load_report
+        assert report.kept_blocks_bytes == 0
+        assert "dequantized to float32" in report.describe()
+        assert llm.generate([{"prompt_token_ids": [5, 17, 3]}], use_tqdm=False)
+    assert "the INT8 layers are dequantized at load" in caplog.text
