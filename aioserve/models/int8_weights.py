@@ -9,8 +9,9 @@ asymmetric activations, weight-only schemes and group-wise weights are refused.
 
 The layers pair up as models/w8a8_layers.py says (`<prefix>.weight` int8 beside
 `<prefix>.weight_scale`). Each Linear whose checkpoint tensors are all INT8 holds them
-(`keep_int8_weights`), on the CPU as on a GPU, and its float weight is released: the CPU
-multiplies them with torch's int8 GEMM (oneDNN), a GPU with the Triton kernels.
+(`keep_int8_weights`), on a GPU and on a CPU with VNNI or AMX (engine/build.py), and its
+float weight is released: the CPU multiplies them with torch's int8 GEMM (oneDNN), a GPU
+with the Triton kernels.
 """
 
 from __future__ import annotations

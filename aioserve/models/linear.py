@@ -39,8 +39,8 @@ kernels/gguf_linear.py; an AWQ or GPTQ checkpoint's layers hold only their 4-bit
 multiplied by those of kernels/int4_group_linear.py (models/int4_group_weights.py), an FP8
 checkpoint's (or `--quantization fp8`'s) only their 8-bit weights, multiplied by
 kernels/fp8_linear.py's (models/fp8_weights.py). An INT8 W8A8 checkpoint's layers hold only
-their int8 weights on the CPU too, multiplied by kernels/int8_linear.py (torch's int8 GEMM
-there, models/int8_weights.py).
+their int8 weights on a CPU with VNNI or AMX too, multiplied by kernels/int8_linear.py
+(torch's int8 GEMM there, models/int8_weights.py).
 
 In batch-invariant mode (VLLM_BATCH_INVARIANT=1) the CPU computes every product in tiles of
 INVARIANT_TILE_ROWS rows, the last padded: MKL picks its blocking by shape, so a row's bits
@@ -245,8 +245,8 @@ class Linear(nn.Linear):
         # row (models/fp8_weights.py).
         self.register_buffer("fp8_weight", None, persistent=False)
         self.register_buffer("fp8_scale", None, persistent=False)
-        # On the CPU and GPUs, INT8 weights in place of the weight, with float32 scales [1]
-        # or one a row (models/int8_weights.py).
+        # On a GPU and a CPU with VNNI or AMX, INT8 weights in place of the weight, with
+        # float32 scales [1] or one a row (models/int8_weights.py).
         self.register_buffer("int8_weight", None, persistent=False)
         self.register_buffer("int8_scale", None, persistent=False)
 
