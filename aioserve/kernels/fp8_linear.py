@@ -69,8 +69,8 @@ _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
         "large": {"block_m": 32, "block_n": 32, "block_k": 32, "num_warps": 1, "num_stages": 1},
     },
 }  # fmt: skip
-_QUANTIZE_BLOCK = {"cuda": 1024, "rocm": 1024, "cpu": 32}  # columns of x per step
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+QUANTIZE_BLOCK = {"cuda": 1024, "rocm": 1024, "cpu": 32}  # columns of x per step
+X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The least normal e4m3 number; below it the 3 mantissa bits are steps of an eighth of it.
 _MIN_NORMAL = {torch.float8_e4m3fn: 2.0**-6, torch.float8_e4m3fnuz: 2.0**-7}
 
@@ -212,7 +212,7 @@ def quantize_rows_triton(x: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Ten
             MIN_NORMAL=_MIN_NORMAL[fp8_dtype],
             SUBNORMAL_STEP=_MIN_NORMAL[fp8_dtype] / 8,
             MIN_SCALE=MIN_SCALE,
-            BLOCK_K=launch_entry(_QUANTIZE_BLOCK),
+            BLOCK_K=launch_entry(QUANTIZE_BLOCK),
         )
     return x_q, x_scale
 
@@ -222,8 +222,8 @@ def fp8_linear_triton(
 ) -> Tensor:
     """The Triton path of `fp8_linear`."""
     check_fp8_linear(x, weight, scale, bias)
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"x must be one of {_DTYPES}, got {x.dtype}")
+    if x.dtype not in X_DTYPES:
+        raise ValueError(f"x must be one of {X_DTYPES}, got {x.dtype}")
     num_rows, k = x.shape
     n = weight.shape[0]
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)

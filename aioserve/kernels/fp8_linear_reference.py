@@ -80,6 +80,12 @@ def dequantize(weight: Tensor, scale: Tensor) -> Tensor:
 def check_fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
     """Raise ValueError when x, the fp8 weight, its scales and the bias do not fit together."""
     _check_fp8(weight.dtype)
+    check_scaled_operands(x, weight, scale, bias)
+
+
+def check_scaled_operands(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+    """Raise ValueError when x [M, K], an 8-bit weight [N, K] (FP8 or INT8), its float32
+    scales ([1] or [N]) and the bias [N] do not fit together."""
     n, k = weight.shape
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels import dispatch
-from aioserve.kernels.fp8_linear import launch_gemm
+from aioserve.kernels.fp8_linear import QUANTIZE_BLOCK, X_DTYPES, launch_gemm
 from aioserve.kernels.int8_linear_reference import (
     INT8_MAX,
     MIN_SCALE,
@@ -65,8 +65,8 @@ _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
         "large": {"block_m": 32, "block_n": 32, "block_k": 32, "num_warps": 1, "num_stages": 1},
     },
 }  # fmt: skip
-_QUANTIZE_BLOCK = {"cuda": 1024, "rocm": 1024, "cpu": 32}  # columns of x per step
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The row quantizer's block of columns and the inputs taken are fp8_linear's (QUANTIZE_BLOCK,
+# X_DTYPES): the two quantizers read x alike.
 # Added to and taken from a float32 |v| < 2**22, it leaves v rounded to an integer, ties to
 # even: the sum's last mantissa bit is worth 1 (float32's own rounding does the work).
 _ROUNDER = 1.5 * 2.0**23
@@ -120,7 +120,7 @@ def quantize_rows_int8_triton(x: Tensor) -> tuple[Tensor, Tensor]:
             INT8_MAX=INT8_MAX,
             MIN_SCALE=MIN_SCALE,
             ROUNDER=_ROUNDER,
-            BLOCK_K=launch_entry(_QUANTIZE_BLOCK),
+            BLOCK_K=launch_entry(QUANTIZE_BLOCK),
         )
     return x_q, x_scale
 
@@ -130,8 +130,8 @@ def int8_linear_triton(
 ) -> Tensor:
     """The Triton path of `int8_linear`."""
     check_int8_linear(x, weight, scale, bias)
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"x must be one of {_DTYPES}, got {x.dtype}")
+    if x.dtype not in X_DTYPES:
+        raise ValueError(f"x must be one of {X_DTYPES}, got {x.dtype}")
     num_rows = x.shape[0]
     n = weight.shape[0]
     out = torch.empty((num_rows, n), dtype=x.dtype, device=x.device)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aioserve.kernels.fp8_linear_reference import check_scaled_operands
+
 INT8_MAX = 127.0
 # The least scale of a row: a row of zeros gets this instead of 0 (which would give 0/0).
 MIN_SCALE = 1.0 / (INT8_MAX * 65536.0)
@@ -84,17 +86,7 @@ def check_int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | N
     """Raise ValueError when x, the int8 weight, its scales and the bias do not fit together."""
     if weight.dtype != torch.int8 or weight.dim() != 2:
         raise ValueError(f"weight must be int8 [N, K], got {weight.dtype} {tuple(weight.shape)}")
-    n, k = weight.shape
-    if x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(
-            f"x must be [M, {k}] for a weight of {tuple(weight.shape)}, got {tuple(x.shape)}"
-        )
-    if scale.dtype != torch.float32 or scale.dim() != 1 or scale.shape[0] not in (1, n):
-        raise ValueError(
-            f"weight scale must be float32 [1] or [{n}], got {scale.dtype} {tuple(scale.shape)}"
-        )
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias must be [{n}], got {tuple(bias.shape)}")
+    check_scaled_operands(x, weight, scale, bias)
 
 
 def int8_linear_reference(
