@@ -321,8 +321,9 @@ def _pack(weight: Tensor) -> Tensor:
 @torch.no_grad()
 def pack_weights(model: nn.Module) -> int:
     """Hand every Linear's weight of `model` (but those holding INT8 weights) to oneDNN in
-    its blocked layout (onednn_packs must hold for their dtype) and release the plain weight, of which a Linear then keeps
-    only the shape. A tied output head gets a packed copy of the embedding table.
+    its blocked layout (onednn_packs must hold for their dtype) and release the plain
+    weight, of which a Linear then keeps only the shape. A tied output head gets a packed
+    copy of the embedding table.
 
     Returns the bytes the copies take (the head's).
     """
