@@ -59,6 +59,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             tools=parsed.tool_use.tools,
             add_special_tokens=parsed.add_special_tokens,
         )
+        if parsed.truncation is not None:
+            kept = parsed.truncation.apply(token_ids)
+            if kept is not token_ids:
+                text, token_ids = await state.off_loop(engine.tokenizer.decode, kept), kept
         parser = state.engine.settings.reasoning_parser
         prompt_closed = bool(parser) and reasoning_closed(parser, text)
         if prompt_closed or not parsed.include_reasoning:

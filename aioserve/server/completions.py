@@ -21,6 +21,7 @@ from aioserve.server import responses
 from aioserve.server.body_fields import read_json_body
 from aioserve.server.errors import APIError
 from aioserve.server.generation import engine_outputs, merge_outputs, reserve_places
+from aioserve.server.prompt_truncation import PromptTruncation
 from aioserve.server.protocol import (
     CompletionRequest,
     PromptInput,
@@ -50,6 +51,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     with reserve_places(engine, len(parsed.prompts) * parsed.params.n) as reservation:
         prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
+        if parsed.truncation is not None:
+            prompts = [_truncated(prompt, parsed.truncation) for prompt in prompts]
         params = [check_prompt(engine, prompt.token_ids, parsed, "prompt") for prompt in prompts]
         if parsed.echo:
             for prompt in prompts:
@@ -81,6 +84,13 @@ def _tokenize(engine: AsyncEngine, prompt: PromptInput) -> _Prompt:
     except ValueError as error:  # no tokenizer loaded
         raise APIError(str(error), param="prompt") from None
     return _Prompt(text, token_ids)
+
+
+def _truncated(prompt: _Prompt, truncation: PromptTruncation) -> _Prompt:
+    """The prompt cut as the request asks; its text, if cut, is left to be decoded from
+    the kept tokens (for echo)."""
+    kept = truncation.apply(prompt.token_ids)
+    return prompt if kept is prompt.token_ids else _Prompt(None, kept)
 
 
 def _decode(engine: AsyncEngine, token_ids: list[int]) -> str:

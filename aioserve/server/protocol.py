@@ -47,6 +47,7 @@ from aioserve.server.chat_template import (
 )
 from aioserve.server.chat_template import template_kwargs as template_kwargs_of
 from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.prompt_truncation import PromptTruncation, read_truncation
 from aioserve.server.reasoning import THINK_END, thinks
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
 from aioserve.server.request_schema import (
@@ -71,8 +72,6 @@ _UNSUPPORTED: dict[str, str] = {
     "logits_processors": "logits processors are not supported by aioserve",
     "bad_words": "bad_words is not supported by aioserve yet",
     # vLLM request fields that would change the prompt, the output or its isolation.
-    "truncate_prompt_tokens": "prompt truncation is not supported by aioserve yet",
-    "truncation_side": "prompt truncation is not supported by aioserve yet",
     "chat_template": "a per-request chat template is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
@@ -119,6 +118,8 @@ class GenerationRequest:
     server's --return-tokens-as-token-ids (vLLM's rule: the request's value wins)."""
     structured_output_field: str = "structured_outputs"
     """The field the structured output came from (response_format, guided_json, ...)."""
+    truncation: PromptTruncation | None = None
+    """`truncate_prompt_tokens` / `truncation_side`: how to cut the tokenized prompt."""
 
     def tokens_as_ids(self, server_default: bool) -> bool:
         """Whether logprobs name tokens "token_id:<id>": the request's choice, else the
@@ -200,7 +201,7 @@ def parse_completion_request(
         echo=echo,
         echo_only=echo_only,
         structured_output_field=structured_output_field,
-        **_generation_fields(fields, headers or {}, params, "max_tokens", "logprobs"),
+        **_generation_fields(state, fields, headers or {}, params, "max_tokens", "logprobs"),
     )
     log_ignored_fields(body, COMPLETION_FIELDS)
     return request
@@ -282,7 +283,9 @@ def parse_chat_request(
         echo=echo,
         include_reasoning=fields.get("include_reasoning", True),
         structured_output_field=structured_output_field,
-        **_generation_fields(fields, headers or {}, params, max_tokens_field, "top_logprobs"),
+        **_generation_fields(
+            state, fields, headers or {}, params, max_tokens_field, "top_logprobs"
+        ),
     )
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
     return request
@@ -414,6 +417,7 @@ def _prompt_logprobs(fields: BodyFields, echoed: int | None) -> int | None:
 
 
 def _generation_fields(
+    state: ServerState,
     fields: BodyFields,
     headers: Mapping[str, str],
     params: SamplingParams,
@@ -450,6 +454,7 @@ def _generation_fields(
         "priority": priority,
         "return_token_ids": fields.get("return_token_ids", False),
         "tokens_as_token_ids": fields.get("return_tokens_as_token_ids"),
+        "truncation": read_truncation(fields, state.engine.settings.max_model_len),
     }
 
 

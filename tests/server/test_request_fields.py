@@ -205,7 +205,7 @@ def test_every_vllm_field_is_read_refused_or_harmless_to_ignore(server, monkeypa
 @pytest.mark.parametrize(
     ("route", "field", "value"),
     [
-        ("completions", "truncate_prompt_tokens", 4),
+        ("completions", "bad_words", ["fox"]),
         ("completions", "add_special_tokens", False),
         ("completions", "cache_salt", "tenant-a"),
     ],
