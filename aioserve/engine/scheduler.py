@@ -292,8 +292,11 @@ class Scheduler:
                     break
             if request.status.is_finished:
                 finished.append(request)
-            elif request.status is _RUNNING:
-                cache_full_blocks(request, chunk.num_computed_tokens + chunk.num_tokens)
+            elif request.status is not _RUNNING:
+                continue  # preempted while the step ran: its blocks are gone
+            # A request that ends here caches its blocks too, before it frees them: one
+            # whose whole prompt ran in this step (max_tokens 1) would leave none behind.
+            cache_full_blocks(request, chunk.num_computed_tokens + chunk.num_tokens)
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]

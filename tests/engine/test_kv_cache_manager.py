@@ -161,6 +161,19 @@ def test_prefix_cache_hits_full_blocks_and_leaves_one_token_to_compute():
     assert kv.find_cached_prefix(other) == [], "a different first block must break the chain"
 
 
+def test_a_request_that_ends_in_its_prefill_step_leaves_its_prompt_blocks_cached():
+    kv = KVCacheManager(8, BLOCK_SIZE, enable_prefix_caching=True)
+    scheduler = Scheduler(
+        kv, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32, enable_chunked_prefill=True
+    )
+    prompt = list(range(1, 11))  # two full blocks and two tokens
+    scheduler.add_request(dataclasses.replace(_request("first", prompt), max_tokens=1))
+    output = scheduler.schedule()
+    assert [r.request_id for r in scheduler.update(output, {"first": [5]})] == ["first"]
+    assert kv.num_free_blocks == 8 and kv.owners() == {}
+    assert len(kv.find_cached_prefix(_request("again", prompt))) == 2
+
+
 def test_lru_eviction_takes_the_oldest_free_block_and_forgets_its_hash():
     kv = KVCacheManager(2, BLOCK_SIZE, enable_prefix_caching=True)
     a = _request("a", [1, 2, 3, 4, 5])
