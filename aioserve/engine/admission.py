@@ -30,6 +30,16 @@ class InvalidRequest(ValueError):
         self.value = value
 
 
+def cache_salt_of(prompt: PromptType) -> str | None:
+    """A prompt dict's "cache_salt" (vLLM's prompt field), a non-empty string, or None."""
+    if not isinstance(prompt, dict) or prompt.get("cache_salt") is None:
+        return None
+    salt = prompt["cache_salt"]
+    if not isinstance(salt, str) or not salt:
+        raise InvalidRequest("cache_salt must be a non-empty string", "cache_salt", salt)
+    return salt
+
+
 def tokenize_prompt(
     tokenizer: PreTrainedTokenizerBase | None, prompt: PromptType
 ) -> tuple[str | None, list[int]]:
@@ -149,9 +159,11 @@ def new_sequences(
     priority: int,
     arrival_time: float,
     arrival_index: int,
+    cache_salt: str | None = None,
 ) -> list[Request]:
     """One Request per sequence id, with its seed (the request's seed + index, else one
-    drawn from `seed_rng`), its output-token limit and the request's place in the queue."""
+    drawn from `seed_rng`), its output-token limit, the request's place in the queue and
+    its prefix-cache salt."""
     max_tokens = max_new_tokens(settings, len(prompt_ids), params)
     return [
         Request(
@@ -165,6 +177,7 @@ def new_sequences(
             priority=priority,
             arrival_time=arrival_time,
             arrival_index=arrival_index,
+            cache_salt=cache_salt,
         )
         for i, sequence_id in enumerate(ids)
     ]

@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator
 from aioserve.config.engine import EngineConfig
 from aioserve.engine.admission import (
     PromptType,
+    cache_salt_of,
     new_sequences,
     sequence_ids,
     tokenize_prompt,
@@ -174,6 +175,7 @@ class AsyncEngine:
         if request_id in self._states:
             raise ValueError(f"request id {request_id!r} is already running")
         text, prompt_ids = self.tokenize_prompt(prompt)
+        cache_salt = cache_salt_of(prompt)
         self.check_request(prompt_ids, params)
         self._ensure_loop()
         now = time.monotonic()
@@ -194,6 +196,7 @@ class AsyncEngine:
         requests = new_sequences(
             self.settings, ids, prompt_ids, params, self._seed_rng,
             priority=priority, arrival_time=now, arrival_index=next(self._arrivals),
+            cache_salt=cache_salt,
         )  # fmt: skip
         try:
             for index, request in enumerate(requests):

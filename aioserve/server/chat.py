@@ -79,7 +79,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         head = ResponseHead.new(f"chatcmpl-{parsed.request_id}", object_name, state.model_name)
         outputs = engine_outputs(
             engine,
-            {"prompt": text, "prompt_token_ids": token_ids},
+            parsed.engine_prompt(text, token_ids),
             parsed.params,
             head.id,
             parsed.priority,

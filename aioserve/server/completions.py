@@ -62,7 +62,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         streams = [
             engine_outputs(
                 engine,
-                {"prompt": prompt.text, "prompt_token_ids": prompt.token_ids},
+                parsed.engine_prompt(prompt.text, prompt.token_ids),
                 params[i],
                 f"{head.id}-{i}",
                 parsed.priority,

@@ -77,7 +77,6 @@ _UNSUPPORTED: dict[str, str] = {
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
     "return_prompt_text": "return_prompt_text is not supported by aioserve yet",
     "logprob_token_ids": "logprob_token_ids is not supported by aioserve yet",
-    "cache_salt": "cache_salt (prefix-cache isolation) is not supported by aioserve yet",
     "repetition_detection": "repetition_detection is not supported by aioserve",
     "watermarking": "watermarking is not supported by aioserve",
     "vllm_xargs": "vllm_xargs (logits processor arguments) is not supported by aioserve",
@@ -92,6 +91,10 @@ _UNSUPPORTED: dict[str, str] = {
 # for the route: (field, completions default, chat default; None: any value is honoured).
 _DEFAULT_ONLY = (("add_special_tokens", True, None),)
 
+
+# vLLM's limits on a cache salt (entrypoints/generate/base/protocol.py).
+MAX_CACHE_SALT_LENGTH = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
 
 # vLLM's header for a request's priority (entrypoints/generate/base/serving.py).
 PRIORITY_HEADER = "X-Vllm-Priority"
@@ -120,6 +123,15 @@ class GenerationRequest:
     """The field the structured output came from (response_format, guided_json, ...)."""
     truncation: PromptTruncation | None = None
     """`truncate_prompt_tokens` / `truncation_side`: how to cut the tokenized prompt."""
+    cache_salt: str | None = None
+    """Only requests with the same salt share prefix-cache blocks with this one."""
+
+    def engine_prompt(self, text: str | None, token_ids: list[int]) -> dict[str, Any]:
+        """The prompt as the engine takes it, with the request's cache salt."""
+        prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": token_ids}
+        if self.cache_salt is not None:
+            prompt["cache_salt"] = self.cache_salt
+        return prompt
 
     def tokens_as_ids(self, server_default: bool) -> bool:
         """Whether logprobs name tokens "token_id:<id>": the request's choice, else the
@@ -455,7 +467,27 @@ def _generation_fields(
         "return_token_ids": fields.get("return_token_ids", False),
         "tokens_as_token_ids": fields.get("return_tokens_as_token_ids"),
         "truncation": read_truncation(fields, state.engine.settings.max_model_len),
+        "cache_salt": _cache_salt(fields),
     }
+
+
+def _cache_salt(fields: BodyFields) -> str | None:
+    """`cache_salt`, checked as vLLM 0.32 checks it (validate_cache_salt)."""
+    salt = fields.get("cache_salt")
+    if salt is None:
+        return None
+    if not salt:
+        raise bad_parameter(
+            "cache_salt", '""', "Parameter 'cache_salt' must be a non-empty string if provided."
+        )
+    if len(salt) > MAX_CACHE_SALT_LENGTH or any(c in CACHE_SALT_FORBIDDEN for c in salt):
+        raise bad_parameter(
+            "cache_salt",
+            shown_value(salt),
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+            "'@', '/', '\\\\', or NUL.",
+        )
+    return salt
 
 
 def _prompts(prompt: Any) -> list[PromptInput]:

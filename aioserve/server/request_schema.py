@@ -139,10 +139,12 @@ _ANSWER_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("echo", _BOOLEAN),
 )
 
-# Prompt truncation (prompt_truncation.py): both routes.
-_TRUNCATION_BODY_FIELDS: dict[str, BodyField] = _declare(
+# The prompt in the engine: its truncation (prompt_truncation.py) and its prefix-cache
+# salt. Both routes.
+_PROMPT_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("truncate_prompt_tokens", {"type": "integer", "minimum": -1}),
     BodyField("truncation_side", {"type": "string", "enum": ["left", "right"]}),
+    BodyField("cache_salt", {"type": "string", "minLength": 1, "maxLength": 128}),
 )
 
 COMPLETION_BODY: dict[str, BodyField] = _declare(
@@ -154,7 +156,7 @@ COMPLETION_BODY: dict[str, BodyField] = _declare(
     BodyField("logprobs", {"type": ["integer", "null"]}),
     BodyField("prompt_logprobs", {"type": ["integer", "null"]}),
     *_ANSWER_BODY_FIELDS.values(),
-    *_TRUNCATION_BODY_FIELDS.values(),
+    *_PROMPT_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
     *STRUCTURED_OUTPUT_BODY_FIELDS.values(),
 )
@@ -212,7 +214,7 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     BodyField("parallel_tool_calls", _BOOLEAN),
     BodyField("include_reasoning", _BOOLEAN),
     *_ANSWER_BODY_FIELDS.values(),
-    *_TRUNCATION_BODY_FIELDS.values(),
+    *_PROMPT_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
     *STRUCTURED_OUTPUT_BODY_FIELDS.values(),
 )

@@ -134,7 +134,7 @@ BlockPoolMachine.TestCase.settings = settings(
 TestBlockPool = BlockPoolMachine.TestCase
 
 
-def _request(request_id: str, prompt: list[int]) -> Request:
+def _request(request_id: str, prompt: list[int], cache_salt: str | None = None) -> Request:
     return Request(
         request_id=request_id,
         prompt_token_ids=prompt,
@@ -142,6 +142,7 @@ def _request(request_id: str, prompt: list[int]) -> Request:
         seed=0,
         eos_token_ids=frozenset({EOS}),
         max_tokens=4,
+        cache_salt=cache_salt,
     )
 
 
@@ -159,6 +160,27 @@ def test_prefix_cache_hits_full_blocks_and_leaves_one_token_to_compute():
     assert kv.find_cached_prefix(again) == first_table[:2]
     other = _request("c", [99] + list(range(2, 13)))
     assert kv.find_cached_prefix(other) == [], "a different first block must break the chain"
+
+
+def test_a_cache_salt_shares_blocks_only_with_requests_of_the_same_salt():
+    kv = KVCacheManager(16, BLOCK_SIZE, enable_prefix_caching=True)
+    prompt = list(range(1, 13))
+    salted = _request("a", prompt, cache_salt="tenant-a")
+    assert kv.allocate(salted, salted.num_tokens)
+    salted.num_computed_tokens = salted.num_tokens
+    kv.cache_full_blocks(salted, salted.num_tokens)
+    table = kv.block_table("a")
+    kv.free(salted)
+
+    assert kv.find_cached_prefix(_request("b", prompt, cache_salt="tenant-a")) == table[:2]
+    assert kv.find_cached_prefix(_request("c", prompt, cache_salt="tenant-b")) == []
+    assert kv.find_cached_prefix(_request("d", prompt)) == []
+    # The salt is in the first block's key and so, chained, in every later one.
+    unsalted, other = _request("e", prompt), _request("f", prompt, cache_salt="tenant-b")
+    for request in (unsalted, other):
+        kv.update_block_hashes(request)
+    for i in range(3):
+        assert len({salted.block_hashes[i], unsalted.block_hashes[i], other.block_hashes[i]}) == 3
 
 
 def test_a_request_that_ends_in_its_prefill_step_leaves_its_prompt_blocks_cached():
