@@ -20,28 +20,16 @@ Each method's output is checked against the products' (bfloat16: within 0.05).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from decode_attention import median_us
 
 from aioserve.kernels import prefill_products
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE = 9, 3, 64
 SCALE = HEAD_SIZE**-0.5
-
-
-def median_ms(fn: Callable[[], object], repeats: int, calls: int = 10) -> float:
-    fn()
-    rounds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - start) / calls * 1e3)
-    return statistics.median(rounds)
 
 
 def main() -> None:
@@ -113,7 +101,8 @@ def main() -> None:
         for name, fn in methods.items():
             difference = (fn().float() - reference.float()).abs().max().item()
             assert difference < 0.05, (name, difference)
-            print(f"| {name} | {median_ms(fn, args.repeats):.2f} | {difference:.3g} |")
+            milliseconds = median_us(fn, args.repeats, calls=10) / 1e3
+            print(f"| {name} | {milliseconds:.2f} | {difference:.3g} |")
 
 
 if __name__ == "__main__":
