@@ -7,8 +7,8 @@ The device memory itself lives in the model runner; this module only hands out b
   prefix cache.
 - Prefix caching: a full block is named by a hash chained over the token ids of that block
   and of every block before it (and the request's cache salt, if any), so equal hashes mean
-  equal prefixes. When a sequence is
-  admitted, its leading full blocks are looked up by hash and shared instead of recomputed.
+  equal prefixes. When a sequence is admitted, its leading full blocks are looked up by
+  hash and shared instead of recomputed.
 - A block whose last owner finishes goes to the free queue but keeps its hash, so a later
   request can still hit it; when blocks are needed, the least recently freed one is taken
   and its hash forgotten (LRU eviction).
