@@ -97,6 +97,12 @@ def validate_request(
         if not 0 <= token_id < vocab:
             raise InvalidRequest(_out_of_vocabulary(token_id, vocab), "prompt", token_id)
     _check_num_logprobs("sample", "logprobs", params.logprobs, s.max_logprobs, vocab)
+    if params.bad_words and not has_tokenizer:
+        raise InvalidRequest(
+            "bad_words need the tokenizer, which is not loaded (--skip-tokenizer-init)",
+            "bad_words",
+            params.bad_words,
+        )
     if params.stop and not has_tokenizer:
         raise InvalidRequest(
             "stop strings need the tokenizer, which is not loaded (--skip-tokenizer-init)",

@@ -52,6 +52,7 @@ from aioserve.engine.admission import (
     tokenize_prompt,
     validate_request,
 )
+from aioserve.engine.bad_words import BadWordsMatcher, bad_words_of
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
 from aioserve.engine.health import EngineDeadError, LoopClock, StepFailures, death_message
 from aioserve.engine.kv_cache_manager import KVCacheManager
@@ -154,6 +155,7 @@ class AsyncEngine:
         )
         if params.structured_outputs is not None:
             self.structured_outputs.compile(params.structured_outputs)
+        bad_words_of(self.tokenizer, params, self.hf_config.vocab_size)  # refuses a bad list
 
     async def compile_structured_output(self, params: SamplingParams) -> None:
         """Compile the request's structured output off the event loop (InvalidRequest when
@@ -198,6 +200,7 @@ class AsyncEngine:
             priority=priority, arrival_time=now, arrival_index=next(self._arrivals),
             cache_salt=cache_salt,
         )  # fmt: skip
+        bad_words = bad_words_of(self.tokenizer, params, self.hf_config.vocab_size)
         try:
             for index, request in enumerate(requests):
                 if params.structured_outputs is not None:
@@ -205,6 +208,8 @@ class AsyncEngine:
                     request.matcher = self.structured_outputs.new_matcher(spec)
                     if params.reasoning_end is not None:
                         request.reasoning_gate = ReasoningGate(params.reasoning_end)
+                if bad_words:
+                    request.matcher = BadWordsMatcher(bad_words, request.matcher)
                 state.samples.append(self.output_processor.new_sample(index, request))
                 self._sample_of[request.request_id] = (state, index)
                 self.scheduler.add_request(request)

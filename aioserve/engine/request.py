@@ -79,7 +79,8 @@ class Request:
     num_registered_blocks: int = 0
     """Leading blocks of its table already offered to the prefix cache."""
     matcher: Matcher | None = None
-    """Its structured output's matcher, advanced by each token it keeps (None: unconstrained)."""
+    """Its structured output's matcher, or its bad words' around it (engine/bad_words.py),
+    advanced by each token it keeps (None: unconstrained)."""
     reasoning_gate: ReasoningGate | None = None
     """Holds the matcher back while the output still reasons (step_masks.py)."""
 

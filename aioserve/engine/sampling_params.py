@@ -17,9 +17,9 @@ Construction normalizes and validates (`ValueError` naming the field and the bad
 Where this differs from current vLLM, on purpose: `logprobs` and `prompt_logprobs` must be
 non-negative (no -1 for "the whole vocabulary"); a temperature in (0, 0.01) is kept as
 given rather than raised to 0.01 (the sampler works in float32 on max-subtracted values
-and stays finite). `bad_words` is not supported yet. Limits that need the
-model or the server's settings (vocabulary range of token ids, `--max-logprobs`) are
-checked by the engine, not here.
+and stays finite). Limits that need the model, its tokenizer or the server's settings
+(vocabulary range of token ids, `bad_words`' tokens, `--max-logprobs`) are checked by the
+engine, not here.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    """Words the output must not contain (engine/bad_words.py)."""
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: InitVar[StructuredOutputsParams | None] = None
     """vLLM's older name of `structured_outputs`."""
@@ -223,6 +225,16 @@ class SamplingParams:
             if any(t < 0 for t in ids):
                 raise ValueError(f"allowed_token_ids must be non-negative, got {list(ids)}.")
             self.allowed_token_ids = list(ids)
+
+        if self.bad_words is not None:
+            words = self.bad_words
+            if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
+                raise ValueError(f"bad_words must be a list of strings, got {words!r}.")
+            if not all(words):
+                raise ValueError(
+                    f"bad_words cannot contain an empty string. Got bad_words={list(words)}"
+                )
+            self.bad_words = list(dict.fromkeys(words)) or None
 
         if isinstance(self.structured_outputs, Mapping):
             self.structured_outputs = StructuredOutputsParams.from_dict(

@@ -70,7 +70,6 @@ _UNSUPPORTED: dict[str, str] = {
     "use_beam_search": "beam search is not supported by aioserve",
     "functions": "function calling is not supported by aioserve yet",
     "logits_processors": "logits processors are not supported by aioserve",
-    "bad_words": "bad_words is not supported by aioserve yet",
     # vLLM request fields that would change the prompt, the output or its isolation.
     "chat_template": "a per-request chat template is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",

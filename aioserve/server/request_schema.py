@@ -67,6 +67,7 @@ SAMPLING_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("min_tokens", _INTEGER),
     BodyField("logit_bias", {"type": "object", "additionalProperties": _NUMBER}),
     BodyField("allowed_token_ids", _TOKEN_IDS),
+    BodyField("bad_words", _STRINGS),
     BodyField("skip_special_tokens", _BOOLEAN),
     BodyField("spaces_between_special_tokens", _BOOLEAN),
 )

@@ -185,9 +185,9 @@ def test_from_dict():
 
 def test_from_dict_rejects_unknown_keys_naming_them():
     with pytest.raises(ValueError) as error:
-        SamplingParams.from_dict({"temperature": 0.5, "bad_words": ["x"], "best_of": 2})
+        SamplingParams.from_dict({"temperature": 0.5, "thinking_budget": 8, "best_of": 2})
     message = str(error.value)
-    assert "'bad_words'" in message and "'best_of'" in message
+    assert "'thinking_budget'" in message and "'best_of'" in message
     assert "temperature" not in message
 
 

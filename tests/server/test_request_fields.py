@@ -205,7 +205,7 @@ def test_every_vllm_field_is_read_refused_or_harmless_to_ignore(server, monkeypa
 @pytest.mark.parametrize(
     ("route", "field", "value"),
     [
-        ("completions", "bad_words", ["fox"]),
+        ("completions", "logprob_token_ids", [1]),
         ("completions", "add_special_tokens", False),
         ("completions", "thinking_token_budget", 8),
     ],
