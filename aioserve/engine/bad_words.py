@@ -16,6 +16,7 @@ gets no bans until its reasoning ends, as its constraint does.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -77,7 +78,16 @@ def bad_words_of(
     (A request with bad_words has a tokenizer: engine/admission.py refuses it otherwise.)"""
     if not params.bad_words:
         return None
-    return bad_words_token_ids(tokenizer, params.bad_words, vocab_size)
+    return _cached_token_ids(tokenizer, tuple(params.bad_words), vocab_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_token_ids(
+    tokenizer: PreTrainedTokenizerBase, words: tuple[str, ...], vocab_size: int
+) -> list[list[int]]:
+    # A request's words are asked for by the server's check of each of its prompts and
+    # again as it is admitted: tokenized once. The matchers only read the result.
+    return bad_words_token_ids(tokenizer, list(words), vocab_size)
 
 
 class BadWordsMatcher:
