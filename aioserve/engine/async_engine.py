@@ -52,7 +52,7 @@ from aioserve.engine.admission import (
     tokenize_prompt,
     validate_request,
 )
-from aioserve.engine.bad_words import BadWordsMatcher, bad_words_of
+from aioserve.engine.bad_words import bad_words_of, constrain
 from aioserve.engine.build import EngineParts, build_engine, default_sampling_params
 from aioserve.engine.health import EngineDeadError, LoopClock, StepFailures, death_message
 from aioserve.engine.kv_cache_manager import KVCacheManager
@@ -65,14 +65,10 @@ from aioserve.engine.process_tuning import tune_process_for_serving
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
-from aioserve.engine.stats import StatLogger, StatsReporter
+from aioserve.engine.stats import StatLogger, StatsReporter, StepTally
 from aioserve.engine.steps_in_flight import StepInFlight, StepWaiter, run_timed
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
-from aioserve.engine.structured_outputs.step_masks import (
-    ReasoningGate,
-    StepMasks,
-    advance_constraint,
-)
+from aioserve.engine.structured_outputs.step_masks import StepMasks, advance_constraint
 from aioserve.platform import is_gpu
 from aioserve.runner.step_plan import StepResult
 
@@ -203,13 +199,7 @@ class AsyncEngine:
         bad_words = bad_words_of(self.tokenizer, params, self.hf_config.vocab_size)
         try:
             for index, request in enumerate(requests):
-                if params.structured_outputs is not None:
-                    spec = params.structured_outputs
-                    request.matcher = self.structured_outputs.new_matcher(spec)
-                    if params.reasoning_end is not None:
-                        request.reasoning_gate = ReasoningGate(params.reasoning_end)
-                if bad_words:
-                    request.matcher = BadWordsMatcher(bad_words, request.matcher)
+                constrain(request, params, self.structured_outputs, bad_words)
                 state.samples.append(self.output_processor.new_sample(index, request))
                 self._sample_of[request.request_id] = (state, index)
                 self.scheduler.add_request(request)
@@ -436,19 +426,18 @@ class AsyncEngine:
         stopped_by_text: list[str] = []
         off_constraint: list[Request] = []
         now = time.monotonic()
-        num_prompt_tokens = num_cached_prompt_tokens = num_generated = 0
-        first_token_latencies: list[float] = []
-        inter_token_latencies: list[float] = []
+        tally = StepTally()
         sampled, logprobs, prompt_logprobs = result.sampled, result.logprobs, result.prompt_logprobs
         process_tokens = self.output_processor.process_tokens
         for chunk in output.chunks:
             request = chunk.request
             request_id = request.request_id
-            start, num_prompt = chunk.num_computed_tokens, len(request.prompt_token_ids)
-            if start < num_prompt:
-                num_prompt_tokens += min(start + chunk.num_tokens, num_prompt) - start
-                if start == request.num_cached_prompt_tokens:  # the prefill's first chunk
-                    num_cached_prompt_tokens += start
+            tally.count_prompt(
+                chunk.num_computed_tokens,
+                chunk.num_tokens,
+                len(request.prompt_token_ids),
+                request.num_cached_prompt_tokens,
+            )
             entry = self._sample_of.get(request_id)
             if entry is None:
                 continue
@@ -472,14 +461,7 @@ class AsyncEngine:
             if request.matcher is not None:
                 if not advance_constraint(request, appended, lambda s=sample: s.text):
                     off_constraint.append(request)
-            num_generated += len(appended)
-            metrics = state.metrics
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-                first_token_latencies.append(now - metrics.arrival_time)
-            elif state.request_id not in touched:
-                inter_token_latencies.append(now - metrics.last_token_time)
-            metrics.last_token_time = now
+            tally.count_output(state.metrics, len(appended), now, state.request_id in touched)
             state.changed.add(index)
             touched[state.request_id] = state
         self.scheduler.finish_requests(stopped_by_text, RequestStatus.FINISHED_STOPPED)
@@ -493,16 +475,7 @@ class AsyncEngine:
             self._end_with_error(off_constraint, "a sampled token broke its structured output")
         for state in touched.values():
             self._deliver(state)
-        self._stats.step_done(
-            self.scheduler,
-            self.kv_cache,
-            num_prompt_tokens,
-            num_generated,
-            first_token_latencies,
-            inter_token_latencies,
-            host_gap,
-            num_cached_prompt_tokens,
-        )
+        self._stats.step_done(self.scheduler, self.kv_cache, tally, host_gap)
 
     def _deliver(self, state: RequestState, record: bool = True) -> None:
         """Tell the request's consumer it has news, if an output is due; the output is

@@ -23,8 +23,27 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from aioserve.engine.admission import InvalidRequest
+from aioserve.engine.request import Request
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.matchers import Matcher
+from aioserve.engine.structured_outputs.step_masks import ReasoningGate
+
+
+def constrain(
+    request: Request,
+    params: SamplingParams,
+    compiler: StructuredOutputCompiler,
+    bad_words: list[list[int]] | None,
+) -> None:
+    """Give a new sequence its constraints: the matcher of its structured output (with its
+    reasoning gate) and its `bad_words` token sequences' bans, wrapped around it."""
+    if params.structured_outputs is not None:
+        request.matcher = compiler.new_matcher(params.structured_outputs)
+        if params.reasoning_end is not None:
+            request.reasoning_gate = ReasoningGate(params.reasoning_end)
+    if bad_words:
+        request.matcher = BadWordsMatcher(bad_words, request.matcher)
 
 
 def max_num_bad_words() -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from aioserve.engine.kv_cache_manager import KVCacheManager
     from aioserve.engine.output_processor import RequestState
+    from aioserve.engine.outputs import RequestMetrics
     from aioserve.engine.scheduler import Scheduler
 
 
@@ -87,6 +88,39 @@ class StepStats:
         return self.num_prompt_tokens + self.num_generation_tokens
 
 
+@dataclass
+class StepTally:
+    """What one step did, counted as its outputs are recorded: the figures StepStats takes
+    from the step itself."""
+
+    num_prompt_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+
+    def count_prompt(self, start: int, num_tokens: int, prompt_len: int, cached: int) -> None:
+        """A chunk of num_tokens from position `start` of a sequence whose prompt is
+        prompt_len long, `cached` of its tokens found in the prefix cache."""
+        if start < prompt_len:
+            self.num_prompt_tokens += min(start + num_tokens, prompt_len) - start
+            if start == cached:  # the prefill's first chunk
+                self.num_cached_prompt_tokens += start
+
+    def count_output(
+        self, metrics: RequestMetrics, num_tokens: int, now: float, again: bool
+    ) -> None:
+        """num_tokens new output tokens of a request (`again`: not its first sequence to get
+        some in this step), its latencies updated and counted."""
+        self.num_generation_tokens += num_tokens
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+            self.time_to_first_tokens.append(now - metrics.arrival_time)
+        elif not again:
+            self.inter_token_latencies.append(now - metrics.last_token_time)
+        metrics.last_token_time = now
+
+
 class StatLogger(Protocol):
     """An observer of engine steps. `record` runs on the event loop: it must be quick."""
 
@@ -149,16 +183,13 @@ class StatsReporter:
         self,
         scheduler: Scheduler,
         kv_cache: KVCacheManager,
-        num_prompt_tokens: int = 0,
-        num_generation_tokens: int = 0,
-        time_to_first_tokens: list[float] | None = None,
-        inter_token_latencies: list[float] | None = None,
+        tally: StepTally | None = None,
         host_gap: float | None = None,
-        num_cached_prompt_tokens: int = 0,
     ) -> None:
-        """Tell every logger what the last step (or abort) did."""
+        """Tell every logger what the last step (`tally`; None for an abort) did."""
         if not self.loggers:
             return
+        tally = tally or StepTally()
         counters = (
             scheduler.stats.num_preemptions,
             kv_cache.stats.queries,
@@ -168,17 +199,17 @@ class StatsReporter:
         self._counted = counters
         stats = StepStats(
             timestamp=time.monotonic(),
-            num_prompt_tokens=num_prompt_tokens,
-            num_generation_tokens=num_generation_tokens,
+            num_prompt_tokens=tally.num_prompt_tokens,
+            num_generation_tokens=tally.num_generation_tokens,
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
             kv_cache_usage=kv_cache.usage,
             num_preemptions=preemptions,
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
-            num_cached_prompt_tokens=num_cached_prompt_tokens,
-            time_to_first_tokens=time_to_first_tokens or [],
-            inter_token_latencies=inter_token_latencies or [],
+            num_cached_prompt_tokens=tally.num_cached_prompt_tokens,
+            time_to_first_tokens=tally.time_to_first_tokens,
+            inter_token_latencies=tally.inter_token_latencies,
             finished=self._finished,
             host_gap=host_gap,
         )
