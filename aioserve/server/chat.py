@@ -85,11 +85,14 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             parsed.priority,
             reservation,
         )
+        shown = text if parsed.return_prompt_text else None  # the prompt_text field
         if parsed.stream:
-            events = _chunks(state, parsed, token_ids, prompt_closed, role, echo, head, outputs)
+            events = _chunks(
+                state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
+            )
             return await stream_events(request, events)
         return await _full_response(
-            state, parsed, token_ids, prompt_closed, role, echo, head, outputs
+            state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
         )
 
 
@@ -104,6 +107,7 @@ def _echoed_text(parsed: ChatRequest, role: str) -> str:
 async def _full_response(
     state: ServerState,
     parsed: ChatRequest,
+    prompt_text: str | None,
     prompt_token_ids: list[int],
     prompt_closed: bool,
     role: str,
@@ -152,7 +156,9 @@ async def _full_response(
         reasoning_tokens if parser else None,
     )
     prompt_ids = prompt_token_ids if parsed.return_token_ids else None
-    body = responses.chat_response(head, choices, usage, prompt_ids, final.prompt_logprobs)
+    body = responses.chat_response(
+        head, choices, usage, prompt_ids, final.prompt_logprobs, prompt_text
+    )
     return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
@@ -198,6 +204,7 @@ def _calls_in_answer(
 async def _chunks(
     state: ServerState,
     parsed: ChatRequest,
+    prompt_text: str | None,
     prompt_token_ids: list[int],
     prompt_closed: bool,
     role: str,
@@ -248,6 +255,7 @@ async def _chunks(
                         index,
                         role,
                         prompt_token_ids if parsed.return_token_ids else None,
+                        prompt_text,
                     )
                     if parsed.continuous_usage_stats:
                         event["usage"] = responses.usage(

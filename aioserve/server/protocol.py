@@ -74,7 +74,6 @@ _UNSUPPORTED: dict[str, str] = {
     "chat_template": "a per-request chat template is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
-    "return_prompt_text": "return_prompt_text is not supported by aioserve yet",
     "logprob_token_ids": "logprob_token_ids is not supported by aioserve yet",
     "repetition_detection": "repetition_detection is not supported by aioserve",
     "watermarking": "watermarking is not supported by aioserve",
@@ -163,6 +162,8 @@ class ChatRequest(GenerationRequest):
     """With --reasoning-parser: send the reasoning (reasoning.py), or drop it."""
     echo: bool = False
     """Start the reply with the last message's content when the reply continues its role."""
+    return_prompt_text: bool = False
+    """Send the prompt as the engine got it (the rendered template) as `prompt_text`."""
 
 
 def check_serving(state: ServerState, body: dict[str, Any]) -> None:
@@ -293,6 +294,7 @@ def parse_chat_request(
         tool_use=tool_use,
         echo=echo,
         include_reasoning=fields.get("include_reasoning", True),
+        return_prompt_text=fields.get("return_prompt_text", False),
         structured_output_field=structured_output_field,
         **_generation_fields(
             state, fields, headers or {}, params, max_tokens_field, "top_logprobs"

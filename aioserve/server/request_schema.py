@@ -214,6 +214,7 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     BodyField("tool_choice", {"oneOf": [_STRING, _OBJECT]}),
     BodyField("parallel_tool_calls", _BOOLEAN),
     BodyField("include_reasoning", _BOOLEAN),
+    BodyField("return_prompt_text", _BOOLEAN),
     *_ANSWER_BODY_FIELDS.values(),
     *_PROMPT_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),

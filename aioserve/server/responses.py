@@ -286,6 +286,7 @@ def chat_response(
     usage_block: dict[str, Any],
     prompt_token_ids: list[int] | None,
     prompt_logprobs: PromptLogprobs | None = None,
+    prompt_text: str | None = None,
 ) -> dict[str, Any]:
     return {
         **head.fields(),
@@ -295,7 +296,7 @@ def chat_response(
         "usage": usage_block,
         "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
         "prompt_token_ids": prompt_token_ids,
-        "prompt_text": None,
+        "prompt_text": prompt_text,
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "metrics": None,
@@ -303,7 +304,11 @@ def chat_response(
 
 
 def chat_role_chunk(
-    head: ResponseHead, index: int, role: str, prompt_token_ids: list[int] | None
+    head: ResponseHead,
+    index: int,
+    role: str,
+    prompt_token_ids: list[int] | None,
+    prompt_text: str | None = None,
 ) -> dict[str, Any]:
     """A chat stream's first chunk for one choice: the role, empty content."""
     return {
@@ -317,7 +322,7 @@ def chat_role_chunk(
             }
         ],
         "prompt_token_ids": prompt_token_ids,
-        "prompt_text": None,
+        "prompt_text": prompt_text,
     }
 
 

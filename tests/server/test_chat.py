@@ -229,6 +229,21 @@ def test_n2_stream_opens_each_choice_with_its_role(openai_server):
     assert finishes == {c.index: c.finish_reason for c in whole.choices}
 
 
+def test_return_prompt_text_sends_the_rendered_prompt(openai_server, hf_tokenizer):
+    # The reference: vLLM's rendering of QUESTION, which transformers' own template gives.
+    assert QUESTION_TEXT == hf_tokenizer.apply_chat_template(
+        QUESTION, tokenize=False, add_generation_prompt=True
+    )
+    request = {"messages": QUESTION, "max_tokens": 2, "n": 2, "temperature": 0.9, "seed": 5}
+    assert chat(openai_server, **request).model_extra["prompt_text"] is None
+    asked = {**request, "extra_body": {"return_prompt_text": True}}
+    assert chat(openai_server, **asked).model_extra["prompt_text"] == QUESTION_TEXT
+    # Streamed: on each choice's first chunk (its role), as vLLM sends it, and on no other.
+    chunks = [c.model_extra for c in chat(openai_server, **asked, stream=True)]
+    assert [c.get("prompt_text") for c in chunks[:2]] == [QUESTION_TEXT, QUESTION_TEXT]
+    assert all("prompt_text" not in c for c in chunks[2:])
+
+
 def test_logprobs_under_greedy_name_the_sampled_token(openai_server):
     result = chat(
         openai_server, messages=QUESTION, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
@@ -353,6 +368,7 @@ def test_errors_like_vllms(openai_server, name, status, param):
         ),
         ({"continue_final_message": True}, None, "are not compatible"),
         ({"chat_template_kwargs": "x"}, "chat_template_kwargs", "value=x"),
+        ({"return_prompt_text": "yes"}, "return_prompt_text", "value=yes"),
         ({"tools": [{"type": "function"}]}, "tools[0].function", "value=null"),
         ({"response_format": {"type": "json_schema"}}, "response_format", "'json_schema' field"),
         ({"guided_regex": "(a"}, "guided_regex", "unclosed group"),
