@@ -110,6 +110,14 @@ def validate_request(
             params.stop,
         )
     _check_num_logprobs("prompt", "prompt_logprobs", params.prompt_logprobs, s.max_logprobs, vocab)
+    outside = [t for t in params.logprob_token_ids or () if not 0 <= t < vocab]
+    if outside:
+        raise InvalidRequest(
+            f"token_id(s) {outside} in logprob_token_ids contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab}",
+            "logprob_token_ids",
+            outside,
+        )
     for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
         for token_id in getattr(params, field) or ():
             if not 0 <= token_id < vocab:

@@ -115,7 +115,7 @@ class OutputProcessor:
             )
             if params.stop:
                 matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
-        logprobs = [] if params.logprobs is not None else None
+        logprobs = [] if params.wants_logprobs else None
         return SampleState(
             index,
             request,

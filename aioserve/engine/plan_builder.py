@@ -31,7 +31,9 @@ def sampling_settings(request: Request) -> SamplingSettings:
         min_tokens=params.min_tokens,
         # vLLM's min_tokens: no stop token (nor EOS, unless ignored) before the minimum.
         min_tokens_banned_ids=tuple(sorted(banned)) if params.min_tokens else (),
-        logprobs=params.logprobs,
+        # With chosen tokens: the sampled token's logprob and rank, then theirs.
+        logprobs=0 if params.logprob_token_ids else params.logprobs,
+        logprob_token_ids=tuple(params.logprob_token_ids or ()) or None,
         prompt_logprobs=params.prompt_logprobs,
     )
 

@@ -36,6 +36,8 @@ from aioserve.engine.structured_outputs.params import StructuredOutputsParams
 
 # Below this temperature a request is greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
+# The most tokens `logprob_token_ids` may name (vLLM's MAX_LOGPROB_TOKEN_IDS).
+MAX_LOGPROB_TOKEN_IDS = 128
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -74,6 +76,9 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
+    """The tokens whose logprobs each output position reports, in this order, after the
+    sampled token's, instead of the `logprobs` most likely ones."""
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -144,6 +149,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.sampling_type is SamplingType.GREEDY
 
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether each output position reports logprobs (`logprobs` or `logprob_token_ids`)."""
+        return self.logprobs is not None or self.logprob_token_ids is not None
+
     def __repr__(self) -> str:
         # Only the fields that differ from the defaults: short in logs, and still valid
         # Python that rebuilds an equal object.
@@ -153,6 +163,27 @@ class SamplingParams:
             if getattr(self, f.name) != getattr(_DEFAULTS, f.name)
         ]
         return f"SamplingParams({', '.join(changed)})"
+
+    def _verify_logprob_token_ids(self) -> None:
+        """vLLM's checks of logprob_token_ids (but its vocabulary range: the engine's)."""
+        ids = self.logprob_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(t) for t in ids):
+            raise ValueError(f"logprob_token_ids must be a list of integers, got {ids!r}.")
+        if not ids:  # vLLM reads an empty list as not set
+            self.logprob_token_ids = None
+            return
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise ValueError(
+                f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                f"allowed: {MAX_LOGPROB_TOKEN_IDS}"
+            )
+        if self.logprobs is not None and self.logprobs != len(ids):
+            raise ValueError(
+                "When both logprobs and logprob_token_ids are set, logprobs must equal "
+                f"len(logprob_token_ids). Got logprobs={self.logprobs}, "
+                f"len(logprob_token_ids)={len(ids)}."
+            )
+        self.logprob_token_ids = list(ids)
 
     def _normalize_types(self) -> None:
         for name in ("n", "top_k", "min_tokens"):
@@ -225,6 +256,9 @@ class SamplingParams:
             if any(t < 0 for t in ids):
                 raise ValueError(f"allowed_token_ids must be non-negative, got {list(ids)}.")
             self.allowed_token_ids = list(ids)
+
+        if self.logprob_token_ids is not None:
+            self._verify_logprob_token_ids()
 
         if self.bad_words is not None:
             words = self.bad_words

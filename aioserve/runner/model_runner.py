@@ -19,7 +19,7 @@ slots, and a decode of a token step N samples reads it from the device
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -65,6 +65,8 @@ class StepOutput:
     logprobs_wanted: list[int | None]
     done: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU)
     prompt_logprobs: tuple[HostPromptLogprobs, LogprobsTensors] | None = None
+    # row -> (the chosen tokens, their raw logprobs [n] float32): logprob_token_ids
+    chosen: dict[int, tuple[tuple[int, ...], torch.Tensor]] = field(default_factory=dict)
 
     def is_ready(self) -> bool:
         return self.done is None or self.done.query()
@@ -251,9 +253,11 @@ class ModelRunner:
             out,
             step.sampling.logprobs_wanted,
             prompt_logprobs=prompt_logprobs,
+            chosen=chosen_logprobs(logits, step.sampling.chosen_ids),
         )
         if self.device.type != "cpu":
             output.sampler = _to_host(out)
+            output.chosen = {r: (i, _pinned_copy(v)) for r, (i, v) in output.chosen.items()}
             output.done = torch.cuda.Event()
             output.done.record()
         return output
@@ -279,15 +283,27 @@ class ModelRunner:
             for row, (seq_id, wanted) in enumerate(zip(ids, output.logprobs_wanted, strict=True)):
                 if wanted is None:
                     continue
+                listed_ids, listed = top_ids[row][:wanted], top_values[row][:wanted]
+                if row in output.chosen:
+                    chosen_ids, values = output.chosen[row]
+                    listed_ids, listed = list(chosen_ids), values.tolist()
                 logprobs[seq_id] = [
-                    TokenLogprobs(
-                        sampled_logprob[row],
-                        sampled_rank[row],
-                        top_ids[row][:wanted],
-                        top_values[row][:wanted],
-                    )
+                    TokenLogprobs(sampled_logprob[row], sampled_rank[row], listed_ids, listed)
                 ]
         return StepResult(sampled, logprobs, prompt_logprobs)
+
+
+def chosen_logprobs(
+    logits: torch.Tensor, chosen_ids: dict[int, tuple[int, ...]]
+) -> dict[int, tuple[tuple[int, ...], torch.Tensor]]:
+    """For each row of `chosen_ids`, the raw logprobs (float32 log-softmax of its logits, as
+    the sampler's own logprobs) of its chosen tokens, in their order."""
+    chosen = {}
+    for row, token_ids in chosen_ids.items():
+        row_logprobs = torch.log_softmax(logits[row].float(), dim=-1)
+        index = torch.tensor(token_ids, dtype=torch.int64).to(logits.device, non_blocking=True)
+        chosen[row] = (token_ids, row_logprobs[index])
+    return chosen
 
 
 def _to_host(out: SamplerOutput) -> SamplerOutput:

@@ -53,6 +53,8 @@ class HostSampling:
     bias_rows: list[BiasRow]
     bitmask_rows: np.ndarray | None  # int64: rows whose sequence has allowed_token_ids
     logprobs_wanted: list[int | None]  # per row: its sequence's `logprobs` setting
+    # row -> the tokens whose logprobs it reports after the sampled one's (logprob_token_ids)
+    chosen_ids: dict[int, tuple[int, ...]]
     all_greedy: bool
     all_random: bool
     uses_top_k: bool
@@ -174,6 +176,9 @@ def rows_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSampling:
         bias_rows=bias_rows,
         bitmask_rows=masked.astype(np.int64) if masked.size else None,
         logprobs_wanted=[s.logprobs for s in settings],
+        chosen_ids={
+            row: s.logprob_token_ids for row, s in enumerate(settings) if s.logprob_token_ids
+        },
         all_greedy=bool((temperature == 0.0).all()),
         all_random=bool((temperature > 0.0).all()),
         uses_top_k=bool((top_k > 0).any()),
@@ -210,6 +215,7 @@ def one_row_sampling(slots: SequenceSlots, slot: int) -> HostSampling:
         bias_rows=[] if bias is None else [bias],
         bitmask_rows=np.zeros(1, dtype=np.int64) if slots.has_allowed_bitmask[slot] else None,
         logprobs_wanted=[settings.logprobs],
+        chosen_ids={0: settings.logprob_token_ids} if settings.logprob_token_ids else {},
         all_greedy=temperature == 0.0,
         all_random=temperature > 0.0,
         uses_top_k=top_k > 0,

@@ -42,6 +42,8 @@ class SamplingSettings:
     min_tokens: int = 0
     min_tokens_banned_ids: tuple[int, ...] = ()  # banned while fewer than min_tokens are out
     logprobs: int | None = None  # top logprobs wanted per token; None: no logprobs
+    # The tokens whose logprobs each position reports instead of the top ones (logprobs 0).
+    logprob_token_ids: tuple[int, ...] | None = None
     prompt_logprobs: int | None = None  # the same for each prompt token; None: none
 
     @property

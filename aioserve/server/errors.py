@@ -73,6 +73,12 @@ def bad_parameter(param: str, value: Any, reason: str) -> APIError:
     return APIError(f"{reason} (parameter={param}, value={value})", param=param)
 
 
+def refusal(message: str, param: str) -> APIError:
+    """A 400 as vLLM's VLLMValidationError words it without a value: the message, then
+    " (parameter=X)"."""
+    return APIError(f"{message} (parameter={param})", param=param)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Answer an APIError with its JSON body; anything unexpected becomes a logged 500."""

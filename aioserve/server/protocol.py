@@ -46,7 +46,7 @@ from aioserve.server.chat_template import (
     refuse_request_template,
 )
 from aioserve.server.chat_template import template_kwargs as template_kwargs_of
-from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.prompt_truncation import PromptTruncation, read_truncation
 from aioserve.server.reasoning import THINK_END, thinks
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
@@ -74,7 +74,6 @@ _UNSUPPORTED: dict[str, str] = {
     "chat_template": "a per-request chat template is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
-    "logprob_token_ids": "logprob_token_ids is not supported by aioserve yet",
     "repetition_detection": "repetition_detection is not supported by aioserve",
     "watermarking": "watermarking is not supported by aioserve",
     "vllm_xargs": "vllm_xargs (logits processor arguments) is not supported by aioserve",
@@ -197,13 +196,25 @@ def parse_completion_request(
     logprobs = fields.get("logprobs")
     echo = fields.get("echo", False)
     echo_only = echo and max_tokens == 0
+    if fields.get("logprob_token_ids"):
+        if echo_only:
+            raise refusal(
+                "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` "
+                "because no output tokens are generated.",
+                "logprob_token_ids",
+            )
+        if logprobs is None:
+            raise refusal(
+                "when using `logprob_token_ids`, `logprobs` must be set.", "logprob_token_ids"
+            )
     structured_outputs, structured_output_field = read_structured_outputs(fields)
     params = _sampling_params(
         state,
         fields,
         1 if echo_only else max_tokens,
         "max_tokens",
-        logprobs,
+        # vLLM's: the chosen tokens replace the top ones (an echoed prompt keeps its top).
+        None if fields.get("logprob_token_ids") else logprobs,
         "logprobs",
         _prompt_logprobs(fields, logprobs if echo else None),
         structured_outputs,
@@ -250,6 +261,13 @@ def parse_chat_request(
                 "top_logprobs", top_logprobs, "when using top_logprobs, logprobs must be true"
             )
     logprobs = (top_logprobs or 0) if wants_logprobs else None
+    if fields.get("logprob_token_ids"):
+        if not wants_logprobs:
+            raise refusal(
+                "when using `logprob_token_ids`, `logprobs` must be set to true.",
+                "logprob_token_ids",
+            )
+        logprobs = None  # vLLM's: the chosen tokens replace the top ones
     echo = fields.get("echo", False)
     structured_outputs, structured_output_field = read_structured_outputs(fields)
     tool_use = read_tool_use(fields, state.frontend)
@@ -404,8 +422,9 @@ def _sampling_params(
         params = SamplingParams(**values, output_kind=output_kind)
     except ValueError as error:
         message = str(error)
-        # SamplingParams' messages start with the field's name ("top_p must be in (0, 1]").
-        name = message.split(" ", 1)[0]
+        # SamplingParams' messages start with the field's name ("top_p must be in (0, 1]"),
+        # but for vLLM's own wordings about logprob_token_ids.
+        name = "logprob_token_ids" if "logprob_token_ids" in message else message.split(" ", 1)[0]
         if name in values:
             raise bad_parameter(
                 request_names.get(name, name), shown_value(values[name]), message

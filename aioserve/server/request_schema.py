@@ -68,6 +68,7 @@ SAMPLING_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("logit_bias", {"type": "object", "additionalProperties": _NUMBER}),
     BodyField("allowed_token_ids", _TOKEN_IDS),
     BodyField("bad_words", _STRINGS),
+    BodyField("logprob_token_ids", _TOKEN_IDS),
     BodyField("skip_special_tokens", _BOOLEAN),
     BodyField("spaces_between_special_tokens", _BOOLEAN),
 )

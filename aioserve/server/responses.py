@@ -138,16 +138,23 @@ class CompletionLogprobs:
 
 
 def chat_logprobs(
-    token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int, as_token_ids: bool
+    token_ids: list[int],
+    logprobs: list[dict[int, Logprob]],
+    top_n: int | None,
+    as_token_ids: bool,
 ) -> dict[str, Any]:
-    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}. With
+    top_n None (logprob_token_ids), every token a position holds, the sampled one first."""
     content = []
     for token_id, entries in zip(token_ids, logprobs, strict=True):
-        # The top_n most likely tokens, by rank (the sampled one is listed only if among them).
-        ranked = sorted(
-            ((i, lp) for i, lp in entries.items() if lp.rank is not None and lp.rank <= top_n),
-            key=lambda item: item[1].rank,
-        )
+        if top_n is None:
+            ranked = list(entries.items())
+        else:
+            # The top_n most likely tokens, by rank (the sampled one only if among them).
+            ranked = sorted(
+                ((i, lp) for i, lp in entries.items() if lp.rank is not None and lp.rank <= top_n),
+                key=lambda item: item[1].rank,
+            )
         entry = _chat_logprob(token_id, entries[token_id], as_token_ids)
         entry["top_logprobs"] = [_chat_logprob(i, lp, as_token_ids) for i, lp in ranked]
         content.append(entry)

@@ -27,7 +27,7 @@ from typing import Any
 from aioserve.config.frontend import FrontendConfig
 from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.server.body_fields import BodyFields, shown_value
-from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.tool_calls.forced import (
     NamedCallParser,
     RequiredCallsParser,
@@ -58,7 +58,7 @@ def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
     single = parallel is False
     if tools is not None:
         if not tools:
-            raise _refusal(
+            raise refusal(
                 "`tools` must not be an empty array. Either provide at least one tool or omit "
                 "the field entirely.",
                 "tools",
@@ -69,7 +69,7 @@ def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
         exclude = frontend.exclude_tools_when_tool_choice_none
         return ToolUse(None if tools is None or exclude else tools, single_call=single)
     if tools is None:
-        raise _refusal("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        raise refusal("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if isinstance(choice, dict):
         tool = _named_tool(choice, tools)
         constraint = StructuredOutputsParams(json=parameters_schema(tool))
@@ -90,16 +90,11 @@ def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
                 "to be set"
             )
         return ToolUse(tools, new_tool_parser(frontend.tool_call_parser), single_call=single)
-    raise _refusal(
+    raise refusal(
         f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
         '"required" are supported.',
         "tool_choice",
     )
-
-
-def _refusal(message: str, param: str) -> APIError:
-    """A 400 as vLLM's VLLMValidationError words it: the message, then " (parameter=X)"."""
-    return APIError(f"{message} (parameter={param})", param=param)
 
 
 def checked_tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -175,18 +170,18 @@ def _named_tool(choice: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str
     chat_completion/protocol.py check_tool_usage, then the named choice's `type`)."""
     function = choice.get("function")
     if not isinstance(function, dict):
-        raise _refusal(
+        raise refusal(
             f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_USAGE}",
             "tool_choice.function",
         )
     if "name" not in function:
-        raise _refusal(
+        raise refusal(
             f"Expected field `name` in `function` in `tool_choice`! {_NAMED_USAGE}",
             "tool_choice.function.name",
         )
     name = function["name"]
     if not isinstance(name, str) or not name:
-        raise _refusal(
+        raise refusal(
             f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_NAMED_USAGE}",
             "tool_choice.function.name",
         )
@@ -194,7 +189,7 @@ def _named_tool(choice: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str
         if tool["function"]["name"] == name:
             break
     else:
-        raise _refusal(
+        raise refusal(
             "The tool specified in `tool_choice` does not match any of the specified `tools`",
             "tool_choice",
         )

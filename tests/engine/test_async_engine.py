@@ -236,6 +236,42 @@ def test_greedy_logprobs_equal_log_softmax_of_transformers(engine, smollm2_gguf)
         assert math.isclose(entry[token_id].logprob, value, abs_tol=1e-3)
 
 
+def test_logprob_token_ids_equal_log_softmax_of_transformers(engine, smollm2_gguf):
+    from tests.engine.smollm2 import hf_model
+
+    model = hf_model(str(smollm2_gguf))
+    prompt_ids = engine.tokenizer("The capital of Italy is").input_ids
+    with torch.inference_mode():
+        first = int(model(torch.tensor([prompt_ids])).logits[0, -1].argmax())
+    chosen = [5, first, 49151]  # the first greedy token among them, out of order
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprob_token_ids=chosen)
+    beside = SamplingParams(temperature=0.0, max_tokens=4, logprobs=5)
+
+    async def batched():  # beside a request that wants its top logprobs
+        return await asyncio.gather(
+            collect(engine, {"prompt_token_ids": prompt_ids}, params, "chosen"),
+            collect(engine, "Name a planet:", beside, "top"),
+        )
+
+    outs, others = run(batched())
+    sample = outs[-1].outputs[0]
+    assert sample.token_ids[0] == first
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids + sample.token_ids])).logits[0]
+    reference = torch.log_softmax(logits.float(), dim=-1)[len(prompt_ids) - 1 :]
+    for token_id, entry, row in zip(sample.token_ids, sample.logprobs, reference, strict=False):
+        # The sampled token first, with its own rank; then the chosen ones, in their order,
+        # ranked by their place in it (vLLM's), the sampled one not twice.
+        assert list(entry) == [token_id, *(t for t in chosen if t != token_id)]
+        assert entry[token_id].rank == 1 + int((row > row[token_id]).sum())
+        for place, t in enumerate(chosen, start=1):
+            assert math.isclose(entry[t].logprob, float(row[t]), abs_tol=1e-3)
+            assert t == token_id or entry[t].rank == place
+    cumulative = sum(float(row[t]) for row, t in zip(reference[:-1], sample.token_ids, strict=True))
+    assert math.isclose(sample.cumulative_logprob, cumulative, abs_tol=4e-3)
+    assert all(len(entry) >= 5 for entry in others[-1].outputs[0].logprobs)
+
+
 def test_abort_and_vanished_consumer_return_every_block(engine):
     async def scenario():
         long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)

@@ -194,3 +194,15 @@ def test_from_dict_rejects_unknown_keys_naming_them():
 def test_from_dict_still_validates():
     with pytest.raises(ValueError, match="n must be at least 1, got 0."):
         SamplingParams.from_dict({"n": 0})
+
+
+def test_logprob_token_ids_are_checked_as_vllm_checks_them():
+    assert SamplingParams(logprob_token_ids=[]).logprob_token_ids is None  # vLLM: not set
+    assert SamplingParams(logprob_token_ids=(3, 1)).logprob_token_ids == [3, 1]
+    assert SamplingParams(logprobs=2, logprob_token_ids=[3, 1]).wants_logprobs
+    with pytest.raises(ValueError, match="greater than max allowed: 128"):
+        SamplingParams(logprob_token_ids=list(range(129)))
+    with pytest.raises(ValueError, match=r"logprobs must equal len\(logprob_token_ids\)"):
+        SamplingParams(logprobs=1, logprob_token_ids=[3, 1])
+    with pytest.raises(ValueError, match="logprob_token_ids must be a list of integers"):
+        SamplingParams(logprob_token_ids=["a"])
