@@ -97,6 +97,14 @@ def validate_request(
         if not 0 <= token_id < vocab:
             raise InvalidRequest(_out_of_vocabulary(token_id, vocab), "prompt", token_id)
     _check_num_logprobs("sample", "logprobs", params.logprobs, s.max_logprobs, vocab)
+    outside = [t for t in params.logprob_token_ids or () if not 0 <= t < vocab]
+    if outside:
+        raise InvalidRequest(
+            f"token_id(s) {outside} in logprob_token_ids contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab}",
+            "logprob_token_ids",
+            str(outside),  # as vLLM shows it
+        )
     if params.bad_words and not has_tokenizer:
         raise InvalidRequest(
             "bad_words need the tokenizer, which is not loaded (--skip-tokenizer-init)",
@@ -110,14 +118,6 @@ def validate_request(
             params.stop,
         )
     _check_num_logprobs("prompt", "prompt_logprobs", params.prompt_logprobs, s.max_logprobs, vocab)
-    outside = [t for t in params.logprob_token_ids or () if not 0 <= t < vocab]
-    if outside:
-        raise InvalidRequest(
-            f"token_id(s) {outside} in logprob_token_ids contain out-of-vocab token ids. "
-            f"Vocabulary size: {vocab}",
-            "logprob_token_ids",
-            outside,
-        )
     for field in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
         for token_id in getattr(params, field) or ():
             if not 0 <= token_id < vocab:

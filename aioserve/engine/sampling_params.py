@@ -38,6 +38,9 @@ from aioserve.engine.structured_outputs.params import StructuredOutputsParams
 SAMPLING_EPS = 1e-5
 # The most tokens `logprob_token_ids` may name (vLLM's MAX_LOGPROB_TOKEN_IDS).
 MAX_LOGPROB_TOKEN_IDS = 128
+# How the ValueErrors about logprob_token_ids' length begin (vLLM's wordings; the server
+# shows the length as their value, as vLLM does).
+LOGPROB_TOKEN_IDS_LENGTH_ERRORS = ("Requested logprob_token_ids", "When both logprobs")
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1

@@ -19,8 +19,9 @@ slots, and a decode of a token step N samples reads it from the device
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -65,8 +66,9 @@ class StepOutput:
     logprobs_wanted: list[int | None]
     done: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU)
     prompt_logprobs: tuple[HostPromptLogprobs, LogprobsTensors] | None = None
-    # row -> (the chosen tokens, their raw logprobs [n] float32): logprob_token_ids
-    chosen: dict[int, tuple[tuple[int, ...], torch.Tensor]] = field(default_factory=dict)
+    # logprob_token_ids: the rows that chose tokens, and their raw logprobs (float32
+    # [rows, most chosen], in each row's order)
+    chosen: ChosenLogprobs | None = None
 
     def is_ready(self) -> bool:
         return self.done is None or self.done.query()
@@ -253,11 +255,12 @@ class ModelRunner:
             out,
             step.sampling.logprobs_wanted,
             prompt_logprobs=prompt_logprobs,
-            chosen=chosen_logprobs(logits, step.sampling.chosen_ids),
+            chosen=chosen_logprobs(logits, step.sampling.chosen_ids, self.device),
         )
         if self.device.type != "cpu":
             output.sampler = _to_host(out)
-            output.chosen = {r: (i, _pinned_copy(v)) for r, (i, v) in output.chosen.items()}
+            if output.chosen is not None:
+                output.chosen.logprobs = _pinned_copy(output.chosen.logprobs)
             output.done = torch.cuda.Event()
             output.done.record()
         return output
@@ -280,30 +283,49 @@ class ModelRunner:
             sampled_rank = lp.sampled_rank.tolist()
             top_ids = lp.top_token_ids.tolist()
             top_values = lp.top_logprobs.tolist()
+            chosen = output.chosen.by_row() if output.chosen is not None else {}
             for row, (seq_id, wanted) in enumerate(zip(ids, output.logprobs_wanted, strict=True)):
                 if wanted is None:
                     continue
                 listed_ids, listed = top_ids[row][:wanted], top_values[row][:wanted]
-                if row in output.chosen:
-                    chosen_ids, values = output.chosen[row]
-                    listed_ids, listed = list(chosen_ids), values.tolist()
+                if row in chosen:
+                    listed_ids, listed = chosen[row]
                 logprobs[seq_id] = [
                     TokenLogprobs(sampled_logprob[row], sampled_rank[row], listed_ids, listed)
                 ]
         return StepResult(sampled, logprobs, prompt_logprobs)
 
 
+@dataclass
+class ChosenLogprobs:
+    """The logprobs of the tokens some rows chose (logprob_token_ids)."""
+
+    token_ids: dict[int, tuple[int, ...]]  # row -> its chosen tokens
+    logprobs: torch.Tensor  # [rows in token_ids' order, most chosen] float32
+
+    def by_row(self) -> dict[int, tuple[list[int], list[float]]]:
+        """row -> (its chosen tokens, their logprobs), on the host."""
+        values = self.logprobs.tolist()
+        return {
+            row: (list(ids), values[i][: len(ids)])
+            for i, (row, ids) in enumerate(self.token_ids.items())
+        }
+
+
 def chosen_logprobs(
-    logits: torch.Tensor, chosen_ids: dict[int, tuple[int, ...]]
-) -> dict[int, tuple[tuple[int, ...], torch.Tensor]]:
-    """For each row of `chosen_ids`, the raw logprobs (float32 log-softmax of its logits, as
-    the sampler's own logprobs) of its chosen tokens, in their order."""
-    chosen = {}
-    for row, token_ids in chosen_ids.items():
-        row_logprobs = torch.log_softmax(logits[row].float(), dim=-1)
-        index = torch.tensor(token_ids, dtype=torch.int64).to(logits.device, non_blocking=True)
-        chosen[row] = (token_ids, row_logprobs[index])
-    return chosen
+    logits: torch.Tensor, chosen_ids: dict[int, tuple[int, ...]], device: torch.device
+) -> ChosenLogprobs | None:
+    """The raw logprobs (float32 log-softmax of the logits, as the sampler's own) of the
+    tokens each row of `chosen_ids` chose: one pass over those rows, one gather."""
+    if not chosen_ids:
+        return None
+    width = max(len(ids) for ids in chosen_ids.values())
+    index = np.zeros((len(chosen_ids), width), dtype=np.int64)  # padding reads token 0
+    for i, ids in enumerate(chosen_ids.values()):
+        index[i, : len(ids)] = ids
+    rows = host_to_device(np.fromiter(chosen_ids, dtype=np.int64), device)
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    return ChosenLogprobs(chosen_ids, logprobs.gather(1, host_to_device(index, device)))
 
 
 def _to_host(out: SamplerOutput) -> SamplerOutput:

@@ -59,6 +59,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             tools=parsed.tool_use.tools,
             add_special_tokens=parsed.add_special_tokens,
         )
+        rendered = text  # prompt_text: vLLM cuts the ids only
         if parsed.truncation is not None:
             kept = parsed.truncation.apply(token_ids)
             if kept is not token_ids:
@@ -85,7 +86,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             parsed.priority,
             reservation,
         )
-        shown = text if parsed.return_prompt_text else None  # the prompt_text field
+        shown = rendered if parsed.return_prompt_text else None  # the prompt_text field
         if parsed.stream:
             events = _chunks(
                 state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs

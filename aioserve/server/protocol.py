@@ -37,7 +37,11 @@ from typing import Any
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
-from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.engine.sampling_params import (
+    LOGPROB_TOKEN_IDS_LENGTH_ERRORS,
+    RequestOutputKind,
+    SamplingParams,
+)
 from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, optional_bool, shown_value
 from aioserve.server.chat_template import (
@@ -252,6 +256,11 @@ def parse_chat_request(
     )
     max_tokens = fields.get(max_tokens_field)
     wants_logprobs = fields.get("logprobs", False)
+    if fields.get("logprob_token_ids") and not wants_logprobs:
+        raise refusal(
+            "when using `logprob_token_ids`, `logprobs` must be set to true.",
+            "logprob_token_ids",
+        )
     top_logprobs = fields.get("top_logprobs")
     if top_logprobs is not None:
         if top_logprobs < 0:
@@ -262,11 +271,6 @@ def parse_chat_request(
             )
     logprobs = (top_logprobs or 0) if wants_logprobs else None
     if fields.get("logprob_token_ids"):
-        if not wants_logprobs:
-            raise refusal(
-                "when using `logprob_token_ids`, `logprobs` must be set to true.",
-                "logprob_token_ids",
-            )
         logprobs = None  # vLLM's: the chosen tokens replace the top ones
     echo = fields.get("echo", False)
     structured_outputs, structured_output_field = read_structured_outputs(fields)
@@ -423,8 +427,11 @@ def _sampling_params(
     except ValueError as error:
         message = str(error)
         # SamplingParams' messages start with the field's name ("top_p must be in (0, 1]"),
-        # but for vLLM's own wordings about logprob_token_ids.
-        name = "logprob_token_ids" if "logprob_token_ids" in message else message.split(" ", 1)[0]
+        # but for vLLM's own wordings about logprob_token_ids' length, shown as vLLM does.
+        if message.startswith(LOGPROB_TOKEN_IDS_LENGTH_ERRORS):
+            ids = values["logprob_token_ids"]
+            raise bad_parameter("logprob_token_ids", len(ids), message) from None
+        name = message.split(" ", 1)[0]
         if name in values:
             raise bad_parameter(
                 request_names.get(name, name), shown_value(values[name]), message

@@ -260,8 +260,8 @@ def test_logprob_token_ids_equal_log_softmax_of_transformers(engine, smollm2_ggu
         logits = model(torch.tensor([prompt_ids + sample.token_ids])).logits[0]
     reference = torch.log_softmax(logits.float(), dim=-1)[len(prompt_ids) - 1 :]
     for token_id, entry, row in zip(sample.token_ids, sample.logprobs, reference, strict=False):
-        # The sampled token first, with its own rank; then the chosen ones, in their order,
-        # ranked by their place in it (vLLM's), the sampled one not twice.
+        # The sampled token first, with its own rank (vLLM's would take its place in the
+        # list); then the chosen ones, in their order, ranked by their place in it.
         assert list(entry) == [token_id, *(t for t in chosen if t != token_id)]
         assert entry[token_id].rank == 1 + int((row > row[token_id]).sum())
         for place, t in enumerate(chosen, start=1):

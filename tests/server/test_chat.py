@@ -238,6 +238,10 @@ def test_return_prompt_text_sends_the_rendered_prompt(openai_server, hf_tokenize
     assert chat(openai_server, **request).model_extra["prompt_text"] is None
     asked = {**request, "extra_body": {"return_prompt_text": True}}
     assert chat(openai_server, **asked).model_extra["prompt_text"] == QUESTION_TEXT
+    # vLLM cuts a truncated prompt's token ids only: the text stays the rendered template.
+    cut = {**request, "extra_body": {"return_prompt_text": True, "truncate_prompt_tokens": 8}}
+    reply = chat(openai_server, **cut)
+    assert (reply.model_extra["prompt_text"], reply.usage.prompt_tokens) == (QUESTION_TEXT, 8)
     # Streamed: on each choice's first chunk (its role), as vLLM sends it, and on no other.
     chunks = [c.model_extra for c in chat(openai_server, **asked, stream=True)]
     assert [c.get("prompt_text") for c in chunks[:2]] == [QUESTION_TEXT, QUESTION_TEXT]

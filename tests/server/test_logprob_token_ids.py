@@ -113,7 +113,7 @@ def test_chat_lists_the_sampled_token_then_the_chosen_ones_streamed_or_not(
     [
         (
             "/v1/chat/completions",
-            {"logprob_token_ids": [1]},
+            {"logprob_token_ids": [1], "top_logprobs": 2},  # vLLM checks this first
             "when using `logprob_token_ids`, `logprobs` must be set to true. "
             "(parameter=logprob_token_ids)",
         ),
@@ -130,14 +130,15 @@ def test_chat_lists_the_sampled_token_then_the_chosen_ones_streamed_or_not(
         ),
         (
             "/v1/completions",
-            {"logprob_token_ids": [1, 49152], "logprobs": 0},
-            "token_id(s) [49152] in logprob_token_ids contain out-of-vocab token ids. "
-            "Vocabulary size: 49152 (parameter=logprob_token_ids, value=[49152])",
+            {"logprob_token_ids": [1, 49152, 49153], "logprobs": 0},
+            "token_id(s) [49152, 49153] in logprob_token_ids contain out-of-vocab token ids. "
+            "Vocabulary size: 49152 (parameter=logprob_token_ids, value=[49152, 49153])",
         ),
         (
             "/v1/chat/completions",
             {"logprob_token_ids": list(range(129)), "logprobs": True},
-            "Requested logprob_token_ids of length 129, which is greater than max allowed: 128",
+            "Requested logprob_token_ids of length 129, which is greater than max allowed: 128 "
+            "(parameter=logprob_token_ids, value=129)",
         ),
         (
             "/v1/chat/completions",
