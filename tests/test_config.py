@@ -13,6 +13,7 @@ from aioserve.config.arguments import ARGUMENTS
 from aioserve.config.declaration import FRONTEND, ConfigError
 from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
 from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, add_engine_arguments
+from aioserve.engine.build import check_long_prefill_token_threshold
 
 GiB = 2**30
 
@@ -123,6 +124,7 @@ SUPPORTED_FLAGS = [
     (["--cuda-graph-sizes", "64"], "scheduler.cuda_graph_sizes", [64]),
     (["--cuda-graph-sizes", "1", "2", "128"], "scheduler.cuda_graph_sizes", [1, 2, 128]),
     (["--max-num-queued-tokens", "32k"], "scheduler.max_num_queued_tokens", 32000),
+    (["--long-prefill-token-threshold", "256"], "scheduler.long_prefill_token_threshold", 256),
     (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
     (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
     (["--guided-decoding-backend", "guidance"], "decoding.guided_decoding_backend", "guidance"),
@@ -206,6 +208,10 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--max-num-queued-reqs", "0"], "--max-num-queued-reqs must be at least 1, got 0"),
         (["--max-num-queued-reqs", "lots"], "--max-num-queued-reqs must be an integer, got 'lots'"),
         (["--max-num-queued-tokens", "0"], "--max-num-queued-tokens must be at least 1, got 0"),
+        (
+            ["--long-prefill-token-threshold", "-1"],
+            "--long-prefill-token-threshold must be at least 0, got -1",
+        ),
         (
             ["--reasoning-parser", "granite"],
             "reasoning parser 'granite' is not supported by aioserve yet (--reasoning-parser "
@@ -529,3 +535,9 @@ def test_the_engine_alone_refuses_to_be_asked_for_statistics_it_does_not_log():
     with pytest.raises(ConfigError, match="disable_log_stats=False"):
         engine_config_from_kwargs(disable_log_stats=False)
     assert engine_config_from_kwargs(disable_log_stats=True).model.model
+
+
+def test_a_long_prefill_token_threshold_past_the_context_is_refused_naming_the_flag():
+    check_long_prefill_token_threshold(2048, 2048)
+    with pytest.raises(ValueError, match=r"--long-prefill-token-threshold \(2049\) cannot be"):
+        check_long_prefill_token_threshold(2049, 2048)

@@ -478,7 +478,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "as for --max-model-len. Default: no limit.", convert=values.token_count),
     _vllm("max-num-partial-prefills", SCHEDULER, 1, "Most prompts prefilled in chunks at once."),
     _vllm("max-long-partial-prefills", SCHEDULER, 1, "Most long prompts prefilled in chunks at once."),
-    _vllm("long-prefill-token-threshold", SCHEDULER, 0, "Prompt length from which a prefill is long."),
+    Argument("long-prefill-token-threshold", SCHEDULER, 0,
+             "Most tokens one sequence computes in a step while others run or wait, so that "
+             "a long prompt does not take the whole step; at most --max-model-len. 0: no "
+             "cap.", convert=values.integer_at_least(0)),
     Argument("cuda-graph-sizes", SCHEDULER, [],
              "Decode batch sizes captured as CUDA/HIP graphs; a decode step is padded to the "
              "smallest that holds it. One value N: 1, 2, 4 and the multiples of 8 up to N; "

@@ -85,6 +85,7 @@ class SchedulerConfig:
     cuda_graph_sizes: list[int]  # []: the platform default (decode_graphs.capture_sizes)
     max_num_queued_reqs: int | None  # None: no limit (load_shedding.py)
     max_num_queued_tokens: int | None
+    long_prefill_token_threshold: int  # 0: no cap on one sequence's tokens a step
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ class AsyncEngine:
             max_model_len=s.max_model_len,
             enable_chunked_prefill=s.enable_chunked_prefill,
             policy=s.scheduling_policy,
+            long_prefill_token_threshold=s.long_prefill_token_threshold,
         )
         self.load_shedder = LoadShedder(
             self.scheduler, s.max_num_queued_reqs, s.max_num_queued_tokens

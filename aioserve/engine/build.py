@@ -109,6 +109,8 @@ class EngineSettings:
     """--max-num-queued-reqs: most sequences in flight; more are refused (load_shedding.py)."""
     max_num_queued_tokens: int | None = None
     """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
+    long_prefill_token_threshold: int = 0
+    """--long-prefill-token-threshold: most tokens of one sequence a step (scheduler.py)."""
     reasoning_parser: str = ""
     """--reasoning-parser: how chat answers split into reasoning and content ("": none)."""
     structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
@@ -246,6 +248,15 @@ def resolve_int8_weights(checkpoint: Checkpoint) -> bool:
     return False
 
 
+def check_long_prefill_token_threshold(threshold: int, max_model_len: int) -> None:
+    """vLLM's limit on --long-prefill-token-threshold: at most the context length."""
+    if threshold > max_model_len:
+        raise ValueError(
+            f"--long-prefill-token-threshold ({threshold}) cannot be greater than the "
+            f"max_model_len ({max_model_len})."
+        )
+
+
 def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
     """`--quantization fp8` on a 16-bit checkpoint needs the GPU's FP8 kernels."""
     if checkpoint.quantize_to_fp8 and not is_gpu():
@@ -354,6 +365,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "without chunked prefill a whole prompt must fit in one step; enable chunked prefill "
             "or raise --max-num-batched-tokens"
         )
+    check_long_prefill_token_threshold(sched_cfg.long_prefill_token_threshold, max_model_len)
     max_num_seqs = sched_cfg.max_num_seqs
     if max_num_seqs is None:
         max_num_seqs = platform_default("max_num_seqs", platform, config.serving)
@@ -469,6 +481,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         default_sampling=default_sampling,
         max_new_tokens_cap=generation.get("max_new_tokens"),
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
+        long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         reasoning_parser=config.decoding.reasoning_parser,
         structured_outputs=structured_outputs_config(config.decoding),

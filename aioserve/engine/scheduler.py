@@ -13,6 +13,11 @@ is ever dropped.
 
 Policies: "fcfs" ranks by arrival; "priority" by (priority, arrival), lower first.
 
+With `long_prefill_token_threshold` (vLLM's --long-prefill-token-threshold) no sequence
+computes more than that many tokens in one step, so that a long prompt cannot take a
+step's whole budget from the others; a sequence alone in the engine (running or waiting)
+is not held back, as in vLLM.
+
 A step may be scheduled before the previous one has returned (asynchronous scheduling):
 a sequence's progress (`num_computed_tokens`) advances when its chunk is scheduled, and a
 chunk that samples leaves a pending token, which the next step can already decode (the
@@ -80,10 +85,12 @@ class Scheduler:
         max_model_len: int,
         enable_chunked_prefill: bool,
         policy: str = "fcfs",
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
         self.kv_cache = kv_cache
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -157,6 +164,10 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
+        # A sequence's most tokens this step: the threshold, unless it is the only one.
+        cap = self.long_prefill_token_threshold
+        if len(self.running) + len(self._waiting) < 2:
+            cap = 0
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
         admitted: list[Request] = []
@@ -171,7 +182,7 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = self._tokens_to_compute(request, budget)
+            num_new = self._tokens_to_compute(request, budget, cap)
             if num_new == 0:
                 i += 1
                 continue
@@ -197,7 +208,7 @@ class Scheduler:
                 break  # preempted while a step ran: its token must be known first
             cached = self.kv_cache.find_cached_prefix(request)
             request.num_computed_tokens = len(cached) * self.kv_cache.block_size
-            num_new = self._tokens_to_compute(request, budget)
+            num_new = self._tokens_to_compute(request, budget, cap)
             if num_new == 0 or not self.kv_cache.allocate(request, num_new, cached):
                 request.num_computed_tokens = 0
                 break
@@ -238,7 +249,7 @@ class Scheduler:
             request.num_pending_tokens += 1
         return ScheduledChunk(request, start, num_new, samples)
 
-    def _tokens_to_compute(self, request: Request, budget: int) -> int:
+    def _tokens_to_compute(self, request: Request, budget: int, cap: int) -> int:
         pending = request.num_pending_tokens
         num_output = len(request.output_token_ids)
         planned = len(request.prompt_token_ids) + num_output + pending  # num_planned_tokens
@@ -247,6 +258,8 @@ class Scheduler:
         ):
             return 0  # its pending token is its last: the step's result will end it
         remaining = planned - request.num_computed_tokens
+        if 0 < cap < remaining:
+            remaining = cap
         if remaining > budget and not self.enable_chunked_prefill:
             return 0
         return min(remaining, budget)

@@ -286,3 +286,26 @@ def test_block_hashes_start_from_a_random_root_in_each_process():
     }
     assert len(roots) == 2
     assert hash_block_tokens(None, [1, 2, 3, 4]) == hash_block_tokens(None, [1, 2, 3, 4])
+
+
+def test_long_prefill_token_threshold_caps_each_sequence_unless_it_is_alone():
+    """vLLM's --long-prefill-token-threshold: no sequence takes more than the threshold of
+    a step's budget while another runs or waits; a lone one takes what the budget allows."""
+    kv = KVCacheManager(16, BLOCK_SIZE, enable_prefix_caching=False)
+    scheduler = Scheduler(
+        kv,
+        max_num_seqs=4,
+        max_num_batched_tokens=24,
+        max_model_len=32,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=6,
+    )
+    scheduler.add_request(_request("alone", list(range(1, 21))))
+    assert [c.num_tokens for c in scheduler.schedule().chunks] == [20]
+    scheduler.finish_requests(["alone"], RequestStatus.FINISHED_ABORTED)
+    for name in ("long", "short"):
+        scheduler.add_request(_request(name, list(range(1, 21 if name == "long" else 5))))
+    chunks = scheduler.schedule().chunks
+    assert [(c.request.request_id, c.num_tokens) for c in chunks] == [("long", 6), ("short", 4)]
+    chunks = scheduler.schedule().chunks  # short decodes (its token pending), long goes on
+    assert [(c.request.request_id, c.num_tokens) for c in chunks] == [("long", 6), ("short", 1)]
