@@ -38,11 +38,20 @@ from aioserve.engine.structured_outputs.params import StructuredOutputsParams
 SAMPLING_EPS = 1e-5
 # The most tokens `logprob_token_ids` may name (vLLM's MAX_LOGPROB_TOKEN_IDS).
 MAX_LOGPROB_TOKEN_IDS = 128
-# How the ValueErrors about logprob_token_ids' length begin (vLLM's wordings; the server
-# shows the length as their value, as vLLM does).
-LOGPROB_TOKEN_IDS_LENGTH_ERRORS = ("Requested logprob_token_ids", "When both logprobs")
 
 _INT64_MIN = -(2**63)
+
+
+class FieldError(ValueError):
+    """A refused value whose message does not start with its field's name (vLLM's own
+    wordings): the field and the value to show, as vLLM's VLLMValidationError carries them."""
+
+    def __init__(self, message: str, field: str, value: Any) -> None:
+        super().__init__(message)
+        self.field = field
+        self.value = value
+
+
 _INT64_MAX = 2**63 - 1
 _MAX_ABS_LOGIT_BIAS = 100.0
 
@@ -176,15 +185,19 @@ class SamplingParams:
             self.logprob_token_ids = None
             return
         if len(ids) > MAX_LOGPROB_TOKEN_IDS:
-            raise ValueError(
+            raise FieldError(
                 f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
-                f"allowed: {MAX_LOGPROB_TOKEN_IDS}"
+                f"allowed: {MAX_LOGPROB_TOKEN_IDS}",
+                "logprob_token_ids",
+                len(ids),
             )
         if self.logprobs is not None and self.logprobs != len(ids):
-            raise ValueError(
+            raise FieldError(
                 "When both logprobs and logprob_token_ids are set, logprobs must equal "
                 f"len(logprob_token_ids). Got logprobs={self.logprobs}, "
-                f"len(logprob_token_ids)={len(ids)}."
+                f"len(logprob_token_ids)={len(ids)}.",
+                "logprob_token_ids",
+                len(ids),
             )
         self.logprob_token_ids = list(ids)
 

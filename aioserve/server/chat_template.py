@@ -33,7 +33,7 @@ import jinja2
 from jinja2 import nodes
 
 from aioserve.server.chat_messages import conversation
-from aioserve.server.errors import APIError
+from aioserve.server.errors import APIError, refusal
 from aioserve.server.state import ServerState
 
 _CONTENT_FORMATS = ("auto", "string", "openai")
@@ -153,11 +153,11 @@ def refuse_request_mm_kwargs(body: dict[str, Any]) -> None:
         ("media_io_kwargs", "multimodal media loading resource usage"),
     ):
         if body.get(name):
-            raise APIError(
+            raise refusal(
                 f"Per-request {name} are disabled by default because they can change {what}. "
                 "Start the server with --trust-request-mm-kwargs only when clients are "
-                f"trusted. (parameter={name})",
-                param=name,
+                "trusted.",
+                name,
             )
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.sampling_params import (
-    LOGPROB_TOKEN_IDS_LENGTH_ERRORS,
+    FieldError,
     RequestOutputKind,
     SamplingParams,
 )
@@ -424,13 +424,11 @@ def _sampling_params(
     output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     try:
         params = SamplingParams(**values, output_kind=output_kind)
+    except FieldError as error:
+        raise bad_parameter(error.field, shown_value(error.value), str(error)) from None
     except ValueError as error:
         message = str(error)
-        # SamplingParams' messages start with the field's name ("top_p must be in (0, 1]"),
-        # but for vLLM's own wordings about logprob_token_ids' length, shown as vLLM does.
-        if message.startswith(LOGPROB_TOKEN_IDS_LENGTH_ERRORS):
-            ids = values["logprob_token_ids"]
-            raise bad_parameter("logprob_token_ids", len(ids), message) from None
+        # SamplingParams' other messages start with the field's name ("top_p must be ...").
         name = message.split(" ", 1)[0]
         if name in values:
             raise bad_parameter(
