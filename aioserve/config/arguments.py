@@ -120,7 +120,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("ssl-cert-reqs", FRONTEND, 0,
              "Whether clients must present a certificate: 0 (CERT_NONE), 1 (CERT_OPTIONAL) or "
              "2 (CERT_REQUIRED), as Python's ssl constants.", convert=values.cert_reqs),
-    _vllm("enable-ssl-refresh", FRONTEND, False, "Reload TLS files when they change.", "flag"),
+    Argument("enable-ssl-refresh", FRONTEND, False,
+             "Load the TLS certificate chain and CA certificates again when their files "
+             "change (checked every second): new connections get them, no restart.", "flag",
+             convert=values.boolean),
     Argument("root-path", FRONTEND, None,
              "URL prefix when served behind a path-routing proxy: every route answers with "
              "and without it, and the OpenAPI schema names it.", convert=values.root_path),

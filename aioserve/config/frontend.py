@@ -35,6 +35,7 @@ class FrontendConfig:
     ssl_certfile: str | None
     ssl_ca_certs: str | None
     ssl_cert_reqs: int
+    enable_ssl_refresh: bool
     root_path: str | None
     middleware: list[str]
     return_tokens_as_token_ids: bool

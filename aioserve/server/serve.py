@@ -47,6 +47,7 @@ from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
+from aioserve.server.tls_refresh import TLSRefresher
 from aioserve.server.tool_calls import check_tool_call_settings
 
 if TYPE_CHECKING:
@@ -101,9 +102,10 @@ def build_ssl_context(frontend: FrontendConfig) -> ssl.SSLContext | None:
         frontend.ssl_ca_certs,
     )
     if certfile is None:
-        if keyfile or ca_certs or frontend.ssl_cert_reqs:
+        if keyfile or ca_certs or frontend.ssl_cert_reqs or frontend.enable_ssl_refresh:
             raise ConfigError(
-                "--ssl-keyfile, --ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile"
+                "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs and --enable-ssl-refresh need "
+                "--ssl-certfile"
             )
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -199,6 +201,12 @@ async def _serve(
     frontend = state.frontend
     systemd = SystemdService(state.engine)
     runner = make_runner(app, frontend)
+    tls_refresher = None
+    if ssl_context is not None and frontend.enable_ssl_refresh:
+        tls_refresher = TLSRefresher(
+            ssl_context, frontend.ssl_certfile, frontend.ssl_keyfile, frontend.ssl_ca_certs
+        )
+        tls_refresher.start()
     try:
         await _warm_up(state.engine)
         await runner.setup()
@@ -230,6 +238,8 @@ async def _serve(
         logger.info("Shutting down")
         return 0
     finally:
+        if tls_refresher is not None:
+            await tls_refresher.stop()
         await systemd.close()
         # Aborting what still runs first lets its handlers end their responses themselves.
         await state.engine.shutdown()

@@ -579,6 +579,7 @@ def test_tls_serves_https(server_loop, engine, tmp_path):
     [
         (["--ssl-keyfile", "k.pem"], "need --ssl-certfile"),
         (["--ssl-cert-reqs", "2"], "need --ssl-certfile"),
+        (["--enable-ssl-refresh"], "need --ssl-certfile"),
         (["--ssl-certfile", "/no/such/cert.pem"], "--ssl-certfile /no/such/cert.pem"),
     ],
 )

@@ -60,6 +60,7 @@ FRONTEND_FLAGS = [
     (["--ssl-ca-certs", "ca.pem"], "ssl_ca_certs", "ca.pem"),
     (["--ssl-cert-reqs", "2"], "ssl_cert_reqs", 2),
     (["--ssl-cert-reqs", "CERT_OPTIONAL"], "ssl_cert_reqs", 1),
+    (["--enable-ssl-refresh"], "enable_ssl_refresh", True),
     (["--root-path", "/api/"], "root_path", "/api"),
     (["--middleware", "a.b", "--middleware", "c.d.e"], "middleware", ["a.b", "c.d.e"]),
     (["--return-tokens-as-token-ids"], "return_tokens_as_token_ids", True),
@@ -193,7 +194,7 @@ def _stop(process: subprocess.Popen) -> None:
         (["--port", "70000"], "--port must be a TCP port from 0 to 65535, got 70000"),
         (["--chat-template", "no-such-file"], "--chat-template 'no-such-file' is neither"),
         (["--middleware", "no.such.module"], "--middleware no.such.module: cannot import it"),
-        (["--ssl-keyfile", "k.pem"], "--ssl-keyfile, --ssl-ca-certs and --ssl-cert-reqs need"),
+        (["--ssl-keyfile", "k.pem"], "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs and --enable-ssl-refresh need"),
     ],
 )
 def test_refused_arguments_stop_the_command_before_the_model_loads(tmp_path, argv, message):
