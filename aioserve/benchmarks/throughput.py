@@ -170,6 +170,9 @@ def run_hf(config: EngineConfig, args: argparse.Namespace) -> tuple[list[SampleR
         load_format=config.load.load_format,
         hf_overrides=model_cfg.hf_overrides,
         download_dir=config.load.download_dir,
+        hf_config_path=model_cfg.hf_config_path,
+        rope_scaling=model_cfg.rope_scaling,
+        rope_theta=model_cfg.rope_theta,
     )
     tokenizer_name = None if model_cfg.tokenizer == model_cfg.model else model_cfg.tokenizer
     tokenizer = checkpoint.load_tokenizer(tokenizer_name, model_cfg.tokenizer_mode)

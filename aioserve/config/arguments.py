@@ -205,15 +205,26 @@ ARGUMENTS: tuple[Argument, ...] = (
              "else float32.",
              convert=values.string, choices=_DTYPES),
     Argument("seed", MODEL, 0, "Random seed for sampling.", convert=values.integer),
-    _vllm("hf-config-path", MODEL, None, "Take the HF config from this id or folder."),
+    Argument("hf-config-path", MODEL, None,
+             "Read the model's HF config (config.json) from this folder or id instead of the "
+             "model's own; a GGUF file's metadata then gives only its weights.",
+             convert=values.string),
     _vllm("allowed-local-media-path", MODEL, "",
           "Folder from which requests may read local images and videos."),
     _vllm("revision", MODEL, None, "Model revision (branch, tag or commit) to download."),
     _vllm("code-revision", MODEL, None, "Revision of the model's remote code."),
     _vllm("tokenizer-revision", MODEL, None, "Tokenizer revision (branch, tag or commit)."),
-    _vllm("rope-scaling", MODEL, {}, "Override the RoPE scaling, e.g. {\"rope_type\":\"dynamic\",\"factor\":2.0}.",
-          "json"),
-    _vllm("rope-theta", MODEL, None, "Override the RoPE base frequency."),
+    Argument("rope-scaling", MODEL, {},
+             "Replace the model's RoPE scaling (JSON object), e.g. "
+             "{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32768}. "
+             "Types: linear, dynamic (fixed at the longest context its factor allows), llama3, "
+             "yarn. linear and dynamic stretch the model's context by their factor; YaRN's "
+             "context is its original_max_position_embeddings times its factor (or the "
+             "model's max_position_embeddings, if longer).",
+             "json", convert=values.json_object),
+    Argument("rope-theta", MODEL, None,
+             "Replace the model's RoPE base frequency; use with --rope-scaling.",
+             convert=values.positive_number),
     Argument("max-model-len", MODEL, None,
              "Longest context (prompt plus output), in tokens; k/m/g multiply by powers of 10 "
              "and K/M/G by powers of 2 (1k = 1000, 1K = 1024, 25.6k = 25600). Default: the "
@@ -245,7 +256,11 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.integer_at_least(-1)),
     _vllm("logprobs-mode", MODEL, "raw_logprobs", "Return logprobs before or after logits processing.",
           choices=("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")),
-    _vllm("disable-sliding-window", MODEL, False, "Turn sliding-window attention off.", "bool"),
+    Argument("disable-sliding-window", MODEL, False,
+             "Attend over the whole context of a model trained with a sliding window, and "
+             "cap the context at the window. aioserve has no sliding-window attention yet, so "
+             "it always does this; the flag only silences the warning.", "bool",
+             convert=values.boolean),
     _vllm("disable-cascade-attn", MODEL, False, "Turn cascade attention off.", "bool"),
     Argument("skip-tokenizer-init", MODEL, False,
              "Load no tokenizer: requests must send token ids and get token ids back.", "bool",

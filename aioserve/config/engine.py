@@ -55,6 +55,10 @@ class ModelConfig:
     override_generation_config: dict[str, Any]
     hf_overrides: dict[str, Any]
     served_model_name: list[str] | None
+    hf_config_path: str | None  # None: the model's own config
+    rope_scaling: dict[str, Any]  # {}: the model's own
+    rope_theta: float | None  # None: the model's own
+    disable_sliding_window: bool
     skip_tokenizer_init: bool
 
 

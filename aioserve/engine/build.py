@@ -16,8 +16,9 @@ and the device at hand:
   those without act-order are also kept as GGUF's are, for steps of a few rows; an FP8
   checkpoint's likewise, kept on a GPU and dequantized on the CPU, and `--quantization fp8`
   quantizes a 16-bit checkpoint's decoder layers at load, on a GPU only;
-- max_model_len: the model's max_position_embeddings (capped by a sliding window, which
-  the attention kernels do not implement yet);
+- max_model_len: the model's max_position_embeddings, stretched by linear, dynamic or
+  YaRN RoPE scaling as vLLM stretches it (models/rope_parameters.py), capped by a sliding
+  window, which the attention kernels do not implement yet;
 - max_num_seqs, max_num_batched_tokens and asynchronous scheduling: their declared
   `PlatformDefault` (aioserve/config/arguments.py) for this device and use (`serve` on the
   CPU takes vLLM's server defaults, 128 sequences and 2,048 tokens; the offline engine 256
@@ -55,6 +56,7 @@ from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_
 from aioserve.models.int8_weights import keep_int8_weights
 from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
 from aioserve.models.loader import load_model
+from aioserve.models.rope_parameters import scaled_context_length
 from aioserve.platform import (
     FAST_BF16_CPU_FLAGS,
     cpu_fast_bf16_flag,
@@ -281,16 +283,20 @@ def resolve_decode_graph_sizes(
     return capture_sizes(requested, max_num_seqs)
 
 
-def resolve_max_model_len(requested: int | None, hf_config) -> int:
-    derived = int(hf_config.max_position_embeddings)
+def resolve_max_model_len(
+    requested: int | None, hf_config, disable_sliding_window: bool = False
+) -> int:
+    derived = scaled_context_length(hf_config)
     window = getattr(hf_config, "sliding_window", None)
     uses_window = window and getattr(hf_config, "use_sliding_window", True)
     if uses_window and window < derived:
-        logger.warning(
-            "the model uses a sliding window of %d tokens, which aioserve does not implement "
-            "yet: the context is capped at the window",
-            window,
-        )
+        if not disable_sliding_window:
+            logger.warning(
+                "the model uses a sliding window of %d tokens, which aioserve does not "
+                "implement yet: the context is capped at the window, as with "
+                "--disable-sliding-window",
+                window,
+            )
         derived = int(window)
     if requested is None:
         return derived
@@ -341,6 +347,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
         download_dir=config.load.download_dir,
         trust_remote_code=model_cfg.trust_remote_code,
         quantization=model_cfg.quantization,
+        hf_config_path=model_cfg.hf_config_path,
+        rope_scaling=model_cfg.rope_scaling,
+        rope_theta=model_cfg.rope_theta,
     )
     check_quantize_to_fp8(checkpoint)
     hf_config = checkpoint.hf_config
@@ -350,7 +359,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
 
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
     dev = device()
-    max_model_len = resolve_max_model_len(model_cfg.max_model_len, hf_config)
+    max_model_len = resolve_max_model_len(
+        model_cfg.max_model_len, hf_config, model_cfg.disable_sliding_window
+    )
     chunked = sched_cfg.enable_chunked_prefill
     platform = current_platform()
     block_size = cache_cfg.block_size or platform_default("block_size", platform)

@@ -1,9 +1,9 @@
 """Rotary position embeddings (RoPE): the cos/sin table and its application to q and k.
 
 `build_cos_sin_cache` computes the table once per model, in float32, exactly as Hugging
-Face transformers computes its inverse frequencies (default, "linear" and "llama3" rope
-scaling), so that float32 results match transformers. Row p of the table holds
-cos(p * inv_freq) in its first half and sin(p * inv_freq) in its second half.
+Face transformers computes them (`rope_scaling.inverse_frequencies`), so that float32
+results match transformers. Row p of the table holds cos(p * inv_freq) in its first half
+and sin(p * inv_freq) in its second half, both times YaRN's attention factor under YaRN.
 
 `apply_rotary` rotates the first `rotary_dim` (the table's width) dimensions of every
 query and key head by the angle of the token's position; the remaining dimensions (partial
@@ -20,12 +20,11 @@ not modified.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.rope_scaling import inverse_frequencies
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import launch_entry
 
@@ -35,45 +34,6 @@ _CONFIG: dict[str, dict[str, int]] = {
     "rocm": {"heads_per_program": 8, "num_warps": 4},
     "cpu": {"heads_per_program": 16, "num_warps": 1},
 }
-
-
-def _inverse_frequencies(rotary_dim: int, base: float, rope_scaling: dict | None) -> Tensor:
-    """transformers' inverse frequencies for `rope_scaling`, in float32 on the CPU."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
-    scaling = rope_scaling or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        return inv_freq
-    if rope_type == "linear":
-        # Dividing the frequencies by the factor is dividing the positions by it; this is
-        # the order transformers uses, so float32 results agree bit for bit.
-        return inv_freq / scaling["factor"]
-    if rope_type == "llama3":
-        return _llama3_inverse_frequencies(inv_freq, scaling)
-    raise ValueError(f"unsupported rope_scaling type {rope_type!r}")
-
-
-def _llama3_inverse_frequencies(inv_freq: Tensor, scaling: dict) -> Tensor:
-    """Llama 3.1's frequency scaling (transformers' `_compute_llama3_parameters`).
-
-    Long wavelengths are slowed down by `factor`, short ones kept, and the band between
-    interpolated smoothly.
-    """
-    factor = scaling["factor"]
-    low_freq_factor = scaling["low_freq_factor"]
-    high_freq_factor = scaling["high_freq_factor"]
-    old_context_len = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = old_context_len / low_freq_factor
-    high_freq_wavelen = old_context_len / high_freq_factor
-
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (
-        high_freq_factor - low_freq_factor
-    )
-    smoothed = (1 - smooth_factor) * scaled / factor + smooth_factor * scaled
-    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium_freq, smoothed, scaled)
 
 
 def build_cos_sin_cache(
@@ -87,16 +47,22 @@ def build_cos_sin_cache(
     """The [max_position, rotary_dim] table: cos in [:, :rotary_dim//2], sin after it.
 
     `rope_scaling` is None, or a dict whose "rope_type" (or "type") is "default",
-    "linear" (with "factor") or "llama3" (with "factor", "low_freq_factor",
-    "high_freq_factor", "original_max_position_embeddings"); other types raise ValueError.
+    "linear" or "dynamic" (with "factor"), "llama3" (with "factor", "low_freq_factor",
+    "high_freq_factor", "original_max_position_embeddings") or "yarn" (with "factor",
+    "original_max_position_embeddings" and optionally "beta_fast", "beta_slow",
+    "attention_factor", "mscale", "mscale_all_dim", "truncate"); other types raise
+    ValueError.
     """
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
     # Like transformers: the frequencies on the CPU, the angles on the target device.
-    inv_freq = _inverse_frequencies(rotary_dim, base, rope_scaling).to(device)
+    inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, rope_scaling)
     positions = torch.arange(max_position, dtype=torch.float32, device=device)
-    freqs = torch.outer(positions, inv_freq)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    freqs = torch.outer(positions, inv_freq.to(device))
+    cos, sin = freqs.cos(), freqs.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return torch.cat((cos, sin), dim=-1).to(dtype)
 
 
 @triton.jit

@@ -44,6 +44,7 @@ from aioserve.models.loaders import hf_folder
 from aioserve.models.loaders.gguf import GGUFFile
 from aioserve.models.loaders.gguf_tokenizer import load_gguf_tokenizer
 from aioserve.models.resolve import ResolvedModel, resolve_model
+from aioserve.models.rope_parameters import override_rope
 from aioserve.models.w8a8_layers import W8A8Layer
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
@@ -204,8 +205,16 @@ def open_checkpoint(
     download_dir: str | None = None,
     trust_remote_code: bool = False,
     quantization: str | None = None,
+    hf_config_path: str | None = None,
+    rope_scaling: dict[str, Any] | None = None,
+    rope_theta: float | None = None,
 ) -> Checkpoint:
-    """Find `model` and read its metadata; weights are read later, by `Checkpoint.weights()`."""
+    """Find `model` and read its metadata; weights are read later, by `Checkpoint.weights()`.
+
+    The HF config comes from `hf_config_path` when given (a folder, or a hub id whose
+    config.json is fetched), else from the model; then `hf_overrides` and the RoPE
+    overrides (`--rope-scaling`, `--rope-theta`) are applied to it.
+    """
     if load_format not in LOAD_FORMATS:
         raise ValueError(
             f"load format {load_format!r} is not supported; choose one of {', '.join(LOAD_FORMATS)}"
@@ -213,17 +222,43 @@ def open_checkpoint(
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization method {quantization!r} is not supported yet")
     source = resolve_model(model, download_dir)
+    config = None if hf_config_path is None else _config_from_path(hf_config_path, download_dir)
     if source.kind == "gguf":
         if QUANTIZATION_METHODS[quantization] not in (None, "gguf"):
             raise ValueError(
                 f"quantization {quantization!r} does not match {source.path}: a GGUF file"
             )
         checkpoint = _open_gguf(source, load_format)
+        if config is not None:
+            checkpoint.hf_config = config
     else:
-        checkpoint = _open_folder(source, load_format, quantization, trust_remote_code)
+        checkpoint = _open_folder(source, load_format, quantization, trust_remote_code, config)
     checkpoint.download_dir = download_dir
     apply_hf_overrides(checkpoint.hf_config, hf_overrides or {})
+    if rope_scaling or rope_theta is not None:
+        override_rope(checkpoint.hf_config, rope_scaling or None, rope_theta, "--rope-scaling")
     return checkpoint
+
+
+def _config_from_path(hf_config_path: str, download_dir: str | None) -> PretrainedConfig:
+    """The HF config of `--hf-config-path`: a folder holding config.json, or a hub id."""
+    folder = Path(hf_config_path).expanduser()
+    if not folder.exists():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            folder = Path(
+                hf_hub_download(hf_config_path, "config.json", cache_dir=download_dir)
+            ).parent
+        except Exception as error:
+            reason = " ".join(f"{type(error).__name__}: {error}".split())
+            raise ValueError(
+                f"--hf-config-path {hf_config_path!r} is not a local folder and its config.json "
+                f"could not be fetched from the Hugging Face hub ({reason})"
+            ) from None
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--hf-config-path {hf_config_path!r}: no config.json in {folder}")
+    return _folder_config(folder, trust_remote_code=False)
 
 
 def _open_gguf(source: ResolvedModel, load_format: str) -> Checkpoint:
@@ -241,15 +276,21 @@ def _open_gguf(source: ResolvedModel, load_format: str) -> Checkpoint:
 
 
 def _open_folder(
-    source: ResolvedModel, load_format: str, quantization: str | None, trust_remote_code: bool
+    source: ResolvedModel,
+    load_format: str,
+    quantization: str | None,
+    trust_remote_code: bool,
+    config: PretrainedConfig | None = None,
 ) -> Checkpoint:
+    """The folder's checkpoint; its config is `config` when given (`--hf-config-path`)."""
     folder = source.path
     if load_format == "gguf" or quantization == "gguf":
         raise ValueError(
             f"{'load format' if load_format == 'gguf' else 'quantization'} 'gguf' does not match "
             f"{folder}: a Hugging Face folder, not a GGUF file"
         )
-    config = _folder_config(folder, trust_remote_code)
+    if config is None:
+        config = _folder_config(folder, trust_remote_code)
     scheme = _folder_quantization(folder, config, quantization, load_format)
     quantize_to_fp8 = scheme is None and quantization == "fp8"
     if load_format == "dummy":
@@ -344,8 +385,14 @@ def _tokenizer_source(tokenizer: str, download_dir: str | None) -> ResolvedModel
 
 
 def apply_hf_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> None:
-    """Merge `overrides` into `config`: nested dicts merge key by key, other values replace."""
+    """Merge `overrides` into `config`: nested dicts merge key by key, other values replace.
+    `rope_scaling` and `rope_theta` replace the RoPE scaling and base as `--rope-scaling` and
+    `--rope-theta` do (rope_parameters.override_rope)."""
     for key, value in overrides.items():
+        if key in ("rope_scaling", "rope_theta"):
+            rope = {"scaling": value} if key == "rope_scaling" else {"theta": value}
+            override_rope(config, **rope, flag="--hf-overrides")
+            continue
         current = getattr(config, key, None)
         if isinstance(value, dict) and isinstance(current, PretrainedConfig):
             apply_hf_overrides(current, value)

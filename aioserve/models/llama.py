@@ -26,6 +26,7 @@ from aioserve.kernels.rms_norm import rms_norm
 from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear, dense
 from aioserve.models.paged_attention_op import rotate_and_attend
+from aioserve.models.rope_parameters import rope_scaling, rope_theta, scaled_context_length
 
 
 class RMSNorm(nn.Module):
@@ -42,23 +43,6 @@ class RMSNorm(nn.Module):
 
 def _head_dim(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def _rope_scaling(config: PretrainedConfig) -> dict | None:
-    scaling = getattr(config, "rope_scaling", None)
-    if not scaling:
-        # transformers 5 keeps rope settings in `rope_parameters` (theta included).
-        params = getattr(config, "rope_parameters", None)
-        if params and params.get("rope_type", "default") != "default":
-            scaling = params
-    return scaling
-
-
-def _rope_theta(config: PretrainedConfig) -> float:
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    return float(theta)
 
 
 class Attention(nn.Module):
@@ -158,9 +142,9 @@ class LlamaForCausalLM(nn.Module):
         # cannot round it.
         cos_sin_cache = build_cos_sin_cache(
             rotary_dim,
-            config.max_position_embeddings,
-            _rope_theta(config),
-            _rope_scaling(config),
+            scaled_context_length(config),
+            rope_theta(config),
+            rope_scaling(config),
             dtype=torch.float32,
         )
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)

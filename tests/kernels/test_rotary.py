@@ -44,8 +44,21 @@ def _hf_rotary(head_dim: int, rope_scaling: dict | None) -> LlamaRotaryEmbedding
 POSITIONS = torch.tensor([0, 1, 2, 17, 255, 256, 257, 1000, 4095])
 
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+
+
 @pytest.mark.parametrize(
-    "rope_scaling", [None, {"rope_type": "default"}, LLAMA3, {"rope_type": "linear", "factor": 4.0}]
+    "rope_scaling",
+    [
+        None,
+        {"rope_type": "default"},
+        LLAMA3,
+        {"rope_type": "linear", "factor": 4.0},
+        YARN,  # Qwen's form: the attention factor from `factor`, a truncated band
+        {**YARN, "factor": 8.0, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+        {**YARN, "mscale": 0.707, "mscale_all_dim": 1.0},  # DeepSeek's attention factor
+        {**YARN, "attention_factor": 1.3},
+    ],
 )
 def test_cache_matches_transformers(rope_scaling):
     head_dim = 64
@@ -70,14 +83,40 @@ def test_llama3_scaling_changes_low_frequencies_only():
     torch.testing.assert_close(scaled[:, 31], angles.cos(), atol=1e-6, rtol=0)
 
 
+def test_yarn_scales_cos_and_sin_by_its_attention_factor():
+    cache = build_cos_sin_cache(64, 8, BASE, {**YARN, "attention_factor": 1.5})
+    # Position 0's angle is 0 in every pair: cos = the factor, sin = 0.
+    torch.testing.assert_close(cache[0], torch.tensor([1.5] * 32 + [0.0] * 32))
+
+
+def test_dynamic_is_transformers_at_the_longest_context_its_factor_allows():
+    # transformers recomputes dynamic NTK's base from the longest position in the batch; at
+    # max_position_embeddings * factor, the end of the stretched context, the two agree.
+    head_dim, original, factor = 64, 1024, 4.0
+    config = LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=original,
+        rope_parameters={"rope_type": "dynamic", "factor": factor, "rope_theta": BASE},
+    )
+    positions = torch.tensor([0, 1, 17, 1023, 1024, 3000, 4095])
+    cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1), positions[None])
+    cache = build_cos_sin_cache(head_dim, 4096, BASE, {"rope_type": "dynamic", "factor": factor})
+    torch.testing.assert_close(cache[positions, :32], cos[0, :, :32], atol=1e-6, rtol=0)
+    torch.testing.assert_close(cache[positions, 32:], sin[0, :, :32], atol=1e-6, rtol=0)
+    # ...and differs from plain RoPE even at short positions: the base is fixed, not dynamic.
+    assert not torch.allclose(cache[:1024], build_cos_sin_cache(head_dim, 1024, BASE, None))
+
+
 def test_legacy_type_key_and_unknown_type():
     linear = {"rope_type": "linear", "factor": 2.0}
     legacy = {"type": "linear", "factor": 2.0}
     assert torch.equal(
         build_cos_sin_cache(32, 64, 10000.0, legacy), build_cos_sin_cache(32, 64, 10000.0, linear)
     )
-    with pytest.raises(ValueError, match="yarn"):
-        build_cos_sin_cache(32, 64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="longrope"):
+        build_cos_sin_cache(32, 64, 10000.0, {"rope_type": "longrope", "factor": 4.0})
 
 
 def test_cache_dtype_and_device(device):

@@ -53,6 +53,17 @@ def tiny_configs() -> dict[str, object]:
             tie_word_embeddings=True,
             architectures=["Qwen2ForCausalLM"],
         ),
+        # Qwen2.5's long-context form: YaRN over a quarter of the trained context.
+        "qwen2-yarn": Qwen2Config(
+            **COMMON,
+            num_key_value_heads=2,
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            architectures=["Qwen2ForCausalLM"],
+        ),
         "qwen3": Qwen3Config(
             **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
         ),

@@ -1,0 +1,120 @@
+"""A model's RoPE settings, read from its HF config, overridden from the command line, and
+the longest context they allow.
+
+transformers 5 keeps the base (`rope_theta`) and the scaling in one `rope_parameters`
+dict; transformers 4 has `rope_theta` and `rope_scaling` attributes. Both are read here,
+and overrides (`--rope-scaling`, `--rope-theta`, the same keys in `--hf-overrides`) are
+written back in the config's own form, so that the base survives a new scaling (in
+transformers 5, assigning `rope_scaling` replaces the whole dict, base included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+# The scaling types aioserve implements (kernels/rope_scaling.py) and the keys each needs.
+_REQUIRED_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": (
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    ),
+    "yarn": ("factor",),
+}
+
+
+def rope_scaling(config: PretrainedConfig) -> dict | None:
+    """The config's scaling dict (with "rope_type"), or None for plain RoPE."""
+    scaling = getattr(config, "rope_scaling", None)
+    if not scaling:
+        # transformers 5 keeps rope settings in `rope_parameters` (theta included).
+        params = getattr(config, "rope_parameters", None)
+        if params and params.get("rope_type", "default") != "default":
+            scaling = params
+    return scaling
+
+
+def rope_theta(config: PretrainedConfig) -> float:
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    return float(10000.0 if theta is None else theta)
+
+
+def scaling_type(scaling: dict | None) -> str:
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def override_rope(
+    config: PretrainedConfig,
+    scaling: dict[str, Any] | None = None,
+    theta: float | None = None,
+    flag: str = "--rope-scaling",
+) -> None:
+    """Replace the config's RoPE scaling with `scaling` and/or its base with `theta`.
+
+    Both are checked here, naming `flag` in the error: a scaling type aioserve implements
+    and the keys that type needs, a positive base. YaRN's `original_max_position_embeddings` defaults to
+    the config's `max_position_embeddings`, as transformers defaults it.
+    """
+    if scaling is not None:
+        scaling = _checked_scaling(scaling, config, flag)
+    if theta is not None and not (
+        isinstance(theta, int | float) and not isinstance(theta, bool) and theta > 0
+    ):
+        raise ValueError(f"{flag}: rope_theta must be a number greater than 0, got {theta!r}")
+    new_theta = rope_theta(config) if theta is None else float(theta)
+    if isinstance(getattr(config, "rope_parameters", None), dict):
+        if scaling is None:
+            scaling = {k: v for k, v in config.rope_parameters.items() if k != "rope_theta"}
+        config.rope_parameters = {**scaling, "rope_theta": new_theta}
+        return
+    if scaling is not None:
+        config.rope_scaling = scaling
+    config.rope_theta = new_theta
+
+
+def _checked_scaling(scaling: dict[str, Any], config: PretrainedConfig, flag: str) -> dict:
+    if not isinstance(scaling, dict):
+        raise ValueError(f"{flag}: must be a JSON object, got {scaling!r}")
+    scaling = dict(scaling)
+    legacy_type = scaling.pop("type", None)  # the key transformers 4.44 and older wrote
+    kind = scaling.setdefault("rope_type", legacy_type or "default")
+    if kind not in _REQUIRED_KEYS:
+        raise ValueError(
+            f"{flag}: rope_type {kind!r} is not supported; aioserve implements "
+            f"{', '.join(_REQUIRED_KEYS)}"
+        )
+    if kind == "yarn":
+        scaling.setdefault("original_max_position_embeddings", config.max_position_embeddings)
+    missing = [key for key in _REQUIRED_KEYS[kind] if scaling.get(key) is None]
+    if missing:
+        raise ValueError(f"{flag}: rope_type {kind!r} needs {', '.join(missing)}")
+    factor = scaling.get("factor")
+    if factor is not None and not (isinstance(factor, int | float) and factor >= 1):
+        raise ValueError(f"{flag}: factor must be a number of at least 1, got {factor!r}")
+    return scaling
+
+
+def scaled_context_length(config: PretrainedConfig) -> int:
+    """The longest context the model's RoPE allows, as vLLM derives it: linear and dynamic
+    scaling stretch `max_position_embeddings` by their factor; llama3 configs already hold
+    the stretched length; YaRN gives `original_max_position_embeddings` times its factor
+    (vLLM before 0.11) unless `max_position_embeddings` is already longer (vLLM 0.32
+    takes it as already stretched)."""
+    length = int(config.max_position_embeddings)
+    scaling = rope_scaling(config)
+    kind = scaling_type(scaling)
+    if kind in ("linear", "dynamic"):
+        return int(length * scaling["factor"])
+    if kind == "yarn":
+        original = scaling.get("original_max_position_embeddings", length)
+        return max(length, int(original * scaling["factor"]))
+    return length
