@@ -56,6 +56,16 @@ async def _wait_for(port: int, expected: bytes, seconds: float = 5.0) -> bytes:
     return served
 
 
+async def _tls_server(live: tuple[Path, Path]) -> tuple[ssl.SSLContext, web.AppRunner, int]:
+    """A server on a free port whose TLS context holds the `live` (key, certificate) pair."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(live[1], live[0])
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
+    return context, runner, runner.addresses[0][1]
+
+
 def _install(source: tuple[Path, Path], target: tuple[Path, Path]) -> None:
     for src, dst in zip(source, target, strict=True):
         shutil.copyfile(src, dst)
@@ -67,14 +77,7 @@ def test_a_rotated_certificate_reaches_new_connections(tmp_path, caplog):
     _install(first, live)
 
     async def scenario() -> None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(live[1], live[0])
-        app = web.Application()
-        app.router.add_get("/", lambda request: web.Response(text="ok"))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
-        port = runner.addresses[0][1]
+        context, runner, port = await _tls_server(live)
         refresher = TLSRefresher(context, str(live[1]), str(live[0]), poll_seconds=POLL)
         refresher.start()
         try:
@@ -108,12 +111,7 @@ def test_without_refresh_the_server_keeps_its_certificate(tmp_path):
     _install(first, live)
 
     async def scenario() -> None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(live[1], live[0])
-        runner = web.AppRunner(web.Application())
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
-        port = runner.addresses[0][1]
+        _, runner, port = await _tls_server(live)
         try:
             _install(second, live)
             await asyncio.sleep(10 * POLL)
