@@ -44,6 +44,7 @@ def test_defaults():
     assert config.model.tokenizer == config.model.model
     assert (config.model.tokenizer_mode, config.model.dtype) == ("auto", "auto")
     assert (config.model.seed, config.model.max_logprobs) == (0, 20)
+    assert config.model.logprobs_mode == "raw_logprobs"
     assert config.model.trust_remote_code is False
     assert config.model.enforce_eager is False
     assert config.model.skip_tokenizer_init is False
@@ -92,19 +93,21 @@ SUPPORTED_FLAGS = [
     (["--max-seq-len-to-capture", "4096"], "model.max_seq_len_to_capture", 4096),
     (["--max-logprobs", "5"], "model.max_logprobs", 5),
     (["--max-logprobs", "-1"], "model.max_logprobs", -1),
+    (["--logprobs-mode", "raw_logits"], "model.logprobs_mode", "raw_logits"),
+    (["--logprobs-mode", "processed_logprobs"], "model.logprobs_mode", "processed_logprobs"),
     (["--generation-config", "vllm"], "model.generation_config", "vllm"),
     (["--override-generation-config", '{"temperature": 0.5}'], "model.override_generation_config",
      {"temperature": 0.5}),
     (["--hf-overrides", '{"rope_theta": 1e6, "a": {"b": [1]}}'], "model.hf_overrides",
      {"rope_theta": 1e6, "a": {"b": [1]}}),
-    (["--served-model-name", "one"], "model.served_model_name", ["one"]),
-    (["--served-model-name", "one", "two"], "model.served_model_name", ["one", "two"]),
-    (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
     (["--rope-scaling", '{"rope_type": "yarn", "factor": 4}'], "model.rope_scaling",
      {"rope_type": "yarn", "factor": 4}),
     (["--rope-theta", "1e6"], "model.rope_theta", 1e6),
     (["--hf-config-path", "/models/config-only"], "model.hf_config_path", "/models/config-only"),
     (["--disable-sliding-window"], "model.disable_sliding_window", True),
+    (["--served-model-name", "one"], "model.served_model_name", ["one"]),
+    (["--served-model-name", "one", "two"], "model.served_model_name", ["one", "two"]),
+    (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
     (["--load-format", "dummy"], "load.load_format", "dummy"),
     (["--load-format", "gguf"], "load.load_format", "gguf"),
     (["--download-dir", "/data/weights"], "load.download_dir", "/data/weights"),
@@ -245,6 +248,7 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--dtype", "int8"], "--dtype must be one of auto, half, float16, bfloat16, float, float32; got 'int8'"),
         (["--block-size", "7"], "--block-size must be one of 1, 8, 16, 32, 64, 128; got 7"),
         (["--scheduling-policy", "lifo"], "--scheduling-policy must be one of fcfs, priority; got 'lifo'"),
+        (["--logprobs-mode", "logits"], "--logprobs-mode must be one of raw_logits, raw_logprobs, processed_logits, processed_logprobs; got 'logits'"),
         (["--quantization", "bitsandbytes"], "quantization method 'bitsandbytes' is not supported by aioserve yet"),
         (["-q", "gptq_marlin_24"], "quantization method 'gptq_marlin_24' is not supported by aioserve yet"),
         (["--quantization", "nonsense"], "--quantization must be one of gguf, awq, awq_marlin, gptq, gptq_marlin, fp8, compressed-tensors; got 'nonsense'"),
@@ -252,13 +256,13 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--load-format", "zip"], "--load-format must be one of auto, safetensors, pt, gguf, dummy; got 'zip'"),
         (["--tokenizer-mode", "mistral"], "tokenizer mode 'mistral' is not supported by aioserve yet"),
         (["--hf-overrides", "[1, 2]"], "--hf-overrides must be a JSON object, got [1, 2]"),
+        (["--rope-scaling", '"yarn"'], "--rope-scaling must be a JSON object, got 'yarn'"),
+        (["--rope-theta", "0"], "--rope-theta must be a number greater than 0, got '0'"),
+        (["--rope-theta", "inf"], "--rope-theta must be a number greater than 0, got 'inf'"),
         (["--override-generation-config", '"hot"'], "--override-generation-config must be a JSON object"),
         (["--model", ""], "--model must be a non-empty string"),
         (["--cuda-graph-sizes", "0"], "--cuda-graph-sizes must be at least 1, got 0"),
         (["--cuda-graph-sizes", "8", "x"], "--cuda-graph-sizes must be an integer, got 'x'"),
-        (["--rope-scaling", '"yarn"'], "--rope-scaling must be a JSON object, got 'yarn'"),
-        (["--rope-theta", "0"], "--rope-theta must be a number greater than 0, got '0'"),
-        (["--rope-theta", "inf"], "--rope-theta must be a number greater than 0, got 'inf'"),
         (["--max-seq-len-to-capture", "0"], "--max-seq-len-to-capture must be at least 1, got 0"),
     ],
 )  # fmt: skip
@@ -478,6 +482,7 @@ def test_unsupported_kwargs_raise_value_error_naming_them(name):
         ({"served_model_name": ["a", ""]}, "served_model_name must be non-empty strings"),
         ({"hf_overrides": "nope"}, "hf_overrides must be a JSON object"),
         ({"block_size": 12}, "block_size must be one of 1, 8, 16, 32, 64, 128; got 12"),
+        ({"logprobs_mode": "raw"}, "logprobs_mode must be one of raw_logits, raw_logprobs,"),
     ],
 )
 def test_kwargs_are_validated_like_the_command_line(kwargs, message):

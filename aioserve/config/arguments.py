@@ -254,8 +254,14 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("max-logprobs", MODEL, 20,
              "Most log probabilities a request may ask for; -1 means no limit.",
              convert=values.integer_at_least(-1)),
-    _vllm("logprobs-mode", MODEL, "raw_logprobs", "Return logprobs before or after logits processing.",
-          choices=("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")),
+    Argument("logprobs-mode", MODEL, "raw_logprobs",
+             "What logprobs report: the log-softmax (*_logprobs) or the float32 logits "
+             "themselves (*_logits), before any processing (raw_*) or as sampling saw them "
+             "(processed_*: after logit bias, bans and penalties, then temperature and the "
+             "min-p, top-k and top-p masks, dropped tokens at -inf). Prompt logprobs are "
+             "never processed.",
+             convert=values.string,
+             choices=("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")),
     Argument("disable-sliding-window", MODEL, False,
              "Attend over the whole context of a model trained with a sliding window, and "
              "cap the context at the window. aioserve has no sliding-window attention yet, so "

@@ -51,14 +51,15 @@ class ModelConfig:
     enforce_eager: bool
     max_seq_len_to_capture: int
     max_logprobs: int
+    logprobs_mode: str  # what logprobs report (kernels/sampling LOGPROBS_MODES)
     generation_config: str
     override_generation_config: dict[str, Any]
     hf_overrides: dict[str, Any]
-    served_model_name: list[str] | None
     hf_config_path: str | None  # None: the model's own config
     rope_scaling: dict[str, Any]  # {}: the model's own
     rope_theta: float | None  # None: the model's own
     disable_sliding_window: bool
+    served_model_name: list[str] | None
     skip_tokenizer_init: bool
 
 

@@ -465,6 +465,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_seq_len_to_capture=model_cfg.max_seq_len_to_capture,
         kv_cache_dtype=kv_dtype,
         calculate_kv_scales=cache_cfg.calculate_kv_scales,
+        logprobs_mode=model_cfg.logprobs_mode,
     )
     runner.warm_up()
 

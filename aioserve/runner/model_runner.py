@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from aioserve.kernels.sampling import (
+    LOGPROBS_MODES,
     LogprobsTensors,
     SamplerOutput,
     make_sampling_batch,
@@ -66,8 +67,8 @@ class StepOutput:
     logprobs_wanted: list[int | None]
     done: torch.cuda.Event | None = None  # recorded after the copies to the host (GPU)
     prompt_logprobs: tuple[HostPromptLogprobs, LogprobsTensors] | None = None
-    # logprob_token_ids: the rows that chose tokens, and their raw logprobs (float32
-    # [rows, most chosen], in each row's order)
+    # logprob_token_ids: the rows that chose tokens, and their values in the logprobs
+    # mode (float32 [rows, most chosen], in each row's order)
     chosen: ChosenLogprobs | None = None
 
     def is_ready(self) -> bool:
@@ -96,7 +97,11 @@ class ModelRunner:
         max_seq_len_to_capture: int = 0,
         kv_cache_dtype: torch.dtype | None = None,
         calculate_kv_scales: bool = False,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
+        self.logprobs_mode = logprobs_mode  # what logprobs report (--logprobs-mode)
         self.model = model
         # First, so that the KV pool is zeroed while the step compiles. Its dtype is the
         # model's unless given (an fp8 pool: runner/kv_memory.py).
@@ -167,6 +172,7 @@ class ModelRunner:
                 prompt_token_mask=torch.zeros(rows, vocab, dtype=torch.bool, device=self.device),
                 logit_bias=[{0: 1.0}] * rows,
                 num_logprobs=5,
+                logprobs_mode=self.logprobs_mode,
             )
             sample(torch.randn(rows, vocab, device=self.device), batch)
         torch.cuda.synchronize(self.device)
@@ -228,7 +234,7 @@ class ModelRunner:
         prompt_logprobs = None
         if step.prompt_logprobs is not None:
             tensors = compute_prompt_logprobs(
-                self.model_step, hidden, step.prompt_logprobs, self.device
+                self.model_step, hidden, step.prompt_logprobs, self.device, self.logprobs_mode
             )
             if self.device.type != "cpu":
                 tensors = _logprobs_to_host(tensors)
@@ -242,7 +248,9 @@ class ModelRunner:
         slots = host_to_device(step.sampling.slots, self.device)
         if step.token_bitmask is not None:
             step.token_bitmask.wait_ready()  # the engine fills it while the forward ran
-        batch = step.sampling.to_batch(state, slots, self.device, step.token_bitmask)
+        batch = step.sampling.to_batch(
+            state, slots, self.device, step.token_bitmask, self.logprobs_mode
+        )
         out = sample(logits, batch)
         penalty_rows = step.sampling.penalty_rows
         state.record_sampled(
@@ -255,8 +263,11 @@ class ModelRunner:
             out,
             step.sampling.logprobs_wanted,
             prompt_logprobs=prompt_logprobs,
-            chosen=chosen_logprobs(logits, step.sampling.chosen_ids, self.device),
+            chosen=chosen_logprobs(
+                logits, step.sampling.chosen_ids, self.device, self.logprobs_mode, out.processed
+            ),
         )
+        out.processed = None  # [rows, vocab]: not kept past the step
         if self.device.type != "cpu":
             output.sampler = _to_host(out)
             if output.chosen is not None:
@@ -313,18 +324,29 @@ class ChosenLogprobs:
 
 
 def chosen_logprobs(
-    logits: torch.Tensor, chosen_ids: dict[int, tuple[int, ...]], device: torch.device
+    logits: torch.Tensor,
+    chosen_ids: dict[int, tuple[int, ...]],
+    device: torch.device,
+    logprobs_mode: str = "raw_logprobs",
+    processed: torch.Tensor | None = None,
 ) -> ChosenLogprobs | None:
-    """The raw logprobs (float32 log-softmax of the logits, as the sampler's own) of the
-    tokens each row of `chosen_ids` chose: one pass over those rows, one gather."""
+    """The values of the tokens each row of `chosen_ids` chose, in the logprobs mode as the
+    sampler's own (vLLM's too): the float32 log-softmax of the raw `logits` by default, the
+    logits themselves, or the same of the `processed` logits the sampler returned in the
+    processed modes. One pass over those rows, one gather."""
     if not chosen_ids:
         return None
+    if logprobs_mode.startswith("processed_"):
+        assert processed is not None, "the sampler returns the processed logits in this mode"
+        logits = processed
     width = max(len(ids) for ids in chosen_ids.values())
     index = np.zeros((len(chosen_ids), width), dtype=np.int64)  # padding reads token 0
     for i, ids in enumerate(chosen_ids.values()):
         index[i, : len(ids)] = ids
     rows = host_to_device(np.fromiter(chosen_ids, dtype=np.int64), device)
-    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    logprobs = logits[rows].float()
+    if logprobs_mode.endswith("_logprobs"):
+        logprobs = torch.log_softmax(logprobs, dim=-1)
     return ChosenLogprobs(chosen_ids, logprobs.gather(1, host_to_device(index, device)))
 
 

@@ -5,7 +5,10 @@ chunk of that prompt runs, the hidden state at position p predicts the prompt to
 p + 1, so every position of the chunk but the prompt's last gets a row: the hidden
 states go through the output head a slice at a time (a chunk of a few thousand tokens
 would otherwise need gigabytes of logits), and `compute_logprobs`, the sampler's own
-kernel, gives the target token's raw logprob, its rank and the top n.
+kernel, gives the target token's raw logprob, its rank and the top n. As in vLLM, prompt
+tokens go through no logits processing, so the logprobs modes only choose between the
+log-softmax (raw_/processed_logprobs) and the float32 logits themselves
+(raw_/processed_logits).
 
 The result names, per sequence, the position of the first prompt token scored and one
 `TokenLogprobs` per token; a prompt computed again after a preemption is scored again,
@@ -83,7 +86,11 @@ def plan_prompt_logprobs(
 
 @torch.inference_mode()
 def compute_prompt_logprobs(
-    model_step: ModelStep, hidden: Tensor, host: HostPromptLogprobs, device: torch.device
+    model_step: ModelStep,
+    hidden: Tensor,
+    host: HostPromptLogprobs,
+    device: torch.device,
+    logprobs_mode: str = "raw_logprobs",
 ) -> LogprobsTensors:
     """The logprobs of every row's target token, and the top `host.num_top`, by slices."""
     rows = host_to_device(host.rows, device)
@@ -93,6 +100,7 @@ def compute_prompt_logprobs(
             model_step.logits(hidden[rows[i : i + _ROWS_PER_SLICE]]),
             targets[i : i + _ROWS_PER_SLICE],
             host.num_top,
+            normalized=logprobs_mode.endswith("_logprobs"),
         )
         for i in range(0, rows.numel(), _ROWS_PER_SLICE)
     ]

@@ -71,9 +71,10 @@ class HostSampling:
         slots: Tensor,
         device: torch.device,
         structured: TokenBitmask | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> SamplingBatch:
         """The sampler's batch; `slots` is `self.slots` on the device, `structured` the
-        step's structured-output masks (filled)."""
+        step's structured-output masks (filled), `logprobs_mode` what logprobs report."""
         floats = host_to_device(self.float_settings, device)
         seeds_and_steps = host_to_device(self.seeds_and_steps, device)
         uses_penalties = self.penalty_rows is not None
@@ -101,6 +102,7 @@ class HostSampling:
             bitmask_rows=bitmask_rows,
             uses_top_k=self.uses_top_k,
             uses_top_p=self.uses_top_p,
+            logprobs_mode=logprobs_mode,
         )
 
     def _token_bitmask(

@@ -4,8 +4,10 @@ The runner calls `sample(logits, batch)` once per step with the logits of the ro
 sample (one row per sequence) and their settings gathered in a `SamplingBatch`. The steps
 follow vLLM v1's order:
 
-1. Raw logprobs, if any row asked for logprobs: log_softmax of the float32 logits before
-   any processing (vLLM's default "raw_logprobs").
+1. The values logprobs report, if any row asked for logprobs, as `batch.logprobs_mode`
+   (vLLM's --logprobs-mode) says: "raw_logprobs" (the default), the log_softmax of the
+   float32 logits before any processing, or "raw_logits", those logits themselves. The
+   processed modes take theirs after step 5 instead (see step 6).
 2. Logit bias: per-row (token id, value) pairs, added; -inf values ban tokens (the engine
    uses them for min_tokens). A token listed twice gets both values. After step 3, the
    token bitmasks of constrained rows (allowed_token_ids, structured outputs) set every
@@ -23,8 +25,12 @@ follow vLLM v1's order:
    sums, hence the masks, do not depend on summation order. Finally the token is drawn
    by the exponential race: `argmax_i e_i / E_i` with `E_i = -log(U_i)`, which picks i
    with probability proportional to e_i over the kept tokens.
-6. Logprobs from the raw logprobs of step 1: the sampled token's, its rank (1 + the
-   number of tokens with a strictly higher raw logit) and the top `num_logprobs`
+6. Logprobs from the values of step 1, or in the processed modes from the logits the
+   draw saw: after steps 2-3 for every row, and for random rows then scaled by the
+   temperature with the tokens the masks drop at -inf ("processed_logits"), or the
+   log_softmax of those ("processed_logprobs"); the draw is the same in every mode.
+   Reported: the sampled token's value, its rank (1 + the number of tokens with a
+   strictly higher value, counted before any log_softmax) and the top `num_logprobs`
    (descending, ties by lower token id).
 
 The uniforms `U_i` come from a counter-based hash of (seed, step, token id) in 32-bit
@@ -48,6 +54,7 @@ Modules, one stage each: `penalties` (steps 2-3), `masks` (step 5 without the dr
 """
 
 from aioserve.kernels.sampling.common import (
+    LOGPROBS_MODES,
     SAMPLING_EPS,
     LogprobsTensors,
     SamplerOutput,
@@ -60,6 +67,7 @@ from aioserve.kernels.sampling.penalties import apply_bias_and_penalties
 from aioserve.kernels.sampling.sampler import sample
 
 __all__ = [
+    "LOGPROBS_MODES",
     "SAMPLING_EPS",
     "LogprobsTensors",
     "SamplerOutput",

@@ -14,6 +14,12 @@ from aioserve.platform import launch_entry
 # Rows whose temperature is below this are greedy (SamplingParams uses the same bound).
 SAMPLING_EPS = 1e-5
 
+# What logprobs report (vLLM's --logprobs-mode; the first is the default): the log-softmax
+# or the float32 values themselves, of the logits as the model gave them (raw) or as the
+# draw saw them (processed: after bias, bans, penalties, then for random rows temperature
+# and the masks, dropped tokens at -inf).
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logits", "processed_logprobs")
+
 
 # Per platform: the widest slice of a row one program holds at a time, how many row
 # elements one warp/wavefront should cover, and the most warps per program. A ROCm
@@ -57,12 +63,27 @@ class SamplingBatch:
     # Whether any row may use top-k / top-p: False lets the Triton path skip their passes.
     uses_top_k: bool = True
     uses_top_p: bool = True
+    logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES
+
+    @property
+    def reports_processed(self) -> bool:
+        """Whether logprobs report the processed values (processed_logits/_logprobs)."""
+        return self.logprobs_mode.startswith("processed_")
+
+    def checked_logprobs_mode(self) -> str:
+        """`logprobs_mode`; a ValueError unless it is one of LOGPROBS_MODES."""
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            modes = ", ".join(LOGPROBS_MODES)
+            raise ValueError(f"logprobs mode {self.logprobs_mode!r} is not one of {modes}")
+        return self.logprobs_mode
 
 
 @dataclass
 class LogprobsTensors:
-    sampled_logprob: Tensor  # [B] float32: raw logprob of the sampled token
-    sampled_rank: Tensor  # [B] int64: 1 + number of tokens with a strictly higher raw logit
+    # The values are as the logprobs mode says (raw logprobs by default), and so are the
+    # ranks: counted over the values the mode reports, before any log-softmax.
+    sampled_logprob: Tensor  # [B] float32: the sampled token's value
+    sampled_rank: Tensor  # [B] int64: 1 + number of tokens with a strictly higher value
     top_token_ids: Tensor  # [B, num_logprobs] int64, by descending logprob, ties by lower id
     top_logprobs: Tensor  # [B, num_logprobs] float32
 
@@ -71,6 +92,9 @@ class LogprobsTensors:
 class SamplerOutput:
     token_ids: Tensor  # [B] int64
     logprobs: LogprobsTensors | None  # when num_logprobs >= 0
+    # [B, V] float32: in the processed modes, when num_logprobs >= 0, the processed logits
+    # the logprobs were taken from (the runner reads logprob_token_ids' values there).
+    processed: Tensor | None = None
 
 
 def make_sampling_batch(
@@ -92,6 +116,7 @@ def make_sampling_batch(
     num_logprobs: int = -1,
     token_bitmask: Tensor | None = None,
     bitmask_rows: Tensor | None = None,
+    logprobs_mode: str = "raw_logprobs",
 ) -> SamplingBatch:
     """A SamplingBatch from per-row values (a scalar applies to every row); for tests and
     the runner's warm-up."""
@@ -132,6 +157,7 @@ def make_sampling_batch(
         bitmask_rows=bitmask_rows,
         uses_top_k=bool((top_k_t > 0).any()),
         uses_top_p=bool((top_p_t < 1.0).any()),
+        logprobs_mode=logprobs_mode,
     )
 
 

@@ -1,4 +1,4 @@
-"""Sampling step 6: raw logprobs of the sampled tokens, their rank, and the top n."""
+"""Sampling step 6: the sampled tokens' logprobs (or logits: `compute_logprobs`), rank, top n."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def _logprobs_kernel(
 
 
 def compute_logprobs_triton(
-    logits: Tensor, token_ids: Tensor, num_logprobs: int
+    logits: Tensor, token_ids: Tensor, num_logprobs: int, *, normalized: bool = True
 ) -> LogprobsTensors:
     """The Triton path of `compute_logprobs`."""
     logits = _rows(logits)
@@ -105,6 +105,10 @@ def compute_logprobs_triton(
         BLOCK=block,
         num_warps=num_warps,
     )
+    if not normalized:  # the values themselves, at the ids the kernel ranked over them
+        values = logits.float()
+        result.sampled_logprob = values.gather(1, token_ids[:, None]).squeeze(1)
+        result.top_logprobs = values.gather(1, result.top_token_ids)
     return result
 
 
@@ -127,13 +131,15 @@ def _top_n_reference(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 
 def compute_logprobs_reference(
-    logits: Tensor, token_ids: Tensor, num_logprobs: int
+    logits: Tensor, token_ids: Tensor, num_logprobs: int, *, normalized: bool = True
 ) -> LogprobsTensors:
     """The torch path of `compute_logprobs`."""
     x = logits.float()
     if num_logprobs > x.shape[1]:
         raise ValueError(f"num_logprobs={num_logprobs} exceeds the vocabulary ({x.shape[1]})")
-    if dispatch.batch_invariant():
+    if not normalized:
+        log_sum_exp = x.new_zeros(x.shape[0])  # x - 0 is x, -inf included
+    elif dispatch.batch_invariant():
         # torch splits the rows of a small batch across threads, which changes the order of
         # a row's sum with the batch size; one row at a time, every row is summed alike.
         log_sum_exp = torch.cat([torch.logsumexp(x[i : i + 1], dim=-1) for i in range(x.shape[0])])
@@ -161,8 +167,16 @@ def _empty_logprobs(batch: SamplingBatch, device: torch.device) -> LogprobsTenso
     )
 
 
-def compute_logprobs(logits: Tensor, token_ids: Tensor, num_logprobs: int) -> LogprobsTensors:
-    """Raw logprobs (log_softmax of the float32 logits) of `token_ids` and the top n."""
+def compute_logprobs(
+    logits: Tensor, token_ids: Tensor, num_logprobs: int, *, normalized: bool = True
+) -> LogprobsTensors:
+    """Logprobs (log_softmax of the float32 logits) of `token_ids`, their rank and the top
+    n; with `normalized=False` the float32 logits themselves (the logits modes).
+
+    The logits are those the logprobs mode names, raw or processed (sampler.py). Either way
+    the rank and the top n are found over them before any log-softmax, which orders them
+    alike; unnormalized, the values are then read back exactly (the reference skips the
+    subtraction; the Triton path gathers them at the ids its kernel found)."""
     if dispatch.use_triton():
-        return compute_logprobs_triton(logits, token_ids, num_logprobs)
-    return compute_logprobs_reference(logits, token_ids, num_logprobs)
+        return compute_logprobs_triton(logits, token_ids, num_logprobs, normalized=normalized)
+    return compute_logprobs_reference(logits, token_ids, num_logprobs, normalized=normalized)

@@ -119,11 +119,15 @@ def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
     )
     if batch.token_bitmask is not None:
         apply_token_bitmask_triton(processed, batch.token_bitmask, batch.bitmask_rows)
-    masked = processed  # what the sample kernel reads for random rows (none if all greedy)
+    # What the sample kernel reads for random rows (none if all greedy); after the masks,
+    # every row's processed logits (the processed logprobs modes report them).
+    masked = processed
     row_max = torch.empty(num_rows, dtype=torch.float32, device=device)
     if not batch.all_greedy:
         if processed is logits:  # never write into the caller's logits
             masked = torch.empty_like(logits, dtype=torch.float32)
+            if batch.reports_processed and batch.num_logprobs >= 0:
+                masked.copy_(logits)  # the greedy rows, which the mask kernels skip
         # Otherwise in place: the kernel leaves greedy rows as they are.
         _launch_masks(
             processed,
@@ -152,10 +156,7 @@ def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         BLOCK=block,
         num_warps=num_warps,
     )
-    logprobs = None
-    if batch.num_logprobs >= 0:
-        logprobs = compute_logprobs_triton(logits, token_ids, batch.num_logprobs)
-    return SamplerOutput(token_ids, logprobs)
+    return _with_logprobs(token_ids, logits, masked, batch, compute_logprobs_triton)
 
 
 def _race_reference(s: Tensor, row_max: Tensor, keep: Tensor | None, keys: Tensor) -> Tensor:
@@ -256,6 +257,7 @@ def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     else:
         token_ids = _first_argmax(x)
+    processed = x  # every row's processed logits, for the processed logprobs modes
     if not batch.all_greedy:
         rows = _rows_where(batch.temperature >= SAMPLING_EPS)
         s = x[rows] / batch.temperature[rows, None]
@@ -263,21 +265,40 @@ def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         top_k, top_p, min_p = batch.top_k[rows], batch.top_p[rows], batch.min_p[rows]
         keys = _row_key_reference(batch.seeds[rows], batch.steps[rows])
         drawn = _sample_within_top_k_reference(s, row_max, top_k, top_p, min_p, keys)
-        if drawn is None:
+        keep = None
+        if drawn is None or (batch.reports_processed and batch.num_logprobs >= 0):
             keep = _keep_mask_reference(s, row_max, top_k, top_p, min_p)
+        if drawn is None:
             drawn = _race_reference(s, row_max, keep, keys)
         token_ids[rows] = drawn
-    logprobs = None
-    if batch.num_logprobs >= 0:
-        logprobs = compute_logprobs_reference(logits, token_ids, batch.num_logprobs)
-    return SamplerOutput(token_ids, logprobs)
+        if batch.reports_processed and batch.num_logprobs >= 0:
+            processed = x.clone()  # x may be the caller's logits
+            processed[rows] = s if keep is None else s.masked_fill(~keep, float("-inf"))
+    return _with_logprobs(token_ids, logits, processed, batch, compute_logprobs_reference)
+
+
+def _with_logprobs(
+    token_ids: Tensor, logits: Tensor, processed: Tensor, batch: SamplingBatch, compute
+) -> SamplerOutput:
+    """The output, with the logprobs the batch's mode names when it asked for logprobs:
+    `compute` (a path of compute_logprobs) over the raw `logits` or the `processed` ones,
+    normalized or not."""
+    if batch.num_logprobs < 0:
+        return SamplerOutput(token_ids, None)
+    scores = processed if batch.reports_processed else logits
+    normalized = batch.checked_logprobs_mode().endswith("_logprobs")
+    logprobs = compute(scores, token_ids, batch.num_logprobs, normalized=normalized)
+    kept = processed.float() if batch.reports_processed else None
+    return SamplerOutput(token_ids, logprobs, kept)
 
 
 def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
     """Pick one token per row of `logits` [B, V] (any float dtype) as `batch` says.
 
-    Returns the token ids and, when `batch.num_logprobs >= 0`, their raw logprobs, rank
-    and the top `num_logprobs` alternatives. `logits` is left untouched.
+    Returns the token ids and, when `batch.num_logprobs >= 0`, their logprobs, rank and
+    the top `num_logprobs` alternatives, as `batch.logprobs_mode` says (raw logprobs by
+    default; the processed modes report the values the draw saw, and never change which
+    token is drawn). `logits` is left untouched.
     """
     if dispatch.use_triton():
         return sample_triton(logits, batch)
