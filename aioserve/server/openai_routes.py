@@ -1,4 +1,5 @@
-"""The OpenAI generation routes: POST /v1/completions and POST /v1/chat/completions.
+"""The OpenAI generation routes: POST /v1/completions, POST /v1/chat/completions and
+POST /v1/responses (with the stored-response routes, which find nothing: responses_api.py).
 
 The handlers expect the app to carry a `ServerState` under `STATE` and to answer their
 APIErrors through `error_middleware`. A client that disconnects aborts its request only if
@@ -12,9 +13,13 @@ from aiohttp import web
 
 from aioserve.server.chat import create_chat_completion
 from aioserve.server.completions import create_completion
+from aioserve.server.responses_api import create_response, stored_response_not_found
 
 
 def add_openai_routes(app: web.Application) -> None:
-    """Register /v1/completions and /v1/chat/completions on `app`."""
+    """Register the generation routes on `app`."""
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", stored_response_not_found)
+    app.router.add_post("/v1/responses/{response_id}/cancel", stored_response_not_found)

@@ -153,6 +153,47 @@ _SCHEMAS: dict[str, Any] = {
             "usage": _USAGE,
         },
     },
+    "ResponsesRequest": {
+        "type": "object",
+        "required": ["input"],
+        "description": "OpenAI's Responses API for text (tools, top_logprobs, include and "
+        "prompt templates are refused; nothing is stored).",
+        "properties": {
+            "model": _STRING,
+            "input": {
+                "description": "A string, or message items: role and content (a string or "
+                "input_text/output_text parts).",
+                "type": ["string", "array"],
+            },
+            "instructions": _STRING,
+            "max_output_tokens": _INTEGER,
+            "temperature": {"type": "number"},
+            "top_p": {"type": "number"},
+            "top_k": _INTEGER,
+            "min_p": {"type": "number"},
+            "presence_penalty": {"type": "number"},
+            "frequency_penalty": {"type": "number"},
+            "text": {"type": "object", "description": "format: text, json_object or json_schema"},
+            "stream": {"type": "boolean", "default": False},
+            "store": {"type": "boolean", "description": "Accepted; nothing is stored."},
+            "metadata": _OBJECT,
+            "user": _STRING,
+        },
+    },
+    "ResponsesResponse": {
+        "type": "object",
+        "description": "With stream=true: text/event-stream of named events (`event: <type>`, "
+        "`data: {event}`), response.created first and response.completed last.",
+        "properties": {
+            "id": _STRING,
+            "object": {"const": "response"},
+            "created_at": _INTEGER,
+            "model": _STRING,
+            "status": {"enum": ["completed", "incomplete"]},
+            "output": {"type": "array", "items": _OBJECT},
+            "usage": _OBJECT,
+        },
+    },
     "TokenizeRequest": {
         "type": "object",
         "description": "Either prompt or messages.",
@@ -199,6 +240,19 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "stream=true)",
         "requestBody": _body("ChatCompletionRequest"),
         "responses": {"200": _json(_ref("ChatCompletionResponse")), **_ERRORS, **_AUTH_ERROR},
+    },
+    ("post", "/v1/responses"): {
+        "summary": "Answer a Responses API request: one chat turn (streams with stream=true)",
+        "requestBody": _body("ResponsesRequest"),
+        "responses": {"200": _json(_ref("ResponsesResponse")), **_ERRORS, **_AUTH_ERROR},
+    },
+    ("get", "/v1/responses/{response_id}"): {
+        "summary": "A stored response: aioserve stores none, so always 404",
+        "responses": {"200": _json(_ref("ResponsesResponse")), "404": _ERRORS["404"]},
+    },
+    ("post", "/v1/responses/{response_id}/cancel"): {
+        "summary": "Cancel a stored background response: aioserve stores none, so always 404",
+        "responses": {"200": _json(_ref("ResponsesResponse")), "404": _ERRORS["404"]},
     },
     ("get", "/v1/models"): {
         "summary": "The served model names (the first is the one responses report)",

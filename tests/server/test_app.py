@@ -472,7 +472,7 @@ def test_openapi_lists_every_route(server):
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             assert operation["summary"] and "200" in operation["responses"], (method, path)
-            if method == "post" and path != "/ping":
+            if method == "post" and path not in ("/ping", "/v1/responses/{response_id}/cancel"):
                 schema = operation["requestBody"]["content"]["application/json"]["schema"]
                 name = schema["$ref"].rpartition("/")[2]
                 assert document["components"]["schemas"][name]["properties"]

@@ -1,0 +1,412 @@
+"""POST /v1/responses: OpenAI's Responses API for text, as vLLM 0.32 serves it by default.
+
+A response is one chat turn. `instructions` become a system message and `input` (a string,
+or a list of message items whose content is a string or input_text/output_text parts)
+the messages after it; the request is then validated, rendered and run as a chat
+completion with the same sampling fields (`max_output_tokens` is chat's max_tokens), and
+the answer comes back as one assistant message item. `text.format` (json_schema,
+json_object) constrains it through structured outputs. Streamed, it is vLLM's events:
+response.created, response.in_progress, the item and its text part added, one
+response.output_text.delta per piece of text, the part and the item done, then
+response.completed (also when the answer stopped at max_output_tokens: the response's
+status then says "incomplete"), each as `event: <type>` and `data: <json>`.
+
+As vLLM without VLLM_ENABLE_RESPONSES_API_STORE (its default), nothing is stored: `store`
+is accepted and has no effect, `previous_response_id` names a response that is not found
+(404), `background` is refused, and GET /v1/responses/{id} and its cancel route answer
+404. Not supported yet, and refused by name: tools and tool_choice (function calls),
+input items other than messages, `top_logprobs`, `include`, `prompt` templates and
+`truncation: "auto"`, and the route on a server with --reasoning-parser (whose answer
+would need a reasoning item). Images and files are refused as vLLM refuses them for a
+text model.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from aioserve.engine.outputs import RequestOutput
+from aioserve.server.body_fields import read_json_body, shown_value
+from aioserve.server.chat_template import render_chat
+from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.generation import engine_outputs, reserve_places
+from aioserve.server.protocol import ChatRequest, check_prompt, check_serving, parse_chat_request
+from aioserve.server.sse import stream_events
+from aioserve.server.state import STATE, ServerState
+
+# Sampling fields a Responses request shares with chat completions, under the same names.
+_CHAT_FIELDS = (
+    "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+    "frequency_penalty", "logit_bias", "skip_special_tokens", "include_stop_str_in_output",
+    "request_id", "priority", "stream", "user",
+)  # fmt: skip
+# Fields of features aioserve does not implement yet for this route: refused by name.
+_NOT_YET = {
+    "tools": "tools (function calls)",
+    "include": "include",
+    "prompt": "prompt templates",
+    "max_tool_calls": "max_tool_calls",
+}
+_PART_TYPES = ("input_text", "output_text", "text")
+_ROLES = ("user", "system", "developer", "assistant")
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    """The POST /v1/responses handler."""
+    state = request.app[STATE]
+    body = await read_json_body(request)
+    check_serving(state, body)
+    if state.engine.settings.reasoning_parser:
+        raise APIError("/v1/responses with --reasoning-parser is not supported yet")
+    parsed = parse_chat_request(state, _as_chat_body(body, state.model_name), request.headers)
+    parsed.max_tokens_field = "max_output_tokens"
+    engine = state.engine
+    with reserve_places(engine, 1) as reservation:
+        text, token_ids = await state.off_loop(
+            render_chat,
+            state,
+            parsed.messages,
+            chat_template_kwargs=parsed.chat_template_kwargs,
+        )
+        parsed.params = check_prompt(engine, token_ids, parsed, "input")
+        response = _Response(state, body, parsed, len(token_ids))
+        outputs = engine_outputs(
+            engine,
+            parsed.engine_prompt(text, token_ids),
+            parsed.params,
+            response.id,
+            parsed.priority,
+            reservation,
+        )
+        if parsed.stream:
+            return await stream_events(request, _events(response, outputs), named=True)
+        async with aclosing(outputs):
+            async for output in outputs:
+                final = output
+        response.add_output(final)
+        return web.Response(body=orjson.dumps(response.body()), content_type="application/json")
+
+
+async def stored_response_not_found(request: web.Request) -> web.Response:
+    """GET /v1/responses/{id} and POST /v1/responses/{id}/cancel: nothing is stored."""
+    raise _not_found(request.match_info["response_id"])
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(
+        f"Response with id '{response_id}' not found.",
+        HTTPStatus.NOT_FOUND,
+        param="response_id",
+    )
+
+
+def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
+    """The chat completions body that runs this Responses request; 400 or 404 for what a
+    Responses request cannot ask of aioserve."""
+    for name, what in _NOT_YET.items():
+        if body.get(name) not in (None, [], {}):
+            raise bad_parameter(
+                name, shown_value(body[name]), f"{what} in /v1/responses is not supported yet"
+            )
+    if body.get("background"):
+        raise APIError(
+            "aioserve does not store responses (as vLLM without "
+            "VLLM_ENABLE_RESPONSES_API_STORE) and therefore does not support the background "
+            "mode.",
+            param="background",
+        )
+    if body.get("previous_response_id") is not None:
+        raise _not_found(str(body["previous_response_id"]))
+    if body.get("tool_choice") not in (None, "auto", "none"):
+        raise bad_parameter(
+            "tool_choice", shown_value(body["tool_choice"]), "tool_choice needs tools"
+        )
+    if body.get("top_logprobs") not in (None, 0):
+        raise bad_parameter(
+            "top_logprobs",
+            shown_value(body["top_logprobs"]),
+            "top_logprobs in /v1/responses is not supported yet",
+        )
+    if body.get("truncation") not in (None, "disabled"):
+        raise bad_parameter(
+            "truncation",
+            shown_value(body["truncation"]),
+            "truncation 'auto' in /v1/responses is not supported yet",
+        )
+    chat = {name: body[name] for name in _CHAT_FIELDS if name in body}
+    chat["messages"] = _messages(body, model_name)
+    if "max_output_tokens" in body:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if (response_format := _response_format(body.get("text"))) is not None:
+        chat["response_format"] = response_format
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
+    return chat
+
+
+def _messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]]:
+    """`instructions` as a system message, then the `input` items as chat messages."""
+    messages = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise bad_parameter(
+                "instructions", shown_value(instructions), "instructions must be a string"
+            )
+        messages.append({"role": "system", "content": instructions})
+    if "input" not in body:
+        raise APIError("the field `input` is required", param="input")
+    items = body["input"]
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise bad_parameter("input", shown_value(items), "input must be a string or an array")
+    messages += [_message(item, f"input[{i}]", model_name) for i, item in enumerate(items)]
+    if not messages:
+        raise APIError(
+            "Cannot apply chat template to an empty conversation. Provide at least one message.",
+            param="input",
+        )
+    return messages
+
+
+def _message(item: Any, where: str, model_name: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise bad_parameter(where, shown_value(item), f"{where} must be an object")
+    kind = item.get("type", "message")
+    if kind != "message":
+        raise bad_parameter(
+            f"{where}.type",
+            shown_value(kind),
+            f"input items of type {kind!r} are not supported yet",
+        )
+    role = item.get("role")
+    if role not in _ROLES:
+        raise bad_parameter(
+            f"{where}.role", shown_value(role), f"role must be one of {', '.join(_ROLES)}"
+        )
+    content = item.get("content")
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        raise bad_parameter(
+            f"{where}.content", shown_value(content), "content must be a string or an array"
+        )
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_image", "input_file", "input_audio"):
+            raise APIError(f"{model_name} is not a multimodal model")  # vLLM's words
+        if kind not in _PART_TYPES or not isinstance(part.get("text"), str):
+            raise bad_parameter(
+                f"{where}.content[{j}]",
+                shown_value(part),
+                f"content parts must be {', '.join(_PART_TYPES)} with a string `text`",
+            )
+        parts.append({"type": "text", "text": part["text"]})
+    return {"role": role, "content": parts}
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    """Chat's response_format for the Responses `text.format`, None for plain text."""
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if text == {} or kind == "text" or (isinstance(text, dict) and fmt is None):
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {
+            key: fmt[key] for key in ("name", "schema", "strict", "description") if key in fmt
+        }
+        return {"type": "json_schema", "json_schema": schema}
+    raise bad_parameter(
+        "text.format", shown_value(fmt), "text.format must be text, json_object or json_schema"
+    )
+
+
+def _text_echo(text: Any) -> dict[str, Any] | None:
+    """The request's `text` as vLLM's response repeats it."""
+    if not isinstance(text, dict):
+        return None
+    fmt = dict(text.get("format") or {"type": "text"})
+    if fmt.get("type") == "json_schema":
+        fmt = {
+            "name": fmt.get("name"),
+            "schema": fmt.get("schema"),
+            "type": "json_schema",
+            "description": fmt.get("description"),
+            "strict": fmt.get("strict"),
+        }
+    return {"format": fmt, "verbosity": text.get("verbosity")}
+
+
+class _Response:
+    """The response object of one request, as it fills (vLLM's keys, in vLLM's order)."""
+
+    def __init__(
+        self, state: ServerState, body: dict[str, Any], parsed: ChatRequest, input_tokens: int
+    ) -> None:
+        self.id = f"resp_{parsed.request_id}"
+        self.item_id = f"msg_{secrets.token_hex(8)}"
+        self.created_at = int(time.time())
+        self.model = state.model_name
+        self.request, self.params = body, parsed.params
+        self.input_tokens, self.cached_tokens = input_tokens, 0
+        self.text, self.output_tokens = "", 0
+        self.status, self.incomplete_reason = "in_progress", None
+
+    def add_output(self, output: RequestOutput) -> None:
+        """Take an engine output: the whole answer, or a delta of it."""
+        sample = output.outputs[0]
+        self.text += sample.text
+        self.output_tokens += len(sample.token_ids)
+        self.cached_tokens = output.num_cached_tokens or 0
+        if sample.finish_reason is not None:
+            incomplete = sample.finish_reason == "length"
+            self.status = "incomplete" if incomplete else "completed"
+            self.incomplete_reason = "max_output_tokens" if incomplete else None
+
+    def part(self, logprobs: list | None) -> dict[str, Any]:
+        return {"annotations": [], "text": self.text, "type": "output_text", "logprobs": logprobs}
+
+    def item(self, status: str) -> dict[str, Any]:
+        content = [self.part(None)] if status == "completed" else []
+        return {
+            "id": self.item_id,
+            "content": content,
+            "role": "assistant",
+            "status": status,
+            "type": "message",
+            "phase": None,
+        }
+
+    def body(self) -> dict[str, Any]:
+        done = self.status != "in_progress"
+        body, params = self.request, self.params
+        return {
+            "id": self.id,
+            "created_at": self.created_at,
+            "incomplete_details": (
+                {"reason": self.incomplete_reason} if self.incomplete_reason else None
+            ),
+            "instructions": body.get("instructions"),
+            "metadata": body.get("metadata"),
+            "model": self.model,
+            "object": "response",
+            "output": [self.item("completed")] if done else [],
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "temperature": params.temperature,
+            "tool_choice": "none",
+            "tools": [],
+            "top_p": params.top_p,
+            "background": False,
+            "max_output_tokens": body.get("max_output_tokens"),
+            "max_tool_calls": None,
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": body.get("reasoning"),
+            "service_tier": body.get("service_tier", "auto"),
+            "status": self.status,
+            "text": _text_echo(body.get("text")),
+            "top_logprobs": None,
+            "truncation": "disabled",
+            "usage": self._usage() if done else None,
+            "user": body.get("user"),
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
+        }
+
+    def _usage(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": 0,
+                "input_tokens_per_turn": [],
+                "cached_tokens_per_turn": [],
+            },
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {
+                "reasoning_tokens": 0,
+                "tool_output_tokens": 0,
+                "output_tokens_per_turn": [],
+                "tool_output_tokens_per_turn": [],
+            },
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
+
+
+async def _events(
+    response: _Response, outputs: AsyncIterator[RequestOutput]
+) -> AsyncIterator[dict[str, Any]]:
+    """vLLM's stream of a text answer: its events, numbered in order."""
+    number = -1
+
+    def event(kind: str, **fields: Any) -> dict[str, Any]:
+        nonlocal number
+        number += 1
+        fields.update(sequence_number=number, type=kind)
+        return dict(sorted(fields.items()))  # vLLM's events list their keys in this order
+
+    async with aclosing(outputs):
+        first = await anext(outputs, None)  # a refusal still reaches the client as JSON
+        yield event("response.created", response=response.body())
+        yield event("response.in_progress", response=response.body())
+        item_id = response.item_id
+        yield event("response.output_item.added", item=response.item("in_progress"), output_index=0)
+        yield event(
+            "response.content_part.added",
+            content_index=0,
+            item_id=item_id,
+            output_index=0,
+            part=response.part([]),
+        )
+        pending = [first] if first is not None else []
+        while True:
+            output = pending.pop() if pending else await anext(outputs, None)
+            if output is None:
+                break
+            before = len(response.text)
+            response.add_output(output)
+            if delta := response.text[before:]:
+                yield event(
+                    "response.output_text.delta",
+                    content_index=0,
+                    delta=delta,
+                    item_id=item_id,
+                    logprobs=[],
+                    output_index=0,
+                )
+    yield event(
+        "response.output_text.done",
+        content_index=0,
+        item_id=item_id,
+        logprobs=[],
+        output_index=0,
+        text=response.text,
+    )
+    yield event(
+        "response.content_part.done",
+        content_index=0,
+        item_id=item_id,
+        output_index=0,
+        part=response.part(None),
+    )
+    yield event("response.output_item.done", item=response.item("completed"), output_index=0)
+    yield event("response.completed", response=response.body())

@@ -1,0 +1,161 @@
+"""POST /v1/responses over real HTTP: the official openai client reads our responses and
+streams; every object has the keys of vLLM 0.32's, in its order (vllm_samples/30-33);
+the text is what the same messages give through /v1/chat/completions (greedy); and the
+requests vLLM refuses, or aioserve cannot serve yet, get their errors, naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.server.conftest import MODEL
+from tests.server.openai_helpers import client, post, sample, sample_stream, shape
+from tests.server.serve_process import fetch
+
+pytestmark = pytest.mark.slow
+
+MESSAGES_BODY = sample("31_responses_messages")["request"]["body"]
+
+
+def _body(**fields) -> dict:
+    return {"model": MODEL, "temperature": 0, **fields}
+
+
+def _named_events(raw: bytes) -> list[tuple[str, dict]]:
+    """(name, data) of each event of a Responses stream: `event:` then `data:`, no [DONE]."""
+    frames = raw.split(b"\n\n")
+    assert frames[-1] == b"", raw[-200:]
+    events = []
+    for frame in frames[:-1]:
+        name_line, data_line = frame.split(b"\n")
+        assert name_line.startswith(b"event: ") and data_line.startswith(b"data: "), frame
+        data = json.loads(data_line[len(b"data: ") :])
+        assert name_line[len(b"event: ") :].decode() == data["type"]
+        events.append((data["type"], data))
+    return events
+
+
+def _chat_text(server: str, body: dict) -> str:
+    messages = (
+        [{"role": "system", "content": body["instructions"]}] if "instructions" in body else []
+    )
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    for item in items:
+        content = item["content"]
+        if isinstance(content, list):
+            content = "".join(part["text"] for part in content)
+        messages.append({"role": item["role"], "content": content})
+    reply = client(server).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=body["max_output_tokens"], temperature=0
+    )
+    return reply.choices[0].message.content
+
+
+def test_a_response_has_vllms_shape_and_the_chat_answer(openai_server):
+    body = {**MESSAGES_BODY, "model": MODEL}
+    reply = post(openai_server, "/v1/responses", body)
+    assert reply.status == 200
+    got = reply.json()
+    assert shape(got) == shape(sample("31_responses_messages")["response"]["body"])
+    assert got["id"].startswith("resp_") and got["output"][0]["id"].startswith("msg_")
+    assert got["instructions"] == "You are terse." and got["status"] == "completed"
+    assert got["output"][0]["content"][0]["text"] == _chat_text(openai_server, body)
+    usage = got["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_the_openai_client_reads_an_incomplete_response(openai_server):
+    response = client(openai_server).responses.create(
+        model=MODEL, input="Write a long story about the sea.", max_output_tokens=5, temperature=0
+    )
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 5
+    assert response.output_text == _chat_text(
+        openai_server, {"input": "Write a long story about the sea.", "max_output_tokens": 5}
+    )
+    raw = post(openai_server, "/v1/responses", _body(input="Hi", max_output_tokens=1)).json()
+    assert shape(raw) == shape(sample("30_responses_incomplete")["response"]["body"])
+
+
+def test_a_stream_is_vllms_events_and_the_openai_client_reads_it(openai_server):
+    body = _body(input="Say hi.", max_output_tokens=4, stream=True)
+    ours = _named_events(post(openai_server, "/v1/responses", body).body)
+    theirs = _named_events(sample_stream("32_responses_stream"))
+
+    def collapsed(events):  # consecutive deltas as one
+        names = [name for name, _ in events]
+        return [n for i, n in enumerate(names) if i == 0 or n != names[i - 1]]
+
+    assert collapsed(ours) == collapsed(theirs)
+    for (name, data), (_, reference) in zip(ours, theirs, strict=False):
+        assert shape(data) == shape(reference), name
+    assert [data["sequence_number"] for _, data in ours] == list(range(len(ours)))
+    deltas = "".join(data["delta"] for name, data in ours if name == "response.output_text.delta")
+    final = ours[-1][1]["response"]
+    assert final["output"][0]["content"][0]["text"] == deltas
+    assert final["usage"]["output_tokens"] == 4
+
+    stream = client(openai_server).responses.create(**{**body, "stream": True})
+    events = list(stream)
+    assert events[-1].type == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == deltas  # greedy: the same answer
+
+
+def test_text_format_json_schema_constrains_the_answer(openai_server):
+    request = sample("33_responses_json_schema")["request"]["body"]
+    got = post(openai_server, "/v1/responses", {**request, "model": MODEL}).json()
+    assert shape(got) == shape(sample("33_responses_json_schema")["response"]["body"])
+    assert got["text"] == sample("33_responses_json_schema")["response"]["body"]["text"]
+    schema = request["text"]["format"]["schema"]
+    jsonschema.validate(json.loads(got["output"][0]["content"][0]["text"]), schema)
+
+
+@pytest.mark.parametrize(
+    "fields, status, words",
+    [
+        ({}, 400, "the field `input` is required"),
+        ({"input": []}, 400, "Cannot apply chat template to an empty conversation"),
+        ({"input": "x", "max_output_tokens": -1}, 400, "max_tokens must be at least 1, got -1"),
+        ({"input": "x", "max_output_tokens": 10**6}, 400, "max_output_tokens=1000000 cannot be"),
+        ({"input": "x", "temperature": -1}, 400, "temperature must be non-negative"),
+        ({"input": "x", "previous_response_id": "resp_1"}, 404, "Response with id 'resp_1' not"),
+        ({"input": "x", "background": True}, 400, "does not support the background mode"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            400,
+            "is not a multimodal model",
+        ),
+        (
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+            400,
+            "tools (function calls) in /v1/responses is not supported yet",
+        ),
+        ({"input": [{"type": "function_call_output"}]}, 400, "'function_call_output' are not"),
+        ({"input": "x", "top_logprobs": 2}, 400, "top_logprobs in /v1/responses is not"),
+        ({"input": "x", "text": {"format": {"type": "xml"}}}, 400, "text.format must be text"),
+        ({"input": [{"role": "robot", "content": "x"}]}, 400, "role must be one of user"),
+        ({"model": "nope", "input": "x"}, 404, "The model `nope` does not exist"),
+    ],
+)
+def test_refusals_name_the_field(openai_server, fields, status, words):
+    reply = post(openai_server, "/v1/responses", {"model": MODEL, **fields})
+    assert reply.status == status, reply.body
+    error = reply.json()["error"]
+    assert words in error["message"] and error["code"] == status
+
+
+def test_nothing_is_stored(openai_server):
+    # store (the Responses API's default) is accepted and, as vLLM's default, has no effect.
+    created = post(openai_server, "/v1/responses", _body(input="Hi", max_output_tokens=2))
+    assert created.status == 200
+    response_id = created.json()["id"]
+    for method, path in (("GET", ""), ("POST", "/cancel")):
+        reply = fetch(method, f"{openai_server}/v1/responses/{response_id}{path}")
+        assert reply.status == 404
+        assert reply.json()["error"]["message"] == f"Response with id '{response_id}' not found."
