@@ -6,26 +6,23 @@ the messages after it; the request is then validated, rendered and run as a chat
 completion with the same sampling fields (`max_output_tokens` is chat's max_tokens), and
 the answer comes back as one assistant message item. `text.format` (json_schema,
 json_object) constrains it through structured outputs. Streamed, it is vLLM's events:
-response.created, response.in_progress, the item and its text part added, one
-response.output_text.delta per piece of text, the part and the item done, then
-response.completed (also when the answer stopped at max_output_tokens: the response's
-status then says "incomplete"), each as `event: <type>` and `data: <json>`.
+response.created, response.in_progress, each item and its text part added, one delta
+per piece of text, the part and the item done, then response.completed (also when the
+answer stopped at max_output_tokens: the response's status then says "incomplete"),
+each as `event: <type>` and `data: <json>`.
 
 As vLLM without VLLM_ENABLE_RESPONSES_API_STORE (its default), nothing is stored: `store`
 is accepted and has no effect, `previous_response_id` names a response that is not found
 (404), `background` is refused, and GET /v1/responses/{id} and its cancel route answer
 404. Not supported yet, and refused by name: tools and tool_choice (function calls),
 input items other than messages, `top_logprobs`, `include`, `prompt` templates and
-`truncation: "auto"`, and the route on a server with --reasoning-parser (whose answer
-would need a reasoning item). Images and files are refused as vLLM refuses them for a
-text model.
+`truncation: "auto"`. Images and files are refused as vLLM refuses them for a text model.
+With --reasoning-parser the answer's reasoning is an item of its own (`include_reasoning:
+false` drops it); responses_output.py builds the items and the events.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from http import HTTPStatus
 from typing import Any
@@ -33,20 +30,21 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from aioserve.engine.outputs import RequestOutput
 from aioserve.server.body_fields import read_json_body, shown_value
 from aioserve.server.chat_template import render_chat
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.generation import engine_outputs, reserve_places
-from aioserve.server.protocol import ChatRequest, check_prompt, check_serving, parse_chat_request
+from aioserve.server.protocol import check_prompt, check_serving, parse_chat_request
+from aioserve.server.reasoning import ReasoningSplitter, reasoning_closed
+from aioserve.server.responses_output import ResponseBuilder, response_events
 from aioserve.server.sse import stream_events
-from aioserve.server.state import STATE, ServerState
+from aioserve.server.state import STATE
 
 # Sampling fields a Responses request shares with chat completions, under the same names.
 _CHAT_FIELDS = (
     "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
     "frequency_penalty", "logit_bias", "skip_special_tokens", "include_stop_str_in_output",
-    "request_id", "priority", "stream", "user",
+    "request_id", "priority", "stream", "user", "include_reasoning",
 )  # fmt: skip
 # Fields of features aioserve does not implement yet for this route: refused by name.
 _NOT_YET = {
@@ -64,8 +62,6 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = await read_json_body(request)
     check_serving(state, body)
-    if state.engine.settings.reasoning_parser:
-        raise APIError("/v1/responses with --reasoning-parser is not supported yet")
     parsed = parse_chat_request(state, _as_chat_body(body, state.model_name), request.headers)
     parsed.max_tokens_field = "max_output_tokens"
     engine = state.engine
@@ -76,8 +72,31 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             parsed.messages,
             chat_template_kwargs=parsed.chat_template_kwargs,
         )
+        parser = engine.settings.reasoning_parser
+        splitter = None
+        if parser:
+            prompt_closed = reasoning_closed(parser, text)
+            if prompt_closed or not parsed.include_reasoning:
+                parsed.params.reasoning_end = None  # as chat.py: constrained from the start
+            splitter = ReasoningSplitter(parser, parsed.chat_template_kwargs, prompt_closed)
         parsed.params = check_prompt(engine, token_ids, parsed, "input")
-        response = _Response(state, body, parsed, len(token_ids))
+        params = parsed.params
+        response = ResponseBuilder(
+            parsed.request_id,
+            state.model_name,
+            body,
+            {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "presence_penalty": params.presence_penalty,
+                "frequency_penalty": params.frequency_penalty,
+            },
+            len(token_ids),
+            splitter,
+            lambda ids: engine.tokenizer.decode(
+                ids, skip_special_tokens=params.skip_special_tokens
+            ),
+        )
         outputs = engine_outputs(
             engine,
             parsed.engine_prompt(text, token_ids),
@@ -87,11 +106,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             reservation,
         )
         if parsed.stream:
-            return await stream_events(request, _events(response, outputs), named=True)
+            return await stream_events(request, response_events(response, outputs), named=True)
         async with aclosing(outputs):
             async for output in outputs:
                 final = output
-        response.add_output(final)
+        response.add_whole(final)
         return web.Response(body=orjson.dumps(response.body()), content_type="application/json")
 
 
@@ -234,179 +253,3 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     raise bad_parameter(
         "text.format", shown_value(fmt), "text.format must be text, json_object or json_schema"
     )
-
-
-def _text_echo(text: Any) -> dict[str, Any] | None:
-    """The request's `text` as vLLM's response repeats it."""
-    if not isinstance(text, dict):
-        return None
-    fmt = dict(text.get("format") or {"type": "text"})
-    if fmt.get("type") == "json_schema":
-        fmt = {
-            "name": fmt.get("name"),
-            "schema": fmt.get("schema"),
-            "type": "json_schema",
-            "description": fmt.get("description"),
-            "strict": fmt.get("strict"),
-        }
-    return {"format": fmt, "verbosity": text.get("verbosity")}
-
-
-class _Response:
-    """The response object of one request, as it fills (vLLM's keys, in vLLM's order)."""
-
-    def __init__(
-        self, state: ServerState, body: dict[str, Any], parsed: ChatRequest, input_tokens: int
-    ) -> None:
-        self.id = f"resp_{parsed.request_id}"
-        self.item_id = f"msg_{secrets.token_hex(8)}"
-        self.created_at = int(time.time())
-        self.model = state.model_name
-        self.request, self.params = body, parsed.params
-        self.input_tokens, self.cached_tokens = input_tokens, 0
-        self.text, self.output_tokens = "", 0
-        self.status, self.incomplete_reason = "in_progress", None
-
-    def add_output(self, output: RequestOutput) -> None:
-        """Take an engine output: the whole answer, or a delta of it."""
-        sample = output.outputs[0]
-        self.text += sample.text
-        self.output_tokens += len(sample.token_ids)
-        self.cached_tokens = output.num_cached_tokens or 0
-        if sample.finish_reason is not None:
-            incomplete = sample.finish_reason == "length"
-            self.status = "incomplete" if incomplete else "completed"
-            self.incomplete_reason = "max_output_tokens" if incomplete else None
-
-    def part(self, logprobs: list | None) -> dict[str, Any]:
-        return {"annotations": [], "text": self.text, "type": "output_text", "logprobs": logprobs}
-
-    def item(self, status: str) -> dict[str, Any]:
-        content = [self.part(None)] if status == "completed" else []
-        return {
-            "id": self.item_id,
-            "content": content,
-            "role": "assistant",
-            "status": status,
-            "type": "message",
-            "phase": None,
-        }
-
-    def body(self) -> dict[str, Any]:
-        done = self.status != "in_progress"
-        body, params = self.request, self.params
-        return {
-            "id": self.id,
-            "created_at": self.created_at,
-            "incomplete_details": (
-                {"reason": self.incomplete_reason} if self.incomplete_reason else None
-            ),
-            "instructions": body.get("instructions"),
-            "metadata": body.get("metadata"),
-            "model": self.model,
-            "object": "response",
-            "output": [self.item("completed")] if done else [],
-            "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "temperature": params.temperature,
-            "tool_choice": "none",
-            "tools": [],
-            "top_p": params.top_p,
-            "background": False,
-            "max_output_tokens": body.get("max_output_tokens"),
-            "max_tool_calls": None,
-            "previous_response_id": None,
-            "prompt": None,
-            "reasoning": body.get("reasoning"),
-            "service_tier": body.get("service_tier", "auto"),
-            "status": self.status,
-            "text": _text_echo(body.get("text")),
-            "top_logprobs": None,
-            "truncation": "disabled",
-            "usage": self._usage() if done else None,
-            "user": body.get("user"),
-            "presence_penalty": params.presence_penalty,
-            "frequency_penalty": params.frequency_penalty,
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "input_messages": None,
-            "output_messages": None,
-        }
-
-    def _usage(self) -> dict[str, Any]:
-        return {
-            "input_tokens": self.input_tokens,
-            "input_tokens_details": {
-                "cached_tokens": self.cached_tokens,
-                "cache_write_tokens": 0,
-                "input_tokens_per_turn": [],
-                "cached_tokens_per_turn": [],
-            },
-            "output_tokens": self.output_tokens,
-            "output_tokens_details": {
-                "reasoning_tokens": 0,
-                "tool_output_tokens": 0,
-                "output_tokens_per_turn": [],
-                "tool_output_tokens_per_turn": [],
-            },
-            "total_tokens": self.input_tokens + self.output_tokens,
-        }
-
-
-async def _events(
-    response: _Response, outputs: AsyncIterator[RequestOutput]
-) -> AsyncIterator[dict[str, Any]]:
-    """vLLM's stream of a text answer: its events, numbered in order."""
-    number = -1
-
-    def event(kind: str, **fields: Any) -> dict[str, Any]:
-        nonlocal number
-        number += 1
-        fields.update(sequence_number=number, type=kind)
-        return dict(sorted(fields.items()))  # vLLM's events list their keys in this order
-
-    async with aclosing(outputs):
-        first = await anext(outputs, None)  # a refusal still reaches the client as JSON
-        yield event("response.created", response=response.body())
-        yield event("response.in_progress", response=response.body())
-        item_id = response.item_id
-        yield event("response.output_item.added", item=response.item("in_progress"), output_index=0)
-        yield event(
-            "response.content_part.added",
-            content_index=0,
-            item_id=item_id,
-            output_index=0,
-            part=response.part([]),
-        )
-        pending = [first] if first is not None else []
-        while True:
-            output = pending.pop() if pending else await anext(outputs, None)
-            if output is None:
-                break
-            before = len(response.text)
-            response.add_output(output)
-            if delta := response.text[before:]:
-                yield event(
-                    "response.output_text.delta",
-                    content_index=0,
-                    delta=delta,
-                    item_id=item_id,
-                    logprobs=[],
-                    output_index=0,
-                )
-    yield event(
-        "response.output_text.done",
-        content_index=0,
-        item_id=item_id,
-        logprobs=[],
-        output_index=0,
-        text=response.text,
-    )
-    yield event(
-        "response.content_part.done",
-        content_index=0,
-        item_id=item_id,
-        output_index=0,
-        part=response.part(None),
-    )
-    yield event("response.output_item.done", item=response.item("completed"), output_index=0)
-    yield event("response.completed", response=response.body())

@@ -5,6 +5,7 @@ requests vLLM refuses, or aioserve cannot serve yet, get their errors, naming th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -159,3 +160,21 @@ def test_nothing_is_stored(openai_server):
         reply = fetch(method, f"{openai_server}/v1/responses/{response_id}{path}")
         assert reply.status == 404
         assert reply.json()["error"]["message"] == f"Response with id '{response_id}' not found."
+
+
+def test_with_a_reasoning_parser_the_reasoning_is_an_item(openai_server, engine, monkeypatch):
+    # SmolLM2 never closes a <think>: under deepseek_r1 its whole answer is reasoning.
+    body = _body(input="Why is the sky blue?", max_output_tokens=6)
+    plain = post(openai_server, "/v1/responses", body).json()["output"][0]["content"][0]["text"]
+    settings = dataclasses.replace(engine.settings, reasoning_parser="deepseek_r1")
+    monkeypatch.setattr(engine, "settings", settings)
+    got = post(openai_server, "/v1/responses", body).json()
+    assert [item["type"] for item in got["output"]] == ["reasoning"]
+    assert got["output"][0]["content"] == [{"text": plain, "type": "reasoning_text"}]
+    assert got["usage"]["output_tokens_details"]["reasoning_tokens"] == 6
+    events = _named_events(post(openai_server, "/v1/responses", {**body, "stream": True}).body)
+    deltas = [data["delta"] for name, data in events if name == "response.reasoning_text.delta"]
+    assert "".join(deltas) == plain
+    assert not any(name == "response.output_text.delta" for name, _ in events)
+    hidden = post(openai_server, "/v1/responses", {**body, "include_reasoning": False}).json()
+    assert hidden["output"] == []

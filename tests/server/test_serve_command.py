@@ -194,7 +194,10 @@ def _stop(process: subprocess.Popen) -> None:
         (["--port", "70000"], "--port must be a TCP port from 0 to 65535, got 70000"),
         (["--chat-template", "no-such-file"], "--chat-template 'no-such-file' is neither"),
         (["--middleware", "no.such.module"], "--middleware no.such.module: cannot import it"),
-        (["--ssl-keyfile", "k.pem"], "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs and --enable-ssl-refresh need"),
+        (
+            ["--ssl-keyfile", "k.pem"],
+            "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs and --enable-ssl-refresh need",
+        ),
     ],
 )
 def test_refused_arguments_stop_the_command_before_the_model_loads(tmp_path, argv, message):

@@ -1,0 +1,267 @@
+"""What POST /v1/responses sends back: the response object, its output items, and the
+stream of events that builds them (responses_api.py reads the request).
+
+The answer is split into output items as vLLM 0.32's simple (non-harmony) path splits it:
+with --reasoning-parser, a reasoning item (its text as one `reasoning_text` part) and then
+a message item for the content, each only when it has text; without one, a single message
+item (with no content part when the answer is empty). Streamed, an item opens with
+response.output_item.added and response.content_part.added when its first piece of text
+arrives, takes response.reasoning_text.delta or response.output_text.delta events, and
+closes with the text's done event, response.content_part.done and
+response.output_item.done; response.created and response.in_progress come first and
+response.completed last. Every event's keys are in vLLM's (alphabetical) order and carry
+a sequence number counting from 0. Keys and their order elsewhere are vLLM's too.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
+from typing import Any
+
+from aioserve.engine.outputs import RequestOutput
+from aioserve.server.reasoning import ReasoningSplitter, count_reasoning_tokens
+
+
+class _Item:
+    """One output item: a reasoning item or the assistant's message."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        prefix = "rs" if kind == "reasoning" else "msg"
+        self.id = f"{prefix}_{secrets.token_hex(8)}"
+        self.text = ""
+
+    def part(self, logprobs: list | None = None) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            return {"text": self.text, "type": "reasoning_text"}
+        return {"annotations": [], "text": self.text, "type": "output_text", "logprobs": logprobs}
+
+    def body(self, status: str | None) -> dict[str, Any]:
+        """The item as "in_progress" (opened in a stream), "completed" (closed in a
+        stream), or None (in a whole response: a message says "completed" then, a
+        reasoning item nothing, as vLLM's)."""
+        done = status != "in_progress"
+        if self.kind == "reasoning":
+            return {
+                "id": self.id,
+                "summary": [],
+                "type": "reasoning",
+                "content": [self.part()] if done else None,
+                "encrypted_content": None,
+                "status": status,
+            }
+        return {
+            "id": self.id,
+            "content": [self.part()] if done and self.text else [],
+            "role": "assistant",
+            "status": status or "completed",
+            "type": "message",
+            "phase": None,
+        }
+
+
+class ResponseBuilder:
+    """The response of one request as its answer arrives (whole, or in deltas)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        body: dict[str, Any],
+        echoed: dict[str, Any],
+        input_tokens: int,
+        splitter: ReasoningSplitter | None,
+        decode: Callable[[list[int]], str],
+    ) -> None:
+        self.id = f"resp_{request_id}"
+        self.created_at = int(time.time())
+        self.model, self.request, self.echoed = model, body, echoed
+        self.input_tokens, self.cached_tokens = input_tokens, 0
+        self.splitter, self.decode = splitter, decode
+        self.include_reasoning = body.get("include_reasoning", True) is not False
+        self.token_ids: list[int] = []
+        self.items: list[_Item] = []
+        self.item_status: str | None = None  # "completed" once streamed (_Item.body)
+        self.status, self.incomplete_reason = "in_progress", None
+
+    def take(self, output: RequestOutput) -> Iterator[tuple[str, str]]:
+        """Take an engine output (the whole answer, or its next delta); yield its text as
+        (item kind, piece) in order, the reasoning's apart from the message's."""
+        sample = output.outputs[0]
+        self.token_ids += sample.token_ids
+        self.cached_tokens = output.num_cached_tokens or 0
+        last = sample.finish_reason is not None
+        if last:
+            length = sample.finish_reason == "length"
+            self.status = "incomplete" if length else "completed"
+            self.incomplete_reason = "max_output_tokens" if length else None
+        if self.splitter is None:
+            pieces = [("message", sample.text)]
+        else:
+            split = self.splitter.feed(sample.text, last=last)
+            reasoning = split.reasoning if self.include_reasoning else ""
+            pieces = [("reasoning", reasoning), ("message", split.content)]
+        for kind, piece in pieces:
+            if piece:
+                yield kind, piece
+
+    def add_whole(self, output: RequestOutput) -> None:
+        """Take the whole answer and build its items (a message even when empty, without
+        a reasoning parser, as vLLM does)."""
+        for kind, piece in self.take(output):
+            if not self.items or self.items[-1].kind != kind:
+                self.items.append(_Item(kind))
+            self.items[-1].text += piece
+        if self.splitter is None and not self.items:
+            self.items.append(_Item("message"))
+
+    def body(self) -> dict[str, Any]:
+        done = self.status != "in_progress"
+        request = self.request
+        return {
+            "id": self.id,
+            "created_at": self.created_at,
+            "incomplete_details": (
+                {"reason": self.incomplete_reason} if self.incomplete_reason else None
+            ),
+            "instructions": request.get("instructions"),
+            "metadata": request.get("metadata"),
+            "model": self.model,
+            "object": "response",
+            "output": [item.body(self.item_status) for item in self.items] if done else [],
+            "parallel_tool_calls": request.get("parallel_tool_calls", True),
+            "temperature": self.echoed["temperature"],
+            "tool_choice": "none",
+            "tools": [],
+            "top_p": self.echoed["top_p"],
+            "background": False,
+            "max_output_tokens": request.get("max_output_tokens"),
+            "max_tool_calls": None,
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": request.get("reasoning"),
+            "service_tier": request.get("service_tier", "auto"),
+            "status": self.status,
+            "text": _text_echo(request.get("text")),
+            "top_logprobs": None,
+            "truncation": "disabled",
+            "usage": self._usage() if done else None,
+            "user": request.get("user"),
+            "presence_penalty": self.echoed["presence_penalty"],
+            "frequency_penalty": self.echoed["frequency_penalty"],
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
+        }
+
+    def _usage(self) -> dict[str, Any]:
+        reasoning_tokens = 0
+        if self.splitter is not None:
+            reasoning_tokens = count_reasoning_tokens(self.splitter, self.token_ids, self.decode)
+        output_tokens = len(self.token_ids)
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": 0,
+                "input_tokens_per_turn": [],
+                "cached_tokens_per_turn": [],
+            },
+            "output_tokens": output_tokens,
+            "output_tokens_details": {
+                "reasoning_tokens": reasoning_tokens,
+                "tool_output_tokens": 0,
+                "output_tokens_per_turn": [],
+                "tool_output_tokens_per_turn": [],
+            },
+            "total_tokens": self.input_tokens + output_tokens,
+        }
+
+
+def _text_echo(text: Any) -> dict[str, Any] | None:
+    """The request's `text` as vLLM's response repeats it."""
+    if not isinstance(text, dict):
+        return None
+    fmt = text.get("format")
+    fmt = dict(fmt) if isinstance(fmt, dict) else {"type": "text"}
+    if fmt.get("type") == "json_schema":
+        fmt = {
+            "name": fmt.get("name"),
+            "schema": fmt.get("schema"),
+            "type": "json_schema",
+            "description": fmt.get("description"),
+            "strict": fmt.get("strict"),
+        }
+    return {"format": fmt, "verbosity": text.get("verbosity")}
+
+
+async def response_events(
+    response: ResponseBuilder, outputs: AsyncIterator[RequestOutput]
+) -> AsyncIterator[dict[str, Any]]:
+    """vLLM's stream of events for the answer `outputs` delivers in deltas."""
+    number = -1
+
+    def event(kind: str, **fields: Any) -> dict[str, Any]:
+        nonlocal number
+        number += 1
+        fields.update(sequence_number=number, type=kind)
+        return dict(sorted(fields.items()))  # vLLM's events list their keys in this order
+
+    def opened(item: _Item) -> Iterator[dict[str, Any]]:
+        index = len(response.items) - 1
+        yield event("response.output_item.added", item=item.body("in_progress"), output_index=index)
+        yield event(
+            "response.content_part.added",
+            content_index=0,
+            item_id=item.id,
+            output_index=index,
+            part=item.part([]),  # the item has no text yet
+        )
+
+    def delta(item: _Item, piece: str) -> dict[str, Any]:
+        where = {"content_index": 0, "item_id": item.id, "output_index": len(response.items) - 1}
+        if item.kind == "reasoning":
+            return event("response.reasoning_text.delta", delta=piece, **where)
+        return event("response.output_text.delta", delta=piece, logprobs=[], **where)
+
+    def closed(item: _Item) -> Iterator[dict[str, Any]]:
+        where = {"content_index": 0, "item_id": item.id, "output_index": len(response.items) - 1}
+        if item.kind == "reasoning":
+            yield event("response.reasoning_text.done", text=item.text, **where)
+        else:
+            yield event("response.output_text.done", logprobs=[], text=item.text, **where)
+        yield event("response.content_part.done", part=item.part(None), **where)
+        yield event(
+            "response.output_item.done",
+            item=item.body("completed"),
+            output_index=len(response.items) - 1,
+        )
+
+    response.item_status = "completed"
+    async with aclosing(outputs):
+        first = await anext(outputs, None)  # a refusal still reaches the client as JSON
+        yield event("response.created", response=response.body())
+        yield event("response.in_progress", response=response.body())
+        output = first
+        while output is not None:
+            for kind, piece in response.take(output):
+                current = response.items[-1] if response.items else None
+                if current is None or current.kind != kind:
+                    if current is not None:
+                        for closing in closed(current):
+                            yield closing
+                    current = _Item(kind)
+                    response.items.append(current)
+                    for opening in opened(current):
+                        yield opening
+                current.text += piece
+                yield delta(current, piece)
+            output = await anext(outputs, None)
+    if response.items:
+        for closing in closed(response.items[-1]):
+            yield closing
+    yield event("response.completed", response=response.body())

@@ -1,0 +1,112 @@
+"""The Responses API's output items and events from an answer given in pieces: with a
+reasoning parser, a reasoning item then a message item, each opened by its first text and
+closed before the next, the text of each whole and equal to the joined deltas, as vLLM
+0.32's simple streaming path builds them; without one, a message alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aioserve.engine.outputs import CompletionOutput, RequestOutput
+from aioserve.server.reasoning import ReasoningSplitter
+from aioserve.server.responses_output import ResponseBuilder, response_events
+
+ECHOED = {"temperature": 0.0, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+PIECES = ["<think>", "Let me", " see.</th", "ink>The", " answer", "."]  # one token each
+
+
+def _outputs(pieces: list[str], finish_reason: str = "stop") -> list[RequestOutput]:
+    return [
+        RequestOutput(
+            "r", None, [1, 2], [CompletionOutput(0, piece, [10 + i], None, None, reason)], False
+        )
+        for i, (piece, reason) in enumerate(
+            zip(pieces, [None] * (len(pieces) - 1) + [finish_reason], strict=True)
+        )
+    ]
+
+
+def _builder(parser: str | None, **body) -> ResponseBuilder:
+    splitter = ReasoningSplitter(parser) if parser else None
+    return ResponseBuilder("abc", "m", body, ECHOED, 2, splitter, lambda ids: "".join(
+        PIECES[i - 10] for i in ids
+    ))  # fmt: skip
+
+
+def _streamed(builder: ResponseBuilder, outputs: list[RequestOutput]) -> list[dict]:
+    async def deliver():
+        for output in outputs:
+            yield output
+
+    async def run():
+        return [event async for event in response_events(builder, deliver())]
+
+    return asyncio.run(run())
+
+
+def _whole(builder: ResponseBuilder, pieces: list[str], reason: str = "stop") -> dict:
+    text = "".join(pieces)
+    ids = [10 + i for i in range(len(pieces))]
+    builder.add_whole(
+        RequestOutput("r", None, [1, 2], [CompletionOutput(0, text, ids, None, None, reason)], True)
+    )
+    return builder.body()
+
+
+def test_a_whole_answer_is_a_reasoning_item_then_a_message():
+    body = _whole(_builder("deepseek_r1"), PIECES)
+    reasoning, message = body["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["id"].startswith("rs_")
+    assert reasoning["content"] == [{"text": "Let me see.", "type": "reasoning_text"}]
+    assert reasoning["status"] is None and reasoning["summary"] == []
+    assert message["content"][0]["text"] == "The answer."
+    assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == 4  # up to </think>
+    dropped = _whole(_builder("deepseek_r1", include_reasoning=False), PIECES)
+    assert [item["type"] for item in dropped["output"]] == ["message"]
+
+
+def test_without_a_parser_an_empty_answer_is_still_a_message():
+    body = _whole(_builder(None), [""], "length")
+    assert [item["type"] for item in body["output"]] == ["message"]
+    assert body["output"][0]["content"] == []
+    assert (body["status"], body["incomplete_details"]) == (
+        "incomplete",
+        {"reason": "max_output_tokens"},
+    )
+
+
+def test_streamed_items_open_with_their_first_text_and_close_in_turn():
+    events = _streamed(_builder("deepseek_r1"), _outputs(PIECES))
+    names = [event["type"] for event in events]
+    assert names == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        *["response.reasoning_text.delta"] * 2,
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        *["response.output_text.delta"] * 3,
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    assert all(list(event) == sorted(event) for event in events)  # vLLM's key order
+    reasoning = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    content = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert (reasoning, content) == ("Let me see.", "The answer.")
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    assert [(e["output_index"], e["item"]["type"], e["item"]["status"]) for e in added] == [
+        (0, "reasoning", "in_progress"),
+        (1, "message", "in_progress"),
+    ]
+    final = events[-1]["response"]["output"]
+    assert [item["status"] for item in final] == ["completed", "completed"]
+    assert final[0]["content"][0]["text"] == reasoning and final[1]["content"][0]["text"] == content
+
+
+def test_a_stream_with_no_text_has_no_items():
+    events = _streamed(_builder(None), _outputs(["", ""]))
+    assert [event["type"] for event in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+    ]
