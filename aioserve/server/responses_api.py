@@ -1,10 +1,13 @@
 """POST /v1/responses: OpenAI's Responses API for text, as vLLM 0.32 serves it by default.
 
-A response is one chat turn. `instructions` become a system message and `input` (a string,
-or a list of message items whose content is a string or input_text/output_text parts)
-the messages after it; the request is then validated, rendered and run as a chat
-completion with the same sampling fields (`max_output_tokens` is chat's max_tokens), and
-the answer comes back as one assistant message item. `text.format` (json_schema,
+A response is one chat turn. `instructions` (unless empty) become a system message and
+`input` (a string, or a list of message items whose content is a string or
+input_text/output_text parts; an assistant message keeps its first part, as in vLLM) the
+messages after it; an unfinished assistant message at the end (status in_progress or
+incomplete) is continued. The request is then validated, rendered and run as a chat
+completion with chat's sampling fields (`max_output_tokens` is chat's max_tokens; the
+response repeats what the request may produce, as vLLM's), and the answer comes back as
+an assistant message item; a `request_id` given is the response's id. `text.format` (json_schema,
 json_object) constrains it through structured outputs. Streamed, it is vLLM's events:
 response.created, response.in_progress, each item and its text part added, one delta
 per piece of text, the part and the item done, then response.completed (also when the
@@ -15,14 +18,16 @@ As vLLM without VLLM_ENABLE_RESPONSES_API_STORE (its default), nothing is stored
 is accepted and has no effect, `previous_response_id` names a response that is not found
 (404), `background` is refused, and GET /v1/responses/{id} and its cancel route answer
 404. Not supported yet, and refused by name: tools and tool_choice (function calls),
-input items other than messages, `top_logprobs`, `include`, `prompt` templates and
-`truncation: "auto"`. Images and files are refused as vLLM refuses them for a text model.
+input items other than messages, the logprobs `include` ("message.output_text.logprobs";
+its other values are accepted and change nothing, as in vLLM, and so is `top_logprobs`
+without it), `prompt` templates and `truncation: "auto"`. Images and files are refused as vLLM refuses them for a text model.
 With --reasoning-parser the answer's reasoning is an item of its own (`include_reasoning:
 false` drops it); responses_output.py builds the items and the events.
 """
 
 from __future__ import annotations
 
+import secrets
 from contextlib import aclosing
 from http import HTTPStatus
 from typing import Any
@@ -30,9 +35,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from aioserve.engine.admission import max_new_tokens
 from aioserve.server.body_fields import read_json_body, shown_value
 from aioserve.server.chat_template import render_chat
-from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.generation import engine_outputs, reserve_places
 from aioserve.server.protocol import check_prompt, check_serving, parse_chat_request
 from aioserve.server.reasoning import ReasoningSplitter, reasoning_closed
@@ -41,18 +47,24 @@ from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE
 
 # Sampling fields a Responses request shares with chat completions, under the same names.
+# vLLM-only fields chat refuses (watermarking, kv_transfer_params, ...) go along to be
+# refused there too.
 _CHAT_FIELDS = (
     "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-    "frequency_penalty", "logit_bias", "skip_special_tokens", "include_stop_str_in_output",
-    "request_id", "priority", "stream", "user", "include_reasoning",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "stop", "stop_token_ids",
+    "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "request_id",
+    "priority", "stream", "user", "include_reasoning", "cache_salt", "chat_template_kwargs",
+    "structured_outputs", "watermarking", "vllm_xargs", "kv_transfer_params",
+    "mm_processor_kwargs", "media_io_kwargs",
 )  # fmt: skip
 # Fields of features aioserve does not implement yet for this route: refused by name.
 _NOT_YET = {
     "tools": "tools (function calls)",
-    "include": "include",
     "prompt": "prompt templates",
     "max_tool_calls": "max_tool_calls",
 }
+# The one `include` value that changes an answer (vLLM accepts and ignores the others).
+_LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _PART_TYPES = ("input_text", "output_text", "text")
 _ROLES = ("user", "system", "developer", "assistant")
 
@@ -70,6 +82,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             render_chat,
             state,
             parsed.messages,
+            add_generation_prompt=parsed.add_generation_prompt,
+            continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
         )
         parser = engine.settings.reasoning_parser
@@ -81,8 +95,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             splitter = ReasoningSplitter(parser, parsed.chat_template_kwargs, prompt_closed)
         parsed.params = check_prompt(engine, token_ids, parsed, "input")
         params = parsed.params
+        request_id = body.get("request_id")  # vLLM's: the response's id, as given
         response = ResponseBuilder(
-            parsed.request_id,
+            request_id if isinstance(request_id, str) else f"resp_{secrets.token_hex(8)}",
             state.model_name,
             body,
             {
@@ -90,6 +105,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 "top_p": params.top_p,
                 "presence_penalty": params.presence_penalty,
                 "frequency_penalty": params.frequency_penalty,
+                "max_output_tokens": max_new_tokens(engine.settings, len(token_ids), params),
             },
             len(token_ids),
             splitter,
@@ -136,23 +152,27 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
                 name, shown_value(body[name]), f"{what} in /v1/responses is not supported yet"
             )
     if body.get("background"):
+        if body.get("store", True) is False:
+            raise refusal("background can only be used when `store` is true", "background")
         raise APIError(
             "aioserve does not store responses (as vLLM without "
             "VLLM_ENABLE_RESPONSES_API_STORE) and therefore does not support the background "
             "mode.",
             param="background",
         )
+    include = body.get("include")
+    if isinstance(include, list) and _LOGPROBS_INCLUDE in include:
+        raise bad_parameter(
+            "include",
+            shown_value(include),
+            f"include {_LOGPROBS_INCLUDE!r} (logprobs) in /v1/responses is not supported yet",
+        )
     if body.get("previous_response_id") is not None:
         raise _not_found(str(body["previous_response_id"]))
     if body.get("tool_choice") not in (None, "auto", "none"):
-        raise bad_parameter(
-            "tool_choice", shown_value(body["tool_choice"]), "tool_choice needs tools"
-        )
-    if body.get("top_logprobs") not in (None, 0):
-        raise bad_parameter(
-            "top_logprobs",
-            shown_value(body["top_logprobs"]),
-            "top_logprobs in /v1/responses is not supported yet",
+        kind = "required" if body["tool_choice"] == "required" else "function"
+        raise refusal(
+            f"Tool choice '{kind}' must be specified with 'tools' parameter.", "tool_choice"
         )
     if body.get("truncation") not in (None, "disabled"):
         raise bad_parameter(
@@ -162,9 +182,21 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
         )
     chat = {name: body[name] for name in _CHAT_FIELDS if name in body}
     chat["messages"] = _messages(body, model_name)
+    last = body["input"][-1] if isinstance(body["input"], list) and body["input"] else None
+    if (
+        isinstance(last, dict)
+        and last.get("role") == "assistant"
+        and last.get("status") in ("in_progress", "incomplete")
+    ):
+        # An unfinished assistant message is continued, as vLLM continues it.
+        chat.update(add_generation_prompt=False, continue_final_message=True)
     if "max_output_tokens" in body:
         chat["max_tokens"] = body["max_output_tokens"]
     if (response_format := _response_format(body.get("text"))) is not None:
+        if body.get("structured_outputs") is not None:
+            raise refusal(
+                "Cannot specify both structured_outputs and text.format", "structured_outputs"
+            )
         chat["response_format"] = response_format
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
@@ -176,7 +208,7 @@ def _messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]]:
     """`instructions` as a system message, then the `input` items as chat messages."""
     messages = []
     instructions = body.get("instructions")
-    if instructions is not None:
+    if instructions:  # vLLM skips an empty one (the template's default system prompt stays)
         if not isinstance(instructions, str):
             raise bad_parameter(
                 "instructions", shown_value(instructions), "instructions must be a string"
@@ -220,6 +252,8 @@ def _message(item: Any, where: str, model_name: str) -> dict[str, Any]:
         raise bad_parameter(
             f"{where}.content", shown_value(content), "content must be a string or an array"
         )
+    if role == "assistant" and content:
+        content = content[:1]  # vLLM keeps an assistant message's first part only
     parts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None

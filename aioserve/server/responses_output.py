@@ -68,7 +68,7 @@ class ResponseBuilder:
 
     def __init__(
         self,
-        request_id: str,
+        response_id: str,
         model: str,
         body: dict[str, Any],
         echoed: dict[str, Any],
@@ -76,7 +76,7 @@ class ResponseBuilder:
         splitter: ReasoningSplitter | None,
         decode: Callable[[list[int]], str],
     ) -> None:
-        self.id = f"resp_{request_id}"
+        self.id = response_id
         self.created_at = int(time.time())
         self.model, self.request, self.echoed = model, body, echoed
         self.input_tokens, self.cached_tokens = input_tokens, 0
@@ -138,7 +138,7 @@ class ResponseBuilder:
             "tools": [],
             "top_p": self.echoed["top_p"],
             "background": False,
-            "max_output_tokens": request.get("max_output_tokens"),
+            "max_output_tokens": self.echoed["max_output_tokens"],
             "max_tool_calls": None,
             "previous_response_id": None,
             "prompt": None,
@@ -187,8 +187,7 @@ def _text_echo(text: Any) -> dict[str, Any] | None:
     if not isinstance(text, dict):
         return None
     fmt = text.get("format")
-    fmt = dict(fmt) if isinstance(fmt, dict) else {"type": "text"}
-    if fmt.get("type") == "json_schema":
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         fmt = {
             "name": fmt.get("name"),
             "schema": fmt.get("schema"),

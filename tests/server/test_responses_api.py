@@ -138,7 +138,27 @@ def test_text_format_json_schema_constrains_the_answer(openai_server):
             "tools (function calls) in /v1/responses is not supported yet",
         ),
         ({"input": [{"type": "function_call_output"}]}, 400, "'function_call_output' are not"),
-        ({"input": "x", "top_logprobs": 2}, 400, "top_logprobs in /v1/responses is not"),
+        (
+            {"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 2},
+            400,
+            "include 'message.output_text.logprobs' (logprobs) in /v1/responses is not",
+        ),
+        (
+            {"input": "x", "background": True, "store": False},
+            400,
+            "background can only be used when `store` is true",
+        ),
+        (
+            {
+                "input": "x",
+                "text": {"format": {"type": "json_object"}},
+                "structured_outputs": {"regex": "a+"},
+            },
+            400,
+            "Cannot specify both structured_outputs and text.format",
+        ),
+        ({"input": "x", "tool_choice": "required"}, 400, "Tool choice 'required' must be"),
+        ({"input": "x", "watermarking": True}, 400, "watermarking"),
         ({"input": "x", "text": {"format": {"type": "xml"}}}, 400, "text.format must be text"),
         ({"input": [{"role": "robot", "content": "x"}]}, 400, "role must be one of user"),
         ({"model": "nope", "input": "x"}, 404, "The model `nope` does not exist"),
@@ -178,3 +198,66 @@ def test_with_a_reasoning_parser_the_reasoning_is_an_item(openai_server, engine,
     assert not any(name == "response.output_text.delta" for name, _ in events)
     hidden = post(openai_server, "/v1/responses", {**body, "include_reasoning": False}).json()
     assert hidden["output"] == []
+
+
+def test_chat_fields_reach_the_answer(openai_server, engine):
+    # stop, seed and the rest are chat's sampling fields, honoured as there.
+    body = _body(input="Count from one to ten.", max_output_tokens=30)
+    full = post(openai_server, "/v1/responses", body).json()["output"][0]["content"][0]["text"]
+    word = full.split()[2]
+    stopped = post(openai_server, "/v1/responses", {**body, "stop": [word]}).json()
+    assert stopped["output"][0]["content"][0]["text"] == full[: full.index(word)]
+    assert stopped["status"] == "completed"
+    # The echoed max_output_tokens is what the request may produce (vLLM's).
+    assert stopped["max_output_tokens"] == 30
+    # Not given: the room the context leaves (stopped early here by its first space).
+    unbounded = post(openai_server, "/v1/responses", _body(input="Hi", stop=[" ", "e", "o"]))
+    got = unbounded.json()
+    settings = engine.settings
+    room = settings.max_model_len - got["usage"]["input_tokens"]
+    assert got["max_output_tokens"] == min(room, settings.max_new_tokens_cap or room)
+
+
+def test_ids_include_and_empty_instructions(openai_server):
+    got = post(
+        openai_server,
+        "/v1/responses",
+        _body(
+            input="Hi",
+            max_output_tokens=2,
+            request_id="mine-1",
+            include=["reasoning.encrypted_content"],
+        ),
+    ).json()
+    assert got["id"] == "mine-1"  # a given request_id is the response's id, as in vLLM
+    blank = _body(input="Hi", max_output_tokens=6, instructions="")
+    assert post(openai_server, "/v1/responses", blank).json()["instructions"] == ""
+    assert (
+        post(openai_server, "/v1/responses", blank).json()["output"][0]["content"][0]["text"]
+        == post(openai_server, "/v1/responses", _body(input="Hi", max_output_tokens=6)).json()[
+            "output"
+        ][0]["content"][0]["text"]
+    )  # an empty system message is not added: the template's default stays
+
+
+def test_an_unfinished_assistant_message_is_continued(openai_server):
+    start = "The capital of France is"
+    body = _body(
+        input=[
+            {"role": "user", "content": "Tell me about France."},
+            {"role": "assistant", "content": start, "status": "incomplete"},
+        ],
+        max_output_tokens=4,
+    )
+    got = post(openai_server, "/v1/responses", body).json()
+    reply = client(openai_server).chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "user", "content": "Tell me about France."},
+            {"role": "assistant", "content": start},
+        ],
+        max_tokens=4,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert got["output"][0]["content"][0]["text"] == reply.choices[0].message.content

@@ -11,7 +11,13 @@ from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server.reasoning import ReasoningSplitter
 from aioserve.server.responses_output import ResponseBuilder, response_events
 
-ECHOED = {"temperature": 0.0, "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+ECHOED = {
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "max_output_tokens": 16,
+}
 PIECES = ["<think>", "Let me", " see.</th", "ink>The", " answer", "."]  # one token each
 
 
