@@ -64,12 +64,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             kept = parsed.truncation.apply(token_ids)
             if kept is not token_ids:
                 text, token_ids = await state.off_loop(engine.tokenizer.decode, kept), kept
-        parser = state.engine.settings.reasoning_parser
-        prompt_closed = bool(parser) and reasoning_closed(parser, text)
-        if prompt_closed or not parsed.include_reasoning:
-            # The prompt already ended the reasoning, or it is not wanted (vLLM then
-            # constrains the answer from its first token).
-            parsed.params.reasoning_end = None
+        prompt_closed = settle_reasoning(state, parsed, text)
         parsed.params = check_prompt(engine, token_ids, parsed, "messages")
         if parsed.add_generation_prompt:
             role = state.frontend.response_role
@@ -95,6 +90,17 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return await _full_response(
             state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
         )
+
+
+def settle_reasoning(state: ServerState, parsed: ChatRequest, prompt: str) -> bool:
+    """Whether the rendered `prompt` already ended the answer's reasoning (under the
+    server's --reasoning-parser). Then, or when the reasoning is not wanted, a constrained
+    answer is constrained from its first token (vLLM's rule)."""
+    parser = state.engine.settings.reasoning_parser
+    prompt_closed = bool(parser) and reasoning_closed(parser, prompt)
+    if prompt_closed or not parsed.include_reasoning:
+        parsed.params.reasoning_end = None
+    return prompt_closed
 
 
 def _echoed_text(parsed: ChatRequest, role: str) -> str:

@@ -37,14 +37,16 @@ from aiohttp import web
 
 from aioserve.engine.admission import max_new_tokens
 from aioserve.server.body_fields import read_json_body, shown_value
+from aioserve.server.chat import settle_reasoning
 from aioserve.server.chat_template import render_chat
 from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.generation import engine_outputs, reserve_places
 from aioserve.server.protocol import check_prompt, check_serving, parse_chat_request
-from aioserve.server.reasoning import ReasoningSplitter, reasoning_closed
+from aioserve.server.reasoning import ReasoningSplitter
 from aioserve.server.responses_output import ResponseBuilder, response_events
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE
+from aioserve.server.structured_output_fields import compile_structured_output
 
 # Sampling fields a Responses request shares with chat completions, under the same names.
 # vLLM-only fields chat refuses (watermarking, kv_transfer_params, ...) go along to be
@@ -74,9 +76,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = await read_json_body(request)
     check_serving(state, body)
-    parsed = parse_chat_request(state, _as_chat_body(body, state.model_name), request.headers)
+    chat_body = _as_chat_body(body, state.model_name)
+    parsed = parse_chat_request(state, chat_body, request.headers)
     parsed.max_tokens_field = "max_output_tokens"
+    if "response_format" in chat_body:
+        parsed.structured_output_field = "text.format"
     engine = state.engine
+    await compile_structured_output(engine, parsed.params, parsed.structured_output_field)
     with reserve_places(engine, 1) as reservation:
         text, token_ids = await state.off_loop(
             render_chat,
@@ -86,12 +92,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
         )
+        prompt_closed = settle_reasoning(state, parsed, text)
         parser = engine.settings.reasoning_parser
         splitter = None
         if parser:
-            prompt_closed = reasoning_closed(parser, text)
-            if prompt_closed or not parsed.include_reasoning:
-                parsed.params.reasoning_end = None  # as chat.py: constrained from the start
             splitter = ReasoningSplitter(parser, parsed.chat_template_kwargs, prompt_closed)
         parsed.params = check_prompt(engine, token_ids, parsed, "input")
         params = parsed.params

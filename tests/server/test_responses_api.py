@@ -261,3 +261,10 @@ def test_an_unfinished_assistant_message_is_continued(openai_server):
         extra_body={"continue_final_message": True, "add_generation_prompt": False},
     )
     assert got["output"][0]["content"][0]["text"] == reply.choices[0].message.content
+
+
+def test_a_schema_that_cannot_be_compiled_names_text_format(openai_server):
+    text = {"format": {"type": "json_schema", "name": "n", "schema": {"type": "nonsense"}}}
+    reply = post(openai_server, "/v1/responses", _body(input="x", text=text))
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"]["param"] == "text.format"
