@@ -164,6 +164,7 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
             "mode.",
             param="background",
         )
+    _check_echoed_fields(body)
     include = body.get("include")
     if isinstance(include, list) and _LOGPROBS_INCLUDE in include:
         raise bad_parameter(
@@ -206,6 +207,34 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
         chat["reasoning_effort"] = reasoning["effort"]
     return chat
+
+
+_SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
+
+
+def _check_echoed_fields(body: dict[str, Any]) -> None:
+    """400 for the fields the response repeats when they are not what OpenAI's types say."""
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise bad_parameter(
+            "metadata", shown_value(metadata), "metadata must be an object of strings"
+        )
+    if "service_tier" in body and body["service_tier"] not in _SERVICE_TIERS:
+        raise bad_parameter(
+            "service_tier",
+            shown_value(body["service_tier"]),
+            f"service_tier must be one of {', '.join(_SERVICE_TIERS)}",
+        )
+    for name in ("reasoning", "text"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise bad_parameter(name, shown_value(body[name]), f"{name} must be an object")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad_parameter(
+            "parallel_tool_calls", shown_value(parallel), "parallel_tool_calls must be a boolean"
+        )
 
 
 def _messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]]:

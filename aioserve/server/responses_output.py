@@ -9,7 +9,8 @@ response.output_item.added and response.content_part.added when its first piece 
 arrives, takes response.reasoning_text.delta or response.output_text.delta events, and
 closes with the text's done event, response.content_part.done and
 response.output_item.done; response.created and response.in_progress come first and
-response.completed last. Every event's keys are in vLLM's (alphabetical) order and carry
+response.completed last (or, when the engine fails the request midway, an "error" event
+instead, OpenAI's shape, numbered as the others). Every event's keys are in vLLM's (alphabetical) order and carry
 a sequence number counting from 0. Keys and their order elsewhere are vLLM's too.
 """
 
@@ -22,6 +23,7 @@ from contextlib import aclosing
 from typing import Any
 
 from aioserve.engine.outputs import RequestOutput
+from aioserve.server.errors import APIError
 from aioserve.server.reasoning import ReasoningSplitter, count_reasoning_tokens
 
 
@@ -132,7 +134,7 @@ class ResponseBuilder:
             "model": self.model,
             "object": "response",
             "output": [item.body(self.item_status) for item in self.items] if done else [],
-            "parallel_tool_calls": request.get("parallel_tool_calls", True),
+            "parallel_tool_calls": request.get("parallel_tool_calls") is not False,
             "temperature": self.echoed["temperature"],
             "tool_choice": "none",
             "tools": [],
@@ -142,7 +144,7 @@ class ResponseBuilder:
             "max_tool_calls": None,
             "previous_response_id": None,
             "prompt": None,
-            "reasoning": request.get("reasoning"),
+            "reasoning": _reasoning_echo(request.get("reasoning")),
             "service_tier": request.get("service_tier", "auto"),
             "status": self.status,
             "text": _text_echo(request.get("text")),
@@ -180,6 +182,14 @@ class ResponseBuilder:
             },
             "total_tokens": self.input_tokens + output_tokens,
         }
+
+
+def _reasoning_echo(reasoning: Any) -> dict[str, Any] | None:
+    """The request's `reasoning` as vLLM's response repeats it: every key, null if unset."""
+    if not isinstance(reasoning, dict):
+        return None
+    keys = ("context", "effort", "generate_summary", "mode", "summary")
+    return {key: reasoning.get(key) for key in keys}
 
 
 def _text_echo(text: Any) -> dict[str, Any] | None:
@@ -259,7 +269,14 @@ async def response_events(
                         yield opening
                 current.text += piece
                 yield delta(current, piece)
-            output = await anext(outputs, None)
+            try:
+                output = await anext(outputs, None)
+            except APIError as error:  # the engine failed the request after it started
+                fields = error.body()["error"]
+                yield event(
+                    "error", code=fields["type"], message=fields["message"], param=fields["param"]
+                )
+                return
     if response.items:
         for closing in closed(response.items[-1]):
             yield closing

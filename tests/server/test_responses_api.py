@@ -159,6 +159,9 @@ def test_text_format_json_schema_constrains_the_answer(openai_server):
         ),
         ({"input": "x", "tool_choice": "required"}, 400, "Tool choice 'required' must be"),
         ({"input": "x", "watermarking": True}, 400, "watermarking"),
+        ({"input": "x", "metadata": {"a": 1}}, 400, "metadata must be an object of strings"),
+        ({"input": "x", "service_tier": None}, 400, "service_tier must be one of auto"),
+        ({"input": "x", "reasoning": "high"}, 400, "reasoning must be an object"),
         ({"input": "x", "text": {"format": {"type": "xml"}}}, 400, "text.format must be text"),
         ({"input": [{"role": "robot", "content": "x"}]}, 400, "role must be one of user"),
         ({"model": "nope", "input": "x"}, 404, "The model `nope` does not exist"),
@@ -268,3 +271,25 @@ def test_a_schema_that_cannot_be_compiled_names_text_format(openai_server):
     reply = post(openai_server, "/v1/responses", _body(input="x", text=text))
     assert reply.status == 400, reply.body
     assert reply.json()["error"]["param"] == "text.format"
+
+
+def test_echoed_fields_come_back_as_vllm_repeats_them(openai_server):
+    got = post(
+        openai_server,
+        "/v1/responses",
+        _body(
+            input="Hi",
+            max_output_tokens=1,
+            metadata={"team": "a"},
+            user="u1",
+            reasoning={"effort": "low"},
+            text={"format": {"type": "text"}},
+            parallel_tool_calls=None,
+        ),
+    ).json()
+    assert got["metadata"] == {"team": "a"} and got["user"] == "u1"
+    assert got["reasoning"] == {
+        "context": None, "effort": "low", "generate_summary": None, "mode": None, "summary": None
+    }  # fmt: skip
+    assert got["text"] == {"format": {"type": "text"}, "verbosity": None}
+    assert got["parallel_tool_calls"] is True

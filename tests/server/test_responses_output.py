@@ -116,3 +116,24 @@ def test_a_stream_with_no_text_has_no_items():
         "response.in_progress",
         "response.completed",
     ]
+
+
+def test_a_failure_midway_is_a_numbered_error_event():
+    from aioserve.server.errors import APIError
+
+    async def failing():
+        yield _outputs(PIECES)[0]
+        raise APIError("the engine failed", 500)
+
+    async def run():
+        return [e async for e in response_events(_builder(None), failing())]
+
+    events = asyncio.run(run())
+    assert events[-1] == {
+        "code": "InternalServerError",
+        "message": "the engine failed",
+        "param": None,
+        "sequence_number": len(events) - 1,
+        "type": "error",
+    }
+    assert not any(e["type"] == "response.completed" for e in events)
