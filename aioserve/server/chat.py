@@ -38,6 +38,7 @@ from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.structured_output_fields import compile_structured_output
 from aioserve.server.tool_calls.streaming import ToolCallStream, tool_call_objects
+from aioserve.server.tools import ToolUse
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -141,7 +142,9 @@ async def _full_response(
         if parser:
             reasoning, content, count = _split_reasoning(state, parsed, prompt_closed, sample)
             reasoning_tokens += count
-        content, tool_calls, finish_reason = _calls_in_answer(parsed, content, sample.finish_reason)
+        content, tool_calls, finish_reason = calls_in_answer(
+            parsed.tool_use, content, sample.finish_reason
+        )
         choices.append(
             responses.chat_choice(
                 sample.index,
@@ -186,11 +189,10 @@ def _split_reasoning(
     return reasoning, content, count
 
 
-def _calls_in_answer(
-    parsed: ChatRequest, content: str | None, finish_reason: str | None
+def calls_in_answer(
+    tool_use: ToolUse, content: str | None, finish_reason: str | None
 ) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
     """(content, tool_calls, finish_reason) of a finished answer, as tools.py describes."""
-    tool_use = parsed.tool_use
     if tool_use.parser is None or content is None:
         return content, None, finish_reason
     answer = tool_use.parser.read_whole(content)

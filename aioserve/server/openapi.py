@@ -156,8 +156,8 @@ _SCHEMAS: dict[str, Any] = {
     "ResponsesRequest": {
         "type": "object",
         "required": ["input"],
-        "description": "OpenAI's Responses API for text (tools, top_logprobs, include and "
-        "prompt templates are refused; nothing is stored).",
+        "description": "OpenAI's Responses API for text and function tools (other tools, "
+        "output logprobs and prompt templates are refused; nothing is stored).",
         "properties": {
             "model": _STRING,
             "input": {
@@ -174,6 +174,8 @@ _SCHEMAS: dict[str, Any] = {
             "presence_penalty": {"type": "number"},
             "frequency_penalty": {"type": "number"},
             "text": {"type": "object", "description": "format: text, json_object or json_schema"},
+            "tools": {"type": "array", "items": _OBJECT, "description": "function tools"},
+            "tool_choice": {"description": "auto, none, required or {type: function, name}"},
             "stream": {"type": "boolean", "default": False},
             "store": {"type": "boolean", "description": "Accepted; nothing is stored."},
             "metadata": _OBJECT,

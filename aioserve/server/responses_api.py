@@ -17,8 +17,12 @@ each as `event: <type>` and `data: <json>`.
 As vLLM without VLLM_ENABLE_RESPONSES_API_STORE (its default), nothing is stored: `store`
 is accepted and has no effect, `previous_response_id` names a response that is not found
 (404), `background` is refused, and GET /v1/responses/{id} and its cancel route answer
-404. Not supported yet, and refused by name: tools and tool_choice (function calls),
-input items other than messages, the logprobs `include` ("message.output_text.logprobs";
+404. Function tools work as chat's tools do (tool_choice auto, which needs
+--enable-auto-tool-choice and --tool-call-parser, none, required, or a function by name;
+parallel_tool_calls): the calls come back as function_call items, and function_call and
+function_call_output input items render as chat's assistant tool_calls and tool messages.
+Not supported yet, and refused by name: other kinds of tools (web search, MCP, ...),
+reasoning input items, the logprobs `include` ("message.output_text.logprobs";
 its other values are accepted and change nothing, as in vLLM, and so is `top_logprobs`
 without it), `prompt` templates and `truncation: "auto"`. Images and files are refused as vLLM refuses them for a text model.
 With --reasoning-parser the answer's reasoning is an item of its own (`include_reasoning:
@@ -61,7 +65,6 @@ _CHAT_FIELDS = (
 )  # fmt: skip
 # Fields of features aioserve does not implement yet for this route: refused by name.
 _NOT_YET = {
-    "tools": "tools (function calls)",
     "prompt": "prompt templates",
     "max_tool_calls": "max_tool_calls",
 }
@@ -91,6 +94,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             add_generation_prompt=parsed.add_generation_prompt,
             continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
+            tools=parsed.tool_use.tools,
         )
         prompt_closed = settle_reasoning(state, parsed, text)
         parser = engine.settings.reasoning_parser
@@ -116,6 +120,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             lambda ids: engine.tokenizer.decode(
                 ids, skip_special_tokens=params.skip_special_tokens
             ),
+            parsed.tool_use,
         )
         outputs = engine_outputs(
             engine,
@@ -174,7 +179,8 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
         )
     if body.get("previous_response_id") is not None:
         raise _not_found(str(body["previous_response_id"]))
-    if body.get("tool_choice") not in (None, "auto", "none"):
+    tools = body.get("tools")
+    if not tools and body.get("tool_choice") not in (None, "auto", "none"):
         kind = "required" if body["tool_choice"] == "required" else "function"
         raise refusal(
             f"Tool choice '{kind}' must be specified with 'tools' parameter.", "tool_choice"
@@ -187,6 +193,12 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
         )
     chat = {name: body[name] for name in _CHAT_FIELDS if name in body}
     chat["messages"] = _messages(body, model_name)
+    if tools:  # the Responses API's default is [], no tools
+        chat["tools"] = _chat_tools(tools)
+        if "tool_choice" in body:
+            chat["tool_choice"] = _chat_tool_choice(body["tool_choice"])
+        if body.get("parallel_tool_calls") is not None:
+            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
     last = body["input"][-1] if isinstance(body["input"], list) and body["input"] else None
     if (
         isinstance(last, dict)
@@ -207,6 +219,39 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
         chat["reasoning_effort"] = reasoning["effort"]
     return chat
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """The Responses API's function tools ({type, name, parameters, ...}) in chat's form
+    ({type, function: {name, parameters, ...}}); 400 for the other kinds of tools."""
+    if not isinstance(tools, list):
+        raise bad_parameter("tools", shown_value(tools), "tools must be an array")
+    converted = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise bad_parameter(
+                f"tools[{i}]",
+                shown_value(tool),
+                f"tools of type {kind!r} are not supported yet; only function tools are",
+            )
+        keys = ("name", "description", "parameters", "strict")
+        converted.append({"type": "function", "function": {k: tool[k] for k in keys if k in tool}})
+    return converted
+
+
+def _chat_tool_choice(choice: Any) -> Any:
+    """The Responses API's tool_choice in chat's form: a named function is
+    {type: "function", name} there, {type: "function", function: {name}} in chat."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    if choice in ("auto", "none", "required"):
+        return choice
+    raise bad_parameter(
+        "tool_choice",
+        shown_value(choice),
+        "tool_choice must be auto, none, required or a function by name",
+    )
 
 
 _SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
@@ -254,7 +299,8 @@ def _messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]]:
         return [*messages, {"role": "user", "content": items}]
     if not isinstance(items, list):
         raise bad_parameter("input", shown_value(items), "input must be a string or an array")
-    messages += [_message(item, f"input[{i}]", model_name) for i, item in enumerate(items)]
+    for i, item in enumerate(items):
+        _add_item(messages, item, f"input[{i}]", model_name)
     if not messages:
         raise APIError(
             "Cannot apply chat template to an empty conversation. Provide at least one message.",
@@ -263,16 +309,52 @@ def _messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]]:
     return messages
 
 
-def _message(item: Any, where: str, model_name: str) -> dict[str, Any]:
+def _add_item(messages: list[dict[str, Any]], item: Any, where: str, model_name: str) -> None:
+    """Append an input item to the chat messages as vLLM does: a function call joins the
+    assistant message before it (its tool_calls), an assistant message without content
+    takes the next assistant text, a function call's output is a tool message."""
     if not isinstance(item, dict):
         raise bad_parameter(where, shown_value(item), f"{where} must be an object")
     kind = item.get("type", "message")
+    previous = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+    if kind == "function_call":
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(key), str):
+                raise bad_parameter(
+                    f"{where}.{key}", shown_value(item.get(key)), f"{key} must be a string"
+                )
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        if previous is not None:
+            previous.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        return
+    if kind == "function_call_output":
+        output = item.get("output")
+        if not isinstance(output, str) or not isinstance(item.get("call_id"), str):
+            raise bad_parameter(
+                where, shown_value(item), "a function_call_output needs call_id and output strings"
+            )
+        messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        return
     if kind != "message":
         raise bad_parameter(
             f"{where}.type",
             shown_value(kind),
             f"input items of type {kind!r} are not supported yet",
         )
+    message = _message(item, where, model_name)
+    if message["role"] == "assistant" and previous is not None and previous.get("content") is None:
+        previous["content"] = message["content"]
+        return
+    messages.append(message)
+
+
+def _message(item: dict[str, Any], where: str, model_name: str) -> dict[str, Any]:
     role = item.get("role")
     if role not in _ROLES:
         raise bad_parameter(

@@ -2,9 +2,13 @@
 stream of events that builds them (responses_api.py reads the request).
 
 The answer is split into output items as vLLM 0.32's simple (non-harmony) path splits it:
-with --reasoning-parser, a reasoning item (its text as one `reasoning_text` part) and then
-a message item for the content, each only when it has text; without one, a single message
-item (with no content part when the answer is empty). Streamed, an item opens with
+with --reasoning-parser, a reasoning item (its text as one `reasoning_text` part), then a
+message item for the content, then with a tool parser one function_call item per call,
+each only when it has something; without either parser, a single message item (with no
+content part when the answer is empty). Streamed, a call is read from the content as it
+arrives (chat's ToolCallStream): its item opens with response.output_item.added, takes
+response.function_call_arguments.delta events and closes with
+response.function_call_arguments.done and response.output_item.done. Any other item opens with
 response.output_item.added and response.content_part.added when its first piece of text
 arrives, takes response.reasoning_text.delta or response.output_text.delta events, and
 closes with the text's done event, response.content_part.done and
@@ -23,18 +27,24 @@ from contextlib import aclosing
 from typing import Any
 
 from aioserve.engine.outputs import RequestOutput
+from aioserve.server.chat import calls_in_answer
 from aioserve.server.errors import APIError
 from aioserve.server.reasoning import ReasoningSplitter, count_reasoning_tokens
+from aioserve.server.tool_calls.streaming import ToolCallStream
+from aioserve.server.tools import ToolUse
+
+_ID_PREFIXES = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
 
 
 class _Item:
-    """One output item: a reasoning item or the assistant's message."""
+    """One output item: a reasoning item, the assistant's message, or a function call (its
+    text then being the call's arguments)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, name: str | None = None, call_id: str | None = None) -> None:
         self.kind = kind
-        prefix = "rs" if kind == "reasoning" else "msg"
-        self.id = f"{prefix}_{secrets.token_hex(8)}"
+        self.id = f"{_ID_PREFIXES[kind]}_{secrets.token_hex(8)}"
         self.text = ""
+        self.name, self.call_id = name, call_id
 
     def part(self, logprobs: list | None = None) -> dict[str, Any]:
         if self.kind == "reasoning":
@@ -46,6 +56,19 @@ class _Item:
         stream), or None (in a whole response: a message says "completed" then, a
         reasoning item nothing, as vLLM's)."""
         done = status != "in_progress"
+        if self.kind == "function_call":
+            call = {
+                "arguments": self.text,
+                "call_id": self.call_id,
+                "name": self.name,
+                "type": "function_call",
+                "id": self.id,
+                "async": None,
+                "caller": None,
+                "namespace": None,
+                "status": status or "completed",
+            }
+            return call if done else {**call, "created_by": None}
         if self.kind == "reasoning":
             return {
                 "id": self.id,
@@ -77,21 +100,25 @@ class ResponseBuilder:
         input_tokens: int,
         splitter: ReasoningSplitter | None,
         decode: Callable[[list[int]], str],
+        tool_use: ToolUse,
     ) -> None:
         self.id = response_id
         self.created_at = int(time.time())
         self.model, self.request, self.echoed = model, body, echoed
         self.input_tokens, self.cached_tokens = input_tokens, 0
-        self.splitter, self.decode = splitter, decode
+        self.splitter, self.decode, self.tool_use = splitter, decode, tool_use
+        # In a stream with a tool parser: the content read for calls as it arrives.
+        self.calls: ToolCallStream | None = None
         self.include_reasoning = body.get("include_reasoning", True) is not False
         self.token_ids: list[int] = []
         self.items: list[_Item] = []
         self.item_status: str | None = None  # "completed" once streamed (_Item.body)
         self.status, self.incomplete_reason = "in_progress", None
 
-    def take(self, output: RequestOutput) -> Iterator[tuple[str, str]]:
+    def take(self, output: RequestOutput) -> Iterator[tuple[str, Any]]:
         """Take an engine output (the whole answer, or its next delta); yield its text as
-        (item kind, piece) in order, the reasoning's apart from the message's."""
+        (item kind, piece) in order, the reasoning's apart from the message's, and in a
+        stream with a tool parser the calls' deltas as ("call", chat's tool_calls delta)."""
         sample = output.outputs[0]
         self.token_ids += sample.token_ids
         self.cached_tokens = output.num_cached_tokens or 0
@@ -100,25 +127,43 @@ class ResponseBuilder:
             length = sample.finish_reason == "length"
             self.status = "incomplete" if length else "completed"
             self.incomplete_reason = "max_output_tokens" if length else None
-        if self.splitter is None:
-            pieces = [("message", sample.text)]
-        else:
+        reasoning, content = "", sample.text
+        if self.splitter is not None:
             split = self.splitter.feed(sample.text, last=last)
             reasoning = split.reasoning if self.include_reasoning else ""
-            pieces = [("reasoning", reasoning), ("message", split.content)]
-        for kind, piece in pieces:
-            if piece:
-                yield kind, piece
+            content = split.content
+        if reasoning:
+            yield "reasoning", reasoning
+        deltas = None
+        if self.calls is not None:
+            content, deltas = self.calls.feed(content, last)
+        if content:
+            yield "message", content
+        for call in deltas or []:
+            yield "call", call
 
     def add_whole(self, output: RequestOutput) -> None:
-        """Take the whole answer and build its items (a message even when empty, without
-        a reasoning parser, as vLLM does)."""
+        """Take the whole answer and build its items: reasoning, message and calls, each
+        only when it has something (without a reasoning or tool parser, a message even
+        when empty, as vLLM does)."""
+        text = {"reasoning": "", "message": ""}
         for kind, piece in self.take(output):
-            if not self.items or self.items[-1].kind != kind:
-                self.items.append(_Item(kind))
-            self.items[-1].text += piece
-        if self.splitter is None and not self.items:
+            text[kind] += piece
+        content, calls = text["message"], None
+        if self.tool_use.parser is not None:
+            finish_reason = output.outputs[0].finish_reason
+            content, calls, _ = calls_in_answer(self.tool_use, content or None, finish_reason)
+        if text["reasoning"]:
+            self.items.append(_Item("reasoning"))
+            self.items[-1].text = text["reasoning"]
+        plain = self.splitter is None and self.tool_use.parser is None
+        if content or plain:
             self.items.append(_Item("message"))
+            self.items[-1].text = content or ""
+        for call in calls or []:
+            function = call["function"]
+            self.items.append(_Item("function_call", function["name"], call["id"]))
+            self.items[-1].text = function["arguments"]
 
     def body(self) -> dict[str, Any]:
         done = self.status != "in_progress"
@@ -221,8 +266,10 @@ async def response_events(
         return dict(sorted(fields.items()))  # vLLM's events list their keys in this order
 
     def opened(item: _Item) -> Iterator[dict[str, Any]]:
-        index = len(response.items) - 1
+        index = index_of(item)
         yield event("response.output_item.added", item=item.body("in_progress"), output_index=index)
+        if item.kind == "function_call":
+            return  # a call has no content part
         yield event(
             "response.content_part.added",
             content_index=0,
@@ -231,26 +278,52 @@ async def response_events(
             part=item.part([]),  # the item has no text yet
         )
 
+    def index_of(item: _Item) -> int:
+        return response.items.index(item)
+
     def delta(item: _Item, piece: str) -> dict[str, Any]:
-        where = {"content_index": 0, "item_id": item.id, "output_index": len(response.items) - 1}
+        if item.kind == "function_call":
+            return event(
+                "response.function_call_arguments.delta",
+                delta=piece,
+                item_id=item.id,
+                output_index=index_of(item),
+            )
+        where = {"content_index": 0, "item_id": item.id, "output_index": index_of(item)}
         if item.kind == "reasoning":
             return event("response.reasoning_text.delta", delta=piece, **where)
         return event("response.output_text.delta", delta=piece, logprobs=[], **where)
 
     def closed(item: _Item) -> Iterator[dict[str, Any]]:
-        where = {"content_index": 0, "item_id": item.id, "output_index": len(response.items) - 1}
-        if item.kind == "reasoning":
-            yield event("response.reasoning_text.done", text=item.text, **where)
+        index = index_of(item)
+        if item.kind == "function_call":
+            yield event(
+                "response.function_call_arguments.done",
+                arguments=item.text,
+                item_id=item.id,
+                name=item.name,
+                output_index=index,
+            )
         else:
-            yield event("response.output_text.done", logprobs=[], text=item.text, **where)
-        yield event("response.content_part.done", part=item.part(None), **where)
-        yield event(
-            "response.output_item.done",
-            item=item.body("completed"),
-            output_index=len(response.items) - 1,
-        )
+            where = {"content_index": 0, "item_id": item.id, "output_index": index}
+            if item.kind == "reasoning":
+                yield event("response.reasoning_text.done", text=item.text, **where)
+            else:
+                yield event("response.output_text.done", logprobs=[], text=item.text, **where)
+            yield event("response.content_part.done", part=item.part(None), **where)
+        yield event("response.output_item.done", item=item.body("completed"), output_index=index)
+
+    def switched_to(item: _Item) -> Iterator[dict[str, Any]]:
+        """Close the current item and open `item` after it."""
+        if response.items:
+            yield from closed(response.items[-1])
+        response.items.append(item)
+        yield from opened(item)
 
     response.item_status = "completed"
+    if response.tool_use.parser is not None:
+        response.calls = ToolCallStream(response.tool_use.parser, response.tool_use.single_call)
+    calls: dict[int, _Item] = {}  # by the call's index in the answer
     async with aclosing(outputs):
         first = await anext(outputs, None)  # a refusal still reaches the client as JSON
         yield event("response.created", response=response.body())
@@ -258,17 +331,24 @@ async def response_events(
         output = first
         while output is not None:
             for kind, piece in response.take(output):
-                current = response.items[-1] if response.items else None
-                if current is None or current.kind != kind:
-                    if current is not None:
-                        for closing in closed(current):
-                            yield closing
-                    current = _Item(kind)
-                    response.items.append(current)
-                    for opening in opened(current):
-                        yield opening
-                current.text += piece
-                yield delta(current, piece)
+                if kind == "call":  # chat's tool_calls delta: a new call, or more arguments
+                    function = piece["function"]
+                    if "id" in piece:
+                        item = _Item("function_call", function["name"], piece["id"])
+                        calls[piece["index"]] = item
+                        for opening in switched_to(item):
+                            yield opening
+                    item, piece = calls[piece["index"]], function["arguments"]
+                    if not piece:
+                        continue
+                else:
+                    item = response.items[-1] if response.items else None
+                    if item is None or item.kind != kind:
+                        item = _Item(kind)
+                        for opening in switched_to(item):
+                            yield opening
+                item.text += piece
+                yield delta(item, piece)
             try:
                 output = await anext(outputs, None)
             except APIError as error:  # the engine failed the request after it started

@@ -133,11 +133,12 @@ def test_text_format_json_schema_constrains_the_answer(openai_server):
             "is not a multimodal model",
         ),
         (
-            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+            {"input": "x", "tools": [{"type": "web_search"}]},
             400,
-            "tools (function calls) in /v1/responses is not supported yet",
+            "tools of type 'web_search' are not supported yet",
         ),
-        ({"input": [{"type": "function_call_output"}]}, 400, "'function_call_output' are not"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, 400, "'reasoning' are not supported"),
+        ({"input": [{"type": "function_call_output"}]}, 400, "needs call_id and output strings"),
         (
             {"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 2},
             400,

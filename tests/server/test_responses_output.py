@@ -10,6 +10,7 @@ import asyncio
 from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server.reasoning import ReasoningSplitter
 from aioserve.server.responses_output import ResponseBuilder, response_events
+from aioserve.server.tools import ToolUse
 
 ECHOED = {
     "temperature": 0.0,
@@ -36,7 +37,7 @@ def _builder(parser: str | None, **body) -> ResponseBuilder:
     splitter = ReasoningSplitter(parser) if parser else None
     return ResponseBuilder("abc", "m", body, ECHOED, 2, splitter, lambda ids: "".join(
         PIECES[i - 10] for i in ids
-    ))  # fmt: skip
+    ), ToolUse(None))  # fmt: skip
 
 
 def _streamed(builder: ResponseBuilder, outputs: list[RequestOutput]) -> list[dict]:
