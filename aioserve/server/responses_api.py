@@ -1,32 +1,27 @@
 """POST /v1/responses: OpenAI's Responses API for text, as vLLM 0.32 serves it by default.
 
-A response is one chat turn. `instructions` (unless empty) become a system message and
-`input` (a string, or a list of message items whose content is a string or
-input_text/output_text parts; an assistant message keeps its first part, as in vLLM) the
-messages after it; an unfinished assistant message at the end (status in_progress or
-incomplete) is continued. The request is then validated, rendered and run as a chat
-completion with chat's sampling fields (`max_output_tokens` is chat's max_tokens; the
-response repeats what the request may produce, as vLLM's), and the answer comes back as
-an assistant message item; a `request_id` given is the response's id. `text.format` (json_schema,
-json_object) constrains it through structured outputs. Streamed, it is vLLM's events:
-response.created, response.in_progress, each item and its text part added, one delta
-per piece of text, the part and the item done, then response.completed (also when the
-answer stopped at max_output_tokens: the response's status then says "incomplete"),
-each as `event: <type>` and `data: <json>`.
+A response is one chat turn: its messages come from `instructions` and the `input` items
+(responses_input.py), and the request is validated, rendered and run as a chat completion
+with chat's sampling fields (`max_output_tokens` is chat's max_tokens; the response
+repeats what the request may produce, as vLLM's); a `request_id` given is the response's
+id. `text.format` (json_schema, json_object) constrains the answer through structured
+outputs. The answer comes back as output items, streamed as vLLM's named events
+(responses_output.py): with --reasoning-parser a reasoning item first (dropped with
+`include_reasoning: false`), a message, and function_call items.
+
+Function tools work as chat's tools (tool_choice required or a function by name,
+enforced by structured outputs; auto, read by --tool-call-parser with
+--enable-auto-tool-choice; parallel_tool_calls). On a server without those flags, "auto"
+(the default with tools) renders the tools and reads the answer as text, as vLLM's
+Responses route does, where chat refuses it.
 
 As vLLM without VLLM_ENABLE_RESPONSES_API_STORE (its default), nothing is stored: `store`
 is accepted and has no effect, `previous_response_id` names a response that is not found
 (404), `background` is refused, and GET /v1/responses/{id} and its cancel route answer
-404. Function tools work as chat's tools do (tool_choice auto, which needs
---enable-auto-tool-choice and --tool-call-parser, none, required, or a function by name;
-parallel_tool_calls): the calls come back as function_call items, and function_call and
-function_call_output input items render as chat's assistant tool_calls and tool messages.
-Not supported yet, and refused by name: other kinds of tools (web search, MCP, ...),
-reasoning input items, the logprobs `include` ("message.output_text.logprobs";
-its other values are accepted and change nothing, as in vLLM, and so is `top_logprobs`
-without it), `prompt` templates and `truncation: "auto"`. Images and files are refused as vLLM refuses them for a text model.
-With --reasoning-parser the answer's reasoning is an item of its own (`include_reasoning:
-false` drops it); responses_output.py builds the items and the events.
+404. Not supported yet, and refused by name: other kinds of tools (web search, MCP, ...),
+the logprobs `include` ("message.output_text.logprobs"; its other values are accepted
+and change nothing, as in vLLM, and so is `top_logprobs` without it), `max_tool_calls`,
+`prompt` templates and `truncation: "auto"`.
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from aioserve.config.frontend import FrontendConfig
 from aioserve.engine.admission import max_new_tokens
 from aioserve.server.body_fields import read_json_body, shown_value
 from aioserve.server.chat import settle_reasoning
@@ -47,6 +43,7 @@ from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.generation import engine_outputs, reserve_places
 from aioserve.server.protocol import check_prompt, check_serving, parse_chat_request
 from aioserve.server.reasoning import ReasoningSplitter
+from aioserve.server.responses_input import input_messages
 from aioserve.server.responses_output import ResponseBuilder, response_events
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE
@@ -70,8 +67,6 @@ _NOT_YET = {
 }
 # The one `include` value that changes an answer (vLLM accepts and ignores the others).
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_PART_TYPES = ("input_text", "output_text", "text")
-_ROLES = ("user", "system", "developer", "assistant")
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -79,7 +74,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = await read_json_body(request)
     check_serving(state, body)
-    chat_body = _as_chat_body(body, state.model_name)
+    chat_body = _as_chat_body(body, state.model_name, auto_tools(state.frontend))
     parsed = parse_chat_request(state, chat_body, request.headers)
     parsed.max_tokens_field = "max_output_tokens"
     if "response_format" in chat_body:
@@ -121,6 +116,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 ids, skip_special_tokens=params.skip_special_tokens
             ),
             parsed.tool_use,
+            auto_tools(state.frontend),
         )
         outputs = engine_outputs(
             engine,
@@ -152,9 +148,17 @@ def _not_found(response_id: str) -> APIError:
     )
 
 
-def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
+def auto_tools(frontend: FrontendConfig) -> bool:
+    """Whether the server reads calls out of answers (--enable-auto-tool-choice with a
+    --tool-call-parser)."""
+    return bool(frontend.enable_auto_tool_choice and frontend.tool_call_parser)
+
+
+def _as_chat_body(body: dict[str, Any], model_name: str, parses_calls: bool) -> dict[str, Any]:
     """The chat completions body that runs this Responses request; 400 or 404 for what a
-    Responses request cannot ask of aioserve."""
+    Responses request cannot ask of aioserve. Without `parses_calls`, tool_choice "auto"
+    (the default with tools) renders the tools and reads the answer as text, as vLLM's
+    Responses route does (chat refuses it)."""
     for name, what in _NOT_YET.items():
         if body.get(name) not in (None, [], {}):
             raise bad_parameter(
@@ -192,11 +196,13 @@ def _as_chat_body(body: dict[str, Any], model_name: str) -> dict[str, Any]:
             "truncation 'auto' in /v1/responses is not supported yet",
         )
     chat = {name: body[name] for name in _CHAT_FIELDS if name in body}
-    chat["messages"] = _messages(body, model_name)
+    chat["messages"] = input_messages(body, model_name)
     if tools:  # the Responses API's default is [], no tools
         chat["tools"] = _chat_tools(tools)
-        if "tool_choice" in body:
-            chat["tool_choice"] = _chat_tool_choice(body["tool_choice"])
+        choice = body.get("tool_choice", "auto")
+        chat["tool_choice"] = _chat_tool_choice(
+            "none" if choice == "auto" and not parses_calls else choice
+        )
         if body.get("parallel_tool_calls") is not None:
             chat["parallel_tool_calls"] = body["parallel_tool_calls"]
     last = body["input"][-1] if isinstance(body["input"], list) and body["input"] else None
@@ -280,108 +286,6 @@ def _check_echoed_fields(body: dict[str, Any]) -> None:
         raise bad_parameter(
             "parallel_tool_calls", shown_value(parallel), "parallel_tool_calls must be a boolean"
         )
-
-
-def _messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]]:
-    """`instructions` as a system message, then the `input` items as chat messages."""
-    messages = []
-    instructions = body.get("instructions")
-    if instructions:  # vLLM skips an empty one (the template's default system prompt stays)
-        if not isinstance(instructions, str):
-            raise bad_parameter(
-                "instructions", shown_value(instructions), "instructions must be a string"
-            )
-        messages.append({"role": "system", "content": instructions})
-    if "input" not in body:
-        raise APIError("the field `input` is required", param="input")
-    items = body["input"]
-    if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise bad_parameter("input", shown_value(items), "input must be a string or an array")
-    for i, item in enumerate(items):
-        _add_item(messages, item, f"input[{i}]", model_name)
-    if not messages:
-        raise APIError(
-            "Cannot apply chat template to an empty conversation. Provide at least one message.",
-            param="input",
-        )
-    return messages
-
-
-def _add_item(messages: list[dict[str, Any]], item: Any, where: str, model_name: str) -> None:
-    """Append an input item to the chat messages as vLLM does: a function call joins the
-    assistant message before it (its tool_calls), an assistant message without content
-    takes the next assistant text, a function call's output is a tool message."""
-    if not isinstance(item, dict):
-        raise bad_parameter(where, shown_value(item), f"{where} must be an object")
-    kind = item.get("type", "message")
-    previous = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
-    if kind == "function_call":
-        for key in ("call_id", "name", "arguments"):
-            if not isinstance(item.get(key), str):
-                raise bad_parameter(
-                    f"{where}.{key}", shown_value(item.get(key)), f"{key} must be a string"
-                )
-        call = {
-            "id": item["call_id"],
-            "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]},
-        }
-        if previous is not None:
-            previous.setdefault("tool_calls", []).append(call)
-        else:
-            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        return
-    if kind == "function_call_output":
-        output = item.get("output")
-        if not isinstance(output, str) or not isinstance(item.get("call_id"), str):
-            raise bad_parameter(
-                where, shown_value(item), "a function_call_output needs call_id and output strings"
-            )
-        messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
-        return
-    if kind != "message":
-        raise bad_parameter(
-            f"{where}.type",
-            shown_value(kind),
-            f"input items of type {kind!r} are not supported yet",
-        )
-    message = _message(item, where, model_name)
-    if message["role"] == "assistant" and previous is not None and previous.get("content") is None:
-        previous["content"] = message["content"]
-        return
-    messages.append(message)
-
-
-def _message(item: dict[str, Any], where: str, model_name: str) -> dict[str, Any]:
-    role = item.get("role")
-    if role not in _ROLES:
-        raise bad_parameter(
-            f"{where}.role", shown_value(role), f"role must be one of {', '.join(_ROLES)}"
-        )
-    content = item.get("content")
-    if isinstance(content, str):
-        return {"role": role, "content": content}
-    if not isinstance(content, list):
-        raise bad_parameter(
-            f"{where}.content", shown_value(content), "content must be a string or an array"
-        )
-    if role == "assistant" and content:
-        content = content[:1]  # vLLM keeps an assistant message's first part only
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_image", "input_file", "input_audio"):
-            raise APIError(f"{model_name} is not a multimodal model")  # vLLM's words
-        if kind not in _PART_TYPES or not isinstance(part.get("text"), str):
-            raise bad_parameter(
-                f"{where}.content[{j}]",
-                shown_value(part),
-                f"content parts must be {', '.join(_PART_TYPES)} with a string `text`",
-            )
-        parts.append({"type": "text", "text": part["text"]})
-    return {"role": role, "content": parts}
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:

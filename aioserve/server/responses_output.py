@@ -68,7 +68,7 @@ class _Item:
                 "namespace": None,
                 "status": status or "completed",
             }
-            return call if done else {**call, "created_by": None}
+            return call
         if self.kind == "reasoning":
             return {
                 "id": self.id,
@@ -101,12 +101,15 @@ class ResponseBuilder:
         splitter: ReasoningSplitter | None,
         decode: Callable[[list[int]], str],
         tool_use: ToolUse,
+        server_parses_calls: bool,
     ) -> None:
         self.id = response_id
         self.created_at = int(time.time())
         self.model, self.request, self.echoed = model, body, echoed
         self.input_tokens, self.cached_tokens = input_tokens, 0
         self.splitter, self.decode, self.tool_use = splitter, decode, tool_use
+        # vLLM sends a message item for an empty answer only when it parses nothing.
+        self.plain = splitter is None and tool_use.parser is None and not server_parses_calls
         # In a stream with a tool parser: the content read for calls as it arrives.
         self.calls: ToolCallStream | None = None
         self.include_reasoning = body.get("include_reasoning", True) is not False
@@ -156,8 +159,7 @@ class ResponseBuilder:
         if text["reasoning"]:
             self.items.append(_Item("reasoning"))
             self.items[-1].text = text["reasoning"]
-        plain = self.splitter is None and self.tool_use.parser is None
-        if content or plain:
+        if content or self.plain:
             self.items.append(_Item("message"))
             self.items[-1].text = content or ""
         for call in calls or []:
@@ -181,8 +183,8 @@ class ResponseBuilder:
             "output": [item.body(self.item_status) for item in self.items] if done else [],
             "parallel_tool_calls": request.get("parallel_tool_calls") is not False,
             "temperature": self.echoed["temperature"],
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": _tool_choice_echo(request),
+            "tools": [_tool_echo(tool) for tool in request.get("tools") or []],
             "top_p": self.echoed["top_p"],
             "background": False,
             "max_output_tokens": self.echoed["max_output_tokens"],
@@ -227,6 +229,24 @@ class ResponseBuilder:
             },
             "total_tokens": self.input_tokens + output_tokens,
         }
+
+
+def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as vLLM's response repeats it: every key, null if unset."""
+    keys = ("name", "parameters", "strict", "type", "allowed_callers", "async")
+    more = ("defer_loading", "description", "output_schema")
+    return {key: tool.get(key) for key in (*keys, *more)}
+
+
+def _tool_choice_echo(request: dict[str, Any]) -> Any:
+    """The request's tool_choice as vLLM repeats it: "auto" by default with tools, "none"
+    without; a named function as {name, type}."""
+    choice = request.get("tool_choice")
+    if not request.get("tools"):
+        return "none" if choice in (None, "auto") else choice
+    if isinstance(choice, dict):
+        return {"name": choice.get("name"), "type": "function"}
+    return choice or "auto"
 
 
 def _reasoning_echo(reasoning: Any) -> dict[str, Any] | None:

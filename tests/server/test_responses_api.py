@@ -137,8 +137,8 @@ def test_text_format_json_schema_constrains_the_answer(openai_server):
             400,
             "tools of type 'web_search' are not supported yet",
         ),
-        ({"input": [{"type": "reasoning", "summary": []}]}, 400, "'reasoning' are not supported"),
-        ({"input": [{"type": "function_call_output"}]}, 400, "needs call_id and output strings"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, 400, "'item_reference' are not"),
+        ({"input": [{"type": "function_call_output"}]}, 400, "needs a call_id and an output"),
         (
             {"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 2},
             400,

@@ -37,7 +37,7 @@ def _builder(parser: str | None, **body) -> ResponseBuilder:
     splitter = ReasoningSplitter(parser) if parser else None
     return ResponseBuilder("abc", "m", body, ECHOED, 2, splitter, lambda ids: "".join(
         PIECES[i - 10] for i in ids
-    ), ToolUse(None))  # fmt: skip
+    ), ToolUse(None), False)  # fmt: skip
 
 
 def _streamed(builder: ResponseBuilder, outputs: list[RequestOutput]) -> list[dict]:

@@ -83,6 +83,13 @@ def test_forced_calls_are_function_call_items(url, choice, chat_choice):
     assert list(item) == [
         "arguments", "call_id", "name", "type", "id", "async", "caller", "namespace", "status"
     ]  # fmt: skip
+    # The tools and tool_choice come back as vLLM repeats them.
+    assert [tool["name"] for tool in got["tools"]] == ["get_weather", "get_time"]
+    assert list(got["tools"][0]) == [
+        "name", "parameters", "strict", "type", "allowed_callers", "async", "defer_loading",
+        "description", "output_schema",
+    ]  # fmt: skip
+    assert got["tool_choice"] == (choice if isinstance(choice, str) else {**choice})
 
     stream = post(
         url, "/v1/responses", _request(tool_choice=choice, max_output_tokens=200, stream=True)
@@ -177,3 +184,58 @@ def test_auto_reads_a_generated_hermes_output(start_openai_server):
     assert added == ["message", "function_call"]
     final = events[-1][1]["response"]["output"]
     assert [item["type"] for item in final] == ["message", "function_call"]
+
+
+def test_auto_without_a_tool_parser_renders_the_tools_and_answers_in_text(url):
+    # vLLM's Responses route (unlike its chat route) takes tools on a server that parses
+    # no calls: the template shows them and the answer is read as text.
+    body = {"model": MODEL, "input": QUESTION, "tools": TOOLS, "temperature": 0,
+            "max_output_tokens": 10}  # fmt: skip
+    got = post(url, "/v1/responses", body)
+    assert got.status == 200, got.body
+    reply = client(url).chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=[WEATHER, TIME], tool_choice="none",
+        temperature=0, max_tokens=10,
+    )  # fmt: skip
+    assert [item["type"] for item in got.json()["output"]] == ["message"]
+    assert got.json()["output"][0]["content"][0]["text"] == reply.choices[0].message.content
+    assert got.json()["tool_choice"] == "auto"
+
+
+def test_a_whole_conversation_given_back_renders_as_chat_history(url):
+    # What a client sends on its next turn: the last output items, then the call's result.
+    items = [
+        *QUESTION,
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "Paris, so CET."}]},
+        {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_time",
+         "arguments": '{"zone": "CET"}'},
+        {"type": "function_call_output", "call_id": "call_1",
+         "output": [{"type": "input_text", "text": "14:05"}]},
+    ]  # fmt: skip
+    body = {"model": MODEL, "input": items, "tools": TOOLS, "tool_choice": "none",
+            "temperature": 0, "max_output_tokens": 12}  # fmt: skip
+    got = post(url, "/v1/responses", body)
+    assert got.status == 200, got.body
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": "Let me check.", "reasoning": "Paris, so CET.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "14:05"}]},
+    ]  # fmt: skip
+    reply = post(url, "/v1/chat/completions", {
+        "model": MODEL, "messages": history, "tools": [WEATHER, TIME], "tool_choice": "none",
+        "temperature": 0, "max_tokens": 12,
+    }).json()  # fmt: skip
+    text = got.json()["output"][0]["content"][0]["text"]
+    assert text == reply["choices"][0]["message"]["content"]
+    encrypted = {**items[1], "encrypted_content": "xyz"}
+    refused = post(url, "/v1/responses", {**body, "input": [*QUESTION, encrypted]})
+    assert refused.status == 400
+    assert (
+        refused.json()["error"]["message"]
+        == "Encrypted content is not supported. (parameter=input)"
+    )

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from types import SimpleNamespace
 
 import pytest
 
 from aioserve.config.frontend import frontend_config
 from aioserve.server.body_fields import BodyFields
-from aioserve.server.chat import _calls_in_answer
+from aioserve.server.chat import calls_in_answer
 from aioserve.server.errors import APIError
 from aioserve.server.request_schema import CHAT_BODY
 from aioserve.server.tool_calls.parsers import new_tool_parser
@@ -130,9 +129,7 @@ def test_llama3_json_finds_calls_after_text():
 )
 def test_hermes_whole_output_with_a_failed_tag_is_content(text):
     assert whole("hermes", text) == (text, [])
-    content, tool_calls, finish = _calls_in_answer(
-        SimpleNamespace(tool_use=use({"tools": [WEATHER]})), text, "length"
-    )
+    content, tool_calls, finish = calls_in_answer(use({"tools": [WEATHER]}), text, "length")
     assert (content, tool_calls, finish) == (text, None, "length")
 
 
@@ -181,12 +178,12 @@ def test_default_ids_are_vllm_random_uuid():
 def test_parallel_tool_calls_false_keeps_the_first_call():
     # entrypoints/serve/utils/tool_calls_utils.py maybe_filter_parallel_tool_calls
     tool_use = use({"tools": [WEATHER], "parallel_tool_calls": False})
-    _, calls, finish = _calls_in_answer(SimpleNamespace(tool_use=tool_use), TWO_CALLS, "stop")
+    _, calls, finish = calls_in_answer(tool_use, TWO_CALLS, "stop")
     assert [call["function"]["name"] for call in calls] == ["get_weather"]
     assert finish == "tool_calls"
     _, streamed_calls, _, _ = streamed("hermes", TWO_CALLS, single_call=True)
     assert [name for name, _ in streamed_calls] == ["get_weather"]
-    _, calls, _ = _calls_in_answer(SimpleNamespace(tool_use=use({"tools": [WEATHER]})), TWO_CALLS, "stop")  # fmt: skip
+    _, calls, _ = calls_in_answer(use({"tools": [WEATHER]}), TWO_CALLS, "stop")
     assert len(calls) == 2
 
 
@@ -200,12 +197,11 @@ def test_required_finishes_as_tool_calls_only_after_stop():
     # chat_completion/serving.py (non-streamed): "required" and finish_reason "stop"
     tool_use = use({"tools": [WEATHER], "tool_choice": "required"})
     output = '[{"name": "get_weather", "parameters": {}}]'
-    request = SimpleNamespace(tool_use=tool_use)
-    assert _calls_in_answer(request, output, "stop")[2] == "tool_calls"
-    assert _calls_in_answer(request, output, "length")[2] == "length"
+    assert calls_in_answer(tool_use, output, "stop")[2] == "tool_calls"
+    assert calls_in_answer(tool_use, output, "length")[2] == "length"
     # parser/abstract_parser.py _extract_tool_calls: json.dumps(tc.parameters)
     compact = '[{"name":"get_weather","parameters":{"city":"Z\\u00fcrich"}}]'
-    (call,) = _calls_in_answer(request, compact, "stop")[1]
+    (call,) = calls_in_answer(tool_use, compact, "stop")[1]
     assert call["function"]["arguments"] == '{"city": "Zürich"}'
 
 
