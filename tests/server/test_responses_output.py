@@ -1,15 +1,18 @@
 """The Responses API's output items and events from an answer given in pieces: with a
 reasoning parser, a reasoning item then a message item, each opened by its first text and
 closed before the next, the text of each whole and equal to the joined deltas, as vLLM
-0.32's simple streaming path builds them; without one, a message alone."""
+0.32's simple streaming path builds them; without one, a message alone; with a tool
+parser, the calls read out of the text as function_call items, their markup never sent."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server.reasoning import ReasoningSplitter
 from aioserve.server.responses_output import ResponseBuilder, response_events
+from aioserve.server.tool_calls.parsers import new_tool_parser
 from aioserve.server.tools import ToolUse
 
 ECHOED = {
@@ -138,3 +141,47 @@ def test_a_failure_midway_is_a_numbered_error_event():
         "type": "error",
     }
     assert not any(e["type"] == "response.completed" for e in events)
+
+
+HERMES = ['Checking.\n<tool', '_call>{"name": "get_weather", ', '"arguments": {"city": "Par',
+          'is"}}</tool_call>']  # fmt: skip
+
+
+def _hermes_builder() -> ResponseBuilder:
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    tool_use = ToolUse([weather], new_tool_parser("hermes"))
+    return ResponseBuilder("abc", "m", {}, ECHOED, 2, None, lambda ids: "", tool_use, True)
+
+
+def test_a_call_read_from_the_answer_is_a_function_call_item_whole_and_streamed():
+    whole = _whole(_hermes_builder(), HERMES)["output"]
+    assert [item["type"] for item in whole] == ["message", "function_call"]
+    assert whole[0]["content"][0]["text"] == "Checking.\n"
+    assert (whole[1]["name"], json.loads(whole[1]["arguments"])) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+
+    events = _streamed(_hermes_builder(), _outputs(HERMES))
+    names = [event["type"] for event in events]
+    collapsed = [name for i, name in enumerate(names) if i == 0 or name != names[i - 1]]
+    assert collapsed == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == "Checking.\n"  # the markup never reaches the message
+    arguments = "".join(
+        e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"
+    )
+    (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert done["arguments"] == arguments and json.loads(arguments) == {"city": "Paris"}
+    assert done["name"] == "get_weather" and done["output_index"] == 1
+    final = events[-1]["response"]["output"]
+    assert [item["type"] for item in final] == ["message", "function_call"]
+    assert final[1]["call_id"] and final[1]["status"] == "completed"
