@@ -74,7 +74,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = await read_json_body(request)
     check_serving(state, body)
-    chat_body = _as_chat_body(body, state.model_name, auto_tools(state.frontend))
+    parses_calls = auto_tools(state.frontend)
+    chat_body = _as_chat_body(body, state.model_name, parses_calls)
     parsed = parse_chat_request(state, chat_body, request.headers)
     parsed.max_tokens_field = "max_output_tokens"
     if "response_format" in chat_body:
@@ -116,7 +117,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 ids, skip_special_tokens=params.skip_special_tokens
             ),
             parsed.tool_use,
-            auto_tools(state.frontend),
+            parses_calls,
         )
         outputs = engine_outputs(
             engine,
@@ -290,11 +291,9 @@ def _check_echoed_fields(body: dict[str, Any]) -> None:
 
 def _response_format(text: Any) -> dict[str, Any] | None:
     """Chat's response_format for the Responses `text.format`, None for plain text."""
-    if text is None:
-        return None
-    fmt = text.get("format") if isinstance(text, dict) else None
+    fmt = (text or {}).get("format")  # `text` is an object or null (_check_echoed_fields)
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if text == {} or kind == "text" or (isinstance(text, dict) and fmt is None):
+    if fmt is None or kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}
