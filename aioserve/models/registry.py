@@ -1,10 +1,12 @@
-"""From a HF config's `architectures` to the class that implements it."""
+"""From a HF config's `architectures` to the class that implements it, and which of them
+are encoder-only pooling (embedding) models rather than generative ones."""
 
 from __future__ import annotations
 
 from torch import nn
 from transformers import PretrainedConfig
 
+from aioserve.models.bert import BertModel
 from aioserve.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -17,15 +19,36 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "BertModel": BertModel,
+}
+
+# The pooling architectures, each with its sequence pooling where neither the user nor
+# sentence-transformers' files say (vLLM's `default_pooling_type` of the class it maps the
+# architecture to: BertModel -> BertEmbeddingModel, CLS). Their models' forward takes the
+# packed prompts (input_ids, positions, cu_seqlens, max_seqlen) and uses no KV cache.
+POOLING_ARCHITECTURES: dict[str, str] = {
+    "BertModel": "CLS",
 }
 
 
-def model_class_for(config: PretrainedConfig) -> type[nn.Module]:
+def architecture_for(config: PretrainedConfig) -> str:
+    """The first of the config's `architectures` that aioserve implements."""
     architectures = getattr(config, "architectures", None) or []
     for architecture in architectures:
         if architecture in MODEL_CLASSES:
-            return MODEL_CLASSES[architecture]
+            return architecture
     raise ValueError(
         f"model architectures {architectures} are not supported yet; "
         f"supported: {', '.join(sorted(MODEL_CLASSES))}"
     )
+
+
+def model_class_for(config: PretrainedConfig) -> type[nn.Module]:
+    return MODEL_CLASSES[architecture_for(config)]
+
+
+def is_pooling_architecture(config: PretrainedConfig) -> bool:
+    """Whether the config's model is an encoder-only pooling (embedding) model: no KV cache,
+    no sampling, one vector a prompt (models/pooler.py). ValueError when aioserve
+    implements none of its architectures."""
+    return architecture_for(config) in POOLING_ARCHITECTURES

@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import multiprocessing
 import os
@@ -55,6 +56,7 @@ from triton.runtime.cache import get_cache_key, triton_key
 from triton.runtime.jit import JITFunction
 
 from aioserve import platform
+from aioserve.kernels.encoder_attention import encoder_attention_triton
 from aioserve.kernels.int8_linear import int8_linear_triton
 from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
 from aioserve.platform import PlatformName
@@ -117,6 +119,11 @@ COMPILE_WORKLOAD = Workload(
     ),
     sample_rows=(1, 4),
 )
+# Encoder-only (pooling) models' attention (kernels/encoder_attention.py): (heads, head dim)
+# of all-MiniLM-L6-v2, BERT-base and the widest head of the kernel's main launch table,
+# over one packed batch of prompts.
+ENCODER_SHAPES = ((12, 32), (12, 64), (16, 128))
+ENCODER_LENGTHS = (1, 64, 200)
 # What is measured of each compiled launch, and where each launch's measures are recorded
 # by its compile key (`compile_key`).
 _MEASURES = ("spills", "shared", "barrier_and_atomic")
@@ -205,6 +212,7 @@ def record_launches(arch: str) -> list[Launch]:
             bitmask = torch.zeros(2, -(-model.vocab // 32), dtype=torch.int32)
             apply_token_bitmask_triton(logits, bitmask, torch.tensor([0, 3]))
             _int8_linear_launches(model, target.dtypes)
+        _encoder_attention_launches(target.dtypes)
     finally:
         JITFunction.run = original_run
         for name, original in zip(device_globals, originals, strict=True):
@@ -224,6 +232,18 @@ def _int8_linear_launches(model: ModelShape, dtypes: tuple[torch.dtype, ...]) ->
             for dtype in dtypes:
                 x = torch.zeros(batch.n, k, dtype=dtype)
                 int8_linear_triton(x, weight, scale, None if bias is None else bias.to(dtype))
+
+
+def _encoder_attention_launches(dtypes: tuple[torch.dtype, ...]) -> None:
+    """Not a bench case: the encoder attention of ENCODER_SHAPES over one packed batch of
+    ENCODER_LENGTHS, q, k and v views of one fused projection as the BERT layer has them."""
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(ENCODER_LENGTHS)], dtype=torch.int32)
+    tokens = int(cu_seqlens[-1])
+    for heads, head_dim in ENCODER_SHAPES:
+        for dtype in dtypes:
+            fused = torch.zeros(tokens, 3, heads, head_dim, dtype=dtype)
+            q, k, v = fused.unbind(1)
+            encoder_attention_triton(q, k, v, cu_seqlens, max(ENCODER_LENGTHS), head_dim**-0.5)
 
 
 def compile_key(launch: Launch, arch: str) -> str:

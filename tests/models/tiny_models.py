@@ -1,5 +1,6 @@
 """Tiny random-weight configs of each supported architecture, and a harness that runs our
-model over the paged KV cache step by step, for parity tests against transformers."""
+model over the paged KV cache step by step, for parity tests against transformers; a
+tiny BERT encoder (`tiny_bert_config`) apart, as it runs without a KV cache."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import random
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    BertConfig,
+    BertModel,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.registry import model_class_for
@@ -147,3 +156,41 @@ class PagedRunner:
         with step_context(meta, self.kv):
             hidden = self.model(torch.tensor(ids), torch.tensor(positions))
         return self.model.compute_logits(hidden)
+
+
+def tiny_bert_config() -> BertConfig:
+    """A tiny random BERT encoder (BertModel): 2 heads of 32 (MiniLM's head size), 2 layers."""
+    return BertConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+        hidden_act="gelu",
+        architectures=["BertModel"],
+    )
+
+
+def hf_bert_and_ours(config: BertConfig, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """transformers' BertModel with random weights (float32, its pooler included) and our
+    BertModel with the same weights, in `dtype`."""
+    torch.manual_seed(seed)
+    config._attn_implementation = "eager"
+    hf = BertModel(config).eval()
+    with torch.no_grad():  # random norms and biases too, so that a mix-up cannot hide
+        for name, param in hf.named_parameters():
+            if "LayerNorm.weight" in name:
+                param.uniform_(0.5, 1.5)
+            elif "bias" in name:
+                param.normal_(0, 0.1)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        ours = model_class_for(config)(config)
+    finally:
+        torch.set_default_dtype(previous)
+    ours.load_weights(hf.state_dict().items())
+    return hf, ours.eval()
