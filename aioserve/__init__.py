@@ -1,6 +1,7 @@
 """aioserve: an LLM inference server with vLLM's surface, on one event loop and Triton kernels.
 
-`from aioserve import LLM, SamplingParams` gives the offline API; `python -m aioserve`
+`from aioserve import LLM, SamplingParams` (and `PoolingParams` for embedding models) gives
+the offline API; `python -m aioserve`
 the command line. Heavy modules (torch, transformers) load on first use, so the command
 line starts fast.
 """
@@ -19,6 +20,8 @@ _EXPORTS = {
     "RequestOutput": "aioserve.engine.outputs",
     "CompletionOutput": "aioserve.engine.outputs",
     "Logprob": "aioserve.engine.outputs",
+    "PoolingParams": "aioserve.engine.pooling_params",
+    "PoolingRequestOutput": "aioserve.engine.outputs",
 }
 
 __all__ = [
@@ -27,6 +30,8 @@ __all__ = [
     "CompletionOutput",
     "LLM",
     "Logprob",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
@@ -35,7 +40,13 @@ __all__ = [
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
     from aioserve.engine.llm import LLM
-    from aioserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
+    from aioserve.engine.outputs import (
+        CompletionOutput,
+        Logprob,
+        PoolingRequestOutput,
+        RequestOutput,
+    )
+    from aioserve.engine.pooling_params import PoolingParams
     from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 
 

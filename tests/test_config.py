@@ -108,6 +108,11 @@ SUPPORTED_FLAGS = [
     (["--served-model-name", "one"], "model.served_model_name", ["one"]),
     (["--served-model-name", "one", "two"], "model.served_model_name", ["one", "two"]),
     (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
+    (["--runner", "pooling"], "model.runner", "pooling"),
+    (["--convert", "none"], "model.convert", "none"),
+    (["--task", "embed"], "model.task", "embed"),
+    (["--override-pooler-config", '{"pooling_type": "CLS"}'], "model.override_pooler_config",
+     {"pooling_type": "CLS"}),
     (["--load-format", "dummy"], "load.load_format", "dummy"),
     (["--load-format", "gguf"], "load.load_format", "gguf"),
     (["--download-dir", "/data/weights"], "load.download_dir", "/data/weights"),
@@ -255,6 +260,11 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--load-format", "tensorizer"], "load format 'tensorizer' is not supported by aioserve yet"),
         (["--load-format", "zip"], "--load-format must be one of auto, safetensors, pt, gguf, dummy; got 'zip'"),
         (["--tokenizer-mode", "mistral"], "tokenizer mode 'mistral' is not supported by aioserve yet"),
+        (["--runner", "draft"], "runner 'draft' is not supported by aioserve yet (--runner accepts auto, generate, pooling)"),
+        (["--convert", "embed"], "conversion 'embed' is not supported by aioserve yet (--convert accepts auto, none)"),
+        (["--task", "score"], "task 'score' is not supported by aioserve yet"),
+        (["--task", "chat"], "--task must be one of auto, generate, embed, embedding; got 'chat'"),
+        (["--override-pooler-config", "[]"], "--override-pooler-config must be a JSON object, got []"),
         (["--hf-overrides", "[1, 2]"], "--hf-overrides must be a JSON object, got [1, 2]"),
         (["--rope-scaling", '"yarn"'], "--rope-scaling must be a JSON object, got 'yarn'"),
         (["--rope-theta", "0"], "--rope-theta must be a number greater than 0, got '0'"),
@@ -387,7 +397,7 @@ def test_help_lists_supported_groups_then_the_unsupported_ones():
         "--headless",
         "--kv-sharing-fast-prefill",
         "--device",
-        "--task",
+        "--speculative-config",
     ):
         assert flag in unsupported_part
     assert "--max-num-seqs" not in unsupported_part

@@ -182,13 +182,23 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("model", MODEL, DEFAULT_MODEL,
              "Hugging Face model id, local folder or .gguf file to serve; also the name in "
              "metrics when --served-model-name is not given.", convert=values.string),
-    _vllm("runner", MODEL, "auto", "Model runner: text generation, pooling or draft.",
-          choices=("auto", "draft", "generate", "pooling")),
-    _vllm("convert", MODEL, "auto", "Adapt a generative model to a pooling task.",
-          choices=("auto", "classify", "embed", "none", "reward")),
-    _vllm("task", MODEL, "auto", "Deprecated in vLLM (use --runner / --convert): the model's task.",
-          choices=("auto", "generate", "embedding", "embed", "classify", "score", "reward",
-                   "transcription", "draft")),
+    Argument("runner", MODEL, "auto",
+             "Which runner serves the model: generate (text generation) or pooling (an "
+             "encoder-only embedding model such as BERT, served on /v1/embeddings, /pooling, "
+             "/score and /rerank). auto picks it from the model's architecture.",
+             convert=values.string, choices=("auto", "generate", "pooling"),
+             vllm_choices=("draft",), choice_noun="runner"),
+    Argument("convert", MODEL, "auto",
+             "Adapt a model to a pooling task. aioserve serves encoder-only embedding models "
+             "as they are (auto, none); adapting a generative model is not supported yet.",
+             convert=values.string, choices=("auto", "none"),
+             vllm_choices=("classify", "embed", "reward"), choice_noun="conversion"),
+    Argument("task", MODEL, "auto",
+             "Deprecated in vLLM (use --runner): generate, or embed / embedding for the "
+             "pooling runner.",
+             convert=values.string, choices=("auto", "generate", "embed", "embedding"),
+             vllm_choices=("classify", "score", "reward", "transcription", "draft"),
+             choice_noun="task"),
     Argument("tokenizer", MODEL, None, "Tokenizer id or folder, when it differs from the model.",
              convert=values.string),
     Argument("tokenizer-mode", MODEL, "auto",
@@ -283,8 +293,12 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("hf-overrides", MODEL, {}, "Keys forced into the model's HF config (JSON object).",
              "json", convert=values.json_object),
     _vllm("override-neuron-config", MODEL, {}, "Overrides for AWS Neuron devices.", "json"),
-    _vllm("override-pooler-config", MODEL, None, "Override pooling and normalisation of pooling models.",
-          "json"),
+    Argument("override-pooler-config", MODEL, {},
+             "Override a pooling model's pooler (JSON object): pooling_type (MEAN, CLS or "
+             "LAST) and use_activation (true/false: L2-normalize embeddings). Default: the model's sentence-transformers "
+             "files (modules.json, 1_Pooling), else CLS with normalization. "
+             "--pooler-config is vLLM 0.32's name for it.",
+             "json", convert=values.json_object, aliases=("--pooler-config",)),
     _vllm("logits-processor-pattern", MODEL, None,
           "Regex of the logits-processor names that requests may use."),
     _vllm("logits-processors", MODEL, None, "Logits processors loaded at start-up.", "list"),

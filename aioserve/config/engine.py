@@ -61,6 +61,10 @@ class ModelConfig:
     disable_sliding_window: bool
     served_model_name: list[str] | None
     skip_tokenizer_init: bool
+    runner: str = "auto"  # generate, pooling, or auto: the architecture's
+    convert: str = "auto"
+    task: str = "auto"  # vLLM's deprecated spelling of the runner
+    override_pooler_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

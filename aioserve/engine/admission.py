@@ -12,7 +12,7 @@ from aioserve.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from aioserve.engine.build import EngineSettings
+    from aioserve.engine.settings import EngineSettings
 
 PromptType = str | dict[str, Any] | list[int]
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,9 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from aioserve.config.arguments import argument
 from aioserve.config.declaration import PlatformDefault
 from aioserve.config.engine import DecodingConfig, EngineConfig
-from aioserve.engine.load_report import LoadReport, build_load_report, kv_cache_sized_by
+from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
 from aioserve.kernels.int8_linear_reference import int8_gemm_exact
@@ -80,55 +80,6 @@ _DTYPES = {
     "float32": torch.float32,
 }
 _DEFAULT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-@dataclass
-class EngineSettings:
-    """Every value the engine runs with, after resolution."""
-
-    model_name: str
-    served_model_names: list[str]
-    dtype: torch.dtype
-    device: torch.device
-    max_model_len: int
-    block_size: int
-    num_blocks: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    enable_chunked_prefill: bool
-    enable_prefix_caching: bool
-    scheduling_policy: str
-    async_scheduling: bool
-    max_logprobs: int
-    seed: int
-    eos_token_ids: frozenset[int]
-    """Every token id that ends a request as its end of sequence (tokenizer, generation
-    config and model config); the tokenizer's own is `tokenizer_eos_token_id`."""
-    default_sampling: dict
-    """Defaults from the generation config (auto / folder) plus --override-generation-config."""
-    max_new_tokens_cap: int | None
-    max_num_queued_reqs: int | None = None
-    """--max-num-queued-reqs: most sequences in flight; more are refused (load_shedding.py)."""
-    max_num_queued_tokens: int | None = None
-    """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
-    long_prefill_token_threshold: int = 0
-    """--long-prefill-token-threshold: most tokens of one sequence a step (scheduler.py)."""
-    reasoning_parser: str = ""
-    """--reasoning-parser: how chat answers split into reasoning and content ("": none)."""
-    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
-    """The structured-output defaults (--structured-outputs-config, --guided-decoding-*)."""
-    load_report: LoadReport | None = None
-    """What was loaded and the memory it holds (load_report.py); None around a stand-in runner."""
-    tokenizer_eos_token_id: int | None = None
-    """The tokenizer's EOS: the one that ends a request with no stop_reason (vLLM's)."""
-
-
-@dataclass
-class EngineParts:
-    settings: EngineSettings
-    tokenizer: PreTrainedTokenizerBase | None
-    runner: ModelRunner
-    hf_config: object
 
 
 def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
@@ -356,6 +307,12 @@ def build_engine(config: EngineConfig) -> EngineParts:
     tokenizer = None
     if not model_cfg.skip_tokenizer_init:
         tokenizer = checkpoint.load_tokenizer(model_cfg.tokenizer, model_cfg.tokenizer_mode)
+
+    # pooling_build builds on this module's functions, hence the import here.
+    from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
+
+    if serves_pooling(model_cfg, hf_config):
+        return build_pooling_engine(config, checkpoint, tokenizer)
 
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
     dev = device()

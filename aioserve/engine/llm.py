@@ -1,4 +1,5 @@
-"""LLM: vLLM's offline API (`generate`, `chat`) on top of the AsyncEngine.
+"""LLM: vLLM's offline API (`generate`, `chat`; `embed`, `encode` and `score` for a pooling
+model) on top of the AsyncEngine.
 
 The LLM owns a private event loop (uvloop where available) and runs the engine's
 scheduler coroutine on it for the duration of each call, so offline and served
@@ -12,12 +13,19 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from aioserve.config.engine import EngineConfig, engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine, PromptType
 from aioserve.engine.output_stream import OutputStream
-from aioserve.engine.outputs import RequestOutput
+from aioserve.engine.outputs import (
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from aioserve.engine.pooling_params import PoolingParams
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
@@ -115,6 +123,77 @@ class LLM:
             ids = tokenizer(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """A pooling model's vector of each prompt, in order (`output.outputs.embedding`)."""
+        return self.encode(prompts, pooling_params, use_tqdm=use_tqdm)
+
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """A pooling model's pooled output of each prompt, in order (`output.outputs.data`)."""
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        params = pooling_params or PoolingParams()
+        return self._loop.run_until_complete(self._run_pooling(list(prompts), params, use_tqdm))
+
+    def score(
+        self, data_1: str | Sequence[str], data_2: str | Sequence[str], *, use_tqdm: bool = True
+    ) -> list[ScoringRequestOutput]:
+        """A pooling model's score of each pair: the cosine similarity of their vectors. One
+        text is paired with each of the others, two lists pairwise (vLLM's pairing)."""
+        first = [data_1] if isinstance(data_1, str) else list(data_1)
+        second = [data_2] if isinstance(data_2, str) else list(data_2)
+        if len(first) == 1:
+            first = first * len(second)
+        elif len(first) != len(second):
+            raise ValueError(
+                f"score pairs {len(first)} texts with {len(second)}: give one or as many"
+            )
+        encoded = self.encode([*first, *second], use_tqdm=use_tqdm)
+        pairs = zip(encoded[: len(first)], encoded[len(first) :], strict=True)
+        return [
+            ScoringRequestOutput(
+                f"score-{a.request_id}",
+                ScoringOutput(torch.nn.functional.cosine_similarity(a.data, b.data, dim=0).item()),
+                a.prompt_token_ids + b.prompt_token_ids,
+            )
+            for a, b in pairs
+        ]
+
+    async def _run_pooling(
+        self, prompts: list[PromptType], params: PoolingParams, use_tqdm: bool
+    ) -> list[PoolingRequestOutput]:
+        engine = self.engine
+        with tqdm(total=len(prompts), desc="Processed prompts", disable=not use_tqdm) as bar:
+
+            async def encode_one(prompt: PromptType) -> PoolingRequestOutput:
+                output = await engine.encode(prompt, params, f"offline-{next(self._ids)}")
+                bar.update(1)
+                return output
+
+            tasks = [asyncio.ensure_future(encode_one(p)) for p in prompts]
+            try:
+                return list(await asyncio.gather(*tasks))
+            except BaseException:
+                for task in tasks:  # cancelled, each aborts its request
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            finally:
+                await engine.stop_loop()
 
     def _params_per_prompt(
         self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int

@@ -13,6 +13,7 @@ the server is ready.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,6 +47,9 @@ _FP8_SUFFIXES = ("fp8_weight", "fp8_scale")
 # An INT8 layer's weights and scales, held instead of its weight (models/int8_weights.py).
 _INT8_SUFFIXES = ("int8_weight", "int8_scale")
 _STORED_FORMATS = {"gguf": "GGUF", "safetensors": "safetensors", "pt": "PyTorch"}
+
+if TYPE_CHECKING:
+    from aioserve.runner.pooling_runner import PoolingRunner
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ class LoadReport:
                 f", plus {format_bytes(self.row_copy_bytes)} of {self.row_copy_dtype} copies "
                 "for one-row products"
             )
+        if not self.num_blocks:
+            return f"{self.model}, {weights}; no KV cache (an encoder-only model)"
         kv_cache = (
             f"KV cache {format_bytes(self.kv_cache_bytes)} ({self.kv_cache_dtype}, "
             f"{self.num_blocks} blocks of {self.block_size} tokens), "
@@ -133,7 +139,10 @@ class LoadReport:
 
 
 def build_load_report(
-    model_name: str, checkpoint: Checkpoint, runner: ModelRunner, kv_cache_sized_by: str
+    model_name: str,
+    checkpoint: Checkpoint,
+    runner: ModelRunner | PoolingRunner,
+    kv_cache_sized_by: str,
 ) -> LoadReport:
     """The report of `runner`'s model and KV cache, loaded from `checkpoint`."""
     model = runner.model
@@ -160,7 +169,7 @@ def build_load_report(
         else:
             weight_bytes += buffer.nbytes
     kv_tensors = [t for pair in runner.kv_caches for t in pair]
-    num_blocks, block_size = kv_tensors[0].shape[:2]
+    num_blocks, block_size = kv_tensors[0].shape[:2] if kv_tensors else (0, 0)
     return LoadReport(
         model=model_name,
         load_format=checkpoint.load_format,

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from aioserve.engine.detokenizer import IncrementalDetokenizer
 from aioserve.engine.outputs import (
     CompletionOutput,
     Logprob,
+    PoolingRequestOutput,
     PromptLogprobs,
     RequestMetrics,
     RequestOutput,
@@ -90,6 +92,7 @@ class RequestState:
     prompt_logprobs: PromptLogprobs | None = None  # filled as the prompt's chunks run
     num_scored_prompt_tokens: int = 0
     prompt_logprobs_sent: bool = False
+    pooled: torch.Tensor | None = None  # a pooling request's vector, once its step ran
 
     @property
     def finished(self) -> bool:
@@ -196,13 +199,18 @@ class OutputProcessor:
         """Whether the request's unfinished outputs are delivered (all but FINAL_ONLY)."""
         return state.params.output_kind is not _FINAL_ONLY
 
-    def take_output(self, state: RequestState) -> RequestOutput | None:
+    def take_output(self, state: RequestState) -> RequestOutput | PoolingRequestOutput | None:
         """The output a consumer takes now, everything since the one it took before; None
-        when nothing is due."""
+        when nothing is due. A pooling request has one output, its pooled vector as the
+        runner made it."""
         finished = state.finished
         kind = state.params.output_kind
         if not finished and (kind is _FINAL_ONLY or not state.changed):
             return None  # nothing due, or nothing new since the last output
+        if state.pooled is not None:
+            return PoolingRequestOutput(
+                state.request_id, state.prompt_token_ids, state.pooled, True, state.metrics
+            )
         delta = kind is _DELTA
         samples = state.samples
         changed = state.changed

@@ -1,8 +1,11 @@
-"""What the engine returns, in vLLM's shapes: RequestOutput, CompletionOutput, Logprob."""
+"""What the engine returns, in vLLM's shapes: RequestOutput, CompletionOutput, Logprob, and
+PoolingRequestOutput for pooling (embedding) requests."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -55,3 +58,44 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+
+
+@dataclass
+class PoolingOutput:
+    """vLLM's PoolingOutput: a pooling request's vector."""
+
+    data: torch.Tensor  # float32, 1-D, on the CPU
+
+    @property
+    def embedding(self) -> list[float]:
+        """The vector as floats (vLLM's EmbeddingOutput.embedding)."""
+        return self.data.tolist()
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    data: torch.Tensor  # float32, 1-D, on the CPU
+    finished: bool = True
+    metrics: RequestMetrics | None = field(default=None, repr=False)
+
+    @property
+    def outputs(self) -> PoolingOutput:
+        """vLLM's spelling: `output.outputs.data`, `output.outputs.embedding`."""
+        return PoolingOutput(self.data)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """vLLM's ScoringRequestOutput: one pair's score (`output.outputs.score`)."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]  # the two texts' tokens, one after the other
+    finished: bool = True

@@ -55,6 +55,9 @@ class Request:
     """The tokenizer's own EOS, which ends the request with no stop_reason; the other
     `eos_token_ids` (a generation config's) report themselves, as vLLM, which adds them to
     the request's stop token ids."""
+    pooling: bool = False
+    """A pooling request: its prompt runs in one step, which ends it with a pooled vector
+    instead of a token (pooling_params.py)."""
     cache_salt: str | None = None
     """Salts the prefix cache's hashes of its blocks (kv_cache_manager.py): only requests
     with the same salt share cached blocks with it."""

@@ -285,7 +285,8 @@ class Scheduler:
         `sampled` maps request id to the tokens sampled for it this step. A request
         preempted while the step ran keeps its token (it was sampled from a valid state);
         one that ended meanwhile drops it. Stop conditions on tokens (EOS, stop_token_ids,
-        max_tokens, context length) end requests here; text stop strings are checked by
+        max_tokens, context length) end requests here, and a pooling request ends with the
+        step that runs its prompt; text stop strings are checked by
         the output processor, which then calls `finish_requests`. Returns the requests
         that finished in this update.
         """
@@ -297,6 +298,11 @@ class Scheduler:
                 request.num_pending_tokens -= 1
             if request.status.is_finished:
                 continue  # aborted or stopped while the step ran
+            if request.pooling:
+                if chunk.samples:  # its whole prompt ran: the step pooled it
+                    request.status = RequestStatus.FINISHED_STOPPED
+                    finished.append(request)
+                continue
             for token_id in sampled.get(request.request_id, ()):
                 request.output_token_ids.append(token_id)
                 status = self._check_stop(request, token_id)

@@ -2,7 +2,7 @@
 
 The loop queues each prepared step on the model thread (`run_timed`) and keeps a
 `StepInFlight` until the step's tokens are recorded: with asynchronous scheduling two of
-them at once (async_engine.py). `StepWaiter` waits for each in turn.
+them at once (engine_loop.py). `StepWaiter` waits for each in turn.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 
 @dataclass(frozen=True)
@@ -138,3 +139,6 @@ class StepResult:
     # Sequence id -> (position of the first prompt token scored, one entry per token from
     # there): for sequences that asked, whose prompt ran in this step.
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
+    # Sequence id -> its pooled hidden states (float32, 1-D, on the CPU): the pooling
+    # sequences whose prompt ran in this step (a pooling runner's steps).
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)

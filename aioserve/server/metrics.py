@@ -88,7 +88,7 @@ from aioserve.server.state import ServerState
 from aioserve.server.stats_log import StatsLine
 
 if TYPE_CHECKING:
-    from aioserve.engine.build import EngineSettings
+    from aioserve.engine.settings import EngineSettings
 
 # vLLM labels every series with its engine index; aioserve runs one engine per process.
 ENGINE_INDEX = "0"

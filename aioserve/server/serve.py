@@ -44,6 +44,7 @@ from aioserve.config.arguments import argument
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
+from aioserve.engine.pooling_params import PoolingParams
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
@@ -52,7 +53,7 @@ from aioserve.server.tool_calls import check_tool_call_settings
 
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
-    from aioserve.engine.build import EngineSettings
+    from aioserve.engine.settings import EngineSettings
     from aioserve.server.state import ServerState
 
 logger = logging.getLogger("aioserve")
@@ -263,7 +264,8 @@ def _given_arguments(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _warm_up(engine: AsyncEngine) -> None:
-    """Run one request through the engine before the port opens: a prefill and a decode step.
+    """Run one request through the engine before the port opens: a prefill and a decode step
+    (a pooling model's: one prompt pooled).
 
     The first steps pay one-time costs (on a GPU, Triton compiling the kernels): here, before
     READY=1, instead of in a client's first request, and a model that cannot run a step
@@ -275,8 +277,11 @@ async def _warm_up(engine: AsyncEngine) -> None:
         max_tokens=2, ignore_eos=True, temperature=0.0, seed=0, detokenize=False
     )
     prompt = {"prompt_token_ids": [0] * _WARM_UP_PROMPT_TOKENS}
-    async for _ in engine.generate(prompt, params, "aioserve-warm-up"):
-        pass
+    if engine.settings.runner_type == "pooling":
+        await engine.encode(prompt, PoolingParams(), "aioserve-warm-up")
+    else:
+        async for _ in engine.generate(prompt, params, "aioserve-warm-up"):
+            pass
     logger.info("warm-up request done in %.2f s", time.monotonic() - started)
 
 

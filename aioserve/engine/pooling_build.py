@@ -1,0 +1,199 @@
+"""Assemble the engine of a pooling model: an encoder-only model (BERT) served for its vectors.
+
+`build_engine` (build.py) comes here once the checkpoint is open and `serves_pooling` says
+the model is a pooling one: --runner pooling (or --task embed), or --runner auto with an
+encoder-only architecture (models/registry.py). What differs from a generative model:
+
+- the pooler (models/pooler.py): the sentence-transformers files' pooling and
+  normalization (modules.json, 1_Pooling/config.json), else vLLM's default for the
+  architecture, then --override-pooler-config's keys;
+- max_model_len: the model's positions, capped by sentence-transformers' `max_seq_length`
+  (sentence_bert_config.json), as vLLM caps it;
+- no chunked prefill and no prefix caching: an encoder attends to the whole prompt at
+  once, so a prompt runs whole in one step, and the token budget is at least
+  max_model_len;
+- no KV cache: the scheduler still counts blocks (it admits by them), but they are
+  bookkeeping only, as many as two steps of whole prompts can hold; the runner keeps no
+  memory for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from aioserve.config.engine import EngineConfig, ModelConfig
+from aioserve.engine.build import (
+    platform_default,
+    resolve_async_scheduling,
+    resolve_dtype,
+    resolve_max_model_len,
+)
+from aioserve.engine.load_report import build_load_report
+from aioserve.engine.settings import EngineParts, EngineSettings
+from aioserve.models.checkpoint import Checkpoint
+from aioserve.models.loader import load_model
+from aioserve.models.pooler import pooler_config_for
+from aioserve.models.registry import is_pooling_architecture
+from aioserve.platform import current_platform, device
+from aioserve.runner.pooling_runner import PoolingRunner
+
+logger = logging.getLogger("aioserve")
+
+BOOKKEEPING_BLOCK_SIZE = 16
+"""The block size the scheduler counts a pooling model's prompts in (no memory behind it)."""
+
+
+def serves_pooling(model_cfg: ModelConfig, hf_config) -> bool:
+    """Whether the model is served by the pooling runner: --runner (or the deprecated
+    --task) as given, else the architecture's. ValueError for a runner the model cannot
+    have."""
+    encoder = is_pooling_architecture(hf_config)
+    runner = model_cfg.runner
+    from_task = {"embed": "pooling", "embedding": "pooling", "generate": "generate"}.get(
+        model_cfg.task, "auto"
+    )
+    if runner == "auto":
+        runner = from_task
+    elif from_task not in ("auto", runner):
+        raise ValueError(f"--task {model_cfg.task} contradicts --runner {model_cfg.runner}")
+    architectures = ", ".join(getattr(hf_config, "architectures", None) or ["unknown"])
+    if runner == "pooling" and not encoder:
+        raise ValueError(
+            f"--runner pooling: {architectures} is a generative model; serving one as a "
+            "pooling model (vLLM's --convert embed) is not supported by aioserve yet"
+        )
+    if runner == "generate" and encoder:
+        raise ValueError(
+            f"--runner generate: {architectures} is an encoder-only model, which cannot "
+            "generate text; serve it with --runner pooling (or auto)"
+        )
+    return encoder if runner == "auto" else runner == "pooling"
+
+
+def sentence_transformers_max_len(checkpoint: Checkpoint) -> int | None:
+    """`max_seq_length` of a folder's sentence_bert_config.json, if it has one."""
+    if checkpoint.source.kind != "hf_folder":
+        return None
+    path = Path(checkpoint.source.path) / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("max_seq_length")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def resolve_pooling_max_model_len(model_cfg: ModelConfig, checkpoint: Checkpoint) -> int:
+    """The model's positions capped by sentence-transformers' max_seq_length; a larger
+    --max-model-len is refused, as vLLM refuses it."""
+    derived = resolve_max_model_len(None, checkpoint.hf_config)
+    capped = sentence_transformers_max_len(checkpoint)
+    if capped is not None:
+        derived = min(derived, capped)
+    requested = model_cfg.max_model_len
+    if requested is None:
+        return derived
+    if requested > derived:
+        raise ValueError(
+            f"--max-model-len {requested} is larger than the model's maximum context length "
+            f"{derived}"
+        )
+    return requested
+
+
+def matryoshka_dimensions(hf_config) -> tuple[int, ...] | None:
+    """The `dimensions` a matryoshka model accepts (() any), from its config as vLLM reads
+    it (`is_matryoshka`, `matryoshka_dimensions`); None for other models."""
+    dimensions = getattr(hf_config, "matryoshka_dimensions", None)
+    if dimensions:
+        return tuple(int(d) for d in dimensions)
+    return () if getattr(hf_config, "is_matryoshka", False) else None
+
+
+def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer) -> EngineParts:
+    model_cfg, sched_cfg = config.model, config.scheduler
+    if checkpoint.load_format == "gguf" or checkpoint.int4_scheme or checkpoint.fp8_scheme:
+        raise ValueError(
+            "a pooling model loads from a 16- or 32-bit folder; quantized pooling models are "
+            "not supported by aioserve yet"
+        )
+    if checkpoint.int8_scheme or checkpoint.quantize_to_fp8:
+        raise ValueError("a pooling model cannot be quantized by aioserve yet (--quantization)")
+    hf_config = checkpoint.hf_config
+    platform = current_platform()
+    dtype = resolve_dtype(model_cfg.dtype, checkpoint)
+    dev = device()
+    max_model_len = resolve_pooling_max_model_len(model_cfg, checkpoint)
+    max_tokens = sched_cfg.max_num_batched_tokens
+    if max_tokens is None:
+        max_tokens = max(
+            platform_default("max_num_batched_tokens", platform, config.serving), max_model_len
+        )
+    elif max_tokens < max_model_len:
+        raise ValueError(
+            f"--max-num-batched-tokens ({max_tokens}) is smaller than --max-model-len "
+            f"({max_model_len}): a pooling model runs each prompt whole in one step"
+        )
+    max_num_seqs = sched_cfg.max_num_seqs or platform_default(
+        "max_num_seqs", platform, config.serving
+    )
+    folder = Path(checkpoint.source.path) if checkpoint.source.kind == "hf_folder" else None
+    pooler = pooler_config_for(folder, hf_config, model_cfg.override_pooler_config)
+
+    model = load_model(
+        checkpoint,
+        dtype=dtype,
+        device=dev,
+        dummy=config.load.load_format == "dummy",
+        seed=model_cfg.seed,
+    )
+    runner = PoolingRunner(
+        model,
+        pooling_type=pooler.pooling_type,
+        max_num_batched_tokens=max_tokens,
+        max_model_len=max_model_len,
+        device=dev,
+    )
+    runner.warm_up()
+    block_size = BOOKKEEPING_BLOCK_SIZE
+    num_blocks = 2 * (-(-max_tokens // block_size) + max_num_seqs)  # two steps in flight
+    served = model_cfg.served_model_name or [model_cfg.model]
+    settings = EngineSettings(
+        model_name=model_cfg.model,
+        served_model_names=list(served),
+        dtype=dtype,
+        device=dev,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_tokens,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        scheduling_policy=sched_cfg.scheduling_policy,
+        async_scheduling=resolve_async_scheduling(sched_cfg.async_scheduling, platform),
+        max_logprobs=model_cfg.max_logprobs,
+        seed=model_cfg.seed,
+        eos_token_ids=frozenset(),
+        default_sampling={},
+        max_new_tokens_cap=None,
+        max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
+        max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
+        pooler=pooler,
+        matryoshka_dimensions=matryoshka_dimensions(hf_config),
+        pooled_size=hf_config.hidden_size,
+        load_report=build_load_report(model_cfg.model, checkpoint, runner, ""),
+    )
+    logger.info(
+        "engine ready: %s, a pooling model (%s pooling%s), %s on %s, max_model_len %d, "
+        "up to %d prompts and %d tokens a step",
+        model_cfg.model,
+        pooler.pooling_type,
+        ", normalized" if pooler.normalize else "",
+        str(dtype).removeprefix("torch."),
+        dev,
+        max_model_len,
+        max_num_seqs,
+        max_tokens,
+    )
+    return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)

@@ -1,0 +1,78 @@
+"""What an engine runs with once its configuration is resolved (build.py): its settings, and
+the parts the AsyncEngine is made of."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from aioserve.engine.load_report import LoadReport
+from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
+from aioserve.runner.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from aioserve.models.pooler import PoolerConfig
+    from aioserve.runner.pooling_runner import PoolingRunner
+
+
+@dataclass
+class EngineSettings:
+    """Every value the engine runs with, after resolution."""
+
+    model_name: str
+    served_model_names: list[str]
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    scheduling_policy: str
+    async_scheduling: bool
+    max_logprobs: int
+    seed: int
+    eos_token_ids: frozenset[int]
+    """Every token id that ends a request as its end of sequence (tokenizer, generation
+    config and model config); the tokenizer's own is `tokenizer_eos_token_id`."""
+    default_sampling: dict
+    """Defaults from the generation config (auto / folder) plus --override-generation-config."""
+    max_new_tokens_cap: int | None
+    max_num_queued_reqs: int | None = None
+    """--max-num-queued-reqs: most sequences in flight; more are refused (load_shedding.py)."""
+    max_num_queued_tokens: int | None = None
+    """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
+    long_prefill_token_threshold: int = 0
+    """--long-prefill-token-threshold: most tokens of one sequence a step (scheduler.py)."""
+    reasoning_parser: str = ""
+    """--reasoning-parser: how chat answers split into reasoning and content ("": none)."""
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
+    """The structured-output defaults (--structured-outputs-config, --guided-decoding-*)."""
+    load_report: LoadReport | None = None
+    """What was loaded and the memory it holds (load_report.py); None around a stand-in runner."""
+    tokenizer_eos_token_id: int | None = None
+    """The tokenizer's EOS: the one that ends a request with no stop_reason (vLLM's)."""
+    pooler: PoolerConfig | None = None
+    """A pooling model's pooler (pooling_build.py); None for a generative model."""
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    """A pooling model's allowed `dimensions` (() any); None: not a matryoshka model."""
+    pooled_size: int = 0
+    """A pooling model's vector length (its hidden size)."""
+
+    @property
+    def runner_type(self) -> str:
+        """vLLM's runner type: "pooling" or "generate"."""
+        return "generate" if self.pooler is None else "pooling"
+
+
+@dataclass
+class EngineParts:
+    settings: EngineSettings
+    tokenizer: PreTrainedTokenizerBase | None
+    runner: ModelRunner | PoolingRunner
+    hf_config: object
