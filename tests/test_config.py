@@ -546,7 +546,7 @@ def test_default_model_matches_the_resolver():
     ],
 )
 def test_platform_defaults_follow_vllms_usage_contexts(dest, platform, serving, expected):
-    from aioserve.engine.build import platform_default
+    from aioserve.engine.resolution import platform_default
 
     assert platform_default(dest, platform, serving) == expected
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from aioserve.benchmarks.datasets import SampleRequest
-from aioserve.engine.build import resolve_dtype
+from aioserve.engine.resolution import resolve_dtype
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.platform import device
 

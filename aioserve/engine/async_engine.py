@@ -206,8 +206,9 @@ class AsyncEngine(EngineLoop):
                 self.abort(request_id)
         if isinstance(item, BaseException):
             raise item
-        if not isinstance(item, PoolingRequestOutput):
-            raise RuntimeError(f"pooling request {request_id} ended without its vector")
+        if not isinstance(item, PoolingRequestOutput):  # ended before its step ran
+            reason = item.outputs[0].finish_reason if item.outputs else None
+            raise RuntimeError(f"pooling request {request_id} ended ({reason}) before its step ran")
         assert self.settings.pooler is not None
         item.data = finish_vector(item.data, params, self.settings.pooler)
         return item

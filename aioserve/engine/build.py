@@ -2,7 +2,8 @@
 
 The configuration leaves some values to the engine (dtype "auto", and the fields that
 aioserve.config.engine leaves None); they are decided here, once, with the model's config
-and the device at hand:
+and the device at hand (the rules a pooling model shares are resolution.py's; a pooling
+model's engine is pooling_build.py's):
 
 - dtype "auto": on the CPU bfloat16 where it runs in hardware (AMX or AVX-512-BF16, as
   vLLM's CPU backend chooses) and float32 elsewhere (half precision runs several times
@@ -35,15 +36,19 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from aioserve.config.arguments import argument
-from aioserve.config.declaration import PlatformDefault
 from aioserve.config.engine import DecodingConfig, EngineConfig
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
+from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
+from aioserve.engine.resolution import (
+    platform_default,
+    resolve_async_scheduling,
+    resolve_dtype,
+    resolve_max_model_len,
+)
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
@@ -56,10 +61,7 @@ from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_
 from aioserve.models.int8_weights import keep_int8_weights
 from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
 from aioserve.models.loader import load_model
-from aioserve.models.rope_parameters import scaled_context_length
 from aioserve.platform import (
-    FAST_BF16_CPU_FLAGS,
-    cpu_fast_bf16_flag,
     current_platform,
     device,
     e4m3_dtype,
@@ -72,38 +74,7 @@ from aioserve.runner.model_runner import ModelRunner
 
 logger = logging.getLogger("aioserve")
 
-_DTYPES = {
-    "half": torch.float16,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float": torch.float32,
-    "float32": torch.float32,
-}
 _DEFAULT_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
-    if requested != "auto":
-        return _DTYPES[requested]
-    if current_platform() == "cpu":
-        flag = cpu_fast_bf16_flag()
-        if flag is not None:
-            logger.info("dtype auto: bfloat16, which this CPU computes in hardware (%s)", flag)
-            return torch.bfloat16
-        logger.info(
-            "dtype auto: float32, as this CPU has no bfloat16 arithmetic (neither %s)",
-            " nor ".join(FAST_BF16_CPU_FLAGS),
-        )
-        return torch.float32
-    config = checkpoint.hf_config
-    stored = getattr(config, "dtype", None)
-    if stored is None and "torch_dtype" in config.to_dict():
-        stored = config.to_dict()["torch_dtype"]
-    if isinstance(stored, str):
-        stored = getattr(torch, stored, None)
-    if stored in (torch.bfloat16, torch.float16):
-        return stored
-    return torch.float16
 
 
 def _batch_invariant_step(compiled: bool) -> bool:
@@ -234,30 +205,6 @@ def resolve_decode_graph_sizes(
     return capture_sizes(requested, max_num_seqs)
 
 
-def resolve_max_model_len(
-    requested: int | None, hf_config, disable_sliding_window: bool = False
-) -> int:
-    derived = scaled_context_length(hf_config)
-    window = getattr(hf_config, "sliding_window", None)
-    uses_window = window and getattr(hf_config, "use_sliding_window", True)
-    if uses_window and window < derived:
-        if not disable_sliding_window:
-            logger.warning(
-                "the model uses a sliding window of %d tokens, which aioserve does not "
-                "implement yet: the context is capped at the window, as with "
-                "--disable-sliding-window",
-                window,
-            )
-        derived = int(window)
-    if requested is None:
-        return derived
-    if requested > derived:
-        raise ValueError(
-            f"--max-model-len {requested} is larger than the model's maximum context length {derived}"
-        )
-    return requested
-
-
 def _generation_defaults(config: EngineConfig, checkpoint: Checkpoint) -> dict:
     source = config.model.generation_config
     if source == "vllm":
@@ -307,9 +254,6 @@ def build_engine(config: EngineConfig) -> EngineParts:
     tokenizer = None
     if not model_cfg.skip_tokenizer_init:
         tokenizer = checkpoint.load_tokenizer(model_cfg.tokenizer, model_cfg.tokenizer_mode)
-
-    # pooling_build builds on this module's functions, hence the import here.
-    from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
 
     if serves_pooling(model_cfg, hf_config):
         return build_pooling_engine(config, checkpoint, tokenizer)
@@ -483,28 +427,6 @@ def structured_outputs_config(decoding: DecodingConfig) -> StructuredOutputsConf
         "disable_additional_properties": decoding.guided_decoding_disable_additional_properties,
     }
     return StructuredOutputsConfig(**{**settings, **decoding.structured_outputs_config})
-
-
-def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:
-    """--async-scheduling as given, else on for a GPU and off for the CPU.
-
-    On a GPU the overlap hides the host's work behind the device's (bench/host_overhead.py).
-    On the CPU the host and the model step share the cores, and on a 2-core EPYC four runs
-    each way at rate inf (64 requests) gave 310-365 total tok/s with overlap and 330-360
-    without (bench/RESULTS.md): no gain, so the CPU keeps the simpler sequential mode,
-    which also computes no token for a request that has already finished.
-    """
-    if requested is not None:
-        return requested
-    return platform_default("async_scheduling", platform)
-
-
-def platform_default(dest: str, platform: str, serving: bool = False) -> Any:
-    """The declared default of the argument `dest` on `platform` (a `PlatformDefault`), for
-    the server (`serving`) or the offline engine."""
-    declared = argument(dest)
-    assert declared is not None and isinstance(declared.default, PlatformDefault), dest
-    return declared.default.on(platform, serving)
 
 
 def default_sampling_params(settings: EngineSettings) -> SamplingParams:

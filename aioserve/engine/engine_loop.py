@@ -315,6 +315,8 @@ class EngineLoop:
                 if vector is not None:
                     state.pooled = vector
                     state.changed.add(index)
+                    # Its vector is its first (and last) output, as vLLM times it.
+                    tally.count_output(state.metrics, 0, now, False)
                     touched[state.request_id] = state
                 continue
             scored = prompt_logprobs.get(request_id) if prompt_logprobs else None
@@ -341,6 +343,7 @@ class EngineLoop:
         for request in finished:
             state, index = self._sample_of[request.request_id]
             self.output_processor.finish_sample(state.samples[index])
+            touched.setdefault(state.request_id, state)  # told even without a new token
         off_constraint = [r for r in off_constraint if not r.status.is_finished]
         if off_constraint:
             self._end_with_error(off_constraint, "a sampled token broke its structured output")

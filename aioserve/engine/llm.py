@@ -156,6 +156,12 @@ class LLM:
         text is paired with each of the others, two lists pairwise (vLLM's pairing)."""
         first = [data_1] if isinstance(data_1, str) else list(data_1)
         second = [data_2] if isinstance(data_2, str) else list(data_2)
+        if not first or not second:  # vLLM's words
+            raise ValueError(
+                "At least one text element must be given"
+                if not first
+                else "At least one text_pair element must be given"
+            )
         if len(first) == 1:
             first = first * len(second)
         elif len(first) != len(second):

@@ -24,13 +24,13 @@ import logging
 from pathlib import Path
 
 from aioserve.config.engine import EngineConfig, ModelConfig
-from aioserve.engine.build import (
+from aioserve.engine.load_report import build_load_report
+from aioserve.engine.resolution import (
     platform_default,
     resolve_async_scheduling,
     resolve_dtype,
     resolve_max_model_len,
 )
-from aioserve.engine.load_report import build_load_report
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.loader import load_model

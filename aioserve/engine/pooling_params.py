@@ -11,14 +11,17 @@ things are per request and are applied here, on the host, to the pooled vector:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
-from aioserve.engine.settings import EngineSettings
-from aioserve.models.pooler import PoolerConfig
+
+if TYPE_CHECKING:
+    from aioserve.engine.settings import EngineSettings
+    from aioserve.models.pooler import PoolerConfig
 
 
 @dataclass(frozen=True)

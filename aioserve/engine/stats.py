@@ -46,8 +46,8 @@ class FinishedRequestStats:
     """First token to last token."""
     inference_time: float
     """First scheduled to last token."""
-    mean_time_per_output_token: float | None
-    """decode_time over the tokens after the first; None with fewer than two tokens."""
+    mean_time_per_output_token: float
+    """decode_time over the tokens after the first; 0 with fewer than two tokens (vLLM's)."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def finished_request_stats(
         finish_reason=finish_reason,
         num_prompt_tokens=len(state.prompt_token_ids),
         num_generation_tokens=num_generated,
-        max_tokens_param=state.params.max_tokens,
+        max_tokens_param=None if state.pooled is not None else state.params.max_tokens,
         max_num_generation_tokens=per_sample,
         n=len(state.samples),
         num_cached_tokens=state.num_cached_tokens,
@@ -159,7 +159,8 @@ def finished_request_stats(
         prefill_time=first_token - scheduled,
         decode_time=decode_time,
         inference_time=last_token - scheduled,
-        mean_time_per_output_token=decode_time / (per_sample - 1) if per_sample > 1 else None,
+        # As vLLM: 0 for a request with no second token (a pooling request has none at all).
+        mean_time_per_output_token=decode_time / (per_sample - 1) if per_sample > 1 else 0.0,
     )
 
 

@@ -77,7 +77,7 @@ class PoolerConfig:
 
     pooling_type: "MEAN" (the average of the prompt's rows), "CLS" (its first row) or
     "LAST" (its last row); normalize: whether embeddings are L2-normalized by default (a
-    request's `use_activation` / `normalize` may say otherwise); dimensions: a matryoshka
+    request's `use_activation` may say otherwise); dimensions: a matryoshka
     model's default embedding size (the first `dimensions` components, before
     normalization), None for all.
     """

@@ -35,7 +35,7 @@ class PreparedPooling:
 
 
 @dataclass
-class PoolingOutput:
+class PooledStep:
     """A pooling step's vectors, on their way to the host."""
 
     seq_ids: list[str]
@@ -104,7 +104,7 @@ class PoolingRunner:
     # -- the model thread ---------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, step: PreparedPooling) -> PoolingOutput:
+    def execute(self, step: PreparedPooling) -> PooledStep:
         device = self.device
         cu_seqlens = step.cu_seqlens.to(device, non_blocking=True)
         hidden = self.model(
@@ -114,7 +114,7 @@ class PoolingRunner:
             step.max_seqlen,
         )
         pooled = pool(hidden, cu_seqlens, self.pooling_type).float()
-        output = PoolingOutput(step.seq_ids, pooled)
+        output = PooledStep(step.seq_ids, pooled)
         if device.type != "cpu":
             output.pooled = pooled.to("cpu", non_blocking=True)
             output.done = torch.cuda.Event()
@@ -123,6 +123,6 @@ class PoolingRunner:
 
     # -- host, once the step's vectors are ready ------------------------------------------------
 
-    def collect(self, output: PoolingOutput) -> StepResult:
+    def collect(self, output: PooledStep) -> StepResult:
         pooled = dict(zip(output.seq_ids, output.pooled.unbind(0), strict=True))
         return StepResult({}, {}, pooled=pooled)

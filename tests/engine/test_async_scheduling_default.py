@@ -10,7 +10,7 @@ import pytest
 
 from aioserve import AsyncEngine
 from aioserve.config.engine import engine_config_from_kwargs
-from aioserve.engine.build import resolve_async_scheduling
+from aioserve.engine.resolution import resolve_async_scheduling
 
 
 @pytest.mark.parametrize(

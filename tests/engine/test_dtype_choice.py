@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from aioserve.engine import build
+from aioserve.engine import build, resolution
 from aioserve.platform import parse_cpu_flags
 
 SAPPHIRE_RAPIDS = """processor\t: 0
@@ -38,12 +38,12 @@ def test_flags_are_read_from_the_first_flags_line():
     ],
 )
 def test_auto_picks_by_the_cpu_and_says_why(monkeypatch, caplog, cpuinfo, dtype, reason):
-    monkeypatch.setattr(build, "current_platform", lambda: "cpu")
+    monkeypatch.setattr(resolution, "current_platform", lambda: "cpu")
     monkeypatch.setattr("aioserve.platform.cpu_flags", lambda: parse_cpu_flags(cpuinfo))
     with caplog.at_level(logging.INFO, logger="aioserve"):
-        assert build.resolve_dtype("auto", checkpoint=None) == dtype
+        assert resolution.resolve_dtype("auto", checkpoint=None) == dtype
     assert reason in caplog.text
-    assert build.resolve_dtype("float32", checkpoint=None) == torch.float32  # asked: kept
+    assert resolution.resolve_dtype("float32", checkpoint=None) == torch.float32  # asked: kept
 
 
 def test_auto_on_a_float32_cpu_keeps_bfloat16_row_weights_when_compiled(monkeypatch, caplog):

@@ -84,6 +84,8 @@ def test_score_is_the_cosine_of_the_two_vectors(llm):
     )
     with pytest.raises(ValueError, match="pairs 2 texts with 3"):
         llm.score(TEXTS[:2], TEXTS[:3])
+    with pytest.raises(ValueError, match="At least one text_pair element must be given"):
+        llm.score(TEXTS[0], [])
 
 
 def test_prompts_as_long_as_the_context_run_and_longer_ones_are_refused(llm):

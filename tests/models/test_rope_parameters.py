@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
 
-from aioserve.engine.build import resolve_max_model_len
+from aioserve.engine.resolution import resolve_max_model_len
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.rope_parameters import (
     override_rope,

@@ -1,0 +1,96 @@
+"""How the values a configuration leaves open are decided, for a generative or a pooling
+model alike (build.py, pooling_build.py): dtype "auto", max_model_len, the arguments whose
+default depends on the platform (`PlatformDefault`), and asynchronous scheduling."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from aioserve.config.arguments import argument
+from aioserve.config.declaration import PlatformDefault
+from aioserve.models.checkpoint import Checkpoint
+from aioserve.models.rope_parameters import scaled_context_length
+from aioserve.platform import FAST_BF16_CPU_FLAGS, cpu_fast_bf16_flag, current_platform
+
+logger = logging.getLogger("aioserve")
+
+_DTYPES = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
+    if requested != "auto":
+        return _DTYPES[requested]
+    if current_platform() == "cpu":
+        flag = cpu_fast_bf16_flag()
+        if flag is not None:
+            logger.info("dtype auto: bfloat16, which this CPU computes in hardware (%s)", flag)
+            return torch.bfloat16
+        logger.info(
+            "dtype auto: float32, as this CPU has no bfloat16 arithmetic (neither %s)",
+            " nor ".join(FAST_BF16_CPU_FLAGS),
+        )
+        return torch.float32
+    config = checkpoint.hf_config
+    stored = getattr(config, "dtype", None)
+    if stored is None and "torch_dtype" in config.to_dict():
+        stored = config.to_dict()["torch_dtype"]
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    if stored in (torch.bfloat16, torch.float16):
+        return stored
+    return torch.float16
+
+
+def resolve_max_model_len(
+    requested: int | None, hf_config, disable_sliding_window: bool = False
+) -> int:
+    derived = scaled_context_length(hf_config)
+    window = getattr(hf_config, "sliding_window", None)
+    uses_window = window and getattr(hf_config, "use_sliding_window", True)
+    if uses_window and window < derived:
+        if not disable_sliding_window:
+            logger.warning(
+                "the model uses a sliding window of %d tokens, which aioserve does not "
+                "implement yet: the context is capped at the window, as with "
+                "--disable-sliding-window",
+                window,
+            )
+        derived = int(window)
+    if requested is None:
+        return derived
+    if requested > derived:
+        raise ValueError(
+            f"--max-model-len {requested} is larger than the model's maximum context length {derived}"
+        )
+    return requested
+
+
+def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:
+    """--async-scheduling as given, else on for a GPU and off for the CPU.
+
+    On a GPU the overlap hides the host's work behind the device's (bench/host_overhead.py).
+    On the CPU the host and the model step share the cores, and on a 2-core EPYC four runs
+    each way at rate inf (64 requests) gave 310-365 total tok/s with overlap and 330-360
+    without (bench/RESULTS.md): no gain, so the CPU keeps the simpler sequential mode,
+    which also computes no token for a request that has already finished.
+    """
+    if requested is not None:
+        return requested
+    return platform_default("async_scheduling", platform)
+
+
+def platform_default(dest: str, platform: str, serving: bool = False) -> Any:
+    """The declared default of the argument `dest` on `platform` (a `PlatformDefault`), for
+    the server (`serving`) or the offline engine."""
+    declared = argument(dest)
+    assert declared is not None and isinstance(declared.default, PlatformDefault), dest
+    return declared.default.on(platform, serving)
