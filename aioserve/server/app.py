@@ -2,7 +2,8 @@
 
 `build_app(state)` is the one place where the server's parts meet: the middlewares
 (middlewares.py, in the order described there), this module's routes (routes.py), the
-OpenAI generation routes (openai_routes.py), the metrics (metrics.py) and the schema and
+OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes
+(embeddings.py, scoring.py), the metrics (metrics.py) and the schema and
 docs pages (openapi.py). `serve.py` runs the app; tests run it in-process.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from aioserve.server.embeddings import add_pooling_routes
 from aioserve.server.errors import error_middleware
 from aioserve.server.metrics import add_metrics
 from aioserve.server.middlewares import (
@@ -73,7 +75,10 @@ def build_app(state: ServerState) -> web.Application:
         app.on_response_prepare.append(request_id_hook)
 
     add_routes(app, load_tracking=frontend.enable_server_load_tracking)
-    add_openai_routes(app)
+    if state.engine.settings.runner_type == "pooling":
+        add_pooling_routes(app)  # as vLLM, no generation routes for a pooling model
+    else:
+        add_openai_routes(app)
     add_metrics(app, state, log_stats=not frontend.disable_log_stats)
     if not frontend.disable_fastapi_docs:
         add_docs_routes(app, root_path)

@@ -354,8 +354,7 @@ class PrometheusStatLogger:
             self.request_prefill_time.observe(request.prefill_time)
             self.request_decode_time.observe(request.decode_time)
             self.request_inference_time.observe(request.inference_time)
-            if request.mean_time_per_output_token is not None:
-                self.request_time_per_output_token.observe(request.mean_time_per_output_token)
+            self.request_time_per_output_token.observe(request.mean_time_per_output_token)
         if stats.host_gap is not None:
             self.host_gap.observe(stats.host_gap)
         self._observe_step_duration(stats)

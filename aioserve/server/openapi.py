@@ -16,7 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from aioserve import __version__
+from aioserve.server.embeddings import EMBEDDING_BODY, POOLING_BODY
 from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY, properties
+from aioserve.server.scoring import RERANK_BODY, SCORE_BODY
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -44,6 +46,7 @@ _ERRORS = {
 _AUTH_ERROR = {"401": _json(_ref("ErrorResponse"), "Missing or wrong API key (--api-key)")}
 _EMPTY_OK = {"200": {"description": "Healthy (empty body)"}, "503": _ERRORS["503"]}
 
+_NUMBER = {"type": "number"}
 _USAGE = {
     "type": "object",
     "properties": {
@@ -53,6 +56,35 @@ _USAGE = {
         "prompt_tokens_details": {"type": ["object", "null"]},
     },
 }
+
+
+def _pooling_list(item_object: str, item_key: str) -> dict[str, Any]:
+    """The answer of /v1/embeddings or /pooling: one vector per input."""
+    vector = {"oneOf": [{"type": "array", "items": _NUMBER}, _STRING]}
+    return {
+        "type": "object",
+        "description": "With encoding_format bytes or bytes_only: an application/octet-stream "
+        "body of the vectors' bytes (bytes: described in a `metadata` header).",
+        "properties": {
+            "id": _STRING,
+            "object": {"const": "list"},
+            "created": _INTEGER,
+            "model": _STRING,
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": _INTEGER,
+                        "object": {"const": item_object},
+                        item_key: vector,
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    }
+
 
 _SCHEMAS: dict[str, Any] = {
     "ErrorResponse": {
@@ -228,6 +260,76 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {"model": _STRING, "tokens": _TOKEN_IDS},
     },
     "DetokenizeResponse": {"type": "object", "properties": {"prompt": _STRING}},
+    "EmbeddingRequest": {
+        "type": "object",
+        "description": "Either input or messages (a chat, rendered with the chat template).",
+        "properties": properties(EMBEDDING_BODY),
+    },
+    "EmbeddingResponse": _pooling_list("embedding", "embedding"),
+    "PoolingRequest": {
+        "type": "object",
+        "description": "Either input or messages (a chat, rendered with the chat template).",
+        "properties": properties(POOLING_BODY),
+    },
+    "PoolingResponse": _pooling_list("pooling", "data"),
+    "ScoreRequest": {
+        "type": "object",
+        "description": "Two sides: queries and documents (or queries and items, data_1 and "
+        "data_2, text_1 and text_2); 1:1, 1:N or N:N.",
+        "properties": properties(SCORE_BODY),
+    },
+    "ScoreResponse": {
+        "type": "object",
+        "properties": {
+            "id": _STRING,
+            "object": {"const": "list"},
+            "created": _INTEGER,
+            "model": _STRING,
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": _INTEGER,
+                        "object": {"const": "score"},
+                        "score": _NUMBER,
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
+    "RerankRequest": {
+        "type": "object",
+        "required": ["query", "documents"],
+        "properties": properties(RERANK_BODY),
+    },
+    "RerankResponse": {
+        "type": "object",
+        "properties": {
+            "id": _STRING,
+            "model": _STRING,
+            "usage": {
+                "type": "object",
+                "properties": {"prompt_tokens": _INTEGER, "total_tokens": _INTEGER},
+            },
+            "results": {
+                "type": "array",
+                "description": "By relevance, best first; top_n of them (0: all).",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": _INTEGER,
+                        "document": {
+                            "type": "object",
+                            "properties": {"text": _STRING, "multi_modal": _NULL},
+                        },
+                        "relevance_score": _NUMBER,
+                    },
+                },
+            },
+        },
+    },
 }
 
 # (method, path) -> operation
@@ -280,6 +382,32 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Text of a list of token ids",
         "requestBody": _body("DetokenizeRequest"),
         "responses": {"200": _json(_ref("DetokenizeResponse")), **_ERRORS},
+    },
+    ("post", "/v1/embeddings"): {
+        "summary": "Embed texts, token ids or chats (a pooling model)",
+        "requestBody": _body("EmbeddingRequest"),
+        "responses": {"200": _json(_ref("EmbeddingResponse")), **_ERRORS, **_AUTH_ERROR},
+    },
+    ("post", "/pooling"): {
+        "summary": "The pooled vectors of texts, token ids or chats (a pooling model)",
+        "requestBody": _body("PoolingRequest"),
+        "responses": {"200": _json(_ref("PoolingResponse")), **_ERRORS, **_AUTH_ERROR},
+    },
+    **{
+        ("post", path): {
+            "summary": "Score text pairs: the cosine similarity of their embeddings",
+            "requestBody": _body("ScoreRequest"),
+            "responses": {"200": _json(_ref("ScoreResponse")), **_ERRORS, **_AUTH_ERROR},
+        }
+        for path in ("/score", "/v1/score")
+    },
+    **{
+        ("post", path): {
+            "summary": "Rank documents by their relevance to a query (embedding cosine)",
+            "requestBody": _body("RerankRequest"),
+            "responses": {"200": _json(_ref("RerankResponse")), **_ERRORS, **_AUTH_ERROR},
+        }
+        for path in ("/rerank", "/v1/rerank", "/v2/rerank")
     },
     ("get", "/metrics"): {
         "summary": "Prometheus metrics, with vLLM's names",

@@ -492,11 +492,11 @@ def _generation_fields(
         "return_token_ids": fields.get("return_token_ids", False),
         "tokens_as_token_ids": fields.get("return_tokens_as_token_ids"),
         "truncation": read_truncation(fields, state.engine.settings.max_model_len),
-        "cache_salt": _cache_salt(fields),
+        "cache_salt": read_cache_salt(fields),
     }
 
 
-def _cache_salt(fields: BodyFields) -> str | None:
+def read_cache_salt(fields: BodyFields) -> str | None:
     """`cache_salt`, checked as vLLM 0.32 checks it (validate_cache_salt)."""
     salt = fields.get("cache_salt")
     if salt is None:

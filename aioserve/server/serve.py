@@ -44,7 +44,6 @@ from aioserve.config.arguments import argument
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
-from aioserve.engine.pooling_params import PoolingParams
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
@@ -273,13 +272,15 @@ async def _warm_up(engine: AsyncEngine) -> None:
     were.
     """
     started = time.monotonic()
-    params = SamplingParams(
-        max_tokens=2, ignore_eos=True, temperature=0.0, seed=0, detokenize=False
-    )
     prompt = {"prompt_token_ids": [0] * _WARM_UP_PROMPT_TOKENS}
     if engine.settings.runner_type == "pooling":
+        from aioserve.engine.pooling_params import PoolingParams  # torch: not before the checks
+
         await engine.encode(prompt, PoolingParams(), "aioserve-warm-up")
     else:
+        params = SamplingParams(
+            max_tokens=2, ignore_eos=True, temperature=0.0, seed=0, detokenize=False
+        )
         async for _ in engine.generate(prompt, params, "aioserve-warm-up"):
             pass
     logger.info("warm-up request done in %.2f s", time.monotonic() - started)

@@ -68,7 +68,7 @@ def finished(**fields) -> FinishedRequestStats:
         prefill_time=0.0,
         decode_time=0.0,
         inference_time=0.0,
-        mean_time_per_output_token=None,
+        mean_time_per_output_token=0.0,
     )
     return FinishedRequestStats(**{**defaults, **fields})
 

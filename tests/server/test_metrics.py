@@ -185,9 +185,10 @@ def test_known_steps_give_known_metrics():
     assert value(m, "vllm:request_prefill_time_seconds_sum") == pytest.approx(0.5)
     assert value(m, "vllm:request_decode_time_seconds_sum") == pytest.approx(1.1)
     assert value(m, "vllm:request_inference_time_seconds_sum") == pytest.approx(1.6)
-    # The request with one token per sample has no time per output token.
-    assert value(m, "vllm:request_time_per_output_token_seconds_count") == 1
+    # The request with one token per sample counts 0 s per output token, as in vLLM.
+    assert value(m, "vllm:request_time_per_output_token_seconds_count") == 2
     assert value(m, "vllm:request_time_per_output_token_seconds_sum") == pytest.approx(0.2)
+    assert value(m, "vllm:request_time_per_output_token_seconds_bucket", le="0.01") == 1
 
     # Requests were pending after the first step, so the second one lasted 0.4 s.
     assert value(m, "aioserve:engine_step_duration_seconds_count") == 1
