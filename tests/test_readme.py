@@ -158,6 +158,44 @@ def test_each_inline_command_runs(command):
     assert done.stdout.strip()
 
 
+# --- the embedding model ------------------------------------------------------------------------
+
+
+def test_the_embedding_commands_get_their_answers(tmp_path):
+    """The Embedding models section's server (on a free port) and its curl commands; it
+    runs before the Quick start's server starts, so that two servers never run at once."""
+    block = next(b for b in code_blocks("bash") if "all-MiniLM-L6-v2" in b)
+    serve, embeddings, rerank = shell_commands(block)
+    assert serve == "python -m aioserve serve --model sentence-transformers/all-MiniLM-L6-v2"
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            argv_of(serve) + ["--host", "127.0.0.1", "--port", str(port)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=ENVIRONMENT,
+            preexec_fn=die_with_parent,
+        )
+    try:
+        wait_until_healthy(process, f"http://{address}", log)
+        answers = []
+        for command in (embeddings, rerank):
+            done = run(argv_of(command.replace(README_ADDRESS, address)))
+            assert done.returncode == 0, done.stderr
+            answers.append(json.loads(done.stdout))
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    vectors = [item["embedding"] for item in answers[0]["data"]]
+    assert [len(v) for v in vectors] == [384, 384], answers[0]
+    assert sum(x * x for x in vectors[0]) == pytest.approx(1.0, abs=1e-3)
+    ranked = [result["document"]["text"] for result in answers[1]["results"]]
+    assert ranked == ["A man is eating food.", "A horse runs."], answers[1]
+    assert "no KV cache (an encoder-only model)" in log.read_text()
+
+
 # --- the server and what talks to it ---------------------------------------------------------
 
 
