@@ -31,6 +31,7 @@ from transformers import PretrainedConfig
 
 from aioserve.kernels.encoder_attention import encoder_attention
 from aioserve.models.linear import Embedding, Linear
+from aioserve.models.weight_copy import copy_hf_weights
 
 # config.hidden_act -> the activation (transformers' ACT2FN names)
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -192,26 +193,9 @@ class BertModel(nn.Module):
         return hidden
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
-        """Copy HF-named tensors into the parameters; returns the parameter names filled."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for hf_name, tensor in weights:
-            target = self.parameter_for(hf_name)
-            if target is None:
-                continue
-            name, shard = target
-            if name not in params:
-                raise ValueError(
-                    f"checkpoint tensor {hf_name!r} has no parameter in {type(self).__name__}"
-                )
-            if shard is None:
-                _copy_checked(params[name], tensor, name)
-            else:
-                start, size = self.shard_rows(name, shard)
-                shard_param = params[name].data[start : start + size]
-                _copy_checked(shard_param, tensor, f"{name}[shard {shard}]")
-            loaded.add(name)
-        return loaded
+        """Copy HF-named tensors into the parameters (models/weight_copy.py); returns the
+        parameter names filled."""
+        return copy_hf_weights(self, weights)
 
     def parameter_for(self, hf_name: str) -> tuple[str, int | None] | None:
         """(our parameter name, index of the shard in it or None) of an HF checkpoint tensor;
@@ -256,13 +240,3 @@ def check_bert_config(config: PretrainedConfig) -> None:
         )
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         raise ValueError("BERT as a decoder (is_decoder, add_cross_attention) is not supported")
-
-
-def _copy_checked(param: Tensor, tensor: Tensor, name: str) -> None:
-    if tuple(param.shape) != tuple(tensor.shape):
-        raise ValueError(
-            f"shape mismatch for {name}: model has {tuple(param.shape)}, "
-            f"checkpoint {tuple(tensor.shape)}"
-        )
-    with torch.no_grad():
-        param.data.copy_(tensor)

@@ -27,6 +27,7 @@ from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear, dense
 from aioserve.models.paged_attention_op import rotate_and_attend
 from aioserve.models.rope_parameters import rope_scaling, rope_theta, scaled_context_length
+from aioserve.models.weight_copy import copy_hf_weights
 
 
 class RMSNorm(nn.Module):
@@ -192,28 +193,11 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy HF-named tensors into the parameters; returns the parameter names filled."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for hf_name, tensor in weights:
-            if self._load_kv_scale(hf_name, tensor):
-                continue
-            target = self.parameter_for(hf_name)
-            if target is None:
-                continue
-            name, shard = target
-            if name not in params:
-                raise ValueError(
-                    f"checkpoint tensor {hf_name!r} has no parameter in {type(self).__name__}"
-                )
-            if shard is None:
-                _copy_checked(params[name], tensor, name)
-            else:
-                start, size = self.shard_rows(name, shard)
-                shard_param = params[name].data[start : start + size]
-                _copy_checked(shard_param, tensor, f"{name}[shard {shard}]")
-            loaded.add(name)
-        return loaded
+        """Copy HF-named tensors into the parameters (models/weight_copy.py), the KV-cache
+        scales aside; returns the parameter names filled."""
+        return copy_hf_weights(
+            self, ((name, t) for name, t in weights if not self._load_kv_scale(name, t))
+        )
 
     def _load_kv_scale(self, hf_name: str, tensor: torch.Tensor) -> bool:
         """Whether `hf_name` is a layer's k_scale/v_scale, then kept in kv_scales."""
@@ -255,15 +239,6 @@ class LlamaForCausalLM(nn.Module):
 
 
 _KV_SCALE_NAME = re.compile(r"(?:model\.)?layers\.(?P<layer>\d+)\.self_attn\.(?P<kind>[kv])_scale")
-
-
-def _copy_checked(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
-    if tuple(param.shape) != tuple(tensor.shape):
-        raise ValueError(
-            f"shape mismatch for {name}: model has {tuple(param.shape)}, checkpoint {tuple(tensor.shape)}"
-        )
-    with torch.no_grad():
-        param.data.copy_(tensor)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -43,7 +43,7 @@ from aioserve.server.body_fields import BodyFields, shown_value
 from aioserve.server.chat_template import refuse_request_mm_kwargs
 from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.generation import overloaded
-from aioserve.server.prompt_truncation import SIDES, PromptTruncation
+from aioserve.server.prompt_truncation import SIDES, PromptTruncation, read_truncation
 from aioserve.server.protocol import read_cache_salt
 from aioserve.server.request_schema import BodyField
 from aioserve.server.responses import full_usage
@@ -75,9 +75,6 @@ COMMON_BODY: dict[str, BodyField] = {
     )
 }
 """The fields of every pooling route (vLLM's PoolingBasicRequestMixin, plus use_activation)."""
-
-POOLING_TRUNCATION_SIDE = "right"
-"""The side vLLM's pooling tokenizers truncate from (tokenizers/registry.py)."""
 
 _REMOVED_TASKS = {
     "score": "`score` task was removed; use `classify` instead.",
@@ -135,7 +132,7 @@ def read_pooling_request(
         raise bad_parameter(
             "padding", shown_value(padding), "padding must be 'max_length' or 'do_not_pad'"
         )
-    truncation = read_pooling_truncation(fields, state.engine.settings.max_model_len)
+    truncation = read_truncation(fields, state.engine.settings.max_model_len, pooling=True)
     by_tokenizer = (
         truncation is not None and truncation.keep > 0 and fields.get("truncation_side") is None
     )
@@ -147,33 +144,6 @@ def read_pooling_request(
         use_activation=fields.get("use_activation"),
         tokenizer_max_length=truncation.keep if by_tokenizer else None,
     )
-
-
-def read_pooling_truncation(fields: BodyFields, max_model_len: int) -> PromptTruncation | None:
-    """`truncate_prompt_tokens` and `truncation_side` as vLLM's pooling routes read them."""
-    side = fields.get("truncation_side")
-    if side is not None and side not in SIDES:
-        raise bad_parameter(
-            "truncation_side",
-            shown_value(side),
-            "`truncation_side` must be either 'left' or 'right'.",
-        )
-    tokens = fields.get("truncate_prompt_tokens")
-    if tokens is None:
-        return None
-    if tokens < -1:
-        raise bad_parameter(
-            "truncate_prompt_tokens", tokens, "truncate_prompt_tokens must be at least -1"
-        )
-    if tokens > max_model_len:
-        raise bad_parameter(
-            "truncate_prompt_tokens",
-            tokens,
-            "truncate_prompt_tokens value is greater than max_model_len. Please request a "
-            "smaller truncation size.",
-        )
-    keep = max_model_len if tokens == -1 else tokens
-    return PromptTruncation(keep, side or POOLING_TRUNCATION_SIDE)
 
 
 def tokenizer_of(state: ServerState):

@@ -39,8 +39,15 @@ class PromptTruncation:
         return token_ids[: self.keep]
 
 
-def read_truncation(fields: BodyFields, max_model_len: int) -> PromptTruncation | None:
-    """The request's truncation, or None; a 400 naming the field for a value vLLM refuses."""
+def read_truncation(
+    fields: BodyFields, max_model_len: int, *, pooling: bool = False
+) -> PromptTruncation | None:
+    """The request's truncation, or None; a 400 naming the field for a value vLLM refuses.
+
+    For a pooling route (`pooling`), as vLLM's: -1 keeps the whole context (no token
+    follows a pooled prompt), the first tokens are kept unless the request says otherwise
+    (vLLM's pooling tokenizers truncate from the right: tokenizers/registry.py), and a
+    value past the context is refused in those routes' own words."""
     side = fields.get("truncation_side")
     if side is not None and side not in SIDES:
         raise bad_parameter(
@@ -59,8 +66,12 @@ def read_truncation(fields: BodyFields, max_model_len: int) -> PromptTruncation 
         raise bad_parameter(
             "truncate_prompt_tokens",
             tokens,
-            f"truncate_prompt_tokens={tokens} cannot be greater than max_model_len = "
+            "truncate_prompt_tokens value is greater than max_model_len. Please request a "
+            "smaller truncation size."
+            if pooling
+            else f"truncate_prompt_tokens={tokens} cannot be greater than max_model_len = "
             f"{max_model_len}. Please request a smaller truncation size.",
         )
-    keep = max_model_len - 1 if tokens == -1 else tokens
-    return PromptTruncation(keep, side or "left")
+    if pooling:
+        return PromptTruncation(max_model_len if tokens == -1 else tokens, side or "right")
+    return PromptTruncation(max_model_len - 1 if tokens == -1 else tokens, side or "left")

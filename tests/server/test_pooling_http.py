@@ -43,7 +43,8 @@ from aioserve.server.embeddings import (
     read_inputs,
 )
 from aioserve.server.errors import APIError, error_middleware
-from aioserve.server.pooling_requests import COMMON_BODY, read_pooling_truncation
+from aioserve.server.pooling_requests import COMMON_BODY
+from aioserve.server.prompt_truncation import read_truncation
 from aioserve.server.responses import ResponseHead
 from aioserve.server.scoring import (
     check_side_lengths,
@@ -194,7 +195,7 @@ def test_side_lengths_are_checked_with_vllm_messages(queries, documents, message
 
 def test_truncation_keeps_the_whole_context_for_minus_one_and_the_first_tokens():
     def read(**body):
-        return read_pooling_truncation(BodyFields(body, COMMON_BODY), MAX_MODEL_LEN)
+        return read_truncation(BodyFields(body, COMMON_BODY), MAX_MODEL_LEN, pooling=True)
 
     assert read() is None
     minus_one = read(truncate_prompt_tokens=-1)
