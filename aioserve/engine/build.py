@@ -48,6 +48,7 @@ from aioserve.engine.resolution import (
     resolve_async_scheduling,
     resolve_dtype,
     resolve_max_model_len,
+    resolve_packed_weights,
 )
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.settings import EngineParts, EngineSettings
@@ -59,7 +60,7 @@ from aioserve.models.fp8_weights import keep_fp8_weights, quantize_to_fp8
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
 from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_group_weights
 from aioserve.models.int8_weights import keep_int8_weights
-from aioserve.models.linear import INT4_MAX_ROWS, onednn_packs
+from aioserve.models.linear import INT4_MAX_ROWS
 from aioserve.models.loader import load_model
 from aioserve.platform import (
     current_platform,
@@ -114,13 +115,6 @@ def resolve_row_weight_dtype(
         "bytes; the float32 weights are rounded to the same values (--dtype float32 keeps them)"
     )
     return torch.bfloat16
-
-
-def resolve_packed_weights(dtype: torch.dtype) -> bool:
-    """Whether the dense products run oneDNN on weights packed once (models/linear.py): on a
-    CPU with bfloat16 arithmetic, for a bfloat16 model, outside batch-invariant mode (whose
-    products go in tiles of one shape)."""
-    return current_platform() == "cpu" and onednn_packs(dtype) and not dispatch.batch_invariant()
 
 
 def resolve_gguf_blocks(checkpoint: Checkpoint) -> bool:

@@ -30,9 +30,11 @@ from aioserve.engine.resolution import (
     resolve_async_scheduling,
     resolve_dtype,
     resolve_max_model_len,
+    resolve_packed_weights,
 )
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.models.checkpoint import Checkpoint
+from aioserve.models.linear import pack_weights
 from aioserve.models.loader import load_model
 from aioserve.models.pooler import pooler_config_for
 from aioserve.models.registry import is_pooling_architecture
@@ -147,6 +149,9 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
         dummy=config.load.load_format == "dummy",
         seed=model_cfg.seed,
     )
+    if resolve_packed_weights(dtype):
+        pack_weights(model)
+        logger.info("dense products run oneDNN on its packed layout of the weights")
     runner = PoolingRunner(
         model,
         pooling_type=pooler.pooling_type,

@@ -1,6 +1,7 @@
 """How the values a configuration leaves open are decided, for a generative or a pooling
 model alike (build.py, pooling_build.py): dtype "auto", max_model_len, the arguments whose
-default depends on the platform (`PlatformDefault`), and asynchronous scheduling."""
+default depends on the platform (`PlatformDefault`), asynchronous scheduling, and whether
+the dense layers run on weights packed for oneDNN."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from aioserve.config.arguments import argument
 from aioserve.config.declaration import PlatformDefault
+from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint
+from aioserve.models.linear import onednn_packs
 from aioserve.models.rope_parameters import scaled_context_length
 from aioserve.platform import FAST_BF16_CPU_FLAGS, cpu_fast_bf16_flag, current_platform
 
@@ -94,3 +97,10 @@ def platform_default(dest: str, platform: str, serving: bool = False) -> Any:
     declared = argument(dest)
     assert declared is not None and isinstance(declared.default, PlatformDefault), dest
     return declared.default.on(platform, serving)
+
+
+def resolve_packed_weights(dtype: torch.dtype) -> bool:
+    """Whether the dense products run oneDNN on weights packed once (models/linear.py): on a
+    CPU with bfloat16 arithmetic, for a bfloat16 model, outside batch-invariant mode (whose
+    products go in tiles of one shape)."""
+    return current_platform() == "cpu" and onednn_packs(dtype) and not dispatch.batch_invariant()

@@ -61,6 +61,15 @@ def test_vectors_match_transformers_mean_pooled_and_normalized(llm, reference):
     ]
 
 
+def test_bfloat16_vectors_keep_their_direction(minilm_folder, reference):
+    """bfloat16, on a CPU with bfloat16 arithmetic with the dense layers' weights packed for
+    oneDNN (resolution.resolve_packed_weights)."""
+    with LLM(str(minilm_folder), dtype="bfloat16") as bf16:
+        got = torch.stack([o.data for o in bf16.embed(TEXTS, use_tqdm=False)])
+    cosines = F.cosine_similarity(got, F.normalize(reference(TEXTS), dim=-1), dim=-1)
+    assert (cosines > 0.999).all(), cosines
+
+
 def test_normalize_false_gives_the_plain_mean(llm, reference):
     (output,) = llm.embed(TEXTS[1], PoolingParams(use_activation=False), use_tqdm=False)
     expected = reference([TEXTS[1]])[0]
