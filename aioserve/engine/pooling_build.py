@@ -8,7 +8,7 @@ encoder-only architecture (models/registry.py). What differs from a generative m
   normalization (modules.json, 1_Pooling/config.json), else vLLM's default for the
   architecture, then --override-pooler-config's keys;
 - max_model_len: the model's positions, capped by sentence-transformers' `max_seq_length`
-  (sentence_bert_config.json), as vLLM caps it;
+  (sentence_bert_config.json, or its RoBERTa, XLM-R ... sibling), as vLLM caps it;
 - no chunked prefill and no prefix caching: an encoder attends to the whole prompt at
   once, so a prompt runs whole in one step, and the token budget is at least
   max_model_len;
@@ -37,7 +37,7 @@ from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import pack_weights
 from aioserve.models.loader import load_model
 from aioserve.models.pooler import pooler_config_for
-from aioserve.models.registry import is_pooling_architecture
+from aioserve.models.registry import is_pooling_architecture, model_class_for
 from aioserve.platform import current_platform, device
 from aioserve.runner.pooling_runner import PoolingRunner
 
@@ -74,21 +74,38 @@ def serves_pooling(model_cfg: ModelConfig, hf_config) -> bool:
     return encoder if runner == "auto" else runner == "pooling"
 
 
+# sentence-transformers' settings file of each encoder family, in vLLM's order.
+_SENTENCE_CONFIG_FILES = (
+    "sentence_bert_config.json",
+    "sentence_roberta_config.json",
+    "sentence_distilbert_config.json",
+    "sentence_camembert_config.json",
+    "sentence_albert_config.json",
+    "sentence_xlm-roberta_config.json",
+    "sentence_xlnet_config.json",
+)
+
+
 def sentence_transformers_max_len(checkpoint: Checkpoint) -> int | None:
-    """`max_seq_length` of a folder's sentence_bert_config.json, if it has one."""
+    """`max_seq_length` of a folder's sentence-transformers settings (the first of
+    sentence_bert_config.json, sentence_roberta_config.json, ... it has), if any."""
     if checkpoint.source.kind != "hf_folder":
         return None
-    path = Path(checkpoint.source.path) / "sentence_bert_config.json"
-    if not path.is_file():
-        return None
-    value = json.loads(path.read_text()).get("max_seq_length")
-    return int(value) if isinstance(value, int) and value > 0 else None
+    for name in _SENTENCE_CONFIG_FILES:
+        path = Path(checkpoint.source.path) / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("max_seq_length")
+            return int(value) if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def resolve_pooling_max_model_len(model_cfg: ModelConfig, checkpoint: Checkpoint) -> int:
-    """The model's positions capped by sentence-transformers' max_seq_length; a larger
-    --max-model-len is refused, as vLLM refuses it."""
-    derived = resolve_max_model_len(None, checkpoint.hf_config)
+    """The model's positions (RoBERTa's less their offset), capped by sentence-transformers'
+    max_seq_length; a larger --max-model-len is refused, as vLLM refuses it."""
+    hf_config = checkpoint.hf_config
+    derived = min(
+        resolve_max_model_len(None, hf_config), model_class_for(hf_config).max_prompt_len(hf_config)
+    )
     capped = sentence_transformers_max_len(checkpoint)
     if capped is not None:
         derived = min(derived, capped)

@@ -1,5 +1,6 @@
-"""BERT encoders (HF `BertModel`): the hidden states of a packed batch of prompts, for
-pooling (embedding) models such as sentence-transformers/all-MiniLM-L6-v2.
+"""BERT encoders (HF `BertModel`, and `RobertaModel` / `XLMRobertaModel`, which differ only in
+where positions start): the hidden states of a packed batch of prompts, for pooling
+(embedding) models such as sentence-transformers/all-MiniLM-L6-v2.
 
 An encoder has no KV cache and no causal mask: each prompt is one step, and every token
 attends to every token of its own prompt (kernels/encoder_attention.py). The step's
@@ -192,6 +193,11 @@ class BertModel(nn.Module):
             hidden = layer(hidden, cu_seqlens, max_seqlen)
         return hidden
 
+    @classmethod
+    def max_prompt_len(cls, config: PretrainedConfig) -> int:
+        """The longest prompt the position table holds."""
+        return config.max_position_embeddings
+
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
         """Copy HF-named tensors into the parameters (models/weight_copy.py); returns the
         parameter names filled."""
@@ -219,6 +225,40 @@ class BertModel(nn.Module):
     def shard_count(self, name: str) -> int:
         """How many checkpoint tensors are stacked into the parameter `name`."""
         return 3 if ".qkv_proj." in name else 1
+
+
+class RobertaModel(BertModel):
+    """RoBERTa and XLM-RoBERTa encoders (e5, bge, ...): BERT's layers, but a prompt's
+    positions count from padding_idx + 1 (transformers' create_position_ids_from_input_ids,
+    for a prompt without padding: the table's first padding_idx + 1 rows are never read),
+    and checkpoint names may start with "roberta."."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__(config)
+        self.position_offset = config.pad_token_id + 1
+
+    @classmethod
+    def max_prompt_len(cls, config: PretrainedConfig) -> int:
+        return config.max_position_embeddings - config.pad_token_id - 1
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        cu_seqlens: Tensor,
+        max_seqlen: int,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        return super().forward(
+            input_ids, positions + self.position_offset, cu_seqlens, max_seqlen, token_type_ids
+        )
+
+    def parameter_for(self, hf_name: str) -> tuple[str, int | None] | None:
+        return super().parameter_for(hf_name.removeprefix("roberta."))
+
+
+class XLMRobertaModel(RobertaModel):
+    pass
 
 
 def check_bert_config(config: PretrainedConfig) -> None:

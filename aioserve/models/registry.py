@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 from transformers import PretrainedConfig
 
-from aioserve.models.bert import BertModel
+from aioserve.models.bert import BertModel, RobertaModel, XLMRobertaModel
 from aioserve.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -20,6 +20,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "BertModel": BertModel,
+    "RobertaModel": RobertaModel,
+    "XLMRobertaModel": XLMRobertaModel,
 }
 
 # The pooling architectures, each with its sequence pooling where neither the user nor
@@ -28,6 +30,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 # packed prompts (input_ids, positions, cu_seqlens, max_seqlen) and uses no KV cache.
 POOLING_ARCHITECTURES: dict[str, str] = {
     "BertModel": "CLS",
+    "RobertaModel": "CLS",  # vLLM's RobertaEmbeddingModel
+    "XLMRobertaModel": "CLS",
 }
 
 

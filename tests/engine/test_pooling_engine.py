@@ -14,6 +14,7 @@ from aioserve.engine.llm import LLM
 from aioserve.engine.pooling_params import PoolingParams, finish_vector
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.models.pooler import PoolerConfig
+from tests.models.tiny_models import hf_bert_and_ours, tiny_roberta_config
 
 TEXTS = [
     "A man is eating food.",
@@ -184,3 +185,21 @@ def test_a_vector_is_cut_then_normalized_as_the_request_or_else_the_pooler_says(
         finish_vector(pooled, PoolingParams(dimensions=1, use_activation=True), cut_by_default),
         torch.tensor([1.0]),
     )
+
+
+def test_an_xlm_roberta_folder_pools_its_cls_row_within_its_positions(tmp_path):
+    """A folder without sentence-transformers files: vLLM's default pooler (CLS,
+    normalized), and a context of the position table less RoBERTa's offset."""
+    hf, _ = hf_bert_and_ours(tiny_roberta_config("XLMRobertaModel"))
+    hf.save_pretrained(tmp_path)
+    tokens = [0, 5, 6, 7, 2]
+    with LLM(str(tmp_path), skip_tokenizer_init=True, dtype="float32") as roberta:
+        settings = roberta.engine.settings
+        assert settings.max_model_len == 128
+        assert settings.pooler == PoolerConfig("CLS", normalize=True)
+        (output,) = roberta.embed({"prompt_token_ids": tokens}, use_tqdm=False)
+        with pytest.raises(InvalidRequest, match="maximum context length is 128 tokens"):
+            roberta.embed({"prompt_token_ids": [5] * 129}, use_tqdm=False)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor([tokens])).last_hidden_state[0, 0]
+    torch.testing.assert_close(output.data, F.normalize(expected, dim=-1), atol=1e-5, rtol=1e-5)

@@ -23,7 +23,7 @@ from aioserve.models.pooler import (
     pooler_config_for,
 )
 from aioserve.models.registry import is_pooling_architecture
-from tests.models.tiny_models import hf_bert_and_ours, tiny_bert_config
+from tests.models.tiny_models import hf_bert_and_ours, tiny_bert_config, tiny_roberta_config
 
 SENTENCES = [
     "A man is eating food.",
@@ -136,6 +136,28 @@ def test_tiny_bert_cls_pooling_matches_transformers(dtype):
             expected.append(F.normalize(out[0], dim=-1))
     tolerance = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=0)
     torch.testing.assert_close(embeddings, torch.stack(expected), **tolerance)
+
+
+@pytest.mark.parametrize("architecture", ["RobertaModel", "XLMRobertaModel"])
+def test_tiny_roberta_matches_transformers(architecture):
+    """Positions from pad_token_id + 1, "roberta." names, and the longest prompt the
+    position table holds."""
+    config = tiny_roberta_config(architecture)
+    hf, ours = hf_bert_and_ours(config)
+    assert type(ours).__name__ == architecture
+    assert type(ours).max_prompt_len(config) == 128
+    token_lists = [[0, 5, 6, 7, 2], list(range(3, 131))]
+    input_ids, positions, cu_seqlens, max_seqlen = packed(token_lists)
+    with torch.inference_mode():
+        hidden = ours(input_ids, positions, cu_seqlens, max_seqlen)
+        for tokens, (start, end) in zip(token_lists, [(0, 5), (5, 133)], strict=True):
+            expected = hf(input_ids=torch.tensor([tokens])).last_hidden_state[0]
+            torch.testing.assert_close(hidden[start:end], expected, atol=1e-5, rtol=1e-5)
+    prefixed = {f"roberta.{name}": t for name, t in hf.state_dict().items()}
+    _, fresh = hf_bert_and_ours(config, seed=1)
+    fresh.load_weights(prefixed.items())
+    for name, param in ours.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], param)
 
 
 def test_tiny_bert_through_the_triton_kernel(triton_backend):

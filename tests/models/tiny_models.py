@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import (
+    AutoModel,
     AutoModelForCausalLM,
     BertConfig,
-    BertModel,
     LlamaConfig,
     MistralConfig,
+    PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
+    RobertaConfig,
+    XLMRobertaConfig,
 )
 
 from aioserve.models.attention_metadata import AttentionMetadata
@@ -174,12 +177,24 @@ def tiny_bert_config() -> BertConfig:
     )
 
 
-def hf_bert_and_ours(config: BertConfig, dtype: torch.dtype = torch.float32, seed: int = 0):
-    """transformers' BertModel with random weights (float32, its pooler included) and our
-    BertModel with the same weights, in `dtype`."""
+def tiny_roberta_config(architecture: str = "RobertaModel") -> PretrainedConfig:
+    """A tiny random RoBERTa (or, with "XLMRobertaModel", XLM-R) encoder: BERT's shape, one
+    token type, positions from pad_token_id + 1."""
+    config_class = XLMRobertaConfig if architecture == "XLMRobertaModel" else RobertaConfig
+    fields = tiny_bert_config().to_dict()
+    fields.update(type_vocab_size=1, pad_token_id=1, max_position_embeddings=130)
+    fields.update(architectures=[architecture])
+    for key in ("model_type", "transformers_version"):
+        fields.pop(key, None)
+    return config_class(**fields)
+
+
+def hf_bert_and_ours(config: PretrainedConfig, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """transformers' encoder of the config (BertModel, RobertaModel, ...) with random
+    weights (float32, its pooler included) and ours with the same weights, in `dtype`."""
     torch.manual_seed(seed)
     config._attn_implementation = "eager"
-    hf = BertModel(config).eval()
+    hf = AutoModel.from_config(config).eval()
     with torch.no_grad():  # random norms and biases too, so that a mix-up cannot hide
         for name, param in hf.named_parameters():
             if "LayerNorm.weight" in name:
