@@ -107,7 +107,7 @@ class EngineLoop:
         self._dead: BaseException | None = None
         self._failures = StepFailures()
         self.loop_clock = LoopClock()
-        self._stats = StatsReporter()
+        self._stats = StatsReporter(kv_cache_in_memory=s.pooler is None)
         self.stat_loggers: list[StatLogger] = self._stats.loggers
 
     def abort(self, request_id: str) -> None:

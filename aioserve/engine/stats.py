@@ -170,8 +170,10 @@ class StatsReporter:
     `loggers` is the engine's `stat_loggers` list (the server adds and removes its own);
     with none registered, nothing is built."""
 
-    def __init__(self) -> None:
+    def __init__(self, kv_cache_in_memory: bool = True) -> None:
         self.loggers: list[StatLogger] = []
+        # A pooling model's blocks are bookkeeping only: its KV cache usage is 0, as vLLM's.
+        self.kv_cache_in_memory = kv_cache_in_memory
         self._finished: list[FinishedRequestStats] = []
         self._counted = (0, 0, 0)  # preemptions, prefix-cache queries and hits reported
 
@@ -204,7 +206,7 @@ class StatsReporter:
             num_generation_tokens=tally.num_generation_tokens,
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
-            kv_cache_usage=kv_cache.usage,
+            kv_cache_usage=kv_cache.usage if self.kv_cache_in_memory else 0.0,
             num_preemptions=preemptions,
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,

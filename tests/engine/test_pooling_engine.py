@@ -203,3 +203,20 @@ def test_an_xlm_roberta_folder_pools_its_cls_row_within_its_positions(tmp_path):
     with torch.no_grad():
         expected = hf(input_ids=torch.tensor([tokens])).last_hidden_state[0, 0]
     torch.testing.assert_close(output.data, F.normalize(expected, dim=-1), atol=1e-5, rtol=1e-5)
+
+
+def test_the_steps_report_no_kv_cache_in_use(minilm_folder):
+    """The scheduler's blocks are bookkeeping only: vLLM reports 0 for a pooling model.
+    With two steps in flight, one prompt a step, the next step holds blocks whenever one
+    is reported."""
+    usages = []
+
+    class Recorder:
+        def record(self, stats) -> None:
+            usages.append(stats.kv_cache_usage)
+
+    prompt = {"prompt_token_ids": [101] + [1037] * 198 + [102]}
+    with LLM(str(minilm_folder), max_num_batched_tokens=256, async_scheduling=True) as llm:
+        llm.engine.stat_loggers.append(Recorder())
+        llm.embed([prompt] * 4, use_tqdm=False)
+    assert len(usages) >= 4 and set(usages) == {0.0}
