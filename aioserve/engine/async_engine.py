@@ -36,6 +36,7 @@ from aioserve.engine.pooling_params import (
     check_pooling_request,
     finish_vector,
     prefill_only_params,
+    token_types_of,
 )
 from aioserve.engine.process_tuning import tune_process_for_serving
 from aioserve.engine.request import RequestStatus
@@ -106,10 +107,13 @@ class AsyncEngine(EngineLoop):
             )
         text, prompt_ids = self.tokenize_prompt(prompt)
         cache_salt = cache_salt_of(prompt)
+        token_types = None
         if pooling is None:
             self.check_request(prompt_ids, params)
         else:
             check_pooling_request(self.settings, self.hf_config.vocab_size, prompt_ids, pooling)
+            type_vocab_size = getattr(self.hf_config, "type_vocab_size", 1)
+            token_types = token_types_of(prompt, len(prompt_ids), type_vocab_size)
         self._ensure_loop()
         now = time.monotonic()
         state = RequestState(
@@ -134,7 +138,8 @@ class AsyncEngine(EngineLoop):
         bad_words = bad_words_of(self.tokenizer, params, self.hf_config.vocab_size)
         try:
             for index, request in enumerate(requests):
-                request.pooling = pooling is not None
+                if pooling is not None:
+                    request.pooling, request.token_type_ids = True, token_types
                 constrain(request, params, self.structured_outputs, bad_words)
                 state.samples.append(self.output_processor.new_sample(index, request))
                 self._sample_of[request.request_id] = (state, index)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -131,8 +132,20 @@ class LLM:
         *,
         use_tqdm: bool = True,
     ) -> list[PoolingRequestOutput]:
-        """A pooling model's vector of each prompt, in order (`output.outputs.embedding`)."""
-        return self.encode(prompts, pooling_params, use_tqdm=use_tqdm)
+        """An embedding model's vector of each prompt, in order (`output.outputs.embedding`)."""
+        params = replace(pooling_params or PoolingParams(), task="embed")
+        return self.encode(prompts, params, use_tqdm=use_tqdm)
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """A sequence classifier's scores of each prompt, in order (`output.outputs.probs`)."""
+        params = replace(pooling_params or PoolingParams(), task="classify")
+        return self.encode(prompts, params, use_tqdm=use_tqdm)
 
     def encode(
         self,
@@ -141,19 +154,23 @@ class LLM:
         *,
         use_tqdm: bool = True,
     ) -> list[PoolingRequestOutput]:
-        """A pooling model's pooled output of each prompt, in order (`output.outputs.data`)."""
+        """A pooling model's pooled output of each prompt, in order (`output.outputs.data`),
+        for the model's task unless `pooling_params` names another."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
-        params = pooling_params or PoolingParams()
+        pooler = self.engine.settings.pooler
+        params = pooling_params or PoolingParams(task=pooler.task if pooler else "embed")
         return self._loop.run_until_complete(self._run_pooling(list(prompts), params, use_tqdm))
 
     def score(
         self, data_1: str | Sequence[str], data_2: str | Sequence[str], *, use_tqdm: bool = True
     ) -> list[ScoringRequestOutput]:
-        """A pooling model's score of each pair: the cosine similarity of their vectors. One
-        text is paired with each of the others, two lists pairwise (vLLM's pairing)."""
+        """Each pair's score: one text is paired with each of the others, two lists
+        pairwise (vLLM's pairing). An embedding model scores the cosine similarity of the
+        two texts' vectors; a cross-encoder (a one-label sequence classifier) reads each pair
+        as one prompt, `tokenizer(text_1, text_2)`, and scores its activated logit."""
         first = [data_1] if isinstance(data_1, str) else list(data_1)
         second = [data_2] if isinstance(data_2, str) else list(data_2)
         if not first or not second:  # vLLM's words
@@ -168,7 +185,10 @@ class LLM:
             raise ValueError(
                 f"score pairs {len(first)} texts with {len(second)}: give one or as many"
             )
-        encoded = self.encode([*first, *second], use_tqdm=use_tqdm)
+        pooler = self.engine.settings.pooler
+        if pooler is not None and pooler.task == "classify":
+            return self._cross_encode(first, second, use_tqdm)
+        encoded = self.embed([*first, *second], use_tqdm=use_tqdm)
         pairs = zip(encoded[: len(first)], encoded[len(first) :], strict=True)
         return [
             ScoringRequestOutput(
@@ -177,6 +197,27 @@ class LLM:
                 a.prompt_token_ids + b.prompt_token_ids,
             )
             for a, b in pairs
+        ]
+
+    def _cross_encode(
+        self, first: list[str], second: list[str], use_tqdm: bool
+    ) -> list[ScoringRequestOutput]:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("score needs the tokenizer, which is not loaded (skip_tokenizer_init)")
+        prompts: list[PromptType] = []
+        for text_1, text_2 in zip(first, second, strict=True):
+            encoded = tokenizer(text_1, text_2)
+            prompt = {"prompt_token_ids": encoded.input_ids}
+            if "token_type_ids" in encoded:
+                prompt["token_type_ids"] = encoded.token_type_ids
+            prompts.append(prompt)
+        outputs = self.classify(prompts, use_tqdm=use_tqdm)
+        return [
+            ScoringRequestOutput(
+                f"score-{o.request_id}", ScoringOutput(o.data[0].item()), o.prompt_token_ids
+            )
+            for o in outputs
         ]
 
     async def _run_pooling(

@@ -62,13 +62,19 @@ class RequestOutput:
 
 @dataclass
 class PoolingOutput:
-    """vLLM's PoolingOutput: a pooling request's vector."""
+    """vLLM's PoolingOutput: a pooling request's vector (an embedding, or a classifier's
+    scores)."""
 
     data: torch.Tensor  # float32, 1-D, on the CPU
 
     @property
     def embedding(self) -> list[float]:
         """The vector as floats (vLLM's EmbeddingOutput.embedding)."""
+        return self.data.tolist()
+
+    @property
+    def probs(self) -> list[float]:
+        """A classifier's scores as floats (vLLM's ClassificationOutput.probs)."""
         return self.data.tolist()
 
 

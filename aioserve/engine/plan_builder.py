@@ -44,6 +44,7 @@ def new_sequence(request: Request) -> NewSequence:
         prompt_token_ids=request.prompt_token_ids,
         output_token_ids=list(request.output_token_ids),
         sampling=sampling_settings(request),
+        token_type_ids=request.token_type_ids,
     )
 
 

@@ -36,7 +36,7 @@ from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import pack_weights
 from aioserve.models.loader import load_model
-from aioserve.models.pooler import pooler_config_for
+from aioserve.models.pooler import PoolerConfig, pooler_config_for
 from aioserve.models.registry import is_pooling_architecture, model_class_for
 from aioserve.platform import current_platform, device
 from aioserve.runner.pooling_runner import PoolingRunner
@@ -129,6 +129,13 @@ def matryoshka_dimensions(hf_config) -> tuple[int, ...] | None:
     return () if getattr(hf_config, "is_matryoshka", False) else None
 
 
+def describe_pooler(pooler: PoolerConfig) -> str:
+    """The pooler in words, for the ready log line."""
+    if pooler.task == "classify":
+        return f"a sequence classifier: {pooler.num_labels} label(s), {pooler.activation}"
+    return f"{pooler.pooling_type} pooling{', normalized' if pooler.normalize else ''}"
+
+
 def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer) -> EngineParts:
     model_cfg, sched_cfg = config.model, config.scheduler
     if checkpoint.load_format == "gguf" or checkpoint.int4_scheme or checkpoint.fp8_scheme:
@@ -172,6 +179,7 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
     runner = PoolingRunner(
         model,
         pooling_type=pooler.pooling_type,
+        classify=pooler.task == "classify",
         max_num_batched_tokens=max_tokens,
         max_model_len=max_model_len,
         device=dev,
@@ -207,11 +215,10 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
         load_report=build_load_report(model_cfg.model, checkpoint, runner, ""),
     )
     logger.info(
-        "engine ready: %s, a pooling model (%s pooling%s), %s on %s, max_model_len %d, "
+        "engine ready: %s, a pooling model (%s), %s on %s, max_model_len %d, "
         "up to %d prompts and %d tokens a step",
         model_cfg.model,
-        pooler.pooling_type,
-        ", normalized" if pooler.normalize else "",
+        describe_pooler(pooler),
         str(dtype).removeprefix("torch."),
         dev,
         max_model_len,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.models.bert_classifiers import activate
 
 if TYPE_CHECKING:
     from aioserve.engine.settings import EngineSettings
@@ -28,9 +29,11 @@ if TYPE_CHECKING:
 class PoolingParams:
     dimensions: int | None = None
     """Keep the first n values of the vector (matryoshka models only); None: all."""
+    task: str = "embed"
+    """"embed" (an embedding model's vector) or "classify" (a sequence classifier's scores)."""
     use_activation: bool | None = None
-    """The embed task's activation, L2 normalization (vLLM 0.32's name; it replaced
-    `normalize`); None: as the model's pooler says."""
+    """The task's activation: for embed L2 normalization (vLLM 0.32's name; it replaced
+    `normalize`), for classify the model's (sigmoid, softmax); None: as the pooler says."""
 
 
 def prefill_only_params() -> SamplingParams:
@@ -53,6 +56,13 @@ def check_pooling_request(
     """
     max_model_len, hidden_size = settings.max_model_len, settings.pooled_size
     matryoshka_dimensions = settings.matryoshka_dimensions
+    assert settings.pooler is not None
+    if params.task != settings.pooler.task:
+        raise InvalidRequest(
+            f"this model's pooling task is {settings.pooler.task!r}, not {params.task!r}",
+            "task",
+            params.task,
+        )
     if not prompt_ids:
         raise InvalidRequest("the prompt cannot be empty", "prompt", "[]")
     if len(prompt_ids) > max_model_len:
@@ -95,13 +105,39 @@ def check_pooling_request(
 def finish_vector(
     pooled: torch.Tensor, params: PoolingParams, pooler: PoolerConfig
 ) -> torch.Tensor:
-    """The request's vector from the runner's pooled one (float32, 1-D): cut to the
-    request's `dimensions` (else the pooler's), then normalized unless `use_activation`
-    (else the pooler) says not to."""
+    """The request's vector from the runner's pooled one (float32, 1-D). A classifier's
+    logits go through its activation unless `use_activation` (else the pooler) says not to;
+    an embedding is cut to the request's `dimensions` (else the pooler's), then normalized
+    unless `use_activation` (else the pooler) says not to."""
+    use_activation = pooler.normalize if params.use_activation is None else params.use_activation
+    if pooler.task == "classify":
+        return activate(pooled, pooler.activation) if use_activation else pooled
     dimensions = params.dimensions if params.dimensions is not None else pooler.dimensions
     if dimensions is not None:
         pooled = pooled[:dimensions]
-    normalize = pooler.normalize if params.use_activation is None else params.use_activation
-    if normalize:
+    if use_activation:
         pooled = F.normalize(pooled, p=2.0, dim=-1)
     return pooled
+
+
+def token_types_of(prompt: object, num_tokens: int, type_vocab_size: int) -> list[int] | None:
+    """A prompt dict's "token_type_ids" (a BERT pair's segments), checked: one per token,
+    each a type the model has; None when it has none."""
+    types = prompt.get("token_type_ids") if isinstance(prompt, dict) else None
+    if types is None:
+        return None
+    types = [int(t) for t in types]
+    if len(types) != num_tokens:
+        raise InvalidRequest(
+            f"token_type_ids has {len(types)} entries for {num_tokens} prompt tokens",
+            "token_type_ids",
+            len(types),
+        )
+    outside = [t for t in types if not 0 <= t < type_vocab_size]
+    if outside:
+        raise InvalidRequest(
+            f"token type {outside[0]} is outside the model's {type_vocab_size} types",
+            "token_type_ids",
+            outside[0],
+        )
+    return types

@@ -58,6 +58,8 @@ class Request:
     pooling: bool = False
     """A pooling request: its prompt runs in one step, which ends it with a pooled vector
     instead of a token (pooling_params.py)."""
+    token_type_ids: list[int] | None = None
+    """A pooling prompt's segment of each token (0, or 1 for a BERT pair's second text)."""
     cache_salt: str | None = None
     """Salts the prefix cache's hashes of its blocks (kv_cache_manager.py): only requests
     with the same salt share cached blocks with it."""

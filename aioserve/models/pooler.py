@@ -1,5 +1,6 @@
 """Pooling a pooling model's hidden states into one embedding a prompt, and the settings
-that say how (vLLM's pooler config for the `embed` task).
+that say how (vLLM's pooler config for the `embed` task; for a sequence classifier, the
+`classify` task: the CLS row into its head, then vLLM's activation, models/bert_classifiers.py).
 
 Where the settings come from, first match wins, as vLLM 0.32 resolves them
 (vllm/config/model.py, vllm/transformers_utils/config.py `get_pooling_config`):
@@ -34,7 +35,12 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig
 
-from aioserve.models.registry import POOLING_ARCHITECTURES, architecture_for
+from aioserve.models.bert_classifiers import classifier_activation
+from aioserve.models.registry import (
+    CLASSIFY_ARCHITECTURES,
+    POOLING_ARCHITECTURES,
+    architecture_for,
+)
 
 POOLING_TYPES = ("MEAN", "CLS", "LAST")
 # vLLM's token-level pooling types (the token_embed / token_classify tasks).
@@ -60,8 +66,8 @@ _DEFAULT_ONLY_KEYS: dict[str, tuple[Any, str]] = {
     "tok_pooling_type": (None, "token-level pooling (token_embed) is not supported"),
     "enable_chunked_processing": (False, "chunked processing of long inputs is not supported"),
     "max_embed_len": (None, "inputs longer than --max-model-len are not supported"),
-    "logit_mean": (None, "it calibrates classification scores; classification is not supported"),
-    "logit_sigma": (None, "it calibrates classification scores; classification is not supported"),
+    "logit_mean": (None, "calibrating classification scores is not supported yet"),
+    "logit_sigma": (None, "calibrating classification scores is not supported yet"),
     "step_tag_id": (None, "it is for reward models, which are not supported"),
     "returned_token_ids": (None, "it is for reward models, which are not supported"),
 }
@@ -73,18 +79,23 @@ _HONOURED_KEYS = ("task", "pooling_type", "seq_pooling_type", "use_activation", 
 
 @dataclass(frozen=True)
 class PoolerConfig:
-    """How a pooling model's prompts become embeddings.
+    """How a pooling model's prompts become embeddings, or class scores.
 
     pooling_type: "MEAN" (the average of the prompt's rows), "CLS" (its first row) or
-    "LAST" (its last row); normalize: whether embeddings are L2-normalized by default (a
-    request's `use_activation` may say otherwise); dimensions: a matryoshka
-    model's default embedding size (the first `dimensions` components, before
-    normalization), None for all.
+    "LAST" (its last row); normalize: whether the task's activation applies by default (a
+    request's `use_activation` may say otherwise): for embeddings L2 normalization, for a
+    classifier `activation`; dimensions: a matryoshka model's default embedding size (the
+    first `dimensions` components, before normalization), None for all. task: "embed", or
+    "classify" for a sequence classifier (models/bert_classifiers.py), whose head turns the
+    CLS row into `num_labels` logits and whose `activation` is vLLM's for its config.
     """
 
     pooling_type: str
     normalize: bool
     dimensions: int | None = None
+    task: str = "embed"
+    num_labels: int = 0
+    activation: str = ""
 
 
 def pooler_config_for(
@@ -100,6 +111,14 @@ def pooler_config_for(
     normalize = overrides.get("use_activation")
     if normalize is not None and not isinstance(normalize, bool):
         raise ValueError(f"--pooler-config use_activation must be true or false, got {normalize!r}")
+    task = "classify" if architecture_for(hf_config) in CLASSIFY_ARCHITECTURES else "embed"
+    if overrides.get("task") not in (None, task):
+        raise ValueError(
+            f"--pooler-config task {overrides['task']!r} is not supported: this model's task "
+            f"is {task!r}"
+        )
+    if task == "classify":
+        return _classifier_pooler(hf_config, pooling_type, normalize, overrides)
     st_pooling = None if folder is None else sentence_transformers_pooling(folder)
     if st_pooling is not None:
         st_type, st_normalize = st_pooling
@@ -114,6 +133,29 @@ def pooler_config_for(
         pooling_type=pooling_type,
         normalize=True if normalize is None else normalize,
         dimensions=_checked_dimensions(overrides.get("dimensions"), hf_config),
+    )
+
+
+def _classifier_pooler(
+    hf_config: PretrainedConfig,
+    pooling_type: str | None,
+    use_activation: bool | None,
+    overrides: dict[str, Any],
+) -> PoolerConfig:
+    """A sequence classifier's pooler: its head reads the CLS row; the activation vLLM's."""
+    if pooling_type not in (None, "CLS"):
+        raise ValueError(
+            f"--pooler-config pooling_type {pooling_type!r}: a sequence classifier's head reads "
+            "the CLS row"
+        )
+    if overrides.get("dimensions") is not None:
+        raise ValueError("--pooler-config dimensions: a sequence classifier has no embedding")
+    return PoolerConfig(
+        pooling_type="CLS",
+        normalize=True if use_activation is None else use_activation,
+        task="classify",
+        num_labels=hf_config.num_labels,
+        activation=classifier_activation(hf_config),
     )
 
 
@@ -193,9 +235,6 @@ def _check_override_keys(overrides: dict[str, Any]) -> None:
     ]
     if refused:
         raise ValueError(f"--pooler-config values not supported: {'; '.join(refused)}")
-    task = overrides.get("task")
-    if task not in (None, "embed"):
-        raise ValueError(f"--pooler-config task {task!r} is not supported: only 'embed'")
 
 
 def _override_pooling_type(overrides: dict[str, Any]) -> str | None:

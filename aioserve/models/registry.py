@@ -7,6 +7,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from aioserve.models.bert import BertModel, RobertaModel, XLMRobertaModel
+from aioserve.models.bert_classifiers import (
+    BertForSequenceClassification,
+    RobertaForSequenceClassification,
+    XLMRobertaForSequenceClassification,
+)
 from aioserve.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -22,6 +27,9 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
     "RobertaModel": RobertaModel,
     "XLMRobertaModel": XLMRobertaModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "RobertaForSequenceClassification": RobertaForSequenceClassification,
+    "XLMRobertaForSequenceClassification": XLMRobertaForSequenceClassification,
 }
 
 # The pooling architectures, each with its sequence pooling where neither the user nor
@@ -32,7 +40,19 @@ POOLING_ARCHITECTURES: dict[str, str] = {
     "BertModel": "CLS",
     "RobertaModel": "CLS",  # vLLM's RobertaEmbeddingModel
     "XLMRobertaModel": "CLS",
+    "BertForSequenceClassification": "CLS",
+    "RobertaForSequenceClassification": "CLS",
+    "XLMRobertaForSequenceClassification": "CLS",
 }
+# The pooling architectures whose task is `classify` (a head on the CLS row: cross-encoders
+# and text classifiers, models/bert_classifiers.py); the others' is `embed`.
+CLASSIFY_ARCHITECTURES = frozenset(
+    {
+        "BertForSequenceClassification",
+        "RobertaForSequenceClassification",
+        "XLMRobertaForSequenceClassification",
+    }
+)
 
 
 def architecture_for(config: PretrainedConfig) -> str:

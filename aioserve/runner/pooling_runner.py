@@ -6,9 +6,11 @@ thread, collect once the output is ready) and takes the same `StepPlan`, but an 
 keeps nothing from one step to the next: no KV cache, no sampling state. The engine
 schedules a pooling request's prompt whole (chunked prefill is off for a pooling model),
 so every chunk of a step is a prompt from its first token; the step packs them one after
-another, runs the model with their boundaries (`cu_seqlens`), and pools each prompt's
-hidden states as the model's pooler says (models/pooler.py). The vectors go back as
-float32 on the CPU; cutting and normalizing them per request is the engine's business.
+another (with their token types, a BERT pair's segments, when a prompt has them), runs
+the model with their boundaries (`cu_seqlens`), and pools each prompt's hidden states as
+the model's pooler says (models/pooler.py); a sequence classifier's head then turns each
+pooled row into logits. The vectors go back as float32 on the CPU; cutting, normalizing
+or activating them per request is the engine's business.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class PreparedPooling:
     seq_ids: list[str]  # in batch order
     input_ids: torch.Tensor  # int64 [tokens]: the prompts packed one after another
     positions: torch.Tensor  # int64 [tokens]: each token's place in its prompt
+    token_type_ids: torch.Tensor | None  # int64 [tokens], when a prompt has segments
     cu_seqlens: torch.Tensor  # int32 [prompts + 1]: where each prompt starts, then the end
     max_seqlen: int
 
@@ -58,12 +61,14 @@ class PoolingRunner:
         model: nn.Module,
         *,
         pooling_type: str,
+        classify: bool,
         max_num_batched_tokens: int,
         max_model_len: int,
         device: torch.device,
     ) -> None:
         self.model = model
         self.pooling_type = pooling_type
+        self.classify = classify  # a sequence classifier: its head turns the pooled rows to logits
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.device = device
@@ -88,15 +93,32 @@ class PoolingRunner:
                     f"a pooling step runs whole prompts; sequence {chunk.seq_id!r} came as "
                     f"tokens {chunk.start}..{chunk.start + chunk.num_tokens}"
                 )
-        return self._pack([c.seq_id for c in plan.chunks], [c.token_ids for c in plan.chunks])
+        # A prompt's segments come with its sequence, which enters in the step that runs it.
+        segments = {s.seq_id: s.token_type_ids for s in plan.new_sequences if s.token_type_ids}
+        return self._pack(
+            [c.seq_id for c in plan.chunks],
+            [c.token_ids for c in plan.chunks],
+            [segments.get(c.seq_id) for c in plan.chunks] if segments else None,
+        )
 
     @staticmethod
-    def _pack(seq_ids: list[str], prompts: list[list[int]]) -> PreparedPooling:
+    def _pack(
+        seq_ids: list[str],
+        prompts: list[list[int]],
+        token_types: list[list[int] | None] | None = None,
+    ) -> PreparedPooling:
         lengths = [len(p) for p in prompts]
+        types = None
+        if token_types is not None:
+            rows = [
+                t if t is not None else [0] * n for t, n in zip(token_types, lengths, strict=True)
+            ]
+            types = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.int64)
         return PreparedPooling(
             seq_ids=seq_ids,
             input_ids=torch.tensor(list(itertools.chain.from_iterable(prompts)), dtype=torch.int64),
             positions=torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths]),
+            token_type_ids=types,
             cu_seqlens=torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
             max_seqlen=max(lengths),
         )
@@ -107,13 +129,16 @@ class PoolingRunner:
     def execute(self, step: PreparedPooling) -> PooledStep:
         device = self.device
         cu_seqlens = step.cu_seqlens.to(device, non_blocking=True)
+        types = step.token_type_ids
         hidden = self.model(
             step.input_ids.to(device, non_blocking=True),
             step.positions.to(device, non_blocking=True),
             cu_seqlens,
             step.max_seqlen,
+            None if types is None else types.to(device, non_blocking=True),
         )
-        pooled = pool(hidden, cu_seqlens, self.pooling_type).float()
+        pooled = pool(hidden, cu_seqlens, self.pooling_type)
+        pooled = self.model.classify(pooled) if self.classify else pooled.float()
         output = PooledStep(step.seq_ids, pooled)
         if device.type != "cpu":
             output.pooled = pooled.to("cpu", non_blocking=True)

@@ -64,6 +64,7 @@ class NewSequence:
     prompt_token_ids: list[int]
     output_token_ids: list[int]  # sampled before a preemption: penalties count them
     sampling: SamplingSettings
+    token_type_ids: list[int] | None = None  # a pooling prompt's segments (a BERT pair)
 
 
 @dataclass

@@ -337,7 +337,7 @@ def test_a_dense_module_after_the_pooling_is_refused(tmp_path):
         ({"pooling_type": "ALL"}, "token-level"),
         ({"pooling_type": "CLS", "seq_pooling_type": "MEAN"}, "cannot set both"),
         ({"softmax": True}, "unknown keys softmax"),
-        ({"task": "classify"}, "only 'embed'"),
+        ({"task": "classify"}, "this model's task is 'embed'"),
         ({"enable_chunked_processing": True}, "chunked processing"),
         ({"step_tag_id": 3}, "reward models"),
         ({"use_activation": "yes"}, "true or false"),

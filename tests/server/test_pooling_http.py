@@ -35,6 +35,7 @@ from aiohttp import web
 from aioserve.engine.load_shedding import LoadShedder
 from aioserve.engine.outputs import PoolingRequestOutput
 from aioserve.engine.pooling_params import PoolingParams, check_pooling_request
+from aioserve.models.pooler import PoolerConfig
 from aioserve.server.body_fields import BodyFields
 from aioserve.server.embeddings import (
     Encoding,
@@ -256,7 +257,7 @@ class StubEngine:
             pooled_size=384,
             matryoshka_dimensions=None,
             runner_type="pooling",
-            pooler=SimpleNamespace(pooling_type="MEAN", normalize=True),
+            pooler=PoolerConfig("MEAN", normalize=True),
         )
         self.hf_config = SimpleNamespace(vocab_size=30522, architectures=["BertModel"])
         self.load_shedder = LoadShedder(_StubScheduler(), self.max_num_queued_reqs, None)
