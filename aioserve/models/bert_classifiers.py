@@ -21,10 +21,11 @@ from aioserve.models.linear import Linear
 ACTIVATIONS = ("sigmoid", "softmax", "identity")
 
 # sentence-transformers' cross-encoder activation (config.sentence_transformers.activation_fn
-# or sbert_ce_default_activation_function), the torch.nn module's qualified name -> ours.
+# or sbert_ce_default_activation_function), the torch.nn module's qualified name -> ours;
+# vLLM reads Sigmoid and Softmax alike: sigmoid for one label, softmax for more ("classify").
 _SENTENCE_TRANSFORMERS_ACTIVATIONS = {
-    "torch.nn.modules.activation.Sigmoid": "sigmoid",
-    "torch.nn.modules.activation.Softmax": "softmax",
+    "torch.nn.modules.activation.Sigmoid": "classify",
+    "torch.nn.modules.activation.Softmax": "classify",
     "torch.nn.modules.linear.Identity": "identity",
 }
 
@@ -100,7 +101,8 @@ def classifier_activation(config: PretrainedConfig) -> str:
                     f"the cross-encoder's activation {name} is not supported; supported: "
                     f"{', '.join(_SENTENCE_TRANSFORMERS_ACTIVATIONS)}"
                 )
-            return _SENTENCE_TRANSFORMERS_ACTIVATIONS[name]
+            if _SENTENCE_TRANSFORMERS_ACTIVATIONS[name] == "identity":
+                return "identity"
     return "sigmoid" if config.num_labels < 2 else "softmax"
 
 

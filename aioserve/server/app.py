@@ -2,16 +2,16 @@
 
 `build_app(state)` is the one place where the server's parts meet: the middlewares
 (middlewares.py, in the order described there), this module's routes (routes.py), the
-OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes
-(embeddings.py, scoring.py), the metrics (metrics.py) and the schema and
-docs pages (openapi.py). `serve.py` runs the app; tests run it in-process.
+OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes of
+its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), the metrics
+(metrics.py) and the schema and docs pages (openapi.py). `serve.py` runs the app; tests
+run it in-process.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from aioserve.server.embeddings import add_pooling_routes
 from aioserve.server.errors import error_middleware
 from aioserve.server.metrics import add_metrics
 from aioserve.server.middlewares import (
@@ -31,6 +31,7 @@ from aioserve.server.middlewares import (
 )
 from aioserve.server.openai_routes import add_openai_routes
 from aioserve.server.openapi import add_docs_routes
+from aioserve.server.pooling_routes import add_pooling_routes
 from aioserve.server.routes import add_routes
 from aioserve.server.state import STATE, ServerState
 

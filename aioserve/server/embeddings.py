@@ -15,13 +15,15 @@ recorded in tests/server/vllm_samples 40-94):
   bytes one after the other; "bytes" describes them in a `metadata` header).
 - `dimensions` cuts a matryoshka model's vector (the engine refuses it for other models);
   `use_activation` false skips the L2 normalization. /pooling refuses `dimensions` and
-  takes `task` (only "embed", the model's task, is served).
+  takes `task`: only the model's own is served ("embed", or "classify" for a sequence
+  classifier, whose /pooling vector is its class scores, activated unless
+  `use_activation` is false).
 - The answer: {"id": "embd-<id>" (/pooling: "pooling-<id>"), "object": "list", "created",
   "model", "data": [{"index", "object": "embedding" | "pooling", "embedding" | "data"}],
   "usage": {"prompt_tokens", "total_tokens", "completion_tokens": 0, null details}}.
 
-`add_pooling_routes` registers these and the scoring routes (scoring.py); the app registers
-them for a pooling model only.
+`add_embedding_routes` registers these and the scoring routes (scoring.py) for an embedding
+model; pooling_routes.py picks the routes of the served model's task.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from aioserve.server.pooling_requests import (
     Prompt,
     checked_prompts,
     encode_all,
+    pooling_task,
     pooling_usage,
     read_pooling_request,
     tokenize_texts,
@@ -72,9 +75,9 @@ EMBED_DTYPES: dict[str, tuple[torch.dtype, torch.dtype]] = {
     "fp8_e5m2": (torch.float8_e5m2, torch.uint8),
 }
 ENDIANNESS = ("native", "big", "little")
-SUPPORTED_TASKS = ("embed",)
-"""The /pooling tasks aioserve serves (vLLM also has token_embed for an embedding model)."""
 _POOLING_TASKS = ("embed", "classify", "token_embed", "token_classify", "plugin")
+"""vLLM's tasks; /pooling serves the model's own (embed or classify; vLLM also has
+token_embed for an embedding model, token_classify for a classifier)."""
 
 _STRING = {"type": "string"}
 _BOOLEAN = {"type": "boolean"}
@@ -186,8 +189,8 @@ class _Route:
     body: dict[str, BodyField]
     completion_fields: frozenset[str]
     chat_fields: frozenset[str]
-    check: Callable[[BodyFields], None]
-    """The route's own checks of the body."""
+    check: Callable[[BodyFields, str], None]
+    """The route's own checks of the body, given the model's pooling task."""
 
 
 def read_inputs(body: dict[str, Any]) -> PoolingInputs:
@@ -293,14 +296,15 @@ async def tokenized_inputs(
     ]
 
 
-def _check_pooling_task(fields: BodyFields) -> None:
-    """/pooling's own checks (vLLM's ServingPooling._verify_pooling_task)."""
+def _check_pooling_task(fields: BodyFields, model_task: str) -> None:
+    """/pooling's own checks (vLLM's ServingPooling._verify_pooling_task): no `dimensions`,
+    and `task`, when given, the model's."""
     if fields.body.get("dimensions") is not None:
         raise refusal("dimensions is currently not supported", "dimensions")
     task = fields.get("task")
     if task is None and fields.body.get("input") is None and "data" in fields.body:
         task = "plugin"  # vLLM's IOProcessorRequest: a `data` body
-    if task is None or task in SUPPORTED_TASKS:
+    if task is None or task == model_task:
         return
     if task == "plugin":
         raise refusal(
@@ -310,16 +314,14 @@ def _check_pooling_task(fields: BodyFields) -> None:
             "task",
         )
     if task in _POOLING_TASKS:
-        raise refusal(
-            f"Unsupported task: {task!r} Supported tasks: {list(SUPPORTED_TASKS)}", "task"
-        )
+        raise refusal(f"Unsupported task: {task!r} Supported tasks: {[model_task]}", "task")
     raise bad_parameter(
         "task", shown_value(task), f"task must be one of {', '.join(_POOLING_TASKS)}"
     )
 
 
-def _no_checks(fields: BodyFields) -> None:
-    del fields
+def _no_checks(fields: BodyFields, model_task: str) -> None:
+    del fields, model_task
 
 
 EMBEDDINGS_ROUTE = _Route(
@@ -358,10 +360,11 @@ async def _pool(request: web.Request, route: _Route) -> web.Response:
     check_serving(state, body)
     fields = BodyFields(body, route.body)
     common = read_pooling_request(state, fields, request.headers)
-    route.check(fields)
+    task = pooling_task(state.engine)
+    route.check(fields, task)
     encoding = read_encoding(fields)
     params = PoolingParams(
-        dimensions=fields.get("dimensions"), use_activation=common.use_activation
+        dimensions=fields.get("dimensions"), task=task, use_activation=common.use_activation
     )
     inputs = read_inputs(body)
     log_ignored_fields(body, route.chat_fields if inputs.chat else route.completion_fields)
@@ -429,8 +432,9 @@ def bytes_response(
     )
 
 
-def add_pooling_routes(app: web.Application) -> None:
-    """Register the pooling routes on `app`: /v1/embeddings, /pooling, and scoring.py's."""
+def add_embedding_routes(app: web.Application) -> None:
+    """Register an embedding model's routes on `app`: /v1/embeddings, /pooling, and
+    scoring.py's."""
     app.router.add_post("/v1/embeddings", create_embedding)
     app.router.add_post("/pooling", create_pooling)
     add_scoring_routes(app)

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from aioserve import __version__
+from aioserve.server.classify import CLASSIFY_BODY
 from aioserve.server.embeddings import EMBEDDING_BODY, POOLING_BODY
 from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY, properties
 from aioserve.server.scoring import RERANK_BODY, SCORE_BODY
@@ -272,6 +273,33 @@ _SCHEMAS: dict[str, Any] = {
         "properties": properties(POOLING_BODY),
     },
     "PoolingResponse": _pooling_list("pooling", "data"),
+    "ClassificationRequest": {
+        "type": "object",
+        "description": "Either input or messages (a chat, rendered with the chat template).",
+        "properties": properties(CLASSIFY_BODY),
+    },
+    "ClassificationResponse": {
+        "type": "object",
+        "properties": {
+            "id": _STRING,
+            "object": {"const": "list"},
+            "created": _INTEGER,
+            "model": _STRING,
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "index": _INTEGER,
+                        "label": {"type": ["string", "null"]},
+                        "probs": {"type": "array", "items": _NUMBER},
+                        "num_classes": _INTEGER,
+                    },
+                },
+            },
+            "usage": _USAGE,
+        },
+    },
     "ScoreRequest": {
         "type": "object",
         "description": "Two sides: queries and documents (or queries and items, data_1 and "
@@ -393,9 +421,15 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "requestBody": _body("PoolingRequest"),
         "responses": {"200": _json(_ref("PoolingResponse")), **_ERRORS, **_AUTH_ERROR},
     },
+    ("post", "/classify"): {
+        "summary": "Class scores and labels of texts, token ids or chats (a classifier)",
+        "requestBody": _body("ClassificationRequest"),
+        "responses": {"200": _json(_ref("ClassificationResponse")), **_ERRORS, **_AUTH_ERROR},
+    },
     **{
         ("post", path): {
-            "summary": "Score text pairs: the cosine similarity of their embeddings",
+            "summary": "Score text pairs: the cosine similarity of their embeddings, or a "
+            "cross-encoder's score of each pair",
             "requestBody": _body("ScoreRequest"),
             "responses": {"200": _json(_ref("ScoreResponse")), **_ERRORS, **_AUTH_ERROR},
         }
@@ -403,7 +437,8 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     **{
         ("post", path): {
-            "summary": "Rank documents by their relevance to a query (embedding cosine)",
+            "summary": "Rank documents by their relevance to a query (embedding cosine, or "
+            "a cross-encoder's score)",
             "requestBody": _body("RerankRequest"),
             "responses": {"200": _json(_ref("RerankResponse")), **_ERRORS, **_AUTH_ERROR},
         }

@@ -1,5 +1,6 @@
-"""What the pooling routes share (embeddings.py, scoring.py): their common body fields, the
-prompts' tokenization, truncation and checks, and running them through `AsyncEngine.encode`.
+"""What the pooling routes share (embeddings.py, classify.py, scoring.py): their common body
+fields, the prompts' tokenization, truncation and checks, and running them through
+`AsyncEngine.encode` (a cross-encoder's pair with its token types).
 
 As vLLM 0.32 (entrypoints/pooling/base/): every route takes `model`, `user`,
 `truncate_prompt_tokens`, `truncation_side`, `padding`, `request_id`, `priority`,
@@ -98,10 +99,13 @@ class PoolingRequest:
 
 @dataclass
 class Prompt:
-    """One text (or token id list) to pool, tokenized."""
+    """One text (or token id list, or a cross-encoder's text pair) to pool, tokenized."""
 
     text: str | None
     token_ids: list[int]
+    token_type_ids: list[int] | None = None
+    """A BERT text pair's segment of each token (0 the first text, 1 the second); None for
+    one text."""
 
 
 def refuse_removed_fields(body: dict[str, Any]) -> None:
@@ -146,6 +150,12 @@ def read_pooling_request(
     )
 
 
+def pooling_task(engine: AsyncEngine) -> str:
+    """The served model's pooling task: "embed" (an embedding model) or "classify" (a
+    sequence classifier or cross-encoder)."""
+    return engine.settings.pooler.task
+
+
 def tokenizer_of(state: ServerState):
     """The engine's tokenizer, or a 400 when it is not loaded."""
     tokenizer = state.engine.tokenizer
@@ -184,7 +194,14 @@ def checked_prompts(
     """The prompts truncated as asked, each checked against the engine (a 400 naming the
     field at fault: "input_tokens" for a prompt too long, "dimensions", ...)."""
     if truncation is not None:
-        prompts = [Prompt(p.text, truncation.apply(p.token_ids)) for p in prompts]
+        prompts = [
+            Prompt(
+                p.text,
+                truncation.apply(p.token_ids),
+                None if p.token_type_ids is None else truncation.apply(p.token_type_ids),
+            )
+            for p in prompts
+        ]
     vocab_size = engine.hf_config.vocab_size
     for prompt in prompts:
         try:
@@ -195,8 +212,11 @@ def checked_prompts(
 
 
 def engine_prompt(prompt: Prompt, cache_salt: str | None) -> dict[str, Any]:
-    """A prompt as the engine takes it (already tokenized), with the request's salt."""
+    """A prompt as the engine takes it (already tokenized; a pair with its token types),
+    with the request's salt."""
     as_dict: dict[str, Any] = {"prompt": prompt.text, "prompt_token_ids": prompt.token_ids}
+    if prompt.token_type_ids is not None:
+        as_dict["token_type_ids"] = prompt.token_type_ids
     if cache_salt is not None:
         as_dict["cache_salt"] = cache_salt
     return as_dict

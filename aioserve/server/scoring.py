@@ -1,17 +1,25 @@
-"""POST /score (/v1/score) and POST /rerank (/v1/rerank, /v2/rerank) on an embedding model.
+"""POST /score (/v1/score) and POST /rerank (/v1/rerank, /v2/rerank) on a pooling model.
 
-As vLLM 0.32 scores with an embedding model (a bi-encoder: entrypoints/pooling/scoring/,
-BiEncoderIOProcessor; the answers recorded in tests/server/vllm_samples 55-89): every text
-is embedded on its own (queries first, then documents, as engine requests
-"score-<id>-<i>"), and a pair's score is the cosine similarity of its two vectors.
+As vLLM 0.32 scores (entrypoints/pooling/scoring/; the answers recorded in
+tests/server/vllm_samples 55-89 for an embedding model, 100-149 for a cross-encoder), by
+the served model's pooling task:
+
+- an embedding model (a bi-encoder, BiEncoderIOProcessor): every text is embedded on its
+  own (queries first, then documents, as engine requests "score-<id>-<i>"), and a pair's
+  score is the cosine similarity of its two vectors; usage counts every text once (the
+  query once, not once per pair);
+- a sequence classifier of one label (a cross-encoder, CrossEncoderIOProcessor;
+  cross_encoding.py): every (query, document) pair is one prompt, engine request
+  "score-<id>-<i>", and its score is the model's activated logit (`use_activation: false`:
+  the raw logit); usage counts every pair's tokens. A classifier of more labels has no
+  scoring routes (404), as in vLLM.
 
 - /score takes its two sides as `queries` and `documents` (or `queries` and `items`,
   `data_1` and `data_2`, `text_1` and `text_2`, the first pair present), each a string or
   an array of strings: one query scores every document (1:N), N queries score N documents
   pairwise (N:N). /rerank takes one `query`, `documents`, and `top_n` (0, the default: all).
 - `max_tokens_per_query` / `max_tokens_per_doc` (0: off) cut a text to that many tokens
-  before its special tokens are added; `truncate_prompt_tokens` cuts each text's tokens.
-- usage counts every embedded text once: the query once, not once per pair.
+  before its special tokens are added; `truncate_prompt_tokens` cuts each prompt's tokens.
 - /score answers {"id": "score-<id>", "object": "list", "created", "model", "data":
   [{"index", "object": "score", "score"}], "usage": <as embeddings>}; /rerank answers
   {"id": "score-<id>", "model", "usage": {"prompt_tokens", "total_tokens"}, "results":
@@ -37,6 +45,7 @@ from aiohttp import web
 from aioserve.engine.outputs import PoolingRequestOutput
 from aioserve.engine.pooling_params import PoolingParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, read_json_body, shown_value
+from aioserve.server.cross_encoding import encode_pairs, pair_score, truncate_text
 from aioserve.server.errors import APIError, bad_parameter
 from aioserve.server.generation import reserve_places
 from aioserve.server.pooling_requests import (
@@ -44,6 +53,7 @@ from aioserve.server.pooling_requests import (
     Prompt,
     checked_prompts,
     encode_all,
+    pooling_task,
     pooling_usage,
     read_pooling_request,
     tokenize_texts,
@@ -167,21 +177,6 @@ def read_token_limit(fields: BodyFields, name: str, max_model_len: int) -> int:
     return value
 
 
-def truncate_text(tokenizer: Any, text: str, max_tokens: int) -> str:
-    """`text` cut to at most `max_tokens` tokens (special tokens not counted) at a character
-    boundary, as vLLM's truncate_text_to_tokens cuts it (by the tokenizer's offsets)."""
-    if max_tokens <= 0:
-        return ""
-    while text:
-        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = encoding["offset_mapping"]
-        if len(encoding["input_ids"]) <= max_tokens:
-            break
-        end = min(offsets[max_tokens - 1][1], offsets[max_tokens][0])
-        text = text[: min(end, len(text) - 1)]
-    return text
-
-
 def pair_scores(
     query_vectors: Sequence[torch.Tensor], document_vectors: Sequence[torch.Tensor]
 ) -> list[float]:
@@ -232,9 +227,7 @@ async def create_score(request: web.Request) -> web.Response:
     inputs = read_score_inputs(body, _architecture(state))
     pair = next(p for p in SCORE_SIDES if body.get(p[0]) is not None and body.get(p[1]) is not None)
     log_ignored_fields(body, _SCORING_FIELDS | set(pair))
-    head, outputs = await _embed(state, request, fields, inputs)
-    scores = _scores(outputs, len(inputs.queries))
-    num_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    head, scores, num_tokens = await _score(state, request, fields, inputs)
     answer = score_response(head, scores, num_tokens)
     return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
@@ -259,9 +252,7 @@ async def create_rerank(request: web.Request) -> web.Response:
         raise bad_parameter("top_n", top_n, "top_n must be at least 0")
     inputs = read_rerank_inputs(body, _architecture(state))
     log_ignored_fields(body, RERANK_FIELDS)
-    head, outputs = await _embed(state, request, fields, inputs)
-    scores = _scores(outputs, len(inputs.queries))
-    num_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    head, scores, num_tokens = await _score(state, request, fields, inputs)
     answer = rerank_response(head, inputs.documents, scores, top_n, num_tokens)
     return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
@@ -287,10 +278,11 @@ def _architecture(state: ServerState) -> str:
     return architectures[0]
 
 
-async def _embed(
+async def _score(
     state: ServerState, request: web.Request, fields: BodyFields, inputs: ScoringInputs
-) -> tuple[ResponseHead, list[PoolingRequestOutput]]:
-    """Every query's and document's vector, queries first."""
+) -> tuple[ResponseHead, list[float], int]:
+    """Every pair's score and the prompt tokens counted, by the model's task: an embedding
+    model's cosines of the texts' vectors, a cross-encoder's scores of the pairs."""
     engine = state.engine
     common = read_pooling_request(state, fields, request.headers)
     max_model_len = engine.settings.max_model_len
@@ -298,17 +290,43 @@ async def _embed(
         read_token_limit(fields, "max_tokens_per_query", max_model_len),
         read_token_limit(fields, "max_tokens_per_doc", max_model_len),
     )
-    params = PoolingParams(use_activation=common.use_activation)
+    task = pooling_task(engine)
+    params = PoolingParams(task=task, use_activation=common.use_activation)
     head = ResponseHead.new(f"score-{common.request_id}", "list", state.model_name)
-    texts = [*inputs.queries, *inputs.documents]
-    with reserve_places(engine, len(texts)) as reservation:
-        if any(limits):
-            texts = await state.off_loop(_truncated_texts, state, inputs, *limits)
-        token_ids = await tokenize_texts(state, texts, True, common.tokenizer_max_length)
-        prompts = [Prompt(text, ids) for text, ids in zip(texts, token_ids, strict=True)]
+    num_prompts = len(inputs.documents)
+    if task != "classify":
+        num_prompts += len(inputs.queries)
+    with reserve_places(engine, num_prompts) as reservation:
+        if task == "classify":
+            prompts = await state.off_loop(
+                encode_pairs,
+                tokenizer_of(state),
+                inputs.queries,
+                inputs.documents,
+                max_length=common.tokenizer_max_length,
+                max_query_tokens=limits[0],
+                max_doc_tokens=limits[1],
+            )
+        else:
+            prompts = await _text_prompts(state, inputs, common.tokenizer_max_length, limits)
         prompts = checked_prompts(engine, prompts, common.truncation, params)
         outputs = await encode_all(engine, prompts, params, head.id, common, reservation)
-    return head, outputs
+    if task == "classify":
+        scores = [pair_score(output) for output in outputs]
+    else:
+        scores = _cosines(outputs, len(inputs.queries))
+    return head, scores, sum(len(output.prompt_token_ids) for output in outputs)
+
+
+async def _text_prompts(
+    state: ServerState, inputs: ScoringInputs, max_length: int | None, limits: tuple[int, int]
+) -> list[Prompt]:
+    """A bi-encoder's prompts: every query's and document's tokens, queries first."""
+    texts = [*inputs.queries, *inputs.documents]
+    if any(limits):
+        texts = await state.off_loop(_truncated_texts, state, inputs, *limits)
+    token_ids = await tokenize_texts(state, texts, True, max_length)
+    return [Prompt(text, ids) for text, ids in zip(texts, token_ids, strict=True)]
 
 
 def _truncated_texts(
@@ -322,7 +340,7 @@ def _truncated_texts(
     return [*cut(inputs.queries, max_query_tokens), *cut(inputs.documents, max_doc_tokens)]
 
 
-def _scores(outputs: list[PoolingRequestOutput], num_queries: int) -> list[float]:
+def _cosines(outputs: list[PoolingRequestOutput], num_queries: int) -> list[float]:
     vectors = [output.data for output in outputs]
     return pair_scores(vectors[:num_queries], vectors[num_queries:])
 

@@ -276,7 +276,8 @@ async def _warm_up(engine: AsyncEngine) -> None:
     if engine.settings.runner_type == "pooling":
         from aioserve.engine.pooling_params import PoolingParams  # torch: not before the checks
 
-        await engine.encode(prompt, PoolingParams(), "aioserve-warm-up")
+        task = engine.settings.pooler.task  # "embed" or "classify"
+        await engine.encode(prompt, PoolingParams(task=task), "aioserve-warm-up")
     else:
         params = SamplingParams(
             max_tokens=2, ignore_eos=True, temperature=0.0, seed=0, detokenize=False

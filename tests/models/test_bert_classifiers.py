@@ -104,7 +104,9 @@ def test_the_token_types_change_a_bert_pairs_logits():
         ({"problem_type": "multi_label_classification"}, 3, "sigmoid"),
         ({"problem_type": "single_label_classification"}, 1, "sigmoid"),
         ({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}}, 1, "identity"),
-        ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Sigmoid"}, 2, "sigmoid"),
+        ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Sigmoid"}, 1, "sigmoid"),
+        # vLLM reads Sigmoid as its classify activation: softmax for several labels.
+        ({"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Sigmoid"}}, 3, "softmax"),
     ],
 )  # fmt: skip
 def test_the_activation_is_vllms_for_the_config(settings, num_labels, activation):

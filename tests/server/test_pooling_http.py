@@ -39,12 +39,12 @@ from aioserve.models.pooler import PoolerConfig
 from aioserve.server.body_fields import BodyFields
 from aioserve.server.embeddings import (
     Encoding,
-    add_pooling_routes,
     pooling_response,
     read_inputs,
 )
 from aioserve.server.errors import APIError, error_middleware
 from aioserve.server.pooling_requests import COMMON_BODY
+from aioserve.server.pooling_routes import add_pooling_routes
 from aioserve.server.prompt_truncation import read_truncation
 from aioserve.server.responses import ResponseHead
 from aioserve.server.scoring import (
