@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
-from aioserve.models.bert_classifiers import activate
+from aioserve.models.classifier_activation import activate
 
 if TYPE_CHECKING:
     from aioserve.engine.settings import EngineSettings

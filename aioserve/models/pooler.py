@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig
 
-from aioserve.models.bert_classifiers import classifier_activation
+from aioserve.models.classifier_activation import classifier_activation
 from aioserve.models.registry import (
     CLASSIFY_ARCHITECTURES,
     POOLING_ARCHITECTURES,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from aioserve.models.bert_classifiers import activate, classifier_activation
+from aioserve.models.classifier_activation import activate, classifier_activation
 from aioserve.models.pooler import PoolerConfig, pool, pooler_config_for
 from aioserve.models.registry import model_class_for
 from tests.models.test_bert import packed
@@ -126,11 +126,50 @@ def test_activations_and_refusals():
     torch.testing.assert_close(activate(logits, "identity"), logits)
     config = classifier_config("BertForSequenceClassification", 1)
     config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Tanh"}
-    with pytest.raises(ValueError, match="Tanh is not supported"):
+    assert classifier_activation(config) == "torch.nn.modules.activation.Tanh"  # as vLLM
+    torch.testing.assert_close(activate(logits, classifier_activation(config)), torch.tanh(logits))
+    config.sentence_transformers = {"activation_fn": "os.system"}
+    with pytest.raises(ValueError, match="only modules of torch.nn load"):
         classifier_activation(config)
+    config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Nothing"}
+    with pytest.raises(ValueError, match="is not a torch.nn module"):
+        classifier_activation(config)
+    # A null activation_fn is vLLM's default, whatever sbert_ce_default_activation_function says.
+    config.sentence_transformers = {"activation_fn": None}
+    config.sbert_ce_default_activation_function = "torch.nn.modules.linear.Identity"
+    assert classifier_activation(config) == "sigmoid"
     plain = classifier_config("BertForSequenceClassification", 1)
     with pytest.raises(ValueError, match="a sequence classifier's head reads the CLS row"):
         pooler_config_for(None, plain, {"pooling_type": "MEAN"})
     with pytest.raises(ValueError, match="this model's task is 'classify'"):
         pooler_config_for(None, plain, {"task": "embed"})
     assert pooler_config_for(None, plain, {"use_activation": False}).normalize is False
+
+
+@pytest.mark.parametrize(
+    "architecture", ["BertForSequenceClassification", "XLMRobertaForSequenceClassification"]
+)
+def test_the_head_runs_in_float32_under_a_bfloat16_encoder(architecture):
+    """As vLLM's pooling heads: bfloat16 logits would tie two close pairs."""
+    config = classifier_config(architecture, 1)
+    hf, _ = hf_and_ours(config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        ours = model_class_for(config)(config)
+    finally:
+        torch.set_default_dtype(previous)
+    ours.load_weights(hf.state_dict().items())
+    head = [p for name, p in ours.named_parameters() if "classifier" in name or "pooler" in name]
+    assert head and all(p.dtype == torch.float32 for p in head)
+    assert ours.embeddings.word_embeddings.weight.dtype == torch.bfloat16
+    rows = torch.randn(3, config.hidden_size).to(torch.bfloat16)
+    with torch.inference_mode():
+        logits = ours.classify(rows)
+        expected = (
+            hf.classifier(rows.float()[:, None, :])
+            if "Roberta" in architecture
+            else (hf.classifier(hf.bert.pooler.activation(hf.bert.pooler.dense(rows.float()))))
+        )
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, expected.reshape(logits.shape), atol=1e-6, rtol=1e-6)
