@@ -273,6 +273,13 @@ def _add_serve_dataset_options(parser: argparse.ArgumentParser) -> None:
     random_dataset.add_argument(
         "--random-prefix-len", type=int, default=0, help="Shared prefix tokens."
     )
+    random_dataset.add_argument(
+        "--random-batch-size",
+        type=int,
+        default=1,
+        help="openai-embeddings only: prompts per request, sent as one list input "
+        "(--num-prompts prompts in all).",
+    )
     sharegpt = parser.add_argument_group("sharegpt dataset options")
     sharegpt.add_argument(
         "--sharegpt-output-len", type=int, help="Output tokens; overrides the replies' lengths."
@@ -296,22 +303,27 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "serve",
         help="Load-test an OpenAI-compatible server (vllm bench serve).",
         description="Send a workload to a running OpenAI-compatible server (aioserve or any "
-        "other), streaming, and report throughput and TTFT, TPOT, ITL and end-to-end latency.",
+        "other), streaming, and report throughput and TTFT, TPOT, ITL and end-to-end latency "
+        "(--backend openai-embeddings: embeddings requests, their throughput and end-to-end "
+        "latency).",
     )
     target = parser.add_argument_group("server options")
     target.add_argument(
         "--backend",
-        choices=("openai", "vllm", "openai-chat"),
+        choices=("openai", "vllm", "openai-chat", "openai-embeddings"),
         default="openai",
-        help="openai (alias vllm): the completions API; openai-chat: chat completions. "
-        "openai-responses is refused: aioserve serves no /v1/responses.",
+        help="openai (alias vllm): the completions API; openai-chat: chat completions; "
+        "openai-embeddings: /v1/embeddings of a pooling model (reports end-to-end latency "
+        "and inputs/s, no TTFT/TPOT/ITL). openai-responses is refused: aioserve serves no "
+        "/v1/responses; vLLM's other pooling and audio backends are not offered yet.",
     )
     target.add_argument("--base-url", help="The server's URL, instead of --host and --port.")
     target.add_argument("--host", default="127.0.0.1")
     target.add_argument("--port", type=int, default=8000)
     target.add_argument(
         "--endpoint",
-        help="The API path (default: /v1/completions, or /v1/chat/completions for openai-chat).",
+        help="The API path (default: /v1/completions, /v1/chat/completions for openai-chat, "
+        "/v1/embeddings for openai-embeddings).",
     )
     target.add_argument(
         "--header", nargs="*", metavar="KEY=VALUE", help="Extra HTTP headers on every request."
@@ -409,7 +421,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "--percentile-metrics",
         help="Comma-separated metrics to report: ttft, tpot, itl, e2el, and with "
         "--max-concurrency client_queue_time and (at a finite --request-rate) "
-        "e2el_including_client_queue (default: ttft,tpot,itl).",
+        "e2el_including_client_queue (default: ttft,tpot,itl; e2el for openai-embeddings).",
     )
     results.add_argument(
         "--metric-percentiles",

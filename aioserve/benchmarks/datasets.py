@@ -60,7 +60,8 @@ class DatasetError(ConfigError):
 
 @dataclass(frozen=True)
 class SampleRequest:
-    prompt: str
+    # A list only for a pooling backend's batch of prompts (pooling.batch_requests).
+    prompt: str | list[str]
     prompt_len: int  # tokens of `prompt` as the engine counts them, special tokens included
     expected_output_len: int
 

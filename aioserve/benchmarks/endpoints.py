@@ -79,6 +79,7 @@ class Target:
     extra_body: dict[str, Any]
     ignore_eos: bool
     logprobs: int | None = None  # completions only, as in vLLM's chat requests
+    pooling: bool = False  # an embeddings request (pooling.py), not a streamed generation
 
 
 def request_payload(target: Target, request: SampleRequest) -> dict[str, Any]:

@@ -7,7 +7,9 @@ token throughput. Requests leave at `--request-rate` per second, their gaps draw
 gamma distribution of shape `--burstiness` (1: a Poisson process; `inf` rate: all at once),
 or at a rate ramped from `--ramp-up-start-rps` to `--ramp-up-end-rps`, and at most
 `--max-concurrency` are in flight. The report and the `--save-result` JSON have
-vLLM's layout and keys, so results compare with `vllm bench serve`'s.
+vLLM's layout and keys, so results compare with `vllm bench serve`'s. With `--backend
+openai-embeddings` the requests go to /v1/embeddings of a pooling model instead, and the
+run is measured and reported as vLLM does it for pooling (pooling.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import aiohttp
 import numpy as np
 from tqdm.asyncio import tqdm
 
-from aioserve.benchmarks import serve_options
+from aioserve.benchmarks import pooling, serve_options
 from aioserve.benchmarks.datasets import SampleRequest, refuse_hf_dataset
 from aioserve.benchmarks.endpoints import (
     BACKENDS,
@@ -42,15 +44,29 @@ from aioserve.benchmarks.statistics import (
     LatencyStats,
     RequestResult,
     ServingMetrics,
+    latency_blocks,
     latency_stats,
     metric_fields,
-    percentile_label,
+    report_row,
     serving_metrics,
 )
 from aioserve.benchmarks.workload import load_tokenizer, serve_requests
 from aioserve.config.declaration import ConfigError
 
 READY_RETRY_S = 5
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    target: Target,
+    request: SampleRequest,
+    request_id: str | None = None,
+) -> RequestResult:
+    """One request of the run: an embeddings request for a pooling backend, else a
+    streamed generation."""
+    if target.pooling:
+        return await pooling.send_pooling_request(session, target, request, request_id)
+    return await send_request(session, target, request, request_id)
 
 
 def ramp_rates(count: int, strategy: str, start_rps: float, end_rps: float) -> list[float]:
@@ -120,7 +136,7 @@ async def wait_until_ready(
     deadline = time.perf_counter() + timeout_s
     error = "no attempt"
     while (remaining := deadline - time.perf_counter()) > 0:
-        result = await send_request(session, target, request)
+        result = await send(session, target, request)
         if result.success:
             print("Initial test run completed.")
             return
@@ -164,7 +180,7 @@ async def run_requests(
             request: SampleRequest, request_id: str | None, bar: tqdm | None, due: float
         ) -> RequestResult:
             async with limit:
-                result = await send_request(session, target, request, request_id)
+                result = await send(session, target, request, request_id)
             result.client_queue_time = result.start_time - due
             if bar is not None:
                 bar.update(1)
@@ -216,7 +232,7 @@ def report(
     lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
 
     def row(label: str, value: Any, decimals: bool = True) -> None:
-        lines.append(f"{label:<40} {value:<10.2f}" if decimals else f"{label:<40} {value:<10}")
+        lines.append(report_row(label, value, decimals))
 
     row("Successful requests:", metrics.completed, False)
     row("Failed requests:", metrics.failed, False)
@@ -234,32 +250,9 @@ def report(
     row("Peak output token throughput (tok/s):", metrics.max_output_tokens_per_s)
     row("Peak concurrent requests:", metrics.max_concurrent_requests)
     row("Total token throughput (tok/s):", metrics.total_token_throughput)
-    latencies = {**metrics.latencies, **(extra_latencies or {})}
-    for name in (*LATENCY_METRICS, *QUEUE_METRICS):
-        if name not in selected_metrics or name not in latencies:
-            continue
-        short, title = METRIC_TITLES[name]
-        stats = latencies[name]
-        lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
-        row(f"Mean {short} (ms):", stats.mean)
-        row(f"Median {short} (ms):", stats.median)
-        for p, value in stats.percentiles:
-            row(f"P{percentile_label(p)} {short} (ms):", value)
+    lines += latency_blocks({**metrics.latencies, **(extra_latencies or {})}, selected_metrics)
     lines.append("=" * 50)
     return "\n".join(lines)
-
-
-METRIC_TITLES = {
-    "ttft": ("TTFT", "Time to First Token"),
-    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-    "itl": ("ITL", "Inter-token Latency"),
-    "e2el": ("E2EL", "End-to-end Latency"),
-    "client_queue_time": ("Client Queue Time", "Client-side Queueing"),
-    "e2el_including_client_queue": (
-        "E2EL incl. Client Queue",
-        "Queue-inclusive End-to-end Latency",
-    ),
-}
 
 
 def queue_latencies(
@@ -291,8 +284,10 @@ def result_fields(
     selected_metrics: Sequence[str],
     goodput: bool = False,
     extra_latencies: dict[str, LatencyStats] | None = None,
+    rps_events: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The benchmark's part of the result JSON, with vLLM's keys in vLLM's order."""
+    """The benchmark's part of the result JSON, with vLLM's keys in vLLM's order
+    (`rps_events`: a ramp-up's rps_change_events, before the metrics as in vLLM)."""
     fields: dict[str, Any] = {
         "duration": duration,
         "completed": metrics.completed,
@@ -316,6 +311,8 @@ def result_fields(
         "max_concurrent_requests": metrics.max_concurrent_requests,
         "rtfx": metrics.rtfx,
     }
+    if rps_events is not None:
+        fields["rps_change_events"] = rps_events
     latencies = {**metrics.latencies, **(extra_latencies or {})}
     for name in (*LATENCY_METRICS, *QUEUE_METRICS):
         if name in selected_metrics and name in latencies:
@@ -377,26 +374,34 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--num-prompts must be at least 1, got {args.num_prompts}")
     if args.dataset_name == "hf":
         refuse_hf_dataset()
-    if args.logprobs is not None and args.backend in CHAT_BACKENDS:
+    if args.logprobs is not None and args.backend not in ("openai", "vllm"):
         raise ConfigError(
             "--logprobs is sent with completions requests only (as vLLM does); "
             "drop it or use --backend openai"
         )
     serve_options.check_ramp_up(args)
+    pooling.check_options(args)
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     """Run `bench serve` with parsed arguments; print the report and return the result JSON."""
     _check_options(args)
+    pooled = args.backend in pooling.POOLING_BACKENDS
     percentiles = serve_options.percentiles(args.metric_percentiles)
-    selected = serve_options.percentile_metrics(args.percentile_metrics)
+    selected = serve_options.percentile_metrics(
+        args.percentile_metrics, default=",".join(pooling.POOLING_METRICS) if pooled else None
+    )
     goodput_ms = serve_options.goodput(args.goodput)
     headers = serve_options.key_values(args.header, "--header")
     metadata = serve_options.key_values(args.metadata, "--metadata")
     if api_key := os.environ.get("OPENAI_API_KEY"):
         headers.setdefault("Authorization", f"Bearer {api_key}")
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    endpoint = args.endpoint or BACKENDS[args.backend]
+    endpoint = args.endpoint or {**BACKENDS, **pooling.POOLING_BACKENDS}[args.backend]
+    if pooled:
+        pooling.check_url(args.backend, base_url + endpoint)
+        for note in pooling.notes(args, selected):
+            print(note)
 
     if args.model is None:
         print("Model not specified, fetching first model from server...")
@@ -408,9 +413,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer_id = args.tokenizer or model_id
     tokenizer = load_tokenizer(tokenizer_id, args.tokenizer_mode)
     requests = serve_requests(args, tokenizer, chat=args.backend in CHAT_BACKENDS)
-    # Random prompts are meant to run to their length, as in vLLM.
-    ignore_eos = args.ignore_eos or args.dataset_name == "random"
-    extra_body = {**_sampling_options(args), **(args.extra_body or {})}
+    if pooled:
+        requests = pooling.batch_requests(requests, args.random_batch_size)
+    # Random prompts are meant to run to their length, as in vLLM (generation only).
+    ignore_eos = args.ignore_eos or (args.dataset_name == "random" and not pooled)
+    extra_body = {**({} if pooled else _sampling_options(args)), **(args.extra_body or {})}
     target = Target(
         url=base_url + endpoint,
         model=model_name,
@@ -419,6 +426,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         extra_body=extra_body,
         ignore_eos=ignore_eos,
         logprobs=args.logprobs,
+        pooling=pooled,
     )
     rates = None
     if args.ramp_up_strategy is not None:
@@ -452,13 +460,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             sent_at=sent_at,
         )
     )
-    metrics, output_lens = serving_metrics(
-        results,
-        duration,
-        percentiles,
-        lambda text: len(tokenizer(text, add_special_tokens=False).input_ids),
-        goodput_ms,
-    )
     queue_stats = queue_latencies(results, percentiles, args.request_rate, args.max_concurrency)
     for name in QUEUE_METRICS:
         if name in selected and name not in queue_stats:
@@ -468,8 +469,31 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         print(f"Failed requests ({len(failures)}), the first ones:")
         for error in failures[:10]:
             print(f"  {error}")
-    print(
-        report(
+    events = None
+    if rates is not None:
+        events = rps_change_events(sent_at, rates, args.ramp_up_start_rps)
+    if pooled:
+        embed_metrics = pooling.pooling_metrics(results, duration, percentiles)
+        text = pooling.report(
+            embed_metrics,
+            duration,
+            request_rate=args.request_rate,
+            max_concurrency=args.max_concurrency,
+            selected_metrics=selected,
+            extra_latencies=queue_stats,
+        )
+        fields = pooling.result_fields(
+            embed_metrics, duration, results, selected, queue_stats, events
+        )
+    else:
+        metrics, output_lens = serving_metrics(
+            results,
+            duration,
+            percentiles,
+            lambda text: len(tokenizer(text, add_special_tokens=False).input_ids),
+            goodput_ms,
+        )
+        text = report(
             metrics,
             duration,
             request_rate=args.request_rate,
@@ -478,7 +502,17 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             goodput=bool(goodput_ms),
             extra_latencies=queue_stats,
         )
-    )
+        fields = result_fields(
+            metrics,
+            duration,
+            results,
+            output_lens,
+            selected,
+            bool(goodput_ms),
+            queue_stats,
+            events,
+        )
+    print(text)
 
     now = datetime.now().strftime("%Y%m%d-%H%M%S")
     result: dict[str, Any] = {
@@ -498,16 +532,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         result["ramp_up_strategy"] = args.ramp_up_strategy
         result["ramp_up_start_rps"] = args.ramp_up_start_rps
         result["ramp_up_end_rps"] = args.ramp_up_end_rps
-    result.update(
-        result_fields(
-            metrics, duration, results, output_lens, selected, bool(goodput_ms), queue_stats
-        )
-    )
-    if rates is not None:
-        result["rps_change_events"] = rps_change_events(sent_at, rates, args.ramp_up_start_rps)
+    result.update(fields)
     if not args.save_detailed:
         for name in DETAILED_FIELDS:
-            del result[name]
+            result.pop(name, None)
     if args.save_result or args.append_result:
         path = _result_path(args, model_id, now)
         with open(path, "a+" if args.append_result else "w", encoding="utf-8") as file:

@@ -36,9 +36,10 @@ def percentiles(text: str) -> list[float]:
     return values
 
 
-def percentile_metrics(text: str | None) -> list[str]:
-    """--percentile-metrics: the metrics to report (default: ttft, tpot, itl)."""
-    selected = (text or "ttft,tpot,itl").split(",")
+def percentile_metrics(text: str | None, default: str | None = None) -> list[str]:
+    """--percentile-metrics: the metrics to report (default: `default`, else ttft, tpot,
+    itl; vLLM's default for a pooling backend is e2el)."""
+    selected = (text or default or "ttft,tpot,itl").split(",")
     known = LATENCY_METRICS + QUEUE_METRICS
     unknown = [name for name in selected if name not in known]
     if unknown:

@@ -16,6 +16,7 @@ token) and E2EL named in the objectives is at most the objective's milliseconds.
 Each is summarized by its mean, median, standard deviation and the requested percentiles,
 in milliseconds. Percentiles interpolate linearly between the two nearest ranks (numpy's
 default, as in vLLM): the p-th percentile of sorted x[0..n-1] is x at rank p/100 * (n-1).
+The report's rows and metric blocks are laid out here as vLLM prints them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +49,8 @@ class RequestResult:
     error: str = ""
     # Time between the request's turn in the schedule and its sending (--max-concurrency).
     client_queue_time: float = 0.0
+    # Texts in the request: more than 1 for a batch of prompts to a pooling backend.
+    num_input_sequences: int = 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,42 @@ class ServingMetrics:
     max_concurrent_requests: int
     latencies: dict[str, LatencyStats]  # by metric name: "ttft", "tpot", "itl", "e2el"
     rtfx: float = 0.0  # vLLM's inverse real-time factor of audio inputs: 0 for text
+
+
+# Each metric's short name and the title of its block in the report, as vLLM prints them.
+METRIC_TITLES = {
+    "ttft": ("TTFT", "Time to First Token"),
+    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("ITL", "Inter-token Latency"),
+    "e2el": ("E2EL", "End-to-end Latency"),
+    "client_queue_time": ("Client Queue Time", "Client-side Queueing"),
+    "e2el_including_client_queue": (
+        "E2EL incl. Client Queue",
+        "Queue-inclusive End-to-end Latency",
+    ),
+}
+
+
+def report_row(label: str, value: Any, decimals: bool = True) -> str:
+    """One line of vLLM's report: the label in 40 columns, the value in 10 (2 decimals)."""
+    return f"{label:<40} {value:<10.2f}" if decimals else f"{label:<40} {value:<10}"
+
+
+def latency_blocks(latencies: dict[str, LatencyStats], selected: Sequence[str]) -> list[str]:
+    """The report's block of each selected metric that was measured, in vLLM's order:
+    a titled rule, the mean, the median and the percentiles."""
+    lines = []
+    for name in (*LATENCY_METRICS, *QUEUE_METRICS):
+        if name not in selected or name not in latencies:
+            continue
+        short, title = METRIC_TITLES[name]
+        stats = latencies[name]
+        lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        lines.append(report_row(f"Mean {short} (ms):", stats.mean))
+        lines.append(report_row(f"Median {short} (ms):", stats.median))
+        for p, value in stats.percentiles:
+            lines.append(report_row(f"P{percentile_label(p)} {short} (ms):", value))
+    return lines
 
 
 def latency_stats(values_s: Sequence[float], percentiles: Sequence[float]) -> LatencyStats:
