@@ -133,8 +133,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[PoolingRequestOutput]:
         """An embedding model's vector of each prompt, in order (`output.outputs.embedding`)."""
-        params = replace(pooling_params or PoolingParams(), task="embed")
-        return self.encode(prompts, params, use_tqdm=use_tqdm)
+        return self.encode(prompts, _with_task(pooling_params, "embed"), use_tqdm=use_tqdm)
 
     def classify(
         self,
@@ -144,8 +143,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[PoolingRequestOutput]:
         """A sequence classifier's scores of each prompt, in order (`output.outputs.probs`)."""
-        params = replace(pooling_params or PoolingParams(), task="classify")
-        return self.encode(prompts, params, use_tqdm=use_tqdm)
+        return self.encode(prompts, _with_task(pooling_params, "classify"), use_tqdm=use_tqdm)
 
     def encode(
         self,
@@ -155,13 +153,12 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[PoolingRequestOutput]:
         """A pooling model's pooled output of each prompt, in order (`output.outputs.data`),
-        for the model's task unless `pooling_params` names another."""
+        for the model's task unless `pooling_params` names one."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
-        pooler = self.engine.settings.pooler
-        params = pooling_params or PoolingParams(task=pooler.task if pooler else "embed")
+        params = pooling_params or PoolingParams()
         return self._loop.run_until_complete(self._run_pooling(list(prompts), params, use_tqdm))
 
     def score(
@@ -186,6 +183,8 @@ class LLM:
                 f"score pairs {len(first)} texts with {len(second)}: give one or as many"
             )
         pooler = self.engine.settings.pooler
+        if pooler is not None and not pooler.scores_pairs:  # vLLM's words
+            raise ValueError("Scoring API is only enabled for num_labels == 1.")
         if pooler is not None and pooler.task == "classify":
             return self._cross_encode(first, second, use_tqdm)
         encoded = self.embed([*first, *second], use_tqdm=use_tqdm)
@@ -308,3 +307,11 @@ class LLM:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _with_task(params: PoolingParams | None, task: str) -> PoolingParams:
+    """`params` for `task`; ValueError when they name another (vLLM's words)."""
+    params = params or PoolingParams()
+    if params.task not in (None, task):
+        raise ValueError(f"You cannot overwrite params.task={params.task!r} with {task!r}!")
+    return replace(params, task=task)

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 class PoolingParams:
     dimensions: int | None = None
     """Keep the first n values of the vector (matryoshka models only); None: all."""
-    task: str = "embed"
-    """"embed" (an embedding model's vector) or "classify" (a sequence classifier's scores)."""
+    task: str | None = None
+    """"embed" (an embedding model's vector) or "classify" (a sequence classifier's
+    scores); None: the model's."""
     use_activation: bool | None = None
     """The task's activation: for embed L2 normalization (vLLM 0.32's name; it replaced
     `normalize`), for classify the model's (sigmoid, softmax); None: as the pooler says."""
@@ -57,7 +58,7 @@ def check_pooling_request(
     max_model_len, hidden_size = settings.max_model_len, settings.pooled_size
     matryoshka_dimensions = settings.matryoshka_dimensions
     assert settings.pooler is not None
-    if params.task != settings.pooler.task:
+    if params.task not in (None, settings.pooler.task):
         raise InvalidRequest(
             f"this model's pooling task is {settings.pooler.task!r}, not {params.task!r}",
             "task",
@@ -139,5 +140,13 @@ def token_types_of(prompt: object, num_tokens: int, type_vocab_size: int) -> lis
             f"token type {outside[0]} is outside the model's {type_vocab_size} types",
             "token_type_ids",
             outside[0],
+        )
+    first_one = types.index(1) if 1 in types else len(types)
+    if any(types[:first_one]) or not all(types[first_one:]):
+        # vLLM carries a pair's types as where its second text starts (compress_token_type_ids)
+        raise InvalidRequest(
+            "token_type_ids must be zeros then ones (a text pair's two segments)",
+            "token_type_ids",
+            str(types),
         )
     return types

@@ -97,6 +97,13 @@ class PoolerConfig:
     num_labels: int = 0
     activation: str = ""
 
+    @property
+    def scores_pairs(self) -> bool:
+        """Whether the model scores text pairs (/score, /rerank, LLM.score): an embedding
+        model (cosine similarity) or a one-label classifier (a cross-encoder), as vLLM's
+        scoring API is enabled."""
+        return self.task == "embed" or self.num_labels == 1
+
 
 def pooler_config_for(
     folder: Path | None, hf_config: PretrainedConfig, overrides: dict[str, Any] | None = None

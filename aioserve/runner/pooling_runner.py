@@ -87,14 +87,19 @@ class PoolingRunner:
     # -- host, while earlier steps may still run -----------------------------------------------
 
     def prepare(self, plan: StepPlan) -> PreparedPooling:
+        # A prompt's segments come with its sequence, which enters in the step that runs it.
+        entering = {s.seq_id: s.token_type_ids for s in plan.new_sequences}
         for chunk in plan.chunks:
             if chunk.start != 0 or not chunk.samples or chunk.token_ids is None:
                 raise RuntimeError(
                     f"a pooling step runs whole prompts; sequence {chunk.seq_id!r} came as "
                     f"tokens {chunk.start}..{chunk.start + chunk.num_tokens}"
                 )
-        # A prompt's segments come with its sequence, which enters in the step that runs it.
-        segments = {s.seq_id: s.token_type_ids for s in plan.new_sequences if s.token_type_ids}
+            if chunk.seq_id not in entering:
+                raise RuntimeError(
+                    f"a pooling prompt runs in the step it enters; {chunk.seq_id!r} entered before"
+                )
+        segments = {seq_id: types for seq_id, types in entering.items() if types}
         return self._pack(
             [c.seq_id for c in plan.chunks],
             [c.token_ids for c in plan.chunks],

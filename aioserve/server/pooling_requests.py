@@ -69,8 +69,8 @@ COMMON_BODY: dict[str, BodyField] = {
             "use_activation",
             {
                 "type": "boolean",
-                "description": "The pooler's activation (an embedding's L2 normalization); "
-                "unset: the model's default.",
+                "description": "The pooler's activation (an embedding's L2 normalization, a "
+                "classifier's sigmoid or softmax); unset: the model's default.",
             },
         ),
     )

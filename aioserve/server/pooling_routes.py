@@ -14,17 +14,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from aioserve.engine.async_engine import AsyncEngine
 from aioserve.server.classify import add_classify_routes
 from aioserve.server.embeddings import add_embedding_routes, create_pooling
 from aioserve.server.pooling_requests import pooling_task
 from aioserve.server.scoring import add_scoring_routes
 from aioserve.server.state import STATE
-
-
-def scores_pairs(engine: AsyncEngine) -> bool:
-    """Whether a classifier serves /score and /rerank: vLLM's enable_scoring_api, one label."""
-    return engine.settings.pooler.num_labels == 1
 
 
 def add_pooling_routes(app: web.Application) -> None:
@@ -35,5 +29,5 @@ def add_pooling_routes(app: web.Application) -> None:
         return
     app.router.add_post("/pooling", create_pooling)
     add_classify_routes(app)
-    if scores_pairs(engine):
+    if engine.settings.pooler.scores_pairs:
         add_scoring_routes(app)

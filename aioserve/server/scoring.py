@@ -104,7 +104,7 @@ RERANK_FIELDS = _SCORING_FIELDS | {"query", "documents", "top_n"}
 
 @dataclass
 class ScoringInputs:
-    """The texts to embed: the first side (queries), then the second (documents)."""
+    """The texts to score: the first side (queries), then the second (documents)."""
 
     queries: list[str]
     documents: list[str]

@@ -35,7 +35,7 @@ from aioserve.server.classify import classification_response, label_of
 from aioserve.server.cross_encoding import encode_pair, encode_pairs, pair_score
 from aioserve.server.errors import APIError, error_middleware
 from aioserve.server.openapi import openapi_document
-from aioserve.server.pooling_routes import add_pooling_routes, scores_pairs
+from aioserve.server.pooling_routes import add_pooling_routes
 from aioserve.server.responses import ResponseHead
 from aioserve.server.state import STATE, ServerState
 from tests.server.conftest import serve_app
@@ -136,14 +136,12 @@ def test_labels_read_int_or_string_keys():
     assert label_of(None, 0) is None and label_of({}, 0) is None
 
 
-def test_only_a_one_label_classifier_scores_pairs():
-    def engine(num_labels):
-        return SimpleNamespace(
-            settings=SimpleNamespace(pooler=SimpleNamespace(num_labels=num_labels)),
-            hf_config=SimpleNamespace(num_labels=num_labels),
-        )
+def test_only_an_embedding_model_or_a_one_label_classifier_scores_pairs():
+    def classifier(num_labels):
+        return PoolerConfig("CLS", True, task="classify", num_labels=num_labels)
 
-    assert scores_pairs(engine(1)) and not scores_pairs(engine(3))
+    assert classifier(1).scores_pairs and not classifier(3).scores_pairs
+    assert PoolerConfig("MEAN", True).scores_pairs
 
 
 # --- the handlers on a stand-in engine ------------------------------------------------------

@@ -444,7 +444,7 @@ def test_use_activation_false_reaches_the_engine(stub):
     reply = post(stub.url, "/v1/embeddings", {"input": S1, "use_activation": False, "priority": 3})
     assert reply.status == 200
     (call,) = stub.engine.calls
-    assert call[2] == PoolingParams(use_activation=False) and call[3] == 3
+    assert call[2] == PoolingParams(task="embed", use_activation=False) and call[3] == 3
     assert np.linalg.norm(reply.json()["data"][0]["embedding"]) > 1.5
 
 
