@@ -28,12 +28,16 @@ from aiohttp import web
 from aioserve.engine.outputs import PoolingRequestOutput
 from aioserve.engine.pooling_params import PoolingParams
 from aioserve.server.body_fields import BodyFields, log_ignored_fields, read_json_body
-from aioserve.server.embeddings import EMBEDDING_BODY, read_inputs, tokenized_inputs
-from aioserve.server.generation import reserve_places
+from aioserve.server.embeddings import (
+    CHAT_FIELDS,
+    EMBEDDING_BODY,
+    ENCODING_FIELDS,
+    POOLING_BASE_FIELDS,
+    pool_inputs,
+    read_inputs,
+)
 from aioserve.server.pooling_requests import (
     COMMON_BODY,
-    checked_prompts,
-    encode_all,
     pooling_usage,
     read_pooling_request,
 )
@@ -58,19 +62,10 @@ CLASSIFY_BODY: dict[str, BodyField] = {
 }
 """The /classify body (vLLM's ClassificationCompletionRequest / ClassificationChatRequest)."""
 
-# vLLM 0.32's request models' fields, for logging the others as vLLM does.
-_BASE_FIELDS = frozenset(
-    {
-        "cache_salt", "mm_processor_kwargs", "model", "padding", "priority", "request_id",
-        "truncate_prompt_tokens", "truncation_side", "use_activation", "user",
-        "add_special_tokens",
-    }
-)  # fmt: skip
-CLASSIFY_COMPLETION_FIELDS = _BASE_FIELDS | {"input"}
-CLASSIFY_CHAT_FIELDS = _BASE_FIELDS | {
-    "messages", "add_generation_prompt", "continue_final_message", "chat_template",
-    "chat_template_kwargs", "media_io_kwargs",
-}  # fmt: skip
+# vLLM 0.32's request models' fields, for logging the others as vLLM does: the pooling
+# routes' fields but the embedding encoding's.
+CLASSIFY_COMPLETION_FIELDS = (POOLING_BASE_FIELDS - ENCODING_FIELDS) | {"input"}
+CLASSIFY_CHAT_FIELDS = (POOLING_BASE_FIELDS - ENCODING_FIELDS) | CHAT_FIELDS
 
 
 def label_of(id2label: Any, index: int) -> str | None:
@@ -85,7 +80,7 @@ def label_of(id2label: Any, index: int) -> str | None:
 def classification_data(index: int, probs: list[float], id2label: Any) -> dict[str, Any]:
     """One item of /classify's answer: the label of the highest score (the first of equal
     ones, as numpy's argmax), the scores, their number."""
-    best = max(range(len(probs)), key=probs.__getitem__) if probs else 0
+    best = max(range(len(probs)), key=probs.__getitem__)
     return {
         "index": index,
         "label": label_of(id2label, best),
@@ -118,13 +113,8 @@ async def create_classify(request: web.Request) -> web.Response:
     params = PoolingParams(task="classify", use_activation=common.use_activation)
     inputs = read_inputs(body)
     log_ignored_fields(body, CLASSIFY_CHAT_FIELDS if inputs.chat else CLASSIFY_COMPLETION_FIELDS)
-    engine = state.engine
-    head = ResponseHead.new(f"classify-{common.request_id}", "list", state.model_name)
-    with reserve_places(engine, len(inputs)) as reservation:
-        prompts = await tokenized_inputs(state, inputs, fields, common.tokenizer_max_length)
-        prompts = checked_prompts(engine, prompts, common.truncation, params)
-        outputs = await encode_all(engine, prompts, params, head.id, common, reservation)
-    id2label = getattr(engine.hf_config, "id2label", None)
+    head, outputs = await pool_inputs(state, inputs, fields, common, params, "classify")
+    id2label = getattr(state.engine.hf_config, "id2label", None)
     answer = classification_response(head, outputs, id2label)
     return web.Response(body=orjson.dumps(answer), content_type="application/json")
 

@@ -51,6 +51,7 @@ from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.generation import reserve_places
 from aioserve.server.pooling_requests import (
     COMMON_BODY,
+    PoolingRequest,
     Prompt,
     checked_prompts,
     encode_all,
@@ -122,22 +123,19 @@ POOLING_BODY: dict[str, BodyField] = {
 # The fields of vLLM 0.32's request models (for logging the others, as vLLM does):
 # EmbeddingCompletionRequest / EmbeddingChatRequest, PoolingCompletionRequest /
 # PoolingChatRequest, sorted({n for f, i in M.model_fields.items() for n in (f, i.alias) if n}).
-_POOLING_BASE_FIELDS = frozenset(
-    {
-        "cache_salt", "dimensions", "embed_dtype", "encoding_format", "endianness",
-        "mm_processor_kwargs", "model", "padding", "priority", "request_id",
-        "truncate_prompt_tokens", "truncation_side", "use_activation", "user",
-        "add_special_tokens",
-    }
-)  # fmt: skip
-_CHAT_FIELDS = frozenset(
+ENCODING_FIELDS = frozenset({"dimensions", "embed_dtype", "encoding_format", "endianness"})
+POOLING_BASE_FIELDS = ENCODING_FIELDS | {
+    "cache_salt", "mm_processor_kwargs", "model", "padding", "priority", "request_id",
+    "truncate_prompt_tokens", "truncation_side", "use_activation", "user", "add_special_tokens",
+}  # fmt: skip
+CHAT_FIELDS = frozenset(
     {
         "messages", "add_generation_prompt", "continue_final_message", "chat_template",
         "chat_template_kwargs", "media_io_kwargs",
     }
 )  # fmt: skip
-EMBEDDING_COMPLETION_FIELDS = _POOLING_BASE_FIELDS | {"input"}
-EMBEDDING_CHAT_FIELDS = _POOLING_BASE_FIELDS | _CHAT_FIELDS
+EMBEDDING_COMPLETION_FIELDS = POOLING_BASE_FIELDS | {"input"}
+EMBEDDING_CHAT_FIELDS = POOLING_BASE_FIELDS | CHAT_FIELDS
 POOLING_COMPLETION_FIELDS = EMBEDDING_COMPLETION_FIELDS | {"task"}
 POOLING_CHAT_FIELDS = EMBEDDING_CHAT_FIELDS | {"task"}
 
@@ -368,16 +366,30 @@ async def _pool(request: web.Request, route: _Route) -> web.Response:
     )
     inputs = read_inputs(body)
     log_ignored_fields(body, route.chat_fields if inputs.chat else route.completion_fields)
-    engine = state.engine
-    head = ResponseHead.new(f"{route.prefix}-{common.request_id}", "list", state.model_name)
-    with reserve_places(engine, len(inputs)) as reservation:
-        prompts = await tokenized_inputs(state, inputs, fields, common.tokenizer_max_length)
-        prompts = checked_prompts(engine, prompts, common.truncation, params)
-        outputs = await encode_all(engine, prompts, params, head.id, common, reservation)
+    head, outputs = await pool_inputs(state, inputs, fields, common, params, route.prefix)
     if encoding.format in ("bytes", "bytes_only"):
         return bytes_response(head, outputs, encoding)
     body = pooling_response(head, outputs, encoding, route.item_object, route.item_key)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def pool_inputs(
+    state: ServerState,
+    inputs: PoolingInputs,
+    fields: BodyFields,
+    common: PoolingRequest,
+    params: PoolingParams,
+    prefix: str,
+) -> tuple[ResponseHead, list[PoolingRequestOutput]]:
+    """The answer's head ("<prefix>-<request id>") and every input's output: places
+    reserved, inputs tokenized and checked, then all run at once."""
+    engine = state.engine
+    head = ResponseHead.new(f"{prefix}-{common.request_id}", "list", state.model_name)
+    with reserve_places(engine, len(inputs)) as reservation:
+        prompts = await tokenized_inputs(state, inputs, fields, common.tokenizer_max_length)
+        prompts = checked_prompts(engine, prompts, common.truncation, params)
+        outputs = await encode_all(engine, prompts, params, head.id, common, reservation)
+    return head, outputs
 
 
 def pooling_response(
