@@ -49,11 +49,18 @@ def prefill_only_params() -> SamplingParams:
 
 
 def check_pooling_request(
-    settings: EngineSettings, vocab_size: int, prompt_ids: list[int], params: PoolingParams
+    settings: EngineSettings,
+    vocab_size: int,
+    prompt_ids: list[int],
+    params: PoolingParams,
+    *,
+    cut_at_limit: bool = False,
 ) -> None:
     """Raise InvalidRequest, with vLLM's messages, for a pooling request the engine refuses.
 
     Unlike a generation, a pooling prompt may fill the whole context: no token follows it.
+    `cut_at_limit`: the prompt's text was tokenized no further than one token past the
+    context, so a prompt that long had at least that many tokens (vLLM's wording).
     """
     max_model_len, hidden_size = settings.max_model_len, settings.pooled_size
     matryoshka_dimensions = settings.matryoshka_dimensions
@@ -69,7 +76,8 @@ def check_pooling_request(
     if len(prompt_ids) > max_model_len:
         raise InvalidRequest(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"prompt contains {len(prompt_ids)} input tokens, which exceeds this limit even "
+            f"prompt contains {'at least ' if cut_at_limit else ''}{len(prompt_ids)} input "
+            "tokens, which exceeds this limit even "
             "without any output tokens. Please reduce the length of the input prompt.",
             "input_tokens",
             len(prompt_ids),

@@ -92,7 +92,8 @@ def encode_pair(
         # vLLM answers it as its unexpected errors: a 500 with the tokenizer's message.
         raise APIError(str(error), HTTPStatus.INTERNAL_SERVER_ERROR) from None
     types = encoded.get("token_type_ids")
-    return Prompt(None, list(encoded["input_ids"]), None if types is None else list(types))
+    ids = list(encoded["input_ids"])
+    return Prompt(None, ids, None if types is None else list(types), cut=max_length is not None)
 
 
 def encode_pairs(

@@ -289,7 +289,9 @@ async def tokenized_inputs(
     add_special_tokens = fields.get("add_special_tokens", True)
     encoded = iter(await tokenize_texts(state, texts, add_special_tokens, max_length))
     return [
-        Prompt(p, next(encoded)) if isinstance(p, str) else Prompt(None, list(p))
+        Prompt(p, next(encoded), cut=max_length is not None)
+        if isinstance(p, str)
+        else Prompt(None, list(p))
         for p in inputs.prompts
     ]
 

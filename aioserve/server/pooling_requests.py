@@ -94,7 +94,9 @@ class PoolingRequest:
     cache_salt: str | None = None
     use_activation: bool | None = None
     tokenizer_max_length: int | None = None
-    """When texts are cut by the tokenizer (truncate_prompt_tokens without a side): N."""
+    """Where the tokenizer cuts texts: N for truncate_prompt_tokens N without a side; else,
+    without truncation, one token past the context (a longer text is refused all the same,
+    as vLLM, which then says "at least"); None when the tokens are sliced instead."""
 
 
 @dataclass
@@ -106,6 +108,8 @@ class Prompt:
     token_type_ids: list[int] | None = None
     """A BERT text pair's segment of each token (0 the first text, 1 the second); None for
     one text."""
+    cut: bool = False
+    """Tokenized with the tokenizer's cut (PoolingRequest.tokenizer_max_length)."""
 
 
 def refuse_removed_fields(body: dict[str, Any]) -> None:
@@ -146,7 +150,13 @@ def read_pooling_request(
         truncation=truncation,
         cache_salt=read_cache_salt(fields),
         use_activation=fields.get("use_activation"),
-        tokenizer_max_length=truncation.keep if by_tokenizer else None,
+        tokenizer_max_length=(
+            truncation.keep
+            if by_tokenizer
+            else state.engine.settings.max_model_len + 1
+            if truncation is None
+            else None
+        ),
     )
 
 
@@ -199,13 +209,16 @@ def checked_prompts(
                 p.text,
                 truncation.apply(p.token_ids),
                 None if p.token_type_ids is None else truncation.apply(p.token_type_ids),
+                p.cut,
             )
             for p in prompts
         ]
     vocab_size = engine.hf_config.vocab_size
     for prompt in prompts:
         try:
-            check_pooling_request(engine.settings, vocab_size, prompt.token_ids, params)
+            check_pooling_request(
+                engine.settings, vocab_size, prompt.token_ids, params, cut_at_limit=prompt.cut
+            )
         except InvalidRequest as error:
             raise bad_parameter(error.param, shown_value(error.value), str(error)) from None
     return prompts

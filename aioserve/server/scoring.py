@@ -326,7 +326,8 @@ async def _text_prompts(
     if any(limits):
         texts = await state.off_loop(_truncated_texts, state, inputs, *limits)
     token_ids = await tokenize_texts(state, texts, True, max_length)
-    return [Prompt(text, ids) for text, ids in zip(texts, token_ids, strict=True)]
+    cut = max_length is not None
+    return [Prompt(text, ids, cut=cut) for text, ids in zip(texts, token_ids, strict=True)]
 
 
 def _truncated_texts(
