@@ -17,6 +17,9 @@ generation, all vLLM's:
   itself (`truncation=True, max_length=N`), which keeps the special tokens ([CLS] ... [SEP]:
   N - 2 of the text's own); with an explicit side, and for token ids and chats, the tokens
   are sliced, special tokens or not (vLLM's TokenizeParams.get_encode_kwargs);
+- without truncation a text is tokenized no further than one token past the context, so
+  a long document costs no more than that, and one that long is refused as having "at
+  least" that many tokens;
 - a body naming `normalize` (removed in 0.32 for `use_activation`), or a removed `task`, is
   refused whatever the value.
 
