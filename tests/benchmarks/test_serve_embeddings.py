@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import threading
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from aioserve.benchmarks.datasets import SampleRequest
 from aioserve.benchmarks.endpoints import Target
 from aioserve.benchmarks.statistics import RequestResult, latency_stats, report_row
 from aioserve.config.declaration import ConfigError
+from tests.server.serve_process import serve_model
 
 RESULTS = Path(__file__).parents[2] / "bench/results/embeddings-zen5-bf16-packed"
 MODEL = "minilm"
@@ -339,24 +338,9 @@ def test_failing_requests_are_counted_and_the_run_goes_on(fake_embeddings):
 def minilm_server(minilm_folder, tmp_path_factory):
     """`python -m aioserve serve` on all-MiniLM-L6-v2 under vLLM's samples' name, on a free
     port of 127.0.0.1; killed at the end."""
-    from tests.child_process import start_logged
-    from tests.server.serve_process import free_port, wait_until_healthy
-
     log = tmp_path_factory.mktemp("bench-minilm") / "serve.log"
-    port = free_port()
-    argv = [sys.executable, "-m", "aioserve", "serve", str(minilm_folder)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL]
-    argv += ["--enforce-eager"]
-    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    process = start_logged(argv, log, environment)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_healthy(process, url, log)
+    with serve_model(minilm_folder, MODEL, log, "--enforce-eager") as url:
         yield url
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
 
 
 def _bench(url: str, tmp_path: Path, *options: str) -> tuple[list[str], dict]:

@@ -105,6 +105,25 @@ def start_server(gguf: Path, log: Path) -> Iterator[Server]:
         process.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def serve_model(model: str | Path, name: str, log: Path, *options: str) -> Iterator[str]:
+    """`python -m aioserve serve` on `model` as `name`, with `options`, healthy; its URL.
+    Killed when the block ends."""
+    port = free_port()
+    argv = [sys.executable, "-m", "aioserve", "serve", str(model)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", name, *options]
+    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    process = start_logged(argv, log, environment)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_healthy(process, url, log)
+        yield url
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
 def async_client(server: Server) -> openai.AsyncOpenAI:
     """The official async client on the server; use it as `async with` in one event loop."""
     return openai.AsyncOpenAI(

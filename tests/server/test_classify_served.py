@@ -15,15 +15,12 @@ aioserve.models.registry has no BertForSequenceClassification).
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.child_process import start_logged
 from tests.cross_encoder_folders import (
     build_classifier,
     build_cross_encoder,
@@ -31,7 +28,11 @@ from tests.cross_encoder_folders import (
     reference_scores,
 )
 from tests.server.openai_helpers import SAMPLES, post, sample, shape
-from tests.server.serve_process import fetch, free_port, read_metrics, wait_until_healthy
+from tests.server.serve_process import (
+    fetch,
+    read_metrics,
+    serve_model,
+)
 
 CE, CLS, ROBERTA = "ce", "cls", "roberta-ce"
 S1 = "The quick brown fox jumps over the lazy dog."
@@ -95,20 +96,8 @@ def test_vllms_recorded_scores_are_transformers(folders):
 
 
 def _serve(folder: Path, name: str, log: Path):
-    port = free_port()
-    argv = [sys.executable, "-m", "aioserve", "serve", str(folder)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", name]
-    argv += ["--dtype", "float32", "--enforce-eager"]
-    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    process = start_logged(argv, log, environment)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_healthy(process, url, log)
+    with serve_model(folder, name, log, "--dtype", "float32", "--enforce-eager") as url:
         yield url
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

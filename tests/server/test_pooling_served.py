@@ -9,8 +9,6 @@ shapes and the refusals are tested without a model in test_pooling_http.py.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -18,13 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.child_process import start_logged
 from tests.server.openai_helpers import client, post, sample, shape
 from tests.server.serve_process import (
     fetch,
-    free_port,
     read_metrics,
-    wait_until_healthy,
+    serve_model,
 )
 
 MODEL = "minilm"
@@ -54,20 +50,8 @@ def minilm_tokenizer(minilm_folder):
 def minilm_server(minilm_folder, tmp_path_factory):
     """`python -m aioserve serve` on all-MiniLM-L6-v2 at float32, as vLLM's samples name it."""
     log = tmp_path_factory.mktemp("serve-minilm") / "serve.log"
-    port = free_port()
-    argv = [sys.executable, "-m", "aioserve", "serve", str(minilm_folder)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL]
-    argv += ["--dtype", "float32", "--enforce-eager"]
-    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    process = start_logged(argv, log, environment)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_healthy(process, url, log)
+    with serve_model(minilm_folder, MODEL, log, "--dtype", "float32", "--enforce-eager") as url:
         yield url
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
