@@ -97,12 +97,13 @@ class BertSelfAttention(nn.Module):
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 
 
-class BertSelfOutput(nn.Module):
-    """dense + residual + LayerNorm, after the attention (HF's BertSelfOutput)."""
+class BertResidualOutput(nn.Module):
+    """dense + residual + LayerNorm: after the attention (HF's BertSelfOutput, in_size the
+    hidden size) and after the intermediate layer (HF's BertOutput)."""
 
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, in_size: int) -> None:
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size, bias=True)
+        self.dense = Linear(in_size, config.hidden_size, bias=True)
         self.LayerNorm = LayerNorm(config.hidden_size, config.layer_norm_eps)
 
     def forward(self, hidden: Tensor, residual: Tensor) -> Tensor:
@@ -113,7 +114,7 @@ class BertAttention(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
+        self.output = BertResidualOutput(config, config.hidden_size)
 
     def forward(self, hidden: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         return self.output(self.self(hidden, cu_seqlens, max_seqlen), hidden)
@@ -129,24 +130,12 @@ class BertIntermediate(nn.Module):
         return self.activation(self.dense(hidden))
 
 
-class BertOutput(nn.Module):
-    """dense + residual + LayerNorm, after the intermediate layer (HF's BertOutput)."""
-
-    def __init__(self, config: PretrainedConfig) -> None:
-        super().__init__()
-        self.dense = Linear(config.intermediate_size, config.hidden_size, bias=True)
-        self.LayerNorm = LayerNorm(config.hidden_size, config.layer_norm_eps)
-
-    def forward(self, hidden: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dense(hidden) + residual)
-
-
 class BertLayer(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
+        self.output = BertResidualOutput(config, config.intermediate_size)
 
     def forward(self, hidden: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         attended = self.attention(hidden, cu_seqlens, max_seqlen)
