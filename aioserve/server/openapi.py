@@ -59,32 +59,33 @@ _USAGE = {
 }
 
 
-def _pooling_list(item_object: str, item_key: str) -> dict[str, Any]:
-    """The answer of /v1/embeddings or /pooling: one vector per input."""
-    vector = {"oneOf": [{"type": "array", "items": _NUMBER}, _STRING]}
-    return {
+def _list_answer(item: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+    """A pooling route's answer: {"id", "object": "list", "created", "model", "data": one
+    `item` (its properties) per input, "usage"}."""
+    answer: dict[str, Any] = {
         "type": "object",
-        "description": "With encoding_format bytes or bytes_only: an application/octet-stream "
-        "body of the vectors' bytes (bytes: described in a `metadata` header).",
         "properties": {
             "id": _STRING,
             "object": {"const": "list"},
             "created": _INTEGER,
             "model": _STRING,
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": _INTEGER,
-                        "object": {"const": item_object},
-                        item_key: vector,
-                    },
-                },
-            },
+            "data": {"type": "array", "items": {"type": "object", "properties": item}},
             "usage": _USAGE,
         },
     }
+    if description is not None:
+        answer["description"] = description
+    return answer
+
+
+def _pooling_list(item_object: str, item_key: str) -> dict[str, Any]:
+    """The answer of /v1/embeddings or /pooling: one vector per input."""
+    vector = {"oneOf": [{"type": "array", "items": _NUMBER}, _STRING]}
+    return _list_answer(
+        {"index": _INTEGER, "object": {"const": item_object}, item_key: vector},
+        "With encoding_format bytes or bytes_only: an application/octet-stream body of the "
+        "vectors' bytes (bytes: described in a `metadata` header).",
+    )
 
 
 _SCHEMAS: dict[str, Any] = {
@@ -278,55 +279,23 @@ _SCHEMAS: dict[str, Any] = {
         "description": "Either input or messages (a chat, rendered with the chat template).",
         "properties": properties(CLASSIFY_BODY),
     },
-    "ClassificationResponse": {
-        "type": "object",
-        "properties": {
-            "id": _STRING,
-            "object": {"const": "list"},
-            "created": _INTEGER,
-            "model": _STRING,
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": _INTEGER,
-                        "label": {"type": ["string", "null"]},
-                        "probs": {"type": "array", "items": _NUMBER},
-                        "num_classes": _INTEGER,
-                    },
-                },
-            },
-            "usage": _USAGE,
-        },
-    },
+    "ClassificationResponse": _list_answer(
+        {
+            "index": _INTEGER,
+            "label": {"type": ["string", "null"]},
+            "probs": {"type": "array", "items": _NUMBER},
+            "num_classes": _INTEGER,
+        }
+    ),
     "ScoreRequest": {
         "type": "object",
         "description": "Two sides: queries and documents (or queries and items, data_1 and "
         "data_2, text_1 and text_2); 1:1, 1:N or N:N.",
         "properties": properties(SCORE_BODY),
     },
-    "ScoreResponse": {
-        "type": "object",
-        "properties": {
-            "id": _STRING,
-            "object": {"const": "list"},
-            "created": _INTEGER,
-            "model": _STRING,
-            "data": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "index": _INTEGER,
-                        "object": {"const": "score"},
-                        "score": _NUMBER,
-                    },
-                },
-            },
-            "usage": _USAGE,
-        },
-    },
+    "ScoreResponse": _list_answer(
+        {"index": _INTEGER, "object": {"const": "score"}, "score": _NUMBER}
+    ),
     "RerankRequest": {
         "type": "object",
         "required": ["query", "documents"],
