@@ -58,6 +58,7 @@ from triton.runtime.jit import JITFunction
 from aioserve import platform
 from aioserve.kernels.encoder_attention import encoder_attention_triton
 from aioserve.kernels.int8_linear import int8_linear_triton
+from aioserve.kernels.lora import add_lora_triton, lora_token_groups
 from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
 from aioserve.platform import PlatformName
 from bench.kernel_case_types import Zeros
@@ -124,6 +125,12 @@ COMPILE_WORKLOAD = Workload(
 # over one packed batch of prompts.
 ENCODER_SHAPES = ((12, 32), (12, 64), (16, 128))
 ENCODER_LENGTHS = (1, 64, 200)
+# Multi-LoRA (kernels/lora.py): SmolLM2's and Llama-3-8B's layers at ranks 16 and 64, over
+# 1, 64 and 512 tokens in 1, 2 and 4 adapter groups (with tokens of no adapter among the
+# 512), 4 adapter slots.
+LORA_MODELS = (SMOLLM2_135M, LLAMA3_8B)
+LORA_RANKS = (16, 64)
+LORA_TOKEN_SLOTS = ([0], [t % 2 for t in range(64)], [t % 5 - 1 for t in range(512)])
 # What is measured of each compiled launch, and where each launch's measures are recorded
 # by its compile key (`compile_key`).
 _MEASURES = ("spills", "shared", "barrier_and_atomic")
@@ -213,6 +220,7 @@ def record_launches(arch: str) -> list[Launch]:
             apply_token_bitmask_triton(logits, bitmask, torch.tensor([0, 3]))
             _int8_linear_launches(model, target.dtypes)
         _encoder_attention_launches(target.dtypes)
+        _lora_launches(target.dtypes)
     finally:
         JITFunction.run = original_run
         for name, original in zip(device_globals, originals, strict=True):
@@ -244,6 +252,27 @@ def _encoder_attention_launches(dtypes: tuple[torch.dtype, ...]) -> None:
             fused = torch.zeros(tokens, 3, heads, head_dim, dtype=dtype)
             q, k, v = fused.unbind(1)
             encoder_attention_triton(q, k, v, cu_seqlens, max(ENCODER_LENGTHS), head_dim**-0.5)
+
+
+def _lora_launches(dtypes: tuple[torch.dtype, ...]) -> None:
+    """Not a bench case: the LoRA shrink and expand of LORA_MODELS' four layers (qkv in
+    three slices, gate/up in two, o and down in one) at LORA_RANKS over LORA_TOKEN_SLOTS."""
+    for model in LORA_MODELS:
+        q_size, kv_size = model.q_heads * model.head, model.kv_heads * model.head
+        layers = (
+            (model.hidden, (0, q_size, q_size + kv_size, q_size + 2 * kv_size)),
+            (q_size, (0, model.hidden)),
+            (model.hidden, (0, model.intermediate, 2 * model.intermediate)),
+            (model.intermediate, (0, model.hidden)),
+        )
+        for (k, bounds), rank, dtype in itertools.product(layers, LORA_RANKS, dtypes):
+            a = torch.zeros(4, (len(bounds) - 1) * rank, k, dtype=dtype)
+            b = torch.zeros(4, bounds[-1], rank, dtype=dtype)
+            for slots in LORA_TOKEN_SLOTS:
+                x = torch.zeros(len(slots), k, dtype=dtype)
+                out = torch.zeros(len(slots), bounds[-1], dtype=dtype)
+                groups = lora_token_groups(slots, "cpu")
+                add_lora_triton(out, x, a, b, bounds, groups)
 
 
 def compile_key(launch: Launch, arch: str) -> str:
