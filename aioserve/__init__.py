@@ -1,6 +1,7 @@
 """aioserve: an LLM inference server with vLLM's surface, on one event loop and Triton kernels.
 
-`from aioserve import LLM, SamplingParams` (and `PoolingParams` for embedding models) gives
+`from aioserve import LLM, SamplingParams` (`LoRARequest` for adapters, `PoolingParams` for
+embedding models) gives
 the offline API; `python -m aioserve`
 the command line. Heavy modules (torch, transformers) load on first use, so the command
 line starts fast.
@@ -14,6 +15,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "LLM": "aioserve.engine.llm",
+    "LoRARequest": "aioserve.engine.lora_requests",
     "AsyncEngine": "aioserve.engine.async_engine",
     "SamplingParams": "aioserve.engine.sampling_params",
     "RequestOutputKind": "aioserve.engine.sampling_params",
@@ -30,6 +32,7 @@ __all__ = [
     "CompletionOutput",
     "LLM",
     "Logprob",
+    "LoRARequest",
     "PoolingParams",
     "PoolingRequestOutput",
     "RequestOutput",
@@ -40,6 +43,7 @@ __all__ = [
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
     from aioserve.engine.llm import LLM
+    from aioserve.engine.lora_requests import LoRARequest
     from aioserve.engine.outputs import (
         CompletionOutput,
         Logprob,

@@ -106,6 +106,12 @@ SUPPORTED_FLAGS = [
     (["--hf-config-path", "/models/config-only"], "model.hf_config_path", "/models/config-only"),
     (["--disable-sliding-window"], "model.disable_sliding_window", True),
     (["--served-model-name", "one"], "model.served_model_name", ["one"]),
+    (["--enable-lora"], "lora.enable_lora", True),
+    (["--no-enable-lora"], "lora.enable_lora", False),
+    (["--max-loras", "4"], "lora.max_loras", 4),
+    (["--max-lora-rank", "64"], "lora.max_lora_rank", 64),
+    (["--lora-dtype", "bfloat16"], "lora.lora_dtype", "bfloat16"),
+    (["--max-cpu-loras", "8"], "lora.max_cpu_loras", 8),
     (["--served-model-name", "one", "two"], "model.served_model_name", ["one", "two"]),
     (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
     (["--runner", "pooling"], "model.runner", "pooling"),
@@ -162,7 +168,14 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
     for argument in engine_arguments:
         assert argument.flag in tested
     config = engine_config_from_kwargs()
-    sections = (config.model, config.load, config.cache, config.scheduler, config.decoding)
+    sections = (
+        config.model,
+        config.load,
+        config.cache,
+        config.scheduler,
+        config.decoding,
+        config.lora,
+    )
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
     assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}
 
@@ -274,6 +287,10 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--cuda-graph-sizes", "0"], "--cuda-graph-sizes must be at least 1, got 0"),
         (["--cuda-graph-sizes", "8", "x"], "--cuda-graph-sizes must be an integer, got 'x'"),
         (["--max-seq-len-to-capture", "0"], "--max-seq-len-to-capture must be at least 1, got 0"),
+        (["--max-loras", "0"], "--max-loras must be at least 1, got 0"),
+        (["--max-lora-rank", "17"], "--max-lora-rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512; got 17"),
+        (["--lora-dtype", "float32"], "--lora-dtype must be one of auto, float16, bfloat16; got 'float32'"),
+        (["--max-loras", "2", "--max-cpu-loras", "1"], "--max-cpu-loras (1) must be at least --max-loras (2)"),
     ],
 )  # fmt: skip
 def test_invalid_values_are_refused_naming_the_flag(argv, message):
@@ -301,14 +318,14 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
         (["-tp", "2"], "--tensor-parallel-size (-tp)"),
         (["--tensor-parallel-size", "1"], "--tensor-parallel-size (-tp)"),  # vLLM's default too
         (["--kv-sharing-fast-prefill"], "--kv-sharing-fast-prefill"),
-        (["--enable-lora"], "--enable-lora"),
-        (["--no-enable-lora"], "--enable-lora"),
+        (["--enable-lora-bias"], "--enable-lora-bias"),
+        (["--fully-sharded-loras"], "--fully-sharded-loras"),
         (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
         (["-O3"], "--compilation-config (-O)"),
         (["--device", "cpu"], "--device"),
         (["--use-v2-block-manager"], "--use-v2-block-manager"),
         (["--hf-token"], "--hf-token"),
-        (["--lora-modules", "a=/x", "b=/y"], "--lora-modules"),
+        (["--lora-extra-vocab-size", "256"], "--lora-extra-vocab-size"),
         (["--prompt-adapters", "a=/x"], "--prompt-adapters"),
         (["--max-num-partial-prefills", "2"], "--max-num-partial-prefills"),
     ],
@@ -469,7 +486,7 @@ def test_frontend_names_are_not_engine_kwargs():
 
 
 @pytest.mark.parametrize(
-    "name", ["tensor_parallel_size", "swap_space", "enable_lora", "kv_sharing_fast_prefill"]
+    "name", ["tensor_parallel_size", "swap_space", "enable_lora_bias", "kv_sharing_fast_prefill"]
 )
 def test_unsupported_kwargs_raise_value_error_naming_them(name):
     with pytest.raises(

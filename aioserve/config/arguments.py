@@ -97,8 +97,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Require 'Authorization: Bearer <key>' with one of these keys on the /v1 routes "
              "(the environment variable VLLM_API_KEY does the same when this is not given).",
              "list", convert=values.names),
-    _vllm("lora-modules", FRONTEND, None,
-          "LoRA adapters loaded at start, as name=path or JSON, each served under its own model name.", "list"),
+    Argument("lora-modules", FRONTEND, None,
+             "LoRA adapters loaded at start (with --enable-lora), each served under its own "
+             "model name: name=path, or JSON {\"name\": ..., \"path\": ..., "
+             "\"base_model_name\": ...}.", "list", convert=values.lora_modules),
     _vllm("prompt-adapters", FRONTEND, None, "Prompt adapters loaded at start, as name=path.", "list"),
     Argument("chat-template", FRONTEND, None,
              "Chat template file, or the template itself on one line. Default: the tokenizer's.",
@@ -454,14 +456,25 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("interleave-mm-strings", MULTIMODAL, False, "Allow interleaved text and media.", "bool"),
     _vllm("skip-mm-profiling", MULTIMODAL, False, "Skip multimodal memory profiling.", "bool"),
     # --- LoRAConfig ------------------------------------------------------------------------
-    _vllm("enable-lora", LORA, None, "Serve LoRA adapters.", "bool"),
+    Argument("enable-lora", LORA, False,
+             "Serve LoRA adapters (PEFT folders): each is a model name of its own, given with "
+             "--lora-modules or loaded at run time (/v1/load_lora_adapter, with "
+             "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). On the CPU the model step then runs "
+             "eagerly.", "bool", convert=values.boolean),
     _vllm("enable-lora-bias", LORA, False, "Support bias terms in LoRA adapters.", "bool"),
-    _vllm("max-loras", LORA, 1, "Most distinct LoRAs in one batch."),
-    _vllm("max-lora-rank", LORA, 16, "Largest LoRA rank."),
+    Argument("max-loras", LORA, 1, "Most distinct LoRA adapters in one batch.",
+             convert=values.integer_at_least(1)),
+    Argument("max-lora-rank", LORA, 16, "Largest LoRA rank an adapter may have.",
+             convert=values.integer, choices=(1, 8, 16, 32, 64, 128, 256, 320, 512)),
     _vllm("lora-extra-vocab-size", LORA, 256, "Most extra vocabulary tokens a LoRA may add."),
-    _vllm("lora-dtype", LORA, "auto", "dtype of LoRA weights.", choices=("auto", "float16", "bfloat16")),
+    Argument("lora-dtype", LORA, "auto",
+             "dtype of the LoRA weights; auto: the model's.",
+             convert=values.string, choices=("auto", "float16", "bfloat16")),
     _vllm("long-lora-scaling-factors", LORA, None, "Extra RoPE scaling factors for Long-LoRA.", "list"),
-    _vllm("max-cpu-loras", LORA, None, "LoRAs cached in CPU memory."),
+    Argument("max-cpu-loras", LORA, None,
+             "LoRA adapters kept loaded in host memory, the least recently used dropped "
+             "first (at least --max-loras; default: --max-loras).",
+             convert=values.integer_at_least(1)),
     _vllm("fully-sharded-loras", LORA, False, "Shard all of the LoRA computation.", "bool"),
     _vllm("default-mm-loras", LORA, None, "LoRA applied when a given modality is present.", "json"),
     # --- PromptAdapterConfig ---------------------------------------------------------------

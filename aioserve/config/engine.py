@@ -108,12 +108,22 @@ class DecodingConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    enable_lora: bool
+    max_loras: int
+    max_lora_rank: int
+    lora_dtype: str  # auto: the model's
+    max_cpu_loras: int | None  # None: max_loras
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     load: LoadConfig
     cache: CacheConfig
     scheduler: SchedulerConfig
     decoding: DecodingConfig
+    lora: LoRAConfig
     # For `serve` (vLLM's OPENAI_API_SERVER usage context), not the offline engine: some
     # platform defaults differ between the two (PlatformDefault.cpu_server).
     serving: bool = False
@@ -157,8 +167,19 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         cache=section(CacheConfig),
         scheduler=section(SchedulerConfig),
         decoding=section(DecodingConfig),
+        lora=_checked_lora(section(LoRAConfig)),
         serving=serving,
     )
+
+
+def _checked_lora(lora: LoRAConfig) -> LoRAConfig:
+    """vLLM's rule between two LoRA arguments: the host cache holds at least a batch's."""
+    if lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
+        raise ConfigError(
+            f"--max-cpu-loras ({lora.max_cpu_loras}) must be at least --max-loras "
+            f"({lora.max_loras})"
+        )
+    return lora
 
 
 def engine_config_from_args(args: argparse.Namespace, *, serving: bool = False) -> EngineConfig:

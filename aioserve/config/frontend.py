@@ -14,6 +14,7 @@ from typing import Any
 
 from aioserve.config.arguments import ARGUMENTS
 from aioserve.config.declaration import FRONTEND, checked_values
+from aioserve.config.values import LoRAModulePath
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class FrontendConfig:
     allowed_methods: list[str]
     allowed_headers: list[str]
     api_key: list[str] | None
+    lora_modules: list[LoRAModulePath] | None
     chat_template: str | None  # None: the tokenizer's
     chat_template_content_format: str
     default_chat_template_kwargs: dict[str, Any] | None  # None: none

@@ -13,6 +13,7 @@ import math
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -242,3 +243,61 @@ def one_of(*choices: str) -> Callable[[Any], str]:
         return text
 
     return convert
+
+
+@dataclass(frozen=True)
+class LoRAModulePath:
+    """One adapter of --lora-modules: served as `name`, read from the PEFT folder `path`;
+    /v1/models names `base_model_name` (default: the first served model name) its parent."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+_LORA_MODULE_KEYS = ("name", "path", "base_model_name")
+
+
+def _lora_module(item: Any) -> LoRAModulePath:
+    if isinstance(item, LoRAModulePath):
+        return item
+    if isinstance(item, str) and "=" in item and "," not in item:  # vLLM's name=path
+        name, path = item.split("=", 1)
+        fields = {"name": name, "path": path}
+    else:
+        fields = item
+        if isinstance(item, str):
+            try:
+                fields = json.loads(item)
+            except json.JSONDecodeError:
+                raise ValueError(
+                    f"has an entry that is neither name=path nor JSON: {item!r}"
+                ) from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"entries must be name=path or a JSON object, got {item!r}")
+        unknown = [key for key in fields if key not in _LORA_MODULE_KEYS]
+        if unknown or "name" not in fields or "path" not in fields:
+            raise ValueError(
+                f"entries take the keys name and path (and base_model_name), got {item!r}"
+            )
+    for key in _LORA_MODULE_KEYS:
+        value = fields.get(key)
+        if (key != "base_model_name" or value is not None) and not (
+            isinstance(value, str) and value
+        ):
+            raise ValueError(f"entry {item!r}: {key} must be a non-empty string")
+    return LoRAModulePath(fields["name"], fields["path"], fields.get("base_model_name"))
+
+
+def lora_modules(value: Any) -> list[LoRAModulePath]:
+    """--lora-modules: adapters as vLLM takes them, `name=path` or a JSON object with name,
+    path and optionally base_model_name; each name at most once."""
+    items = [value] if isinstance(value, (str, dict, LoRAModulePath)) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"must be one or more adapters, got {value!r}")
+    modules = [_lora_module(item) for item in items if item not in (None, "")]
+    names = [module.name for module in modules]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"names an adapter more than once: {', '.join(repeated)}")
+    return modules

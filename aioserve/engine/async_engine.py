@@ -27,6 +27,7 @@ from aioserve.engine.bad_words import bad_words_of, constrain
 from aioserve.engine.build import build_engine, default_sampling_params
 from aioserve.engine.engine_loop import EngineLoop
 from aioserve.engine.health import EngineDeadError
+from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import RequestState
 from aioserve.engine.output_stream import OutputStream
@@ -91,11 +92,13 @@ class AsyncEngine(EngineLoop):
         *,
         priority: int = 0,
         pooling: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> OutputStream:
         """Register a request; its outputs arrive on the returned stream (one consumer).
 
         With `pooling` it is a pooling request (see `encode`), and `params` are
-        `prefill_only_params()`."""
+        `prefill_only_params()`. With `lora_request` it runs with that adapter, read here
+        unless `generate` read it already (LoRAAdapterError when it cannot be served)."""
         if self._dead is not None:
             raise EngineDeadError("the engine stopped after an error") from self._dead
         if request_id in self._states:
@@ -105,6 +108,14 @@ class AsyncEngine(EngineLoop):
                 f"this model's runner is {self.settings.runner_type!r}: it cannot "
                 f"{'generate text' if pooling is None else 'pool (embed)'}"
             )
+        lora_adapter = None
+        if lora_request is not None:
+            if self.lora_adapters is None:
+                raise ValueError(
+                    f"LoRA adapter {lora_request.lora_name!r} requested, but LoRA is not "
+                    "enabled: start the engine with --enable-lora (enable_lora=True)"
+                )
+            lora_adapter = self.lora_adapters.read_now(lora_request)
         text, prompt_ids = self.tokenize_prompt(prompt)
         cache_salt = cache_salt_of(prompt)
         token_types = None
@@ -140,6 +151,7 @@ class AsyncEngine(EngineLoop):
             for index, request in enumerate(requests):
                 if pooling is not None:
                     request.pooling, request.token_type_ids = True, token_types
+                request.lora, request.lora_adapter = lora_request, lora_adapter
                 constrain(request, params, self.structured_outputs, bad_words)
                 state.samples.append(self.output_processor.new_sample(index, request))
                 self._sample_of[request.request_id] = (state, index)
@@ -162,14 +174,20 @@ class AsyncEngine(EngineLoop):
         request_id: str,
         *,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they are produced; the last one has `finished=True`.
 
-        Raises QueueFullError, before registering anything, when a queue cap refuses it.
+        Raises QueueFullError, before registering anything, when a queue cap refuses it;
+        LoRAAdapterError when its adapter cannot be served.
         """
         params = sampling_params if sampling_params is not None else self.default_sampling_params()
         self.load_shedder.check(params.n)
-        queue = self.add_request(request_id, prompt, params, priority=priority)
+        if lora_request is not None and self.lora_adapters is not None:
+            await self.lora_adapters.read(lora_request)  # off the loop, before it is added
+        queue = self.add_request(
+            request_id, prompt, params, priority=priority, lora_request=lora_request
+        )
         finished = False
         try:
             while not finished:

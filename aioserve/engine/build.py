@@ -42,6 +42,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from aioserve.config.engine import DecodingConfig, EngineConfig
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
+from aioserve.engine.lora_requests import LoRAAdapterCache
 from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
 from aioserve.engine.resolution import (
     platform_default,
@@ -62,6 +63,7 @@ from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_
 from aioserve.models.int8_weights import keep_int8_weights
 from aioserve.models.linear import INT4_MAX_ROWS
 from aioserve.models.loader import load_model
+from aioserve.models.lora_adapter import read_lora_adapter
 from aioserve.platform import (
     current_platform,
     device,
@@ -250,6 +252,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         tokenizer = checkpoint.load_tokenizer(model_cfg.tokenizer, model_cfg.tokenizer_mode)
 
     if serves_pooling(model_cfg, hf_config):
+        if config.lora.enable_lora:
+            raise ValueError("--enable-lora: LoRA adapters on pooling models are not supported yet")
         return build_pooling_engine(config, checkpoint, tokenizer)
 
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
@@ -340,9 +344,13 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "(VLLM_CPU_KVCACHE_SPACE, --gpu-memory-utilization or --num-gpu-blocks-override) "
             "or lower --max-model-len"
         )
-    compiled = platform == "cpu" and not model_cfg.enforce_eager
+    lora_cfg = config.lora
+    # LoRA's per-step token groups are not in the compiled graphs: its steps run eagerly.
+    eager = model_cfg.enforce_eager or lora_cfg.enable_lora
+    compiled = platform == "cpu" and not eager
     if dispatch.batch_invariant():
         compiled = _batch_invariant_step(compiled)
+    lora_dtype = dtype if lora_cfg.lora_dtype == "auto" else getattr(torch, lora_cfg.lora_dtype)
     runner = ModelRunner(
         model,
         num_blocks=num_blocks,
@@ -355,14 +363,31 @@ def build_engine(config: EngineConfig) -> EngineParts:
         row_weight_dtype=resolve_row_weight_dtype(model_cfg.dtype, dtype, compiled=compiled),
         packed_weights=resolve_packed_weights(dtype),
         decode_graph_sizes=resolve_decode_graph_sizes(
-            sched_cfg.cuda_graph_sizes, max_num_seqs, model_cfg.enforce_eager
+            sched_cfg.cuda_graph_sizes, max_num_seqs, eager
         ),
         max_seq_len_to_capture=model_cfg.max_seq_len_to_capture,
         kv_cache_dtype=kv_dtype,
         calculate_kv_scales=cache_cfg.calculate_kv_scales,
         logprobs_mode=model_cfg.logprobs_mode,
+        lora_slots=(lora_cfg.max_loras, lora_cfg.max_lora_rank, lora_dtype)
+        if lora_cfg.enable_lora
+        else None,
     )
     runner.warm_up()
+    lora_adapters = None
+    if lora_cfg.enable_lora:
+        lora_adapters = LoRAAdapterCache(
+            lambda path: read_lora_adapter(path, model, lora_cfg.max_lora_rank, lora_dtype),
+            lora_cfg.max_cpu_loras or lora_cfg.max_loras,
+        )
+        logger.info(
+            "LoRA: %d adapter slots of rank %d (%.0f MiB), up to %d adapters in host memory; "
+            "the model step runs eagerly",
+            lora_cfg.max_loras,
+            lora_cfg.max_lora_rank,
+            runner.lora.nbytes / 2**20,
+            lora_adapters.capacity,
+        )
 
     generation = _generation_defaults(config, checkpoint)
     default_sampling = {k: generation[k] for k in _DEFAULT_SAMPLING_KEYS if k in generation}
@@ -395,6 +420,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         load_report=build_load_report(
             model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, platform)
         ),
+        max_loras=lora_cfg.max_loras if lora_cfg.enable_lora else 0,
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "
@@ -409,7 +435,13 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_tokens,
         "on" if settings.async_scheduling else "off",
     )
-    return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)
+    return EngineParts(
+        settings=settings,
+        tokenizer=tokenizer,
+        runner=runner,
+        hf_config=hf_config,
+        lora_adapters=lora_adapters,
+    )
 
 
 def structured_outputs_config(decoding: DecodingConfig) -> StructuredOutputsConfig:

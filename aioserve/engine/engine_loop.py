@@ -83,7 +83,9 @@ class EngineLoop:
             enable_chunked_prefill=s.enable_chunked_prefill,
             policy=s.scheduling_policy,
             long_prefill_token_threshold=s.long_prefill_token_threshold,
+            max_loras=s.max_loras,
         )
+        self.lora_adapters = parts.lora_adapters
         self.load_shedder = LoadShedder(
             self.scheduler, s.max_num_queued_reqs, s.max_num_queued_tokens
         )

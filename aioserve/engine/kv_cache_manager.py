@@ -6,7 +6,7 @@ The device memory itself lives in the model runner; this module only hands out b
   table lists it; more than one owner is possible only for a full block shared through the
   prefix cache.
 - Prefix caching: a full block is named by a hash chained over the token ids of that block
-  and of every block before it (and the request's cache salt, if any), so equal hashes mean
+  and of every block before it (and the request's cache salt and LoRA adapter, if any), so equal hashes mean
   equal prefixes. When a sequence is admitted, its leading full blocks are looked up by
   hash and shared instead of recomputed.
 - A block whose last owner finishes goes to the free queue but keeps its hash, so a later
@@ -29,13 +29,19 @@ _ROOT_HASH = int.from_bytes(os.urandom(8), "little")
 
 
 def hash_block_tokens(
-    parent_hash: int | None, token_ids: Sequence[int], cache_salt: str | None = None
+    parent_hash: int | None,
+    token_ids: Sequence[int],
+    cache_salt: str | None = None,
+    lora_id: int = 0,
 ) -> int:
     """The prefix-cache key of a full block: its tokens, chained to the block before. A
     request's `cache_salt` goes into its first block's key, and so through the chain into
-    every later one (vLLM's rule): requests with other salts, or none, share no block."""
+    every later one (vLLM's rule): requests with other salts, or none, share no block. So
+    does its LoRA adapter's id: an adapter's keys and values are its own."""
     if parent_hash is None:
-        parent_hash = _ROOT_HASH if cache_salt is None else hash((_ROOT_HASH, cache_salt))
+        parent_hash = _ROOT_HASH
+        if cache_salt is not None or lora_id:
+            parent_hash = hash((_ROOT_HASH, cache_salt, lora_id))
     return hash((parent_hash, tuple(token_ids)))
 
 
@@ -100,7 +106,7 @@ class KVCacheManager:
             i = len(hashes)
             tokens = request.token_ids_range(i * self.block_size, (i + 1) * self.block_size)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, tokens, request.cache_salt))
+            hashes.append(hash_block_tokens(parent, tokens, request.cache_salt, request.lora_id))
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of the request's tokens.

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from aioserve.config.engine import EngineConfig, engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine, PromptType
+from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import (
     PoolingRequestOutput,
@@ -81,8 +82,10 @@ class LLM:
         *,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """One finished RequestOutput per prompt, in the order of the prompts."""
+        """One finished RequestOutput per prompt, in the order of the prompts; with
+        `lora_request`, through that adapter (one for all prompts, or one per prompt)."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -92,7 +95,17 @@ class LLM:
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         priorities = list(priority) if priority is not None else [0] * len(prompts)
-        return self._loop.run_until_complete(self._run(prompts, params, priorities, use_tqdm))
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(
+                    f"lora_request has {len(loras)} entries for {len(prompts)} prompts"
+                )
+        return self._loop.run_until_complete(
+            self._run(prompts, params, priorities, use_tqdm, loras)
+        )
 
     def chat(
         self,
@@ -104,6 +117,7 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the chat template, then generate."""
         tokenizer = self.engine.tokenizer
@@ -123,7 +137,7 @@ class LLM:
             # The template writes the special tokens itself (BOS included).
             ids = tokenizer(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def embed(
         self,
@@ -261,13 +275,18 @@ class LLM:
         params: list[SamplingParams],
         priorities: list[int],
         use_tqdm: bool,
+        loras: list[LoRARequest | None],
     ) -> list[RequestOutput]:
         engine = self.engine
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         queues = []
         try:
-            for request_id, prompt, p, prio in zip(ids, prompts, params, priorities, strict=True):
-                queues.append(engine.add_request(request_id, prompt, p, priority=prio))
+            for request_id, prompt, p, prio, lora in zip(
+                ids, prompts, params, priorities, loras, strict=True
+            ):
+                queues.append(
+                    engine.add_request(request_id, prompt, p, priority=prio, lora_request=lora)
+                )
         except BaseException:
             for request_id in ids[: len(queues)]:
                 engine.abort(request_id)

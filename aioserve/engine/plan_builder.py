@@ -45,6 +45,8 @@ def new_sequence(request: Request) -> NewSequence:
         output_token_ids=list(request.output_token_ids),
         sampling=sampling_settings(request),
         token_type_ids=request.token_type_ids,
+        lora_id=request.lora_id,
+        lora_adapter=request.lora_adapter,
     )
 
 

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from aioserve.engine.lora_requests import LoRARequest
     from aioserve.engine.structured_outputs.matchers import Matcher
     from aioserve.engine.structured_outputs.step_masks import ReasoningGate
+    from aioserve.models.lora_adapter import LoRAAdapter
 
 
 class RequestStatus(enum.Enum):
@@ -63,6 +65,10 @@ class Request:
     cache_salt: str | None = None
     """Salts the prefix cache's hashes of its blocks (kv_cache_manager.py): only requests
     with the same salt share cached blocks with it."""
+    lora: LoRARequest | None = None
+    """The LoRA adapter it runs with (lora_requests.py); None: the base model."""
+    lora_adapter: LoRAAdapter | None = None
+    """That adapter's weights, read before the request was added."""
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -88,6 +94,11 @@ class Request:
     advanced by each token it keeps (None: unconstrained)."""
     reasoning_gate: ReasoningGate | None = None
     """Holds the matcher back while the output still reasons (step_masks.py)."""
+
+    @property
+    def lora_id(self) -> int:
+        """Its adapter's id, 0 without one."""
+        return 0 if self.lora is None else self.lora.lora_int_id
 
     @property
     def num_prompt_tokens(self) -> int:

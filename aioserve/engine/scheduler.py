@@ -13,6 +13,10 @@ is ever dropped.
 
 Policies: "fcfs" ranks by arrival; "priority" by (priority, arrival), lower first.
 
+With LoRA adapters, at most `max_loras` distinct adapters run at once: a waiting request
+whose adapter would be one more is passed over for this step, and later ones may go
+ahead of it, as in vLLM.
+
 With `long_prefill_token_threshold` (vLLM's --long-prefill-token-threshold) no sequence
 computes more than that many tokens in one step, so that a long prompt cannot take a
 step's whole budget from the others; a sequence alone in the engine (running or waiting)
@@ -86,11 +90,13 @@ class Scheduler:
         enable_chunked_prefill: bool,
         policy: str = "fcfs",
         long_prefill_token_threshold: int = 0,
+        max_loras: int = 0,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
         self.kv_cache = kv_cache
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.max_loras = max_loras  # most LoRA adapters running at once (0: LoRA is off)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -127,6 +133,12 @@ class Scheduler:
         return sum(
             len(r.prompt_token_ids) for r in self._requests.values() if not r.output_token_ids
         )
+
+    def lora_adapters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The names of the adapters of the running requests, and of the waiting ones."""
+        running = (r.lora.lora_name for r in self.running if r.lora is not None)
+        waiting = (e[2].lora.lora_name for e in sorted(self._waiting) if e[2].lora is not None)
+        return tuple(dict.fromkeys(running)), tuple(dict.fromkeys(waiting))
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self._waiting)
@@ -200,12 +212,19 @@ class Scheduler:
             break  # the request preempted itself: everything ranked after it is gone too
 
         # Waiting sequences, unless something had to be preempted this step.
+        running_loras = {r.lora_id for r in self.running if r.lora_id} if self.max_loras else ()
+        passed_over: list[tuple[tuple, int, Request]] = []
         while (
             self._waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs
         ):
             request = self._waiting[0][2]
             if request.num_pending_tokens:
                 break  # preempted while a step ran: its token must be known first
+            lora_id = request.lora_id
+            if lora_id and lora_id not in running_loras and len(running_loras) >= self.max_loras:
+                # Its adapter would be one too many: later requests may still fit (vLLM's rule).
+                passed_over.append(heapq.heappop(self._waiting))
+                continue
             cached = self.kv_cache.find_cached_prefix(request)
             request.num_computed_tokens = len(cached) * self.kv_cache.block_size
             num_new = self._tokens_to_compute(request, budget, cap)
@@ -222,8 +241,12 @@ class Scheduler:
             self.running.append(request)
             self._running_sorted = False
             admitted.append(request)
+            if lora_id:
+                running_loras.add(lora_id)
             chunks.append(self._schedule_chunk(request, num_new))
             budget -= num_new
+        for entry in passed_over:
+            heapq.heappush(self._waiting, entry)
         if not chunks:  # no step: the runner hears of departures with the next one
             return SchedulerOutput(chunks, preempted)
         plan = StepPlan(

@@ -14,6 +14,7 @@ from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.runner.model_runner import ModelRunner
 
 if TYPE_CHECKING:
+    from aioserve.engine.lora_requests import LoRAAdapterCache
     from aioserve.models.pooler import PoolerConfig
     from aioserve.runner.pooling_runner import PoolingRunner
 
@@ -63,6 +64,8 @@ class EngineSettings:
     """A pooling model's allowed `dimensions` (() any); None: not a matryoshka model."""
     pooled_size: int = 0
     """A pooling model's vector length (its hidden size)."""
+    max_loras: int = 0
+    """--max-loras with --enable-lora: most adapters a step runs; 0: LoRA is off."""
 
     @property
     def runner_type(self) -> str:
@@ -76,3 +79,5 @@ class EngineParts:
     tokenizer: PreTrainedTokenizerBase | None
     runner: ModelRunner | PoolingRunner
     hf_config: object
+    lora_adapters: LoRAAdapterCache | None = None
+    """The adapters read so far, with --enable-lora (lora_requests.py)."""

@@ -81,6 +81,8 @@ class StepStats:
     """How long the model thread waited for the host between the previous model step and
     this one (None after an idle spell, and for aborts): the host work not hidden behind
     the device."""
+    lora_adapters: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    """With LoRA: the adapters of the running requests and those of the waiting ones."""
 
     @property
     def num_tokens(self) -> int:
@@ -215,6 +217,7 @@ class StatsReporter:
             inter_token_latencies=tally.inter_token_latencies,
             finished=self._finished,
             host_gap=host_gap,
+            lora_adapters=scheduler.lora_adapters() if scheduler.max_loras else None,
         )
         self._finished = []
         for stat_logger in self.loggers:

@@ -3,7 +3,8 @@ its tokens over them.
 
 The runner sets it around each forward pass (`with step_context(meta, kv_caches): ...`) and
 each layer's attention reads it (`current_step()`), so that the model's forward takes only
-token ids and positions. That keeps the KV write and paged attention out of the model's
+token ids and positions. With LoRA adapters in the step, it also says which tokens use
+which adapter slot, which every LoRA layer reads (`current_lora_groups()`). That keeps the KV write and paged attention out of the model's
 arguments, which is what lets `torch.compile` see the rest of the model as one graph: the
 attention is an opaque custom op (paged_attention_op.py) that finds its caches here, as
 vLLM's forward context does.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from aioserve.kernels.decode_in_pool_traced import RowsInPool
+from aioserve.kernels.lora import LoRATokenGroups
 from aioserve.models.attention_metadata import AttentionMetadata
 
 
@@ -54,16 +56,20 @@ class StepContext:
     # layers: their attention is then traced into the graph reading these rows, not called
     # as the custom op.
     rows_in_pool: RowsInPool | None = None
+    lora: LoRATokenGroups | None = None  # the step's tokens by LoRA slot; None: no adapter
 
 
 _current: StepContext | None = None
 
 
 @contextmanager
-def step_context(meta: AttentionMetadata, kv_caches: list[KVCache]) -> Iterator[StepContext]:
-    """Make `meta` and `kv_caches` the current step's for the duration of a forward pass."""
+def step_context(
+    meta: AttentionMetadata, kv_caches: list[KVCache], lora: LoRATokenGroups | None = None
+) -> Iterator[StepContext]:
+    """Make `meta`, `kv_caches` (and the tokens' LoRA slots) the current step's for the
+    duration of a forward pass."""
     global _current
-    previous, _current = _current, StepContext(meta, kv_caches)
+    previous, _current = _current, StepContext(meta, kv_caches, lora=lora)
     try:
         yield _current
     finally:
@@ -74,3 +80,8 @@ def current_step() -> StepContext:
     if _current is None:
         raise RuntimeError("no step is running: call the model inside step_context(...)")
     return _current
+
+
+def current_lora_groups() -> LoRATokenGroups | None:
+    """The running step's tokens grouped by LoRA slot; None outside a step or without LoRA."""
+    return None if _current is None else _current.lora

@@ -36,6 +36,7 @@ from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
 from aioserve.runner.decode_graphs import DecodeGraphs
 from aioserve.runner.kv_memory import allocate_kv_caches, layer_kv_scales
+from aioserve.runner.lora_slots import LoRASlots, SlotLoad
 from aioserve.runner.prompt_logprobs import (
     HostPromptLogprobs,
     collect_prompt_logprobs,
@@ -56,6 +57,8 @@ class PreparedStep:
     sampled_seq_ids: list[str]  # the sequences that sample, in logits row order
     prompt_logprobs: HostPromptLogprobs | None = None
     token_bitmask: TokenBitmask | None = None  # structured-output masks, filled late
+    lora_loads: list[SlotLoad] | None = None  # adapters copied into their slots first
+    lora_token_slots: list[int] | None = None  # each token's LoRA slot (-1: none)
 
 
 @dataclass
@@ -98,7 +101,12 @@ class ModelRunner:
         kv_cache_dtype: torch.dtype | None = None,
         calculate_kv_scales: bool = False,
         logprobs_mode: str = "raw_logprobs",
+        lora_slots: tuple[int, int, torch.dtype] | None = None,
     ) -> None:
+        """`lora_slots`: (max_loras, max_lora_rank, dtype) to serve LoRA adapters
+        (lora_slots.py); the step then runs eagerly, without decode graphs."""
+        if lora_slots is not None and (compile_model or decode_graph_sizes):
+            raise ValueError("LoRA adapters run in an eager step, without decode graphs")
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
         self.logprobs_mode = logprobs_mode  # what logprobs report (--logprobs-mode)
@@ -130,6 +138,12 @@ class ModelRunner:
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
         self.slot_tensors = SlotTensors(max_num_seqs, self.vocab_size, device)
+        self.lora = None
+        if lora_slots is not None:
+            max_loras, max_rank, lora_dtype = lora_slots
+            self.lora = LoRASlots(
+                model, max_loras=max_loras, max_rank=max_rank, dtype=lora_dtype, device=device
+            )
         # Decode steps padded to these batch sizes, from static buffers (decode_graphs.py).
         self.decode_graphs = None
         if decode_graph_sizes:
@@ -188,6 +202,12 @@ class ModelRunner:
         for seq_id in plan.finished_seq_ids:
             self.slots.forget(seq_id)
         admissions = [self.slots.admit(seq) for seq in plan.new_sequences]
+        lora_loads = lora_token_slots = None
+        if self.lora is not None:
+            for seq_id in plan.finished_seq_ids:
+                self.lora.forget(seq_id)
+            lora_loads = [load for seq in plan.new_sequences if (load := self.lora.admit(seq))]
+            lora_token_slots = self.lora.token_slots(plan)
         inputs, row_slots = build_host_inputs(
             plan,
             self.slots,
@@ -210,6 +230,8 @@ class ModelRunner:
             sampled_seq_ids=[plan.chunks[row].seq_id for row in sampled_rows],
             prompt_logprobs=prompt_logprobs,
             token_bitmask=plan.token_bitmask,
+            lora_loads=lora_loads,
+            lora_token_slots=lora_token_slots,
         )
 
     # -- the model thread, in step order ------------------------------------------------------
@@ -220,6 +242,11 @@ class ModelRunner:
         state = self.slot_tensors
         for admission in step.admissions:
             state.admit(admission)
+        lora_groups = None
+        if self.lora is not None:
+            for load in step.lora_loads:
+                self.lora.load(load)
+            lora_groups = self.lora.groups(step.lora_token_slots)
         if step.inputs.graph_size:
             hidden, logits_indices = self.decode_graphs.run(step.inputs, state.last_sampled)
             logits = None
@@ -227,7 +254,7 @@ class ModelRunner:
                 logits = self.model_step.logits(hidden[logits_indices])
         else:
             inputs = step.inputs.to_device(self.device, state.last_sampled)
-            with step_context(inputs.attention, self.kv_caches):
+            with step_context(inputs.attention, self.kv_caches, lora_groups):
                 hidden, logits = self.model_step.forward_and_logits(
                     inputs.input_ids, inputs.positions, inputs.logits_indices
                 )

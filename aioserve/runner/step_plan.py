@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from aioserve.models.lora_adapter import LoRAAdapter
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class NewSequence:
     output_token_ids: list[int]  # sampled before a preemption: penalties count them
     sampling: SamplingSettings
     token_type_ids: list[int] | None = None  # a pooling prompt's segments (a BERT pair)
+    lora_id: int = 0  # its LoRA adapter's id (0: none), the same id for the same weights
+    lora_adapter: LoRAAdapter | None = None  # that adapter's weights, on the host
 
 
 @dataclass
