@@ -13,6 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from aioserve.server.errors import error_middleware
+from aioserve.server.lora_routes import add_lora_routes
 from aioserve.server.metrics import add_metrics
 from aioserve.server.middlewares import (
     IN_FLIGHT,
@@ -80,6 +81,7 @@ def build_app(state: ServerState) -> web.Application:
         add_pooling_routes(app)  # as vLLM, no generation routes for a pooling model
     else:
         add_openai_routes(app)
+        add_lora_routes(app)
     add_metrics(app, state, log_stats=not frontend.disable_log_stats)
     if not frontend.disable_fastapi_docs:
         add_docs_routes(app, root_path)

@@ -45,7 +45,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     """The /v1/chat/completions handler."""
     state = request.app[STATE]
     body = await read_json_body(request)
-    check_serving(state, body)
+    lora = check_serving(state, body)
     parsed = parse_chat_request(state, body, request.headers)
     await compile_structured_output(state.engine, parsed.params, parsed.structured_output_field)
     engine = state.engine
@@ -73,7 +73,9 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             role = parsed.messages[-1]["role"]
         echo = _echoed_text(parsed, role)
         object_name = "chat.completion.chunk" if parsed.stream else "chat.completion"
-        head = ResponseHead.new(f"chatcmpl-{parsed.request_id}", object_name, state.model_name)
+        head = ResponseHead.new(
+            f"chatcmpl-{parsed.request_id}", object_name, state.response_model(lora)
+        )
         outputs = engine_outputs(
             engine,
             parsed.engine_prompt(text, token_ids),
@@ -81,6 +83,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             head.id,
             parsed.priority,
             reservation,
+            lora,
         )
         shown = rendered if parsed.return_prompt_text else None  # the prompt_text field
         if parsed.stream:

@@ -45,7 +45,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     """The /v1/completions handler."""
     state = request.app[STATE]
     body = await read_json_body(request)
-    check_serving(state, body)
+    lora = check_serving(state, body)
     parsed = parse_completion_request(state, body, request.headers)
     await compile_structured_output(state.engine, parsed.params, parsed.structured_output_field)
     engine = state.engine
@@ -58,7 +58,9 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
             for prompt in prompts:
                 if prompt.text is None:
                     prompt.text = await state.off_loop(_decode, engine, prompt.token_ids)
-        head = ResponseHead.new(f"cmpl-{parsed.request_id}", "text_completion", state.model_name)
+        head = ResponseHead.new(
+            f"cmpl-{parsed.request_id}", "text_completion", state.response_model(lora)
+        )
         streams = [
             engine_outputs(
                 engine,
@@ -67,6 +69,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                 f"{head.id}-{i}",
                 parsed.priority,
                 reservation,
+                lora,
             )
             for i, prompt in enumerate(prompts)
         ]

@@ -24,6 +24,7 @@ from http import HTTPStatus
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine, PromptType
 from aioserve.engine.load_shedding import QueueFullError, Reservation
+from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.body_fields import shown_value
@@ -55,9 +56,13 @@ async def engine_outputs(
     request_id: str,
     priority: int = 0,
     reservation: Reservation | None = None,
+    lora_request: LoRARequest | None = None,
 ) -> AsyncGenerator[RequestOutput, None]:
-    """`engine.generate`, with its errors as APIError (400 refused, 500 failed, 503 shed)."""
-    stream = engine.generate(prompt, params, request_id, priority=priority)
+    """`engine.generate`, with its errors as APIError (400 refused, 500 failed, 503 shed),
+    through the LoRA adapter `lora_request` if given."""
+    stream = engine.generate(
+        prompt, params, request_id, priority=priority, lora_request=lora_request
+    )
     async with aclosing(stream):
         try:
             if reservation is not None:

@@ -46,8 +46,14 @@ page, and so a dashboard built for current vLLM finds here exactly what it finds
 The metrics vLLM itself deprecated (swapped requests, CPU cache, hit-rate gauges,
 time_in_queue, model forward/execute times) are not exposed either.
 
+With --enable-lora, `vllm:lora_requests_info{max_lora, running_lora_adapters,
+waiting_lora_adapters}` is a gauge as vLLM's: one series per combination of adapters seen,
+whose value is when it was last seen (a Unix time). Its labels list the adapters of the
+running requests and those of the waiting ones, comma-separated; vLLM 0.32 lists in both
+every adapter with a request in flight, running or waiting.
+
 Left out because aioserve cannot measure them (or has no such feature): speculative
-decoding (`vllm:spec_decode_*`), LoRA (`vllm:lora_requests_info`), multimodal and
+decoding (`vllm:spec_decode_*`), multimodal and
 external/KV-connector caches (`vllm:mm_cache_*`, `vllm:external_prefix_cache_*`,
 `vllm:prompt_tokens_by_source`, `vllm:prompt_tokens_cached*`), sleep mode (`vllm:engine_sleep_state`), waiting
 reasons (`vllm:num_requests_waiting_by_reason`), FLOP/byte estimates
@@ -165,7 +171,9 @@ class PrometheusStatLogger:
         *,
         max_model_len: int,
         cache_config: Mapping[str, str] | None = None,
+        max_loras: int = 0,
     ) -> None:
+        """`max_loras`: --max-loras when LoRA is enabled (0: it is not)."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
@@ -186,6 +194,15 @@ class PrometheusStatLogger:
 
         token_buckets = build_1_2_5_buckets(max_model_len)
 
+        self._max_lora = str(max_loras)
+        self.lora_requests_info = None
+        if max_loras:
+            self.lora_requests_info = Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
+                registry=registry,
+            )
         self.num_requests_running = gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
         )
@@ -325,6 +342,11 @@ class PrometheusStatLogger:
 
     def record(self, stats: StepStats) -> None:
         """Update the metrics with one engine step (or abort)."""
+        if self.lora_requests_info is not None and stats.lora_adapters is not None:
+            running, waiting = stats.lora_adapters
+            self.lora_requests_info.labels(
+                self._max_lora, ",".join(running), ",".join(waiting)
+            ).set_to_current_time()
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_cache_usage)
@@ -448,6 +470,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         state.model_name,
         max_model_len=engine.settings.max_model_len,
         cache_config=cache_config_labels(engine.settings),
+        max_loras=engine.settings.max_loras,
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
     stats_line = StatsLine("GPU" if is_gpu() else "CPU") if log_stats else None

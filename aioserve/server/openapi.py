@@ -46,6 +46,10 @@ _ERRORS = {
 }
 _AUTH_ERROR = {"401": _json(_ref("ErrorResponse"), "Missing or wrong API key (--api-key)")}
 _EMPTY_OK = {"200": {"description": "Healthy (empty body)"}, "503": _ERRORS["503"]}
+_TEXT_OK = {
+    "description": "Done: a line of plain text",
+    "content": {"text/plain": {"schema": _STRING}},
+}
 
 _NUMBER = {"type": "number"}
 _USAGE = {
@@ -358,6 +362,43 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/v1/models"): {
         "summary": "The served model names (the first is the one responses report)",
         "responses": {"200": _json(_ref("ModelList")), **_AUTH_ERROR},
+    },
+    ("post", "/v1/load_lora_adapter"): {
+        "summary": "Serve a LoRA adapter under a model name of its own "
+        "(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["lora_name", "lora_path"],
+                        "properties": {
+                            "lora_name": _STRING,
+                            "lora_path": _STRING,
+                            "load_inplace": {"type": "boolean"},
+                        },
+                    }
+                }
+            },
+        },
+        "responses": {"200": _TEXT_OK, **_ERRORS, **_AUTH_ERROR},
+    },
+    ("post", "/v1/unload_lora_adapter"): {
+        "summary": "Stop serving a LoRA adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["lora_name"],
+                        "properties": {"lora_name": _STRING},
+                    }
+                }
+            },
+        },
+        "responses": {"200": _TEXT_OK, **_ERRORS, **_AUTH_ERROR},
     },
     ("get", "/health"): {"summary": "200 while the server can serve", "responses": _EMPTY_OK},
     ("get", "/ping"): {"summary": "The same as /health", "responses": _EMPTY_OK},

@@ -37,6 +37,7 @@ from typing import Any
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
+from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.sampling_params import (
     FieldError,
     RequestOutputKind,
@@ -169,8 +170,9 @@ class ChatRequest(GenerationRequest):
     """Send the prompt as the engine got it (the rendered template) as `prompt_text`."""
 
 
-def check_serving(state: ServerState, body: dict[str, Any]) -> None:
-    """503 while the server drains; 404 when `model` names no served model."""
+def check_serving(state: ServerState, body: dict[str, Any]) -> LoRARequest | None:
+    """503 while the server drains; 404 when `model` names no served model nor adapter.
+    The LoRA adapter `model` names, if it names one."""
     if state.draining:
         raise APIError(
             "the server is shutting down and takes no new requests",
@@ -178,16 +180,20 @@ def check_serving(state: ServerState, body: dict[str, Any]) -> None:
         )
     model = body.get("model")
     if model is None:
-        return
+        return None
     if not isinstance(model, str):
         raise bad_parameter("model", shown_value(model), "model must be a string")
-    if model not in state.served_model_names:
+    if model in state.served_model_names:
+        return None
+    lora = state.loras.lora_request(model)
+    if lora is None:
         raise APIError(
             f"The model `{model}` does not exist. Served models: "
             f"{', '.join(state.served_model_names)}.",
             HTTPStatus.NOT_FOUND,
             param="model",
         )
+    return lora
 
 
 def parse_completion_request(

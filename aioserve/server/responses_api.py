@@ -73,7 +73,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     """The POST /v1/responses handler."""
     state = request.app[STATE]
     body = await read_json_body(request)
-    check_serving(state, body)
+    lora = check_serving(state, body)
     parses_calls = auto_tools(state.frontend)
     chat_body = _as_chat_body(body, state.model_name, parses_calls)
     parsed = parse_chat_request(state, chat_body, request.headers)
@@ -102,7 +102,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         request_id = body.get("request_id")  # vLLM's: the response's id, as given
         response = ResponseBuilder(
             request_id if isinstance(request_id, str) else f"resp_{secrets.token_hex(8)}",
-            state.model_name,
+            state.response_model(lora),
             body,
             {
                 "temperature": params.temperature,
@@ -126,6 +126,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             response.id,
             parsed.priority,
             reservation,
+            lora,
         )
         if parsed.stream:
             return await stream_events(request, response_events(response, outputs), named=True)

@@ -54,38 +54,50 @@ from aioserve.server.tools import checked_tools
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """GET /v1/models: one model card per served name, the first name first."""
+    """GET /v1/models: one model card per served name, the first name first, then one per
+    LoRA adapter (its folder as root, its base model as parent)."""
     state = request.app[STATE]
     created = int(time.time())
+    settings = state.engine.settings
     cards = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "aioserve",
-            "root": state.engine.settings.model_name,
-            "parent": None,
-            "max_model_len": state.engine.settings.max_model_len,
-            "permission": [
-                {
-                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
-                    "object": "model_permission",
-                    "created": created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
+        _model_card(name, created, settings.model_name, None, settings.max_model_len)
         for name in state.served_model_names
     ]
+    cards += [
+        _model_card(name, created, adapter.request.lora_path, adapter.base_model_name, None)
+        for name, adapter in state.loras.adapters.items()
+    ]
     return web.json_response({"object": "list", "data": cards})
+
+
+def _model_card(
+    name: str, created: int, root: str, parent: str | None, max_model_len: int | None
+) -> dict:
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "aioserve",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [
+            {
+                "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
 
 
 async def health(request: web.Request) -> web.Response:

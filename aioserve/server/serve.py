@@ -45,6 +45,7 @@ from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.server.errors import APIError
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
 from aioserve.server.tls_refresh import TLSRefresher
@@ -151,6 +152,8 @@ def run_serve(args: argparse.Namespace) -> int:
     ssl_context = build_ssl_context(frontend)
     import_middlewares(frontend.middleware)
     check_tool_call_settings(frontend)
+    if frontend.lora_modules and not config.lora.enable_lora:
+        raise ConfigError("--lora-modules needs --enable-lora")
     # The modules below load torch and transformers (seconds): a refused argument is
     # reported before that.
     from aioserve.engine.async_engine import AsyncEngine
@@ -208,6 +211,7 @@ async def _serve(
         )
         tls_refresher.start()
     try:
+        await _load_lora_modules(state)
         await _warm_up(state.engine)
         await runner.setup()
         site = web.TCPSite(runner, frontend.host, frontend.port, ssl_context=ssl_context)
@@ -260,6 +264,17 @@ def _given_arguments(args: argparse.Namespace) -> dict[str, Any]:
             value = declared.check(value, declared.flag)
         given[name] = value
     return given
+
+
+async def _load_lora_modules(state: ServerState) -> None:
+    """Read and serve the --lora-modules adapters; a ConfigError naming the first that
+    cannot be served."""
+    for module in state.frontend.lora_modules or ():
+        try:
+            await state.loras.load(module.name, module.path, module.base_model_name)
+        except APIError as error:
+            raise ConfigError(f"--lora-modules {module.name}: {error.message}") from None
+        logger.info("LoRA adapter %r served from %s", module.name, module.path)
 
 
 async def _warm_up(engine: AsyncEngine) -> None:

@@ -16,6 +16,8 @@ from aiohttp import web
 
 from aioserve.config.frontend import FrontendConfig, frontend_config
 from aioserve.engine.async_engine import AsyncEngine
+from aioserve.engine.lora_requests import LoRARequest
+from aioserve.server.lora_models import LoRAModels
 
 T = TypeVar("T")
 
@@ -34,6 +36,11 @@ class ServerState:
         repr=False,
     )
     """Where prompts are tokenized and chat templates rendered (see `off_loop`)."""
+    loras: LoRAModels = field(init=False)
+    """The LoRA adapters served under names of their own (lora_models.py)."""
+
+    def __post_init__(self) -> None:
+        self.loras = LoRAModels(self.engine, self.served_model_names)
 
     async def off_loop(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` on the text thread, awaited.
@@ -48,6 +55,10 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+    def response_model(self, lora: LoRARequest | None) -> str:
+        """The `model` a response reports: its adapter's name, else the first served name."""
+        return self.model_name if lora is None else lora.lora_name
 
 
 STATE: web.AppKey[ServerState] = web.AppKey("aioserve_state", ServerState)

@@ -106,13 +106,15 @@ def start_server(gguf: Path, log: Path) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def serve_model(model: str | Path, name: str, log: Path, *options: str) -> Iterator[str]:
-    """`python -m aioserve serve` on `model` as `name`, with `options`, healthy; its URL.
-    Killed when the block ends."""
+def serve_model(
+    model: str | Path, name: str, log: Path, *options: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`python -m aioserve serve` on `model` as `name`, with `options` (and the environment
+    variables `env`), healthy; its URL. Killed when the block ends."""
     port = free_port()
     argv = [sys.executable, "-m", "aioserve", "serve", str(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", name, *options]
-    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    environment = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"} | (env or {})
     process = start_logged(argv, log, environment)
     try:
         url = f"http://127.0.0.1:{port}"

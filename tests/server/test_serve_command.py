@@ -28,6 +28,7 @@ from aioserve.config.declaration import FRONTEND, ConfigError
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.config.parser import build_engine_parser
+from aioserve.config.values import LoRAModulePath
 from aioserve.models.resolve import DEFAULT_MODEL
 from aioserve.server.serve import _given_arguments
 from tests.child_process import die_with_parent
@@ -83,6 +84,15 @@ FRONTEND_FLAGS = [
     (["--enable-log-requests"], "enable_log_requests", True),
     (["--no-enable-log-requests"], "enable_log_requests", False),
     (["--shutdown-timeout", "2.5"], "shutdown_timeout", 2.5),
+    (
+        [
+            "--lora-modules",
+            "sql=/a/sql",
+            '{"name": "chat", "path": "/a/chat", "base_model_name": "m"}',
+        ],
+        "lora_modules",
+        [LoRAModulePath("sql", "/a/sql"), LoRAModulePath("chat", "/a/chat", "m")],
+    ),
 ]
 
 
@@ -156,6 +166,12 @@ def test_frontend_options_come_from_a_config_file_too(tmp_path):
         (["--shutdown-timeout", "-1"], "--shutdown-timeout must be a number of seconds"),
         (["--shutdown-timeout", "inf"], "--shutdown-timeout must be a number of seconds"),
         (["--uvicorn-log-level", "loud"], "--uvicorn-log-level must be one of debug, info"),
+        (
+            ["--lora-modules", "sql"],
+            "--lora-modules has an entry that is neither name=path nor JSON",
+        ),
+        (["--lora-modules", '{"name": "x"}'], "--lora-modules entries take the keys name and path"),
+        (["--lora-modules", "a=/x", "a=/y"], "--lora-modules names an adapter more than once: a"),
     ],
 )
 def test_bad_frontend_values_are_refused_by_name(argv, message):
@@ -198,6 +214,7 @@ def _stop(process: subprocess.Popen) -> None:
             ["--ssl-keyfile", "k.pem"],
             "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs and --enable-ssl-refresh need",
         ),
+        (["--lora-modules", "sql=/a/sql"], "--lora-modules needs --enable-lora"),
     ],
 )
 def test_refused_arguments_stop_the_command_before_the_model_loads(tmp_path, argv, message):
