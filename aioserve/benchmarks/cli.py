@@ -152,7 +152,17 @@ def _add_throughput(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="Do not detokenize the outputs (leave detokenization out of the measurement).",
     )
-    bench.add_argument("--lora-path", help="LoRA adapter to use: refused, no LoRA support yet.")
+    bench.add_argument(
+        "--lora-path",
+        help="A LoRA adapter's PEFT folder (with --enable-lora): each request runs through it "
+        "under one of --max-loras adapter ids, as vLLM's benchmark assigns them.",
+    )
+    bench.add_argument(
+        "--lora-assignment",
+        default="random",
+        choices=("random", "round-robin"),
+        help="How requests get their adapter id: at random, or cycling through them.",
+    )
     bench.add_argument(
         "--prefix-len",
         type=int,
@@ -333,6 +343,18 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     )
     target.add_argument(
         "--served-model-name", help="The name to send in requests, when it differs from --model."
+    )
+    target.add_argument(
+        "--lora-modules",
+        nargs="+",
+        help="LoRA adapters the server serves, by name: each request asks for one of them "
+        "instead of the model (--lora-assignment says which).",
+    )
+    target.add_argument(
+        "--lora-assignment",
+        default="random",
+        choices=("random", "round-robin"),
+        help="How requests get their adapter from --lora-modules: at random, or in turn.",
     )
     target.add_argument("--tokenizer", help="Tokenizer for the workload (default: the model).")
     target.add_argument(

@@ -64,6 +64,7 @@ class SampleRequest:
     prompt: str | list[str]
     prompt_len: int  # tokens of `prompt` as the engine counts them, special tokens included
     expected_output_len: int
+    model: str | None = None  # the model name it asks for, when not the run's (a LoRA adapter)
 
 
 # --- synthetic text of an exact length --------------------------------------------------

@@ -88,15 +88,16 @@ def request_payload(target: Target, request: SampleRequest) -> dict[str, Any]:
     Completions requests always carry `repetition_penalty: 1.0` and `logprobs` (null
     unless --logprobs), before --extra-body and the sampling options are merged in.
     """
+    model = request.model or target.model
     if target.chat:
         payload: dict[str, Any] = {
-            "model": target.model,
+            "model": model,
             "messages": [{"role": "user", "content": request.prompt}],
             "max_completion_tokens": request.expected_output_len,
         }
     else:
         payload = {
-            "model": target.model,
+            "model": model,
             "prompt": request.prompt,
             "repetition_penalty": 1.0,
             "max_tokens": request.expected_output_len,

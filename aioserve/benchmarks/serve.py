@@ -50,7 +50,7 @@ from aioserve.benchmarks.statistics import (
     report_row,
     serving_metrics,
 )
-from aioserve.benchmarks.workload import load_tokenizer, serve_requests
+from aioserve.benchmarks.workload import load_tokenizer, serve_requests, with_lora_modules
 from aioserve.config.declaration import ConfigError
 
 READY_RETRY_S = 5
@@ -415,6 +415,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     requests = serve_requests(args, tokenizer, chat=args.backend in CHAT_BACKENDS)
     if pooled:
         requests = pooling.batch_requests(requests, args.random_batch_size)
+    if args.lora_modules:
+        requests = with_lora_modules(requests, args.lora_modules, args.lora_assignment, args.seed)
     # Random prompts are meant to run to their length, as in vLLM (generation only).
     ignore_eos = args.ignore_eos or (args.dataset_name == "random" and not pooled)
     extra_body = {**({} if pooled else _sampling_options(args)), **(args.extra_body or {})}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from aioserve.engine.async_engine import AsyncEngine
+    from aioserve.engine.lora_requests import LoRARequest
 
 OUR_BACKENDS = ("aioserve", "vllm")
 CHAT_BACKENDS = ("aioserve-chat", "vllm-chat")
@@ -54,6 +56,26 @@ def sampling_params(request: SampleRequest, n: int, detokenize: bool) -> Samplin
         max_tokens=request.expected_output_len,
         detokenize=detokenize,
     )
+
+
+def lora_requests(
+    args: argparse.Namespace, count: int, max_loras: int, seed: int
+) -> list[LoRARequest | None]:
+    """Each request's adapter, as vLLM's benchmark assigns them: --lora-path under one of
+    `max_loras` ids named after themselves, drawn at random or in turn (--lora-assignment);
+    None for every request without --lora-path."""
+    from aioserve.engine.lora_requests import LoRARequest
+
+    if args.lora_path is None:
+        return [None] * count
+    rng = random.Random(seed)
+    ids = [
+        index % max_loras + 1
+        if args.lora_assignment == "round-robin"
+        else rng.randint(1, max_loras)
+        for index in range(count)
+    ]
+    return [LoRARequest(str(i), i, args.lora_path) for i in ids]
 
 
 def count_tokens(outputs: Sequence[RequestOutput]) -> tuple[int, int]:
@@ -92,24 +114,27 @@ def run_aioserve(
     """The workload on the offline LLM: (requests, seconds, outputs)."""
     from aioserve.engine.llm import LLM
 
-    def run(batch: Sequence[SampleRequest]) -> tuple[float, list[RequestOutput]]:
+    def run(batch: Sequence[SampleRequest], seed: int) -> tuple[float, list[RequestOutput]]:
         params = [sampling_params(r, args.n, not args.disable_detokenize) for r in batch]
+        loras = lora_requests(args, len(batch), config.lora.max_loras, seed)
         if chat:
             conversations = [[{"role": "user", "content": r.prompt}] for r in batch]
             start = time.perf_counter()
-            outputs = llm.chat(conversations, params, use_tqdm=True)
+            outputs = llm.chat(conversations, params, use_tqdm=True, lora_request=loras)
         else:
             _check_fits(batch, llm.engine.settings.max_model_len)
             start = time.perf_counter()
-            outputs = llm.generate([r.prompt for r in batch], params, use_tqdm=True)
+            outputs = llm.generate(
+                [r.prompt for r in batch], params, use_tqdm=True, lora_request=loras
+            )
         return time.perf_counter() - start, outputs
 
     with LLM.from_config(config) as llm:
         tokenizer, seed = llm.get_tokenizer(), config.model.seed
         requests = throughput_requests(args, tokenizer, seed, chat)
         if warmups := warmup_requests(args, tokenizer, seed, chat):
-            run(warmups)
-        elapsed, outputs = run(requests)
+            run(warmups, seed + 1)
+        elapsed, outputs = run(requests, seed)
     return requests, elapsed, outputs
 
 
@@ -121,9 +146,12 @@ async def _generate_all(
     The engine is shut down at the end, whatever happens.
     """
 
-    async def one(index: int | str, request: SampleRequest, bar: tqdm | None) -> RequestOutput:
+    async def one(
+        index: int | str, request: SampleRequest, lora: LoRARequest | None, bar: tqdm | None
+    ) -> RequestOutput:
         params = sampling_params(request, args.n, not args.disable_detokenize)
-        async for output in engine.generate(request.prompt, params, f"bench-{index}"):
+        stream = engine.generate(request.prompt, params, f"bench-{index}", lora_request=lora)
+        async for output in stream:
             last = output
         if bar is not None:
             bar.update(1)
@@ -134,10 +162,20 @@ async def _generate_all(
         requests = throughput_requests(args, engine.tokenizer, seed, chat=False)
         warmups = warmup_requests(args, engine.tokenizer, seed, chat=False)
         _check_fits([*requests, *warmups], engine.settings.max_model_len)
-        await asyncio.gather(*(one(f"warmup-{i}", r, None) for i, r in enumerate(warmups)))
+        max_loras = config.lora.max_loras
+        warmup_loras = lora_requests(args, len(warmups), max_loras, seed + 1)
+        await asyncio.gather(
+            *(
+                one(f"warmup-{i}", r, lr, None)
+                for i, (r, lr) in enumerate(zip(warmups, warmup_loras, strict=True))
+            )
+        )
+        loras = lora_requests(args, len(requests), max_loras, seed)
         with tqdm(total=len(requests), desc="Processed prompts") as bar:
             start = time.perf_counter()
-            outputs = await asyncio.gather(*(one(i, r, bar) for i, r in enumerate(requests)))
+            outputs = await asyncio.gather(
+                *(one(i, r, lr, bar) for i, (r, lr) in enumerate(zip(requests, loras, strict=True)))
+            )
             elapsed = time.perf_counter() - start
     finally:
         await engine.shutdown()
@@ -206,8 +244,12 @@ def _check_options(args: argparse.Namespace, config: EngineConfig) -> None:
         raise ConfigError(f"--num-prompts must be at least 1, got {args.num_prompts}")
     if args.num_warmups < 0:
         raise ConfigError(f"--num-warmups must be at least 0, got {args.num_warmups}")
-    if args.lora_path is not None:
-        raise ConfigError("--lora-path: aioserve does not serve LoRA adapters yet")
+    if config.lora.enable_lora and args.backend not in (*OUR_BACKENDS, *CHAT_BACKENDS):
+        raise ConfigError("LoRA benchmarking is only supported for the aioserve (vllm) backend")
+    if config.lora.enable_lora and args.lora_path is None:
+        raise ConfigError("LoRA path must be provided when enable_lora is True")
+    if args.lora_path is not None and not config.lora.enable_lora:
+        raise ConfigError("--lora-path needs --enable-lora")
     if args.n < 1:
         raise ConfigError(f"--n must be at least 1, got {args.n}")
     if args.backend == "hf":

@@ -6,11 +6,15 @@ throughput has `--input-len`, `--output-len`, `--prefix-len` and vLLM's newer
 dataset a `--random-*` option wins over its plain one, which wins over the default
 (1024, 128, 0). Serve has one group per dataset (`--random-input-len`,
 `--sonnet-prefix-len`, ...), which its general `--input-len` / `--output-len` override.
+With `--lora-modules`, serve's requests ask for LoRA adapters by name.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aioserve.benchmarks import datasets
@@ -227,3 +231,19 @@ def serve_requests(
     if name == "burstgpt":
         return datasets.burstgpt_requests(tokenizer, args.num_prompts, _needs_path(args), seed=seed)
     return _prefix_repetition(args, tokenizer, seed, args.output_len)
+
+
+def with_lora_modules(
+    requests: list[SampleRequest], names: Sequence[str], assignment: str, seed: int
+) -> list[SampleRequest]:
+    """The requests, each asking for one of the LoRA adapters `names` instead of the model,
+    as vLLM's `bench serve --lora-modules` sends them: in turn (round-robin) or drawn at
+    random (seeded)."""
+    rng = random.Random(seed)
+    return [
+        dataclasses.replace(
+            request,
+            model=names[i % len(names)] if assignment == "round-robin" else rng.choice(names),
+        )
+        for i, request in enumerate(requests)
+    ]

@@ -337,3 +337,17 @@ def test_responses_backend_is_refused(capsys):
     with pytest.raises((SystemExit, argparse.ArgumentError)) as error:
         cli.main(["bench", "serve", "--backend", "openai-responses"])
     assert "openai-responses" in str(error.value) + capsys.readouterr().err
+
+
+def test_lora_modules_name_the_model_of_each_request(fake_server, tmp_path):
+    """vLLM's benchmark sends each request to one of --lora-modules: in turn, or at random."""
+    options = ("--num-prompts", "5", "--lora-modules", "sql", "chat", "--max-concurrency", "1")
+    bench_serve(fake_server, tmp_path, *options, "--lora-assignment", "round-robin")
+    assert [b["model"] for b in fake_server.bodies] == ["sql", "chat", "sql", "chat", "sql"]
+    fake_server.bodies.clear()
+    bench_serve(fake_server, tmp_path, *options, "--seed", "3")
+    drawn = [b["model"] for b in fake_server.bodies]
+    assert set(drawn) <= {"sql", "chat"} and len(drawn) == 5
+    fake_server.bodies.clear()
+    bench_serve(fake_server, tmp_path, *options, "--seed", "3")
+    assert [b["model"] for b in fake_server.bodies] == drawn  # seeded

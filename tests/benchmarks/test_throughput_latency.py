@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 
@@ -10,6 +11,7 @@ import pytest
 from aioserve import cli
 from aioserve.benchmarks import datasets
 from aioserve.benchmarks.workload import random_lengths
+from tests.lora_adapters import make_lora_adapter
 
 THROUGHPUT_KEYS = {
     "model_id",
@@ -105,7 +107,12 @@ def test_throughput_sharegpt_with_output_override(tiny_model, tokenizer, tmp_pat
     ("options", "message"),
     [
         (("--backend", "mii"), "mii"),
-        (("--lora-path", "adapter"), "LoRA"),
+        (("--lora-path", "adapter"), "--lora-path needs --enable-lora"),
+        (("--enable-lora",), "LoRA path must be provided when enable_lora is True"),
+        (
+            ("--enable-lora", "--lora-path", "a", "--backend", "hf", "--hf-max-batch-size", "2"),
+            "LoRA benchmarking is only supported for the aioserve (vllm) backend",
+        ),
         (("--backend", "hf"), "--hf-max-batch-size"),
         (("--hf-max-batch-size", "4"), "only for --backend hf"),
         (("--dataset-name", "hf"), "Hugging Face hub"),
@@ -175,3 +182,32 @@ def test_latency(tiny_model, tmp_path, capsys):
 def test_latency_refuses_zero_iterations(tiny_model, capsys):
     assert cli.main(["bench", "latency", "--model", tiny_model, "--num-iters", "0"]) == 2
     assert "--num-iters must be at least 1" in capsys.readouterr().err
+
+
+def test_throughput_through_lora_adapters(tiny_model, tmp_path, capsys):
+    adapter = make_lora_adapter(tiny_model, tmp_path / "adapter", rank=8)
+    options = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8")
+    options += ("--lora-path", adapter, "--lora-assignment", "round-robin")
+    result, counts, out = throughput(tiny_model, tmp_path, capsys, *options)
+    check_figures(result, out)
+    assert counts["output"] == 3 * 5
+
+
+@pytest.mark.parametrize(
+    ("assignment", "expected"), [("round-robin", [1, 2, 3, 1, 2]), ("random", None)]
+)
+def test_lora_ids_are_assigned_as_vllms_benchmark_does(assignment, expected):
+    from aioserve.benchmarks.throughput import lora_requests
+
+    args = argparse.Namespace(lora_path="/adapter", lora_assignment=assignment)
+    loras = lora_requests(args, 5, max_loras=3, seed=0)
+    ids = [lora.lora_int_id for lora in loras]
+    assert all(lora.lora_name == str(lora.lora_int_id) for lora in loras)
+    assert all(lora.lora_path == "/adapter" for lora in loras)
+    if expected is not None:
+        assert ids == expected
+    else:
+        assert set(ids) <= {1, 2, 3}
+        assert ids == [lora.lora_int_id for lora in lora_requests(args, 5, 3, seed=0)]
+    no_path = argparse.Namespace(lora_path=None, lora_assignment=assignment)
+    assert lora_requests(no_path, 2, 3, 0) == [None, None]
