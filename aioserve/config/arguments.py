@@ -459,8 +459,8 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("enable-lora", LORA, False,
              "Serve LoRA adapters (PEFT folders): each is a model name of its own, given with "
              "--lora-modules or loaded at run time (/v1/load_lora_adapter, with "
-             "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). On the CPU the model step then runs "
-             "eagerly.", "bool", convert=values.boolean),
+             "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). On a GPU decode steps then run without "
+             "CUDA/HIP graphs.", "bool", convert=values.boolean),
     _vllm("enable-lora-bias", LORA, False, "Support bias terms in LoRA adapters.", "bool"),
     Argument("max-loras", LORA, 1, "Most distinct LoRA adapters in one batch.",
              convert=values.integer_at_least(1)),

@@ -345,9 +345,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "or lower --max-model-len"
         )
     lora_cfg = config.lora
-    # LoRA's per-step token groups are not in the compiled graphs: its steps run eagerly.
-    eager = model_cfg.enforce_eager or lora_cfg.enable_lora
-    compiled = platform == "cpu" and not eager
+    compiled = platform == "cpu" and not model_cfg.enforce_eager
     if dispatch.batch_invariant():
         compiled = _batch_invariant_step(compiled)
     lora_dtype = dtype if lora_cfg.lora_dtype == "auto" else getattr(torch, lora_cfg.lora_dtype)
@@ -362,8 +360,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         compile_model=compiled,
         row_weight_dtype=resolve_row_weight_dtype(model_cfg.dtype, dtype, compiled=compiled),
         packed_weights=resolve_packed_weights(dtype),
+        # A replayed graph would skip LoRA's op (models/lora_op.py): none with LoRA.
         decode_graph_sizes=resolve_decode_graph_sizes(
-            sched_cfg.cuda_graph_sizes, max_num_seqs, eager
+            sched_cfg.cuda_graph_sizes,
+            max_num_seqs,
+            model_cfg.enforce_eager or lora_cfg.enable_lora,
         ),
         max_seq_len_to_capture=model_cfg.max_seq_len_to_capture,
         kv_cache_dtype=kv_dtype,
@@ -381,8 +382,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             lora_cfg.max_cpu_loras or lora_cfg.max_loras,
         )
         logger.info(
-            "LoRA: %d adapter slots of rank %d (%.0f MiB), up to %d adapters in host memory; "
-            "the model step runs eagerly",
+            "LoRA: %d adapter slots of rank %d (%.0f MiB), up to %d adapters in host memory",
             lora_cfg.max_loras,
             lora_cfg.max_lora_rank,
             runner.lora.nbytes / 2**20,

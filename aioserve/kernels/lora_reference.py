@@ -20,7 +20,10 @@ one a slice for the expand, and one index_add_ adds every product back (an index
 a slice's columns, a strided view, ran ~3x slower); when the whole step uses one slot,
 plain row slices instead, no gather. No Python loop over tokens. Unlike the Triton
 kernels', a token's bits may depend on the size of its group here (torch's CPU GEMM picks
-its blocking by shape).
+its blocking by shape). a and b may be float32 beside a 16-bit x and out (the CPU's slots,
+runner/lora_slots.py): torch's small bfloat16 products on a CPU cost ~15 us each where
+float32's take ~4 (a one-row product of SmolLM2's qkv slot), and those are most of a LoRA
+layer's time at one stream.
 """
 
 from __future__ import annotations
@@ -36,16 +39,28 @@ if TYPE_CHECKING:
 LORA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_lora(out: Tensor, x: Tensor, a: Tensor, b: Tensor, slice_bounds: tuple[int, ...]) -> int:
+def check_lora(
+    out: Tensor,
+    x: Tensor,
+    a: Tensor,
+    b: Tensor,
+    slice_bounds: tuple[int, ...],
+    float32_weights: bool = False,
+) -> int:
     """Raise ValueError when out, x, the stacked adapter weights and the slice bounds do not
-    fit together; return R, the padded rank."""
+    fit together; return R, the padded rank. With `float32_weights`, a and b may also be
+    float32 beside a 16-bit out and x."""
     if x.dim() != 2 or out.dim() != 2 or a.dim() != 3 or b.dim() != 3:
         raise ValueError(
             "want out [T, out_features], x [T, in_features], a [S, n_slices * R, in_features] "
             f"and b [S, out_features, R], got {tuple(out.shape)}, {tuple(x.shape)}, "
             f"{tuple(a.shape)} and {tuple(b.shape)}"
         )
-    if not (out.dtype == x.dtype == a.dtype == b.dtype) or x.dtype not in LORA_DTYPES:
+    weights_dtype = torch.float32 if float32_weights and a.dtype == torch.float32 else x.dtype
+    if (
+        not (out.dtype == x.dtype and a.dtype == b.dtype == weights_dtype)
+        or x.dtype not in LORA_DTYPES
+    ):
         raise ValueError(
             f"out, x, a and b must share one dtype of {LORA_DTYPES}, got "
             f"{out.dtype}, {x.dtype}, {a.dtype} and {b.dtype}"
@@ -80,8 +95,11 @@ def add_lora_reference(
     groups: LoRATokenGroups,
 ) -> None:
     """out[t] += (x[t] A_sᵀ) B_sᵀ, slice by slice, for each token t of each group (slot s),
-    in place; tokens in no group are left alone."""
-    rank = check_lora(out, x, a, b, slice_bounds)
+    in place; tokens in no group are left alone. With a and b in float32 beside a 16-bit x
+    and out, the products are float32, rounded once into out."""
+    rank = check_lora(out, x, a, b, slice_bounds, float32_weights=True)
+    if a.dtype != x.dtype:
+        x = x.to(a.dtype)
     bounds = list(zip(slice_bounds[:-1], slice_bounds[1:], strict=True))
     if groups.whole_batch_slot is not None:
         # token_order is 0 .. N-1: rows [0, N) of x and out, no gathers.
@@ -89,17 +107,21 @@ def add_lora_reference(
         slot = groups.whole_batch_slot
         xa = x[:num_rows] @ a[slot].t()
         for i, (lo, hi) in enumerate(bounds):
-            if hi > lo:
+            if hi <= lo:
+                continue
+            if out.dtype == a.dtype:
                 out[:num_rows, lo:hi].addmm_(xa[:, i * rank : (i + 1) * rank], b[slot, lo:hi].t())
+            else:
+                out[:num_rows, lo:hi] += xa[:, i * rank : (i + 1) * rank] @ b[slot, lo:hi].t()
         return
     # One gather of every grouped token, each group's products into its rows of one
     # buffer (a group's rows are contiguous there), one scatter-add back.
     starts = groups.group_starts_host
     x_grouped = x.index_select(0, groups.token_order)
-    products = torch.empty((starts[-1], out.shape[1]), dtype=out.dtype, device=out.device)
+    products = torch.empty((starts[-1], out.shape[1]), dtype=a.dtype, device=out.device)
     for g, slot in enumerate(groups.group_slots_host):
         rows = slice(starts[g], starts[g + 1])
         xa = x_grouped[rows] @ a[slot].t()
         for i, (lo, hi) in enumerate(bounds):
             products[rows, lo:hi] = xa[:, i * rank : (i + 1) * rank] @ b[slot, lo:hi].t()
-    out.index_add_(0, groups.token_order, products)
+    out.index_add_(0, groups.token_order, products.to(out.dtype))

@@ -55,8 +55,6 @@ random initialization took 0.9 s of the default model's start).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -68,8 +66,7 @@ from aioserve.kernels.gguf_linear import gguf_linear
 from aioserve.kernels.gguf_linear_reference import int4_linear
 from aioserve.kernels.int4_group_linear import int4_group_linear
 from aioserve.kernels.int8_linear import int8_linear
-from aioserve.kernels.lora import add_lora
-from aioserve.models.step_context import current_lora_groups
+from aioserve.models.lora_op import add_step_lora
 
 # At or below this many rows the CPU computes W @ xᵀ (the crossover measured at 128–256).
 SMALL_BATCH_ROWS = 128
@@ -224,17 +221,6 @@ def dense(
     return out_t.t().contiguous()
 
 
-@dataclass(frozen=True)
-class LoRALayerWeights:
-    """A layer's LoRA slots: `a` [slots, slices · rank, in] holds each slot's lora_A of every
-    slice, `b` [slots, out, rank] each output column's lora_B row times the scaling; slice i
-    is output columns slice_bounds[i]..slice_bounds[i+1] (kernels/lora.py)."""
-
-    a: Tensor
-    b: Tensor
-    slice_bounds: tuple[int, ...]
-
-
 class Linear(nn.Linear):
     """nn.Linear (same parameters and checkpoint names) whose product goes through `dense`;
     its parameters start uninitialized."""
@@ -264,18 +250,19 @@ class Linear(nn.Linear):
         # float32 scales [1] or one a row (models/int8_weights.py).
         self.register_buffer("int8_weight", None, persistent=False)
         self.register_buffer("int8_scale", None, persistent=False)
-        # With --enable-lora, the adapter slots' weights of this layer (runner/lora_slots.py).
-        self.lora: LoRALayerWeights | None = None
+        # With --enable-lora, the adapter slots' weights of this layer and its slices'
+        # output columns (runner/lora_slots.py, models/lora_op.py).
+        self.register_buffer("lora_a", None, persistent=False)
+        self.register_buffer("lora_b", None, persistent=False)
+        self.lora_slice_bounds: tuple[int, ...] = ()
 
     def reset_parameters(self) -> None:
         """Nothing: the loader fills the parameters."""
 
     def forward(self, x: Tensor) -> Tensor:
         out = self._base_product(x)
-        if self.lora is not None:
-            groups = current_lora_groups()
-            if groups is not None:
-                add_lora(out, x, self.lora.a, self.lora.b, self.lora.slice_bounds, groups)
+        if self.lora_a is not None:
+            add_step_lora(out, x, self.lora_a, self.lora_b, self.lora_slice_bounds)
         return out
 
     def _base_product(self, x: Tensor) -> Tensor:

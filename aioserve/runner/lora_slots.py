@@ -1,11 +1,15 @@
 """The device's LoRA adapter slots, and which sequence uses which.
 
 With --enable-lora each layer an adapter may reach (models/lora_adapter.py `lora_targets`)
-gets `max_loras` slots of adapter weights on the device, zero-padded to --max-lora-rank
-(models/linear.py `LoRALayerWeights`): a step can mix up to that many adapters, and the
-scheduler never runs more at once. A sequence entering the runner with an adapter takes
+gets `max_loras` slots of adapter weights on the device, zero-padded to --max-lora-rank, as
+the Linear's `lora_a` and `lora_b` buffers (models/lora_op.py): a step can mix up to that
+many adapters, and the scheduler never runs more at once. A sequence entering the runner with an adapter takes
 the slot already holding it, or the slot unused longest; the weights are copied in on the
 model thread, in step order, so a step still running keeps the weights it started with.
+
+On the CPU the slots of a 16-bit model are float32 (the adapter's values rounded to
+--lora-dtype first): the torch reference's small products are ~4x faster in float32 there
+(kernels/lora_reference.py). GPUs keep them in --lora-dtype, as the Triton kernels want.
 
 Each step, the tokens of the sequences with an adapter are grouped by slot
 (kernels/lora.py `LoRATokenGroups`), once, for every LoRA layer of the model to read.
@@ -20,9 +24,19 @@ import torch
 from torch import nn
 
 from aioserve.kernels.lora import LoRATokenGroups, lora_token_groups
-from aioserve.models.linear import LoRALayerWeights
 from aioserve.models.lora_adapter import LoRAAdapter, lora_targets
 from aioserve.runner.step_plan import NewSequence, StepPlan
+
+
+@dataclass(frozen=True)
+class LayerSlots:
+    """One layer's slots: `a` [slots, slices · rank, in] holds each slot's lora_A of every
+    slice, `b` [slots, out, rank] each output column's lora_B row times the scaling; slice
+    i is output columns slice_bounds[i]..slice_bounds[i+1] (kernels/lora.py)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    slice_bounds: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -47,11 +61,13 @@ class LoRASlots:
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.device = device
+        if device.type == "cpu":
+            dtype = torch.float32
         modules = dict(model.named_modules())
-        self.layers: dict[str, LoRALayerWeights] = {}
+        self.layers: dict[str, LayerSlots] = {}
         for name, target in lora_targets(model).items():
             num_slices = len(target.slice_bounds) - 1
-            weights = LoRALayerWeights(
+            weights = LayerSlots(
                 a=torch.zeros(
                     max_loras, num_slices * max_rank, target.in_features, dtype=dtype, device=device
                 ),
@@ -60,7 +76,9 @@ class LoRASlots:
                 ),
                 slice_bounds=target.slice_bounds,
             )
-            modules[name].lora = weights
+            module = modules[name]
+            module.lora_a, module.lora_b = weights.a, weights.b
+            module.lora_slice_bounds = weights.slice_bounds
             self.layers[name] = weights
         # Host bookkeeping, on the thread that prepares steps.
         self._slot_lora = [0] * max_loras  # the adapter id each slot holds (0: none)
@@ -132,7 +150,7 @@ class LoRASlots:
             for i, pair in enumerate(pairs):
                 if pair is None:
                     continue
-                lora_a, lora_b = pair
+                lora_a, lora_b = pair  # in --lora-dtype; float32 slots hold them exactly
                 rank = lora_a.shape[0]
                 a[i * self.max_rank : i * self.max_rank + rank].copy_(lora_a)
                 b[bounds[i] : bounds[i + 1], :rank].copy_(lora_b)

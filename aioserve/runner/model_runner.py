@@ -104,9 +104,9 @@ class ModelRunner:
         lora_slots: tuple[int, int, torch.dtype] | None = None,
     ) -> None:
         """`lora_slots`: (max_loras, max_lora_rank, dtype) to serve LoRA adapters
-        (lora_slots.py); the step then runs eagerly, without decode graphs."""
-        if lora_slots is not None and (compile_model or decode_graph_sizes):
-            raise ValueError("LoRA adapters run in an eager step, without decode graphs")
+        (lora_slots.py); decode steps then run without decode graphs."""
+        if lora_slots is not None and decode_graph_sizes:
+            raise ValueError("LoRA adapters run without decode graphs (models/lora_op.py)")
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}")
         self.logprobs_mode = logprobs_mode  # what logprobs report (--logprobs-mode)

@@ -284,3 +284,21 @@ def test_gpu_triton_matches_reference(triton_backend, device, dtype, num_tokens,
         alone = out[t : t + 1].clone()
         add_lora(alone, x[t : t + 1], a, b, bounds, lora_token_groups([slots[t]], device))
         assert torch.equal(alone[0], result[t])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch", sorted(_BATCHES))
+def test_reference_takes_float32_weights_beside_16_bit_activations(batch, dtype):
+    """The CPU's slots: float32 a and b, a 16-bit x and out, the products in float32."""
+    slots = _BATCHES[batch]
+    bounds = (0, 40, 56, 72)
+    a, b, adapters = make_layer(48, bounds, 24, dtype)
+    x, out = _inputs(len(slots), 48, bounds, dtype)
+    expected = naive(out, x, adapters, bounds, slots)
+    groups = lora_token_groups(slots, "cpu")
+    result = out.clone()
+    add_lora_reference(result, x, a.float(), b.float(), bounds, groups)
+    assert result.dtype == dtype
+    torch.testing.assert_close(result.double(), expected, **_TOLERANCE[dtype])
+    with pytest.raises(ValueError, match="dtype"):
+        add_lora_triton(out.clone(), x, a.float(), b.float(), bounds, groups)
