@@ -107,6 +107,20 @@ _SCHEMAS: dict[str, Any] = {
             }
         },
     },
+    "LoadLoRAAdapterRequest": {
+        "type": "object",
+        "required": ["lora_name", "lora_path"],
+        "properties": {
+            "lora_name": _STRING,
+            "lora_path": _STRING,
+            "load_inplace": {"type": "boolean"},
+        },
+    },
+    "UnloadLoRAAdapterRequest": {
+        "type": "object",
+        "required": ["lora_name"],
+        "properties": {"lora_name": _STRING},
+    },
     "ModelList": {
         "type": "object",
         "properties": {
@@ -121,8 +135,9 @@ _SCHEMAS: dict[str, Any] = {
                         "created": _INTEGER,
                         "owned_by": _STRING,
                         "root": _STRING,
-                        "parent": _NULL,
-                        "max_model_len": _INTEGER,
+                        # A LoRA adapter's: its base model, and no context of its own.
+                        "parent": {"type": ["string", "null"]},
+                        "max_model_len": {"type": ["integer", "null"]},
                         "permission": {"type": "array", "items": _OBJECT},
                     },
                 },
@@ -366,38 +381,12 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/load_lora_adapter"): {
         "summary": "Serve a LoRA adapter under a model name of its own "
         "(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)",
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["lora_name", "lora_path"],
-                        "properties": {
-                            "lora_name": _STRING,
-                            "lora_path": _STRING,
-                            "load_inplace": {"type": "boolean"},
-                        },
-                    }
-                }
-            },
-        },
+        "requestBody": _body("LoadLoRAAdapterRequest"),
         "responses": {"200": _TEXT_OK, **_ERRORS, **_AUTH_ERROR},
     },
     ("post", "/v1/unload_lora_adapter"): {
         "summary": "Stop serving a LoRA adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)",
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["lora_name"],
-                        "properties": {"lora_name": _STRING},
-                    }
-                }
-            },
-        },
+        "requestBody": _body("UnloadLoRAAdapterRequest"),
         "responses": {"200": _TEXT_OK, **_ERRORS, **_AUTH_ERROR},
     },
     ("get", "/health"): {"summary": "200 while the server can serve", "responses": _EMPTY_OK},

@@ -232,3 +232,19 @@ def test_tokenize_takes_an_adapters_name(lora_server):
     recorded = _body("207_tokenize_lora_sql")
     assert adapted.status == base.status == 200
     assert adapted.json()["tokens"] == base.json()["tokens"] == recorded["tokens"]
+
+
+def test_responses_run_through_an_adapter(lora_server):
+    with client(lora_server) as openai:
+        response = openai.responses.create(
+            model="sql", input="What is the capital of France?", max_output_tokens=4
+        )
+    assert response.model == "sql"
+    assert response.usage.output_tokens == 4  # cut by max_output_tokens: "incomplete"
+
+
+def test_openapi_documents_the_runtime_routes_and_adapter_cards(lora_server):
+    document = fetch("GET", lora_server + "/openapi.json").json()
+    assert {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} <= set(document["paths"])
+    card = document["components"]["schemas"]["ModelList"]["properties"]["data"]["items"]
+    assert card["properties"]["parent"] == {"type": ["string", "null"]}
