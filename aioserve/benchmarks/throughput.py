@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from aioserve.benchmarks.datasets import SampleRequest
-from aioserve.benchmarks.workload import settle_throughput_dataset, throughput_requests
+from aioserve.benchmarks.workload import assigned, settle_throughput_dataset, throughput_requests
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import EngineConfig, engine_config_from_args
 from aioserve.engine.outputs import RequestOutput
@@ -68,13 +67,7 @@ def lora_requests(
 
     if args.lora_path is None:
         return [None] * count
-    rng = random.Random(seed)
-    ids = [
-        index % max_loras + 1
-        if args.lora_assignment == "round-robin"
-        else rng.randint(1, max_loras)
-        for index in range(count)
-    ]
+    ids = assigned(range(1, max_loras + 1), count, args.lora_assignment, seed)
     return [LoRARequest(str(i), i, args.lora_path) for i in ids]
 
 

@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from aioserve.benchmarks import datasets
 from aioserve.benchmarks.datasets import DatasetError, SampleRequest
@@ -23,6 +23,8 @@ from aioserve.config.declaration import ConfigError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+T = TypeVar("T")
 
 # Defaults of vLLM's prefix repetition dataset: prefix, suffix, prefixes, output tokens.
 PREFIX_REPETITION_DEFAULTS = (256, 256, 10, 128)
@@ -233,17 +235,20 @@ def serve_requests(
     return _prefix_repetition(args, tokenizer, seed, args.output_len)
 
 
+def assigned(choices: Sequence[T], count: int, assignment: str, seed: int) -> list[T]:
+    """One of `choices` for each of `count` requests, as vLLM's benchmarks assign LoRA
+    adapters: in turn (round-robin) or drawn at random (seeded)."""
+    if assignment == "round-robin":
+        return [choices[i % len(choices)] for i in range(count)]
+    rng = random.Random(seed)
+    return [rng.choice(choices) for _ in range(count)]
+
+
 def with_lora_modules(
     requests: list[SampleRequest], names: Sequence[str], assignment: str, seed: int
 ) -> list[SampleRequest]:
     """The requests, each asking for one of the LoRA adapters `names` instead of the model,
     as vLLM's `bench serve --lora-modules` sends them: in turn (round-robin) or drawn at
     random (seeded)."""
-    rng = random.Random(seed)
-    return [
-        dataclasses.replace(
-            request,
-            model=names[i % len(names)] if assignment == "round-robin" else rng.choice(names),
-        )
-        for i, request in enumerate(requests)
-    ]
+    models = assigned(names, len(requests), assignment, seed)
+    return [dataclasses.replace(r, model=m) for r, m in zip(requests, models, strict=True)]

@@ -135,10 +135,11 @@ class Scheduler:
         )
 
     def lora_adapters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The names of the adapters of the running requests, and of the waiting ones."""
-        running = (r.lora.lora_name for r in self.running if r.lora is not None)
-        waiting = (e[2].lora.lora_name for e in sorted(self._waiting) if e[2].lora is not None)
-        return tuple(dict.fromkeys(running)), tuple(dict.fromkeys(waiting))
+        """The names of the adapters of the running requests, and of the waiting ones, each
+        sorted (no sort of the waiting queue itself, once a step)."""
+        running = {r.lora.lora_name for r in self.running if r.lora is not None}
+        waiting = {e[2].lora.lora_name for e in self._waiting if e[2].lora is not None}
+        return tuple(sorted(running)), tuple(sorted(waiting))
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self._waiting)

@@ -201,11 +201,11 @@ class ModelRunner:
     def prepare(self, plan: StepPlan) -> PreparedStep:
         for seq_id in plan.finished_seq_ids:
             self.slots.forget(seq_id)
+            if self.lora is not None:
+                self.lora.forget(seq_id)
         admissions = [self.slots.admit(seq) for seq in plan.new_sequences]
         lora_loads = lora_token_slots = None
         if self.lora is not None:
-            for seq_id in plan.finished_seq_ids:
-                self.lora.forget(seq_id)
             lora_loads = [load for seq in plan.new_sequences if (load := self.lora.admit(seq))]
             lora_token_slots = self.lora.token_slots(plan)
         inputs, row_slots = build_host_inputs(
