@@ -50,7 +50,8 @@
 # other stage. A stage cut short still leaves its log, and kernel_bandwidth.py reports the
 # cases it finished.
 # KERNELS_ONLY, when set, is kernel_bandwidth.py's --only REGEX: the cases to run when a
-# lease is too short for all of them (884 at bf16 and fp16 since the quantized kernels).
+# lease is too short for all of them (884 at bf16 and fp16 since the quantized kernels,
+# 16 more since the MoE layers: '^fused_moe' runs those alone).
 # THROUGHPUT_PROMPTS (1000) sizes the throughput workload (256 prompt tokens and 128 output
 # tokens each, at most 256 sequences a step).
 #

@@ -4,12 +4,13 @@ For each case of bench/kernel_cases.py (rms_norm with and without the residual, 
 neox and GPT-J, silu_and_mul, write_kv_cache with float and fp8 caches, paged attention
 over decode-only, prefill and mixed batches and over fp8 caches, the sampling kernels, and
 the linear layers on GGUF, AWQ/GPTQ int4 and FP8 weights; SmolLM2-135M and Llama-3-8B
-shapes; bf16 and fp16), it first checks the Triton output against the kernel's torch
-reference on fresh random inputs (a row that does not match is marked FAILED), then times
-the call with `triton.testing.do_bench` (CUDA events, L2 flushed before each run, the
-median kept; `--cuda-graphs` replays it from a CUDA graph instead) and reports the minimum
-bytes the call must move, the achieved GB/s, that as a share of a device-to-device copy
-measured first (the practical bandwidth ceiling), and for attention the achieved TFLOP/s.
+shapes; the MoE layers of Mixtral-8x7B and Qwen3-30B-A3B; bf16 and fp16), it first checks
+the Triton output against the kernel's torch reference on fresh random inputs (a row that
+does not match is marked FAILED), then times the call with `triton.testing.do_bench` (CUDA
+events, L2 flushed before each run, the median kept; `--cuda-graphs` replays it from a
+CUDA graph instead) and reports the minimum bytes the call must move, the achieved GB/s,
+that as a share of a device-to-device copy measured first (the practical bandwidth
+ceiling), and for attention the achieved TFLOP/s.
 Progress goes to stderr; the report (device, formulas, a markdown table) to stdout, the
 table last. `--json PATH` writes every row.
 

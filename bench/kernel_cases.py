@@ -18,7 +18,8 @@ The types these share are in bench/kernel_case_types.py, the cases of the linear
 (GGUF blocks) in bench/kernel_cases_linear.py, those on AWQ / GPTQ weights in
 bench/kernel_cases_int4_group.py, those on FP8 weights in bench/kernel_cases_fp8_linear.py,
 the dense GEMM of batch-invariant mode in bench/kernel_cases_dense.py, the rotary fused
-with the KV write in bench/kernel_cases_rotary_kv.py. This module imports triton (through
+with the KV write in bench/kernel_cases_rotary_kv.py, the mixture-of-experts block in
+bench/kernel_cases_moe.py. This module imports triton (through
 aioserve's kernels), so TRITON_INTERPRET must be set before it is imported when the
 kernels are to be interpreted on the CPU.
 """
@@ -74,6 +75,14 @@ from bench.kernel_cases_int4_group import FORMULAS as INT4_GROUP_FORMULAS
 from bench.kernel_cases_int4_group import int4_group_linear_cases
 from bench.kernel_cases_linear import FORMULAS as LINEAR_FORMULAS
 from bench.kernel_cases_linear import gguf_linear_cases
+from bench.kernel_cases_moe import FORMULAS as MOE_FORMULAS
+from bench.kernel_cases_moe import (
+    MIXTRAL_8X7B,
+    QWEN3_30B_A3B,
+    TINY_MOE,
+    MoEShape,
+    moe_cases,
+)
 from bench.kernel_cases_rotary_kv import FORMULAS as ROTARY_KV_FORMULAS
 from bench.kernel_cases_rotary_kv import rotary_kv_write_case
 
@@ -120,6 +129,7 @@ FORMULAS = (
     | DENSE_FORMULAS
     | ROTARY_KV_FORMULAS
     | INT4_GROUP_FORMULAS
+    | MOE_FORMULAS
 )
 
 
@@ -137,6 +147,7 @@ class Workload:
     attention_batches: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]  # (label, (q_len, L))
     sample_rows: tuple[int, ...]  # B of the sampling kernels
     block_size: int = 16
+    moe_models: tuple[MoEShape, ...] = ()  # MoE layers, over token_batches
 
 
 def _decodes(batch: int, context: int) -> tuple[str, tuple[tuple[int, int], ...]]:
@@ -163,6 +174,7 @@ SERVING = Workload(
         ("prefill 2048 + 64 decodes x1024", ((2048, 2048),) + ((1, 1024),) * 64),
     ),
     sample_rows=(1, 256),
+    moe_models=(MIXTRAL_8X7B, QWEN3_30B_A3B),
 )
 
 TINY_CHECKS = Workload(
@@ -174,6 +186,7 @@ TINY_CHECKS = Workload(
         ("chunk 12 after 20 + 2 decodes", ((12, 32), (1, 17), (1, 5))),
     ),
     sample_rows=(1, 6),
+    moe_models=(TINY_MOE,),
 )
 
 
@@ -536,8 +549,9 @@ def build_cases(
     """Every case of `workload`, built one at a time (each one's inputs freed after it),
     its inputs drawn from `inputs` (`Zeros` where no kernel will run).
 
-    The per-token kernels, attention and the linear layers run in each of `dtypes`; the
-    sampling kernels run once, on float32 logits, as the engine calls them.
+    The per-token kernels, attention, the linear layers and the MoE layers (after the
+    dense models') run in each of `dtypes`; the sampling kernels run once, on float32
+    logits, as the engine calls them.
     """
     seeds = itertools.count(1)
 
@@ -583,3 +597,5 @@ def build_cases(
         yield from fp8_linear_cases(rand(), model, workload.token_batches, dtypes)
         yield from dense_linear_cases(rand(), model, workload.token_batches, dtypes)
         yield from int4_group_linear_cases(rand(), model, workload.token_batches, dtypes)
+    for moe in workload.moe_models:
+        yield from moe_cases(rand(), moe, workload.token_batches, dtypes)

@@ -18,7 +18,8 @@ cores) and writes the record afresh; the test fails while the record lacks a lau
 Each kernel is reached through its launcher, as the engine calls it: bench/kernel_cases.py
 builds the calls at the shapes of COMPILE_WORKLOAD in the target's dtypes, on CPU tensors, with
 the target's launch tables (aioserve.platform is made to answer as the target's device
-would). `JITFunction.run` is replaced by a recorder, so nothing is launched: the launch
+would), and a few kernels at shapes of their own (`_lora_launches`, `_moe_launches`, ...).
+`JITFunction.run` is replaced by a recorder, so nothing is launched: the launch
 that would have been made (arguments, constexprs, num_warps, ...) is compiled with
 `triton.compile` for the target instead. Reported for each: a compile error, the register
 spills (ptxas's spill stores on NVIDIA; the kernel descriptor's vgpr spill count on AMD),
@@ -59,6 +60,7 @@ from aioserve import platform
 from aioserve.kernels.encoder_attention import encoder_attention_triton
 from aioserve.kernels.int8_linear import int8_linear_triton
 from aioserve.kernels.lora import add_lora_triton, lora_token_groups
+from aioserve.kernels.moe import fused_moe_triton
 from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
 from aioserve.platform import PlatformName
 from bench.kernel_case_types import Zeros
@@ -71,6 +73,7 @@ from bench.kernel_cases import (
     build_cases,
 )
 from bench.kernel_cases_linear import linear_layers
+from bench.kernel_cases_moe import MIXTRAL_8X7B, QWEN3_30B_A3B, SMALL_MOE
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,11 @@ ENCODER_LENGTHS = (1, 64, 200)
 LORA_MODELS = (SMOLLM2_135M, LLAMA3_8B)
 LORA_RANKS = (16, 64)
 LORA_TOKEN_SLOTS = ([0], [t % 2 for t in range(64)], [t % 5 - 1 for t in range(512)])
+# Mixture-of-experts layers (kernels/moe.py): Mixtral-8x7B's (E 8, top_k 2), Qwen3-30B-A3B's
+# (E 128, top_k 8) and a small one (H 576, I 256, E 8, top_k 2), over a decode of 1 and 16
+# tokens and a prefill of 512.
+MOE_MODELS = (MIXTRAL_8X7B, QWEN3_30B_A3B, SMALL_MOE)
+MOE_TOKENS = (1, 16, 512)
 # What is measured of each compiled launch, and where each launch's measures are recorded
 # by its compile key (`compile_key`).
 _MEASURES = ("spills", "shared", "barrier_and_atomic")
@@ -221,6 +229,7 @@ def record_launches(arch: str) -> list[Launch]:
             _int8_linear_launches(model, target.dtypes)
         _encoder_attention_launches(target.dtypes)
         _lora_launches(target.dtypes)
+        _moe_launches(target.dtypes)
     finally:
         JITFunction.run = original_run
         for name, original in zip(device_globals, originals, strict=True):
@@ -273,6 +282,21 @@ def _lora_launches(dtypes: tuple[torch.dtype, ...]) -> None:
                 out = torch.zeros(len(slots), bounds[-1], dtype=dtype)
                 groups = lora_token_groups(slots, "cpu")
                 add_lora_triton(out, x, a, b, bounds, groups)
+
+
+def _moe_launches(dtypes: tuple[torch.dtype, ...]) -> None:
+    """Not a bench case (its experts would be zeroed, 2.8 GB at Mixtral's shape): the fused
+    MoE of MOE_MODELS over MOE_TOKENS, the experts' weights left unwritten (no kernel
+    runs), token t routed to experts t·k .. t·k + k - 1 modulo E."""
+    for moe, dtype in itertools.product(MOE_MODELS, dtypes):
+        h, i, e, k = moe.hidden, moe.intermediate, moe.experts, moe.top_k
+        w13 = torch.empty(e, 2 * i, h, dtype=dtype)
+        w2 = torch.empty(e, h, i, dtype=dtype)
+        for tokens in MOE_TOKENS:
+            x = torch.zeros(tokens, h, dtype=dtype)
+            topk_ids = (torch.arange(tokens * k) % e).view(tokens, k).to(torch.int32)
+            topk_weights = torch.full((tokens, k), 1 / k)
+            fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
 
 
 def compile_key(launch: Launch, arch: str) -> str:
