@@ -97,3 +97,44 @@ def tiny_model(smollm2_gguf, tmp_path_factory) -> str:
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(smollm2_gguf, tmp_path_factory) -> str:
+    """Folder of a tiny random-weight Qwen3-MoE (8 experts, top 2, renormalized) with
+    SmolLM2-135M-Instruct's tokenizer, saved by transformers as checkpoints are: one tensor
+    per expert. Its routers are scaled up, so that no token's choice of experts hangs on a
+    near tie that rounding could tip."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from aioserve.models.checkpoint import open_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny-qwen3-moe")
+    tokenizer = open_checkpoint(str(smollm2_gguf)).load_tokenizer()
+    tokenizer.save_pretrained(folder)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["Qwen3MoeForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    return str(folder)

@@ -64,6 +64,7 @@ from aioserve.models.int8_weights import keep_int8_weights
 from aioserve.models.linear import INT4_MAX_ROWS
 from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import read_lora_adapter
+from aioserve.models.moe import num_experts
 from aioserve.platform import (
     current_platform,
     device,
@@ -191,6 +192,27 @@ def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
         raise ValueError(f"--quantization fp8 cannot run here: {missing}; leave it out")
 
 
+def check_moe_weights(checkpoint: Checkpoint) -> None:
+    """A mixture-of-experts model's experts are held in 16 or 32 bits only (models/moe.py):
+    a quantized checkpoint of one is refused by name rather than dequantized whole."""
+    if not num_experts(checkpoint.hf_config):
+        return
+    if checkpoint.load_format == "gguf":
+        method = "a GGUF file"
+    elif checkpoint.int4_scheme is not None:
+        method = f"{checkpoint.int4_scheme.method.upper()} weights"
+    elif checkpoint.fp8_scheme is not None or checkpoint.quantize_to_fp8:
+        method = "FP8 weights"
+    elif checkpoint.int8_scheme is not None:
+        method = "INT8 weights"
+    else:
+        return
+    raise ValueError(
+        f"mixture-of-experts models with {method} are not supported yet: serve a 16-bit "
+        "(bfloat16, float16 or float32) checkpoint of this model, without --quantization"
+    )
+
+
 def resolve_decode_graph_sizes(
     requested: list[int], max_num_seqs: int, enforce_eager: bool
 ) -> list[int]:
@@ -246,6 +268,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         rope_theta=model_cfg.rope_theta,
     )
     check_quantize_to_fp8(checkpoint)
+    check_moe_weights(checkpoint)
     hf_config = checkpoint.hf_config
     tokenizer = None
     if not model_cfg.skip_tokenizer_init:

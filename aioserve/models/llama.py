@@ -1,12 +1,16 @@
-"""The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
+"""The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+and their mixture-of-experts kin MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM.
 
 They share one decoder: RMSNorm, rotary embeddings (with llama3 scaling), grouped-query
-attention over the paged KV cache, and a SiLU-gated MLP. The differences are switches read
-from the HF config: Qwen2 has biases on q/k/v, Qwen3 normalizes each head of q and k, and
-any of them may tie the output head to the input embeddings.
+attention over the paged KV cache, and a SiLU-gated MLP, or in the MoE models' sparse
+layers a sparse MoE block (models/moe.py). The differences are switches read from the HF
+config: Qwen2 (and Qwen2-MoE) has biases on q/k/v, Qwen3 (and Qwen3-MoE) normalizes each
+head of q and k, and any of them may tie the output head to the input embeddings.
 
 Parameter names follow the HF checkpoints, except that q/k/v are stacked into one `qkv_proj`
-and gate/up into one `gate_up_proj` (one matmul each); `load_weights` does the stacking.
+and gate/up into one `gate_up_proj` (one matmul each), Mixtral's `block_sparse_moe` is
+named `mlp` as Qwen-MoE's is, and the experts' tensors are stacked into `w13` / `w2`
+(models/moe.py); `load_weights` does the stacking.
 A checkpoint's fp8 KV-cache scales (`model.layers.N.self_attn.k_scale` / `v_scale`) land in
 `kv_scales`, [layers, 2] float32 (k, v), 1.0 where it has none; they scale the KV cache
 only when it is fp8 (runner/kv_memory.py).
@@ -25,6 +29,7 @@ from aioserve.kernels.activation import silu_and_mul
 from aioserve.kernels.rms_norm import rms_norm
 from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear, dense
+from aioserve.models.moe import ExpertWeightCopy, SparseMoeBlock, is_sparse_layer
 from aioserve.models.paged_attention_op import rotate_and_attend
 from aioserve.models.rope_parameters import rope_scaling, rope_theta, scaled_context_length
 from aioserve.models.weight_copy import copy_hf_weights
@@ -61,10 +66,10 @@ class Attention(nn.Module):
         # Qwen2 always has q/k/v biases; Llama-style configs may ask for them (and for an
         # o_proj bias) with attention_bias.
         attention_bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias = attention_bias or config.model_type == "qwen2"
+        qkv_bias = attention_bias or config.model_type in ("qwen2", "qwen2_moe")
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=attention_bias)
-        self.qk_norm = config.model_type == "qwen3"
+        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -86,7 +91,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(
@@ -94,8 +99,9 @@ class MLP(nn.Module):
             )
         if getattr(config, "mlp_bias", False):
             raise ValueError("MLP biases (mlp_bias=True) are not supported yet")
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        intermediate_size = intermediate_size or config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -107,7 +113,7 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = Attention(config, cos_sin_cache, layer_index)
-        self.mlp = MLP(config)
+        self.mlp = _feed_forward(config, layer_index)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -121,6 +127,14 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+
+def _feed_forward(config: PretrainedConfig, layer_index: int) -> nn.Module:
+    """A layer's MLP: dense, or a sparse MoE block (with Qwen2-MoE's shared expert)."""
+    if not is_sparse_layer(config, layer_index):
+        return MLP(config)
+    shared_size = getattr(config, "shared_expert_intermediate_size", 0)
+    return SparseMoeBlock(config, MLP(config, shared_size) if shared_size else None)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -194,10 +208,17 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors into the parameters (models/weight_copy.py), the KV-cache
-        scales aside; returns the parameter names filled."""
-        return copy_hf_weights(
-            self, ((name, t) for name, t in weights if not self._load_kv_scale(name, t))
+        scales and the experts' tensors aside; returns the parameter names filled."""
+        experts = ExpertWeightCopy(self)
+        loaded = copy_hf_weights(
+            self,
+            (
+                (name, t)
+                for name, t in weights
+                if not self._load_kv_scale(name, t) and not experts.copy(name, t)
+            ),
         )
+        return loaded | experts.complete()
 
     def _load_kv_scale(self, hf_name: str, tensor: torch.Tensor) -> bool:
         """Whether `hf_name` is a layer's k_scale/v_scale, then kept in kv_scales."""
@@ -214,7 +235,10 @@ class LlamaForCausalLM(nn.Module):
     def parameter_for(self, hf_name: str) -> tuple[str, int | None] | None:
         """(our parameter name, index of the shard in it or None) of an HF checkpoint tensor;
         None for a tensor the model does not take (rotary tables, a tied head's copy)."""
-        name = hf_name.removeprefix("model.")
+        name = hf_name.removeprefix("model.").replace(".block_sparse_moe.", ".mlp.")
+        # The experts stacked as transformers 5 holds them in memory (its checkpoints keep
+        # one tensor an expert, ExpertWeightCopy's): our w13 / w2 already.
+        name = name.replace(".experts.gate_up_proj", ".w13").replace(".experts.down_proj", ".w2")
         if "rotary_emb.inv_freq" in name:
             return None
         if name == "lm_head.weight" and self.tie_word_embeddings:
@@ -229,8 +253,8 @@ class LlamaForCausalLM(nn.Module):
         if ".qkv_proj." in name:
             attn = self.layers[0].self_attn
             sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [self.layers[0].mlp.gate_up_proj.out_features // 2] * 2
+        else:  # a gate_up_proj: a dense layer's, or a Qwen2-MoE shared expert's
+            sizes = [self.get_submodule(name.rsplit(".", 1)[0]).out_features // 2] * 2
         return sum(sizes[:shard]), sizes[shard]
 
     def shard_count(self, name: str) -> int:
@@ -250,4 +274,16 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class MixtralForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen2MoeForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen3MoeForCausalLM(LlamaForCausalLM):
     pass

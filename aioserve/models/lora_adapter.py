@@ -115,6 +115,12 @@ def read_lora_adapter(
             f"{path} adapts {head_or_embeddings}: LoRA on the embeddings or the output head "
             f"is not supported by aioserve yet (it adapts {sorted(_hf_module_names(model))})"
         )
+    experts = sorted({m for m in unexpected if ".experts." in m})
+    if experts:
+        raise LoRAAdapterError(
+            f"{path} adapts a mixture-of-experts model's experts ({experts[0]}, ...): LoRA on "
+            "experts is not supported by aioserve yet (attention and shared layers are)"
+        )
     if unexpected:
         raise LoRAAdapterError(
             f"While loading {path}, expected target modules in "

@@ -15,8 +15,11 @@ from aioserve.models.bert_classifiers import (
 from aioserve.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
+    MixtralForCausalLM,
     Qwen2ForCausalLM,
+    Qwen2MoeForCausalLM,
     Qwen3ForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -24,6 +27,9 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "BertModel": BertModel,
     "RobertaModel": RobertaModel,
     "XLMRobertaModel": XLMRobertaModel,

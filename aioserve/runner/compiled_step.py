@@ -8,7 +8,8 @@ each weight once at close to memory speed (models/linear.py); the output head to
 `row_weight_dtype` (bfloat16, chosen by dtype auto on a float32 CPU), those loops read
 copies of the weights in that dtype: half the bytes. Given `packed_weights` (a bfloat16
 model on a CPU with bfloat16 arithmetic), every dense product is instead oneDNN's matmul on
-weights packed once (models/linear.py `pack_weights`), an opaque op in the graph.
+weights packed once (models/linear.py `pack_weights`), an opaque op in the graph; a MoE
+model's experts are packed too (models/moe.py).
 
 Every layer runs the same code with its own weights as inputs and its index as an
 unspecialized integer, so one compiled graph serves all of them: compiling costs one
@@ -37,6 +38,7 @@ from torch import Tensor, nn
 
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, pack_weights
+from aioserve.models.moe import pack_expert_weights
 from aioserve.models.step_context import KVCache, current_step, step_context
 from aioserve.platform import current_platform
 from aioserve.runner.layer_dispatch import LayerDispatch
@@ -63,6 +65,7 @@ class ModelStep:
         self._logits = model.compute_logits
         if packed_weights:
             added = pack_weights(model)
+            pack_expert_weights(model)
             logger.info(
                 "dense products run oneDNN on its packed layout of the weights "
                 "(%.0f MiB more memory, the output head's copy)",

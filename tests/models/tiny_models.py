@@ -14,9 +14,12 @@ from transformers import (
     BertConfig,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     PretrainedConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
     RobertaConfig,
     XLMRobertaConfig,
 )
@@ -79,6 +82,45 @@ def tiny_configs() -> dict[str, object]:
         "qwen3": Qwen3Config(
             **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
         ),
+        **tiny_moe_configs(),
+    }
+
+
+def tiny_moe_configs() -> dict[str, PretrainedConfig]:
+    """The mixture-of-experts architectures: every layer sparse (Mixtral: renormalized top-2
+    of 4; Qwen3-MoE: top-2 of 8, renormalized), or a sparse layer with a shared expert, not
+    renormalized, beside a dense one (Qwen2-MoE)."""
+    return {
+        "mixtral": MixtralConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=None,
+            architectures=["MixtralForCausalLM"],
+        ),
+        "qwen2-moe": Qwen2MoeConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=96,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            architectures=["Qwen2MoeForCausalLM"],
+        ),
+        "qwen3-moe": Qwen3MoeConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            norm_topk_prob=True,
+            architectures=["Qwen3MoeForCausalLM"],
+        ),
     }
 
 
@@ -94,6 +136,10 @@ def hf_and_ours(config, dtype: torch.dtype = torch.float32, seed: int = 0, devic
                 param.uniform_(0.5, 1.5)
             elif "bias" in name:
                 param.normal_(0, 0.1)
+            elif name.endswith("mlp.gate.weight"):
+                # A MoE router: logits far apart, so that no token's choice of experts
+                # hangs on a near tie that rounding could tip either way.
+                param.normal_(0, 1.0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

@@ -1,0 +1,208 @@
+"""The sparse mixture-of-experts block of Mixtral, Qwen2-MoE and Qwen3-MoE decoder layers.
+
+In place of a dense MLP, a router (`gate`, hidden → E logits) picks each token's top_k
+experts; each expert is a SiLU-gated MLP, and their outputs are added weighted by the
+router's probabilities (kernels/moe_reference.py states the arithmetic). The experts'
+weights are stacked as the kernels take them: `w13` [E, 2·I, H] (each expert's gate_proj
+then up_proj rows) and `w2` [E, H, I] (its down_proj); the model's loader fills them from
+the checkpoint's per-expert tensors (llama.py). Qwen2-MoE adds a shared expert, a dense MLP
+every token runs, scaled by sigmoid(shared_expert_gate(x)).
+
+Which expert has which tokens changes every step and, on the CPU, is read on the host. So
+under torch.compile the experts' products are one opaque custom op, `aioserve::fused_moe`,
+as the paged attention is: the compiled graphs keep the router, its softmax and top-k, and
+the shared expert, and the op runs the Triton kernels on a GPU (kernels/moe.py, which sync
+nothing, so that a decode step can be captured in a CUDA/HIP graph) or the reference on
+the CPU. Eagerly, the same function runs directly.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor, nn
+from transformers import PretrainedConfig
+
+from aioserve.kernels.moe import fused_moe
+from aioserve.kernels.moe_reference import pack_expert_weight, select_experts
+from aioserve.models.linear import Linear
+
+# Registered through torch.library.Library, as models/lora_op.py's op is: custom_op's Python
+# layers cost a few microseconds more a call.
+_LIBRARY = torch.library.Library("aioserve", "FRAGMENT")
+_LIBRARY.define(
+    "fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
+    "Tensor[] packed_w13, Tensor[] packed_w2) -> Tensor"
+)
+_LIBRARY.impl("fused_moe", fused_moe, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("aioserve::fused_moe")
+def _(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    packed_w13: list[Tensor],
+    packed_w2: list[Tensor],
+) -> Tensor:
+    return torch.empty_like(x)
+
+
+def run_experts(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    packed_w13: list[Tensor],
+    packed_w2: list[Tensor],
+) -> Tensor:
+    """The routed experts' weighted sum [T, H] (kernels/moe.py), an opaque op when compiled."""
+    if torch.compiler.is_compiling():
+        return torch.ops.aioserve.fused_moe(
+            x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2
+        )
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2)
+
+
+def num_experts(config: PretrainedConfig) -> int:
+    """The config's expert count: Mixtral's num_local_experts, Qwen-MoE's num_experts; 0 for
+    a dense model."""
+    return int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", 0) or 0)
+
+
+def is_sparse_layer(config: PretrainedConfig, layer_index: int) -> bool:
+    """Whether decoder layer `layer_index` has a MoE block rather than a dense MLP: every
+    layer of Mixtral; Qwen-MoE's every decoder_sparse_step-th layer not in mlp_only_layers."""
+    if num_experts(config) == 0:
+        return False
+    if layer_index in (getattr(config, "mlp_only_layers", None) or []):
+        return False
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    return (layer_index + 1) % step == 0
+
+
+class SparseMoeBlock(nn.Module):
+    """Router, experts and, for Qwen2-MoE, the gated shared expert (`shared_expert`, a dense
+    MLP the model builds)."""
+
+    def __init__(self, config: PretrainedConfig, shared_expert: nn.Module | None = None) -> None:
+        super().__init__()
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"unsupported activation {config.hidden_act!r}: only silu is implemented"
+            )
+        self.num_experts = num_experts(config)
+        self.top_k = int(config.num_experts_per_tok)
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok {self.top_k} must be between 1 and the "
+                f"{self.num_experts} experts"
+            )
+        # Mixtral always renormalizes the chosen experts' probabilities; Qwen-MoE as
+        # norm_topk_prob says.
+        self.renormalize = config.model_type == "mixtral" or bool(
+            getattr(config, "norm_topk_prob", False)
+        )
+        hidden = config.hidden_size
+        intermediate = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+        self.intermediate_size = intermediate
+        self.gate = Linear(hidden, self.num_experts, bias=False)
+        self.w13 = nn.Parameter(torch.empty(self.num_experts, 2 * intermediate, hidden))
+        self.w2 = nn.Parameter(torch.empty(self.num_experts, hidden, intermediate))
+        # Each expert's weights in oneDNN's layout once `pack_expert_weights` has run (a
+        # bfloat16 model on a CPU with bfloat16 arithmetic); empty, the plain w13 / w2.
+        self.packed_w13: list[Tensor] = []
+        self.packed_w2: list[Tensor] = []
+        self.shared_expert = shared_expert
+        if shared_expert is not None:
+            self.shared_expert_gate = Linear(hidden, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)
+        out = run_experts(
+            x, self.w13, self.w2, topk_weights, topk_ids, self.packed_w13, self.packed_w2
+        )
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+@torch.no_grad()
+def pack_expert_weights(model: nn.Module) -> None:
+    """Hand each expert's weights of `model` to oneDNN in its blocked layout and release the
+    plain w13 / w2, of which a block then keeps only the shapes (as models/linear.py's
+    pack_weights does for the dense layers, on the same condition)."""
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            module.packed_w13 = [pack_expert_weight(w) for w in module.w13]
+            module.packed_w2 = [pack_expert_weight(w) for w in module.w2]
+            for param in (module.w13, module.w2):
+                param.data = param.new_zeros(()).expand(param.shape)
+
+
+# A checkpoint's per-expert tensor: Mixtral's block_sparse_moe.experts.N.w1/w3/w2 (gate, up,
+# down), Qwen-MoE's mlp.experts.N.gate_proj/up_proj/down_proj.
+_EXPERT_NAME = re.compile(
+    r"(?:model\.)?layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<expert>\d+)"
+    r"\.(?P<part>w1|w2|w3|gate_proj|up_proj|down_proj)\.weight"
+)
+# part -> (the stacked parameter, which half of its rows: 0 gate, 1 up, None the whole)
+_EXPERT_PARTS = {
+    "w1": ("w13", 0),
+    "gate_proj": ("w13", 0),
+    "w3": ("w13", 1),
+    "up_proj": ("w13", 1),
+    "w2": ("w2", None),
+    "down_proj": ("w2", None),
+}
+
+
+class ExpertWeightCopy:
+    """Copies a checkpoint's per-expert tensors into the MoE blocks' stacked `w13` / `w2`,
+    shape-checked, and says which of those parameters every expert has filled."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        self._filled: dict[str, set[tuple[int, int | None]]] = {}
+
+    def copy(self, hf_name: str, tensor: Tensor) -> bool:
+        """Whether `hf_name` is an expert's tensor, then copied into its place."""
+        match = _EXPERT_NAME.fullmatch(hf_name)
+        if match is None:
+            return False
+        layer, expert = int(match["layer"]), int(match["expert"])
+        stacked, half = _EXPERT_PARTS[match["part"]]
+        block = self._model.layers[layer].mlp
+        if not isinstance(block, SparseMoeBlock):
+            raise ValueError(f"checkpoint tensor {hf_name!r}: layer {layer} has no experts")
+        if expert >= block.num_experts:
+            raise ValueError(
+                f"checkpoint tensor {hf_name!r}: the model has {block.num_experts} experts"
+            )
+        target = getattr(block, stacked).data[expert]
+        if half is not None:
+            size = block.intermediate_size
+            target = target[half * size : (half + 1) * size]
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"shape mismatch for {hf_name}: model has {tuple(target.shape)}, "
+                f"checkpoint {tuple(tensor.shape)}"
+            )
+        with torch.no_grad():
+            target.copy_(tensor)
+        self._filled.setdefault(f"layers.{layer}.mlp.{stacked}", set()).add((expert, half))
+        return True
+
+    def complete(self) -> set[str]:
+        """The stacked parameters whose every expert's every part was copied."""
+        done = set()
+        for name, parts in self._filled.items():
+            block = self._model.get_submodule(name.rsplit(".", 1)[0])
+            halves = 2 if name.endswith("w13") else 1
+            if len(parts) == block.num_experts * halves:
+                done.add(name)
+        return done

@@ -1,0 +1,142 @@
+"""Loading mixture-of-experts checkpoints: one tensor per expert into the stacked w13 / w2,
+the checks on what a checkpoint holds, and what is refused by name (quantized experts,
+LoRA on experts). Their numerics against transformers are in test_model_parity.py (the
+MoE configs of tiny_models.py) and tests/engine/test_moe_engine.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from aioserve.engine.build import check_moe_weights
+from aioserve.models.checkpoint import open_checkpoint
+from aioserve.models.loader import load_model
+from aioserve.models.lora_adapter import LoRAAdapterError, lora_targets, read_lora_adapter
+from aioserve.models.moe import SparseMoeBlock, is_sparse_layer
+from tests.models.tiny_models import tiny_moe_configs
+
+
+@pytest.fixture(scope="module")
+def hf_moe(tiny_moe_model):
+    return AutoModelForCausalLM.from_pretrained(tiny_moe_model, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def moe(tiny_moe_model):
+    return load_model(
+        open_checkpoint(tiny_moe_model), dtype=torch.float32, device=torch.device("cpu")
+    )
+
+
+def test_per_expert_tensors_are_stacked_gate_then_up(moe, hf_moe):
+    """transformers 5 holds the experts stacked as we do; the checkpoint keeps one tensor an
+    expert (w1/w3/w2 or gate/up/down_proj), which the loader must put back in place."""
+    for i, layer in enumerate(moe.layers):
+        hf_experts = hf_moe.model.layers[i].mlp.experts
+        assert torch.equal(layer.mlp.w13, hf_experts.gate_up_proj)
+        assert torch.equal(layer.mlp.w2, hf_experts.down_proj)
+        assert torch.equal(layer.mlp.gate.weight, hf_moe.model.layers[i].mlp.gate.weight)
+
+
+def _saved_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(next(folder.glob("*.safetensors"))))
+
+
+def test_a_checkpoint_missing_an_expert_is_refused(tiny_moe_model, tmp_path):
+    folder = Path(tiny_moe_model)
+    tensors = _saved_tensors(folder)
+    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    _copy_folder_with(folder, tmp_path, tensors)
+    with pytest.raises(ValueError, match=r"lacks 1 of the model's tensors: layers\.1\.mlp\.w13"):
+        load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_an_expert_past_the_configs_count_is_refused(tiny_moe_model, tmp_path):
+    folder = Path(tiny_moe_model)
+    tensors = _saved_tensors(folder)
+    tensors["model.layers.0.mlp.experts.8.down_proj.weight"] = tensors[
+        "model.layers.0.mlp.experts.0.down_proj.weight"
+    ].clone()
+    _copy_folder_with(folder, tmp_path, tensors)
+    with pytest.raises(ValueError, match="experts.8.down_proj.weight.*has 8 experts"):
+        load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
+
+
+def _copy_folder_with(source, target, tensors: dict[str, torch.Tensor]) -> None:
+    for path in source.iterdir():
+        if path.suffix != ".safetensors" and path.is_file():
+            (target / path.name).write_bytes(path.read_bytes())
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_sparse_layers_follow_the_config():
+    configs = tiny_moe_configs()
+    assert [is_sparse_layer(configs["qwen2-moe"], i) for i in range(2)] == [True, False]
+    assert [is_sparse_layer(configs["mixtral"], i) for i in range(2)] == [True, True]
+    every_other = configs["qwen3-moe"]
+    every_other.decoder_sparse_step = 2
+    assert [is_sparse_layer(every_other, i) for i in range(4)] == [False, True, False, True]
+
+
+@pytest.mark.parametrize(
+    "quantized, named",
+    [
+        (dict(load_format="gguf"), "a GGUF file"),
+        (dict(fp8_scheme=object()), "FP8 weights"),
+        (dict(quantize_to_fp8=True), "FP8 weights"),
+        (dict(int8_scheme=object()), "INT8 weights"),
+        (dict(int4_scheme=SimpleNamespace(method="awq")), "AWQ weights"),
+    ],
+)
+def test_quantized_experts_are_refused_by_name(quantized, named):
+    fields = dict(
+        load_format="safetensors",
+        int4_scheme=None,
+        fp8_scheme=None,
+        int8_scheme=None,
+        quantize_to_fp8=False,
+    )
+    moe_checkpoint = SimpleNamespace(hf_config=tiny_moe_configs()["mixtral"], **fields)
+    check_moe_weights(moe_checkpoint)  # 16-bit: served
+    moe_checkpoint.__dict__.update(quantized)
+    with pytest.raises(ValueError, match=f"mixture-of-experts models with {named}"):
+        check_moe_weights(moe_checkpoint)
+    dense = SimpleNamespace(hf_config=SimpleNamespace(hidden_size=8), **{**fields, **quantized})
+    check_moe_weights(dense)  # a dense model's quantization is not this check's business
+
+
+def test_lora_reaches_attention_but_refuses_experts(moe, tmp_path):
+    targets = lora_targets(moe)
+    assert "layers.0.self_attn.qkv_proj" in targets
+    assert not any("experts" in name or name.endswith("mlp.gate") for name in targets)
+    assert all(isinstance(layer.mlp, SparseMoeBlock) for layer in moe.layers)
+    config = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "gate_proj"]}
+    rank_2 = {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(2, 64),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(64, 2),
+    }
+    attention_only = tmp_path / "attention"
+    attention_only.mkdir()
+    (attention_only / "adapter_config.json").write_text(json.dumps(config))
+    save_file(rank_2, str(attention_only / "adapter_model.safetensors"))
+    read = read_lora_adapter(str(attention_only), moe, max_rank=8, dtype=torch.float32)
+    assert list(read.layers) == ["layers.0.self_attn.qkv_proj"]
+
+    experts = tmp_path / "experts"
+    experts.mkdir()
+    (experts / "adapter_config.json").write_text(json.dumps(config))
+    expert = "base_model.model.model.layers.1.mlp.experts.3.gate_proj"
+    tensors = {
+        **rank_2,
+        f"{expert}.lora_A.weight": torch.zeros(2, 64),
+        f"{expert}.lora_B.weight": torch.zeros(32, 2),
+    }
+    save_file(tensors, str(experts / "adapter_model.safetensors"))
+    with pytest.raises(LoRAAdapterError, match="LoRA on experts is not supported"):
+        read_lora_adapter(str(experts), moe, max_rank=8, dtype=torch.float32)
