@@ -26,14 +26,17 @@ before rounding it; here torch's matmul hands back a rounded product first, so t
 differ by one rounding of a 16-bit y).
 
 Here the pairs are sorted by expert (stable), each expert with tokens takes one product
-for its gate/up and one for its down over all its rows, and the outputs go back to their
-pairs by index: a Python loop over the experts that have tokens, none over tokens. Which
-experts have tokens is read on the host (a sync, free on the CPU). Like the dense layers,
+for its gate/up and one for its down over all its rows (its "run"), and the outputs go
+back to their pairs by index: a Python loop over the experts that have tokens, none over
+tokens. Which experts have tokens is read on the host (a sync, free on the CPU). Like the
+dense layers,
 a pair's bits may depend on how many rows its expert's product has (torch's CPU GEMM picks
 its blocking by shape), except in batch-invariant mode, where every expert's rows are
 multiplied in fixed tiles of INVARIANT_TILE_ROWS, the last padded. On a CPU with bfloat16
 arithmetic a bfloat16 model's experts are handed to oneDNN in its blocked layout once
-(`pack_expert_weight`, as models/linear.py packs the dense layers) and multiplied there.
+(`pack_expert_weight`, as models/linear.py packs the dense layers) and multiplied there,
+each run padded to one of a few lengths so that oneDNN meets few shapes
+(`padded_run_rows`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ from aioserve.kernels import dispatch
 INVARIANT_TILE_ROWS = 16
 # The row count oneDNN lays a packed weight out for (as models/linear.py's).
 PACKED_FOR_ROWS = 64
+# Up to this many gate/up values (rows × 2I) a step's elementwise ops run once over every
+# expert's rows (`_products_by_run`): 512 KiB of float32.
+_SMALL_STEP_VALUES = 512 * 1024
 
 
 def check_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> None:
@@ -95,7 +101,8 @@ def fused_moe_reference(
     """The MoE block's output [T, H] in x's dtype (the module docstring's definition).
 
     `packed_w13` / `packed_w2`, when given, hold each expert's weights in oneDNN's blocked
-    layout (`pack_expert_weight`), read instead of w13 / w2."""
+    layout (`pack_expert_weight`), read instead of w13 / w2; each expert's run of rows is
+    then padded to one of a few sizes (`padded_run_rows`)."""
     num_tokens, top_k = topk_ids.shape
     out_dtype = x.dtype
     if num_tokens == 0:
@@ -103,24 +110,97 @@ def fused_moe_reference(
     flat_ids = topk_ids.reshape(-1).long()
     order = torch.argsort(flat_ids, stable=True)
     counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    sorted_rows = x.index_select(0, order // top_k)
+    runs = [(expert, count) for expert, count in enumerate(counts) if count]
+    sizes = [padded_run_rows(count) if packed_w13 else count for _, count in runs]
+    sorted_tokens = order // top_k
     sorted_weights = topk_weights.reshape(-1).index_select(0, order).unsqueeze(1)
-    sorted_out = torch.empty_like(sorted_rows)
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        end = start + count
-        rows = sorted_rows[start:end]
-        gate_up = _product(rows, w13[expert], packed_w13[expert] if packed_w13 else None)
-        gate, up = gate_up.float().chunk(2, dim=-1)
-        h = (F.silu(gate) * up).to(out_dtype)
-        down = _product(h, w2[expert], packed_w2[expert] if packed_w2 else None)
-        sorted_out[start:end] = (down.float() * sorted_weights[start:end]).to(out_dtype)
-        start = end
-    pair_out = torch.empty_like(sorted_out)
-    pair_out[order] = sorted_out
-    return pair_out.view(num_tokens, top_k, -1).float().sum(dim=1).to(out_dtype)
+    if sizes == [count for _, count in runs]:
+        places = torch.arange(order.numel())
+        rows, weights = x.index_select(0, sorted_tokens), sorted_weights
+    else:
+        # Pair i of the sorted order goes to row places[i] of the padded runs; the padding
+        # rows multiply token 0's values by a weight of 0, and their results are dropped.
+        shifts = [0]
+        for (_, count), size in zip(runs[:-1], sizes[:-1], strict=True):
+            shifts.append(shifts[-1] + size - count)
+        run_lengths = torch.tensor([count for _, count in runs])
+        places = torch.arange(order.numel()) + torch.tensor(shifts).repeat_interleave(run_lengths)
+        gather = torch.zeros(sum(sizes), dtype=torch.long)
+        gather[places] = sorted_tokens
+        rows = x.index_select(0, gather)
+        weights = sorted_weights.new_zeros(sum(sizes), 1)
+        weights[places] = sorted_weights
+    products = _products_by_run(rows, weights, sizes, runs, w13, w2, packed_w13, packed_w2)
+    row_of_pair = torch.empty_like(places)
+    row_of_pair[order] = places
+    pair_out = products.index_select(0, row_of_pair)
+    return pair_out.view(num_tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(out_dtype)
+
+
+def _products_by_run(
+    rows: Tensor,
+    weights: Tensor,
+    sizes: list[int],
+    runs: list[tuple[int, int]],
+    w13: Tensor,
+    w2: Tensor,
+    packed_w13: Sequence[Tensor],
+    packed_w2: Sequence[Tensor],
+) -> Tensor:
+    """weight · down(silu(gate) · up) of each run's rows, the runs one after the other.
+
+    A small step (decodes: a few rows an expert) takes each product expert by expert and
+    each elementwise op once over every run, as each op's call costs more than its work
+    there; a large one (prefill) goes expert by expert throughout, so that a run's rows stay
+    in cache from one product to the next (once over a 2,048-token step's 16,384 pairs, the
+    float32 temporaries made it 2.7x slower). The values are the same either way."""
+    dtype = rows.dtype
+    experts = [expert for expert, _ in runs]
+
+    def gate_up(expert: int, run: Tensor) -> Tensor:
+        return _product(run, w13[expert], packed_w13[expert] if packed_w13 else None)
+
+    def down(expert: int, h: Tensor) -> Tensor:
+        return _product(h, w2[expert], packed_w2[expert] if packed_w2 else None)
+
+    if rows.shape[0] * w13.shape[1] <= _SMALL_STEP_VALUES:
+        runs_rows = zip(experts, rows.split(sizes), strict=True)
+        h = _silu_and_mul(torch.cat([gate_up(e, run) for e, run in runs_rows]), dtype)
+        products = torch.cat([down(e, run) for e, run in zip(experts, h.split(sizes), strict=True)])
+        return (products.float() * weights).to(dtype)
+    outputs = []
+    for expert, run, run_weights in zip(
+        experts, rows.split(sizes), weights.split(sizes), strict=True
+    ):
+        h = _silu_and_mul(gate_up(expert, run), dtype)
+        outputs.append((down(expert, h).float() * run_weights).to(dtype))
+    return torch.cat(outputs)
+
+
+def _silu_and_mul(gate_up: Tensor, dtype: torch.dtype) -> Tensor:
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(dtype)
+
+
+def padded_run_rows(count: int) -> int:
+    """The rows oneDNN multiplies for an expert's run of `count`: 1, else the first of 8, 12,
+    16, 24, 32, 48, ... (2ⁿ and 1.5·2ⁿ) that holds it.
+
+    oneDNN builds a primitive for every shape it multiplies and keeps the last few
+    (aioserve/host_memory.py bounds its caches to 16 entries); a step's experts have runs of
+    every length, so unpadded they rebuilt primitives all the time (64 random prompts on a
+    64-expert model: 40 s where 23 s with oneDNN's default caches). Up to 8 rows a product
+    takes as long as one row (it reads the weight), and above that a third more rows at
+    most cost less than a rebuilt primitive (~0.7 ms)."""
+    if count <= 1:
+        return count
+    size = 8
+    while True:
+        if count <= size:
+            return size
+        if count <= size * 3 // 2:
+            return size * 3 // 2
+        size *= 2
 
 
 def pack_expert_weight(weight: Tensor) -> Tensor:

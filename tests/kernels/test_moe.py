@@ -17,14 +17,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aioserve.kernels import dispatch
+from aioserve.kernels import dispatch, moe_reference
 from aioserve.kernels import moe as moe_module
 from aioserve.kernels.moe import align_pairs_to_blocks, fused_moe, fused_moe_triton, moe_config
 from aioserve.kernels.moe_reference import (
     INVARIANT_TILE_ROWS,
     fused_moe_reference,
+    pack_expert_weight,
+    padded_run_rows,
     select_experts,
 )
+from aioserve.models.linear import onednn_packs
 
 _TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=2e-5),
@@ -137,6 +140,36 @@ def test_reference_in_batch_invariant_mode(dtype):
     torch.testing.assert_close(
         batched.double(), naive(x, w13, w2, weights, ids), **_TOLERANCE[dtype]
     )
+
+
+def test_padded_run_rows():
+    sizes = {n: padded_run_rows(n) for n in range(1, 200)}
+    assert sizes[1] == 1 and sizes[2] == sizes[8] == 8
+    assert [sizes[n] for n in (9, 12, 13, 17, 25, 33, 49, 65, 97, 129, 193)] == [
+        12, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256,
+    ]  # fmt: skip
+    assert all(n <= size <= max(8, n * 3 // 2 + 1) for n, size in sizes.items())
+    assert len(set(sizes.values())) == 12  # 199 lengths, 12 shapes for oneDNN
+
+
+@pytest.mark.skipif(not onednn_packs(torch.bfloat16), reason="no bfloat16 oneDNN on this CPU")
+@pytest.mark.parametrize("by_run", [False, True], ids=["small step", "expert by expert"])
+@pytest.mark.parametrize("num_tokens", [1, 21, 40])
+def test_reference_on_packed_experts(num_tokens, by_run, monkeypatch):
+    """Experts packed for oneDNN and their runs padded (21 tokens: runs of 1 to 14 rows),
+    the elementwise ops once over the step or expert by expert: the naive loop's values."""
+    if by_run:
+        monkeypatch.setattr(moe_reference, "_SMALL_STEP_VALUES", 0)
+    hidden, inter = _SHAPES["whole tiles"]
+    w13, w2 = make_experts(hidden, inter, torch.bfloat16)
+    x, weights, ids = make_routing(_skewed(40)[:num_tokens], torch.bfloat16, hidden)
+    packed_w13 = [pack_expert_weight(w) for w in w13]
+    packed_w2 = [pack_expert_weight(w) for w in w2]
+    out = fused_moe_reference(x, w13, w2, weights, ids, packed_w13, packed_w2)
+    expected = naive(x, w13, w2, weights, ids)
+    torch.testing.assert_close(out.double(), expected, **_TOLERANCE[torch.bfloat16])
+    plain = fused_moe_reference(x, w13, w2, weights, ids)
+    torch.testing.assert_close(out, plain, atol=2e-2, rtol=2e-2)
 
 
 # --- the alignment --------------------------------------------------------------------
