@@ -13,7 +13,9 @@ under torch.compile the experts' products are one opaque custom op, `aioserve::f
 as the paged attention is: the compiled graphs keep the router, its softmax and top-k, and
 the shared expert, and the op runs the Triton kernels on a GPU (kernels/moe.py, which sync
 nothing, so that a decode step can be captured in a CUDA/HIP graph) or the reference on
-the CPU. Eagerly, the same function runs directly.
+the CPU. Eagerly, the same function runs directly. Where the CPU's dense products run
+oneDNN on packed weights (a bfloat16 model on a CPU with bfloat16 arithmetic,
+models/linear.py), so do the experts' (`pack_expert_weights`).
 """
 
 from __future__ import annotations
