@@ -133,8 +133,13 @@ def fused_moe_reference(
     products = _products_by_run(rows, weights, sizes, runs, w13, w2, packed_w13, packed_w2)
     row_of_pair = torch.empty_like(places)
     row_of_pair[order] = places
-    pair_out = products.index_select(0, row_of_pair)
-    return pair_out.view(num_tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(out_dtype)
+    pair_out = products.index_select(0, row_of_pair).view(num_tokens, top_k, -1)
+    # Σ_j in float32, j = 0, 1, ...: a sum over the middle dimension converted whole first
+    # took 3x as long (11 ms at 2,048 tokens of 8 choices).
+    out = pair_out[:, 0].float()
+    for choice in range(1, top_k):
+        out += pair_out[:, choice]
+    return out.to(out_dtype)
 
 
 def _products_by_run(
@@ -173,13 +178,15 @@ def _products_by_run(
         experts, rows.split(sizes), weights.split(sizes), strict=True
     ):
         h = _silu_and_mul(gate_up(expert, run), dtype)
-        outputs.append((down(expert, h).float() * run_weights).to(dtype))
+        outputs.append(down(expert, h).float().mul_(run_weights).to(dtype))
     return torch.cat(outputs)
 
 
 def _silu_and_mul(gate_up: Tensor, dtype: torch.dtype) -> Tensor:
-    gate, up = gate_up.float().chunk(2, dim=-1)
-    return (F.silu(gate) * up).to(dtype)
+    """silu(gate) · up in float32, rounded to `dtype`, with one float32 temporary."""
+    half = gate_up.shape[-1] // 2
+    h = F.silu(gate_up[:, :half].float(), inplace=True)
+    return h.mul_(gate_up[:, half:]).to(dtype)
 
 
 def padded_run_rows(count: int) -> int:
