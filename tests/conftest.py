@@ -104,7 +104,7 @@ def tiny_moe_model(smollm2_gguf, tmp_path_factory) -> str:
     """Folder of a tiny random-weight Qwen3-MoE (8 experts, top 2, renormalized) with
     SmolLM2-135M-Instruct's tokenizer, saved by transformers as checkpoints are: one tensor
     per expert. Its routers are scaled up, so that no token's choice of experts hangs on a
-    near tie that rounding could tip."""
+    near tie that rounding could tip, and its experts and embeddings too (see below)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from aioserve.models.checkpoint import open_checkpoint
@@ -136,5 +136,12 @@ def tiny_moe_model(smollm2_gguf, tmp_path_factory) -> str:
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 param.normal_(0, 1.0)
+            elif ".experts." in name:
+                # Experts whose outputs are as large as the residual stream's, and token
+                # embeddings (the tied head) that make the logits peaked: a wrong expert
+                # then moves the logprobs far beyond bfloat16's rounding.
+                param.normal_(0, 0.2)
+            elif name.endswith("embed_tokens.weight"):
+                param.normal_(0, 0.3)
     model.save_pretrained(folder)
     return str(folder)

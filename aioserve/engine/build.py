@@ -197,19 +197,25 @@ def check_moe_weights(checkpoint: Checkpoint) -> None:
     a quantized checkpoint of one is refused by name rather than dequantized whole."""
     if not num_experts(checkpoint.hf_config):
         return
+    architecture = (getattr(checkpoint.hf_config, "architectures", None) or ["?"])[0]
+    if checkpoint.quantize_to_fp8:
+        raise ValueError(
+            f"--quantization fp8 is not supported for mixture-of-experts models "
+            f"({architecture}) yet: leave it out"
+        )
     if checkpoint.load_format == "gguf":
         method = "a GGUF file"
     elif checkpoint.int4_scheme is not None:
         method = f"{checkpoint.int4_scheme.method.upper()} weights"
-    elif checkpoint.fp8_scheme is not None or checkpoint.quantize_to_fp8:
+    elif checkpoint.fp8_scheme is not None:
         method = "FP8 weights"
     elif checkpoint.int8_scheme is not None:
         method = "INT8 weights"
     else:
         return
     raise ValueError(
-        f"mixture-of-experts models with {method} are not supported yet: serve a 16-bit "
-        "(bfloat16, float16 or float32) checkpoint of this model, without --quantization"
+        f"mixture-of-experts models ({architecture}) with {method} are not supported yet: "
+        "serve a 16-bit (bfloat16, float16 or float32) checkpoint of this model"
     )
 
 

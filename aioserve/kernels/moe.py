@@ -286,7 +286,7 @@ def fused_moe(
     dtype; topk_weights float32 and topk_ids int [T, top_k], every id below E. The CPU's
     oneDNN-packed experts, where a model keeps them (moe_reference.pack_expert_weight),
     are read instead of w13 / w2 by the reference."""
-    check_moe(x, w13, w2, topk_weights, topk_ids)
     if dispatch.use_triton():
-        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids)  # checks the operands
+    check_moe(x, w13, w2, topk_weights, topk_ids)
     return fused_moe_reference(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2)

@@ -66,7 +66,11 @@ class Attention(nn.Module):
         # Qwen2 always has q/k/v biases; Llama-style configs may ask for them (and for an
         # o_proj bias) with attention_bias.
         attention_bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias = attention_bias or config.model_type in ("qwen2", "qwen2_moe")
+        qkv_bias = (
+            attention_bias
+            or config.model_type == "qwen2"
+            or (config.model_type == "qwen2_moe" and getattr(config, "qkv_bias", True))
+        )
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=attention_bias)
         self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")

@@ -36,6 +36,7 @@ LORA_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _TENSOR_NAME = re.compile(
     r"base_model\.model\.(?P<module>.+)\.lora_(?P<kind>[AB])(?:\.default)?\.weight"
 )
+_EXPERTS = re.compile(r"\.experts(\.|$)")
 _EMBEDDINGS_OR_HEAD = re.compile(r"(^|\.)(embed_tokens|lm_head)(\.|$)")
 # PEFT's inits that only set starting values; the others change the base weights.
 _PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
@@ -115,7 +116,7 @@ def read_lora_adapter(
             f"{path} adapts {head_or_embeddings}: LoRA on the embeddings or the output head "
             f"is not supported by aioserve yet (it adapts {sorted(_hf_module_names(model))})"
         )
-    experts = sorted({m for m in unexpected if ".experts." in m})
+    experts = sorted({m for m in unexpected if _EXPERTS.search(m)})
     if experts:
         raise LoRAAdapterError(
             f"{path} adapts a mixture-of-experts model's experts ({experts[0]}, ...): LoRA on "

@@ -50,7 +50,7 @@ def _(
     packed_w13: list[Tensor],
     packed_w2: list[Tensor],
 ) -> Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 def run_experts(
@@ -178,7 +178,10 @@ class ExpertWeightCopy:
             return False
         layer, expert = int(match["layer"]), int(match["expert"])
         stacked, half = _EXPERT_PARTS[match["part"]]
-        block = self._model.layers[layer].mlp
+        layers = self._model.layers
+        if layer >= len(layers):
+            raise ValueError(f"checkpoint tensor {hf_name!r}: the model has {len(layers)} layers")
+        block = layers[layer].mlp
         if not isinstance(block, SparseMoeBlock):
             raise ValueError(f"checkpoint tensor {hf_name!r}: layer {layer} has no experts")
         if expert >= block.num_experts:
@@ -200,11 +203,17 @@ class ExpertWeightCopy:
         return True
 
     def complete(self) -> set[str]:
-        """The stacked parameters whose every expert's every part was copied."""
-        done = set()
+        """The stacked parameters whose every expert's every part was copied; ValueError
+        naming the first missing one where a checkpoint holds only some of a block's."""
         for name, parts in self._filled.items():
             block = self._model.get_submodule(name.rsplit(".", 1)[0])
-            halves = 2 if name.endswith("w13") else 1
-            if len(parts) == block.num_experts * halves:
-                done.add(name)
-        return done
+            halves = (0, 1) if name.endswith("w13") else (None,)
+            for expert in range(block.num_experts):
+                for half in halves:
+                    if (expert, half) not in parts:
+                        part = {0: "gate_proj", 1: "up_proj", None: "down_proj"}[half]
+                        raise ValueError(
+                            f"the checkpoint lacks {name.rsplit('.', 1)[0]}.experts.{expert}"
+                            f".{part} (or its w1/w3/w2 name)"
+                        )
+        return set(self._filled)

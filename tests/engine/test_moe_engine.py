@@ -2,11 +2,12 @@
 
 A tiny random Qwen3-MoE saved as checkpoints are (one tensor per expert; `tiny_moe_model`),
 served by `LLM` as a user would: the CPU step compiled, the experts an opaque op in its
-graphs. In float32 the greedy tokens and their logprobs must be transformers', prompts
-batched or alone. In bfloat16 (packed products, the one-row decode graph) the logprob of
-each token the engine chose must be within bfloat16's reach of transformers' float32 one,
-teacher-forced on the engine's own tokens, so that an argmax tipped by rounding cannot
-fail it but a wrong expert would.
+graphs. Its experts and embeddings are scaled so that the experts weigh in the output and
+the logits are peaked (`tiny_moe_model`). In float32 the greedy tokens and their logprobs
+must be transformers', prompts batched or alone. In bfloat16 (packed products, padded
+runs, the one-row decode graph) the logprobs of the prompt and of each token the engine
+chose, teacher-forced on the engine's own tokens, must be within bfloat16's reach of
+transformers' float32 ones.
 """
 
 from __future__ import annotations
@@ -82,21 +83,30 @@ def test_float32_greedy_matches_transformers_batched_and_alone(float32_llm, hf_m
 
 
 def test_bfloat16_logprobs_follow_transformers(tiny_moe_model, hf_model):
+    """Prompt logprobs (multi-row steps: packed experts, padded runs) within 2.5% of
+    transformers' float32 ones, as bfloat16 rounding leaves them (1.4% at worst here;
+    experts 0 and 1 of one layer swapped: up to 55%, dropped renormalization: 3.3%).
+    Decode logprobs (the one-row graph) mostly within 0.05: a router's near tie that
+    bfloat16 tips sends a token to another expert, which moves its logprob by several
+    units (1 of 16 here), as it would in any bfloat16 server."""
     engine = LLM(model=tiny_moe_model, dtype="bfloat16", block_size=8, max_model_len=256)
     try:
         params = SamplingParams(
             temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0, prompt_logprobs=0
         )
+        decode_errors = []
         for prompt in PROMPTS:  # one at a time: one-row decode steps
             output = engine.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
             tokens, logprobs = _chosen(output)
-            assert logprobs == pytest.approx(hf_logprobs_of(hf_model, prompt, tokens), abs=0.08)
+            expected = hf_logprobs_of(hf_model, prompt, tokens)
+            decode_errors += [abs(a - b) for a, b in zip(logprobs, expected, strict=True)]
             prompt_logprobs = [
                 entry[token].logprob
                 for entry, token in zip(output.prompt_logprobs[1:], prompt[1:], strict=True)
             ]
-            assert prompt_logprobs == pytest.approx(
-                hf_logprobs_of(hf_model, prompt[:1], prompt[1:]), abs=0.08
-            )
+            expected = hf_logprobs_of(hf_model, prompt[:1], prompt[1:])
+            assert prompt_logprobs == pytest.approx(expected, rel=0.025)
+        close = sum(error < 0.05 for error in decode_errors)
+        assert close >= 0.75 * len(decode_errors), sorted(decode_errors)
     finally:
         engine.close()

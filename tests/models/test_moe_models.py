@@ -9,13 +9,17 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from aioserve.engine.build import check_moe_weights
+from aioserve.kernels.moe_reference import pack_expert_weight, select_experts
 from aioserve.models.checkpoint import open_checkpoint
+from aioserve.models.linear import onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import LoRAAdapterError, lora_targets, read_lora_adapter
 from aioserve.models.moe import SparseMoeBlock, is_sparse_layer
@@ -53,7 +57,7 @@ def test_a_checkpoint_missing_an_expert_is_refused(tiny_moe_model, tmp_path):
     tensors = _saved_tensors(folder)
     del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
     _copy_folder_with(folder, tmp_path, tensors)
-    with pytest.raises(ValueError, match=r"lacks 1 of the model's tensors: layers\.1\.mlp\.w13"):
+    with pytest.raises(ValueError, match=r"lacks layers\.1\.mlp\.experts\.5\.up_proj"):
         load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
 
 
@@ -66,6 +70,85 @@ def test_an_expert_past_the_configs_count_is_refused(tiny_moe_model, tmp_path):
     _copy_folder_with(folder, tmp_path, tensors)
     with pytest.raises(ValueError, match="experts.8.down_proj.weight.*has 8 experts"):
         load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_an_expert_past_the_configs_layers_is_refused(tiny_moe_model, tmp_path):
+    folder = Path(tiny_moe_model)
+    tensors = _saved_tensors(folder)
+    tensors["model.layers.2.mlp.experts.0.down_proj.weight"] = tensors[
+        "model.layers.0.mlp.experts.0.down_proj.weight"
+    ].clone()
+    _copy_folder_with(folder, tmp_path, tensors)
+    with pytest.raises(ValueError, match="layers.2.mlp.experts.0.down_proj.weight.*has 2 layers"):
+        load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])
+def test_saved_checkpoints_of_the_other_families_load_in_place(name, tmp_path):
+    """transformers saves Mixtral's experts as block_sparse_moe.experts.N.w1 / w3 / w2 (gate,
+    up, down) and Qwen2-MoE's with a shared expert and its gate; loaded, every stacked
+    weight equals the one transformers holds."""
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(tiny_moe_configs()[name]).eval()
+    hf.save_pretrained(tmp_path)
+    names = set(_saved_tensors(tmp_path))
+    assert ("model.layers.0.block_sparse_moe.experts.3.w3.weight" in names) == (name == "mixtral")
+    ours = load_model(
+        open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu")
+    )
+    layer = ours.layers[0].mlp
+    hf_layer = hf.model.layers[0].mlp
+    assert torch.equal(layer.w13, hf_layer.experts.gate_up_proj)
+    assert torch.equal(layer.w2, hf_layer.experts.down_proj)
+    assert torch.equal(layer.gate.weight, hf_layer.gate.weight)
+    if name == "qwen2-moe":
+        assert torch.equal(layer.shared_expert_gate.weight, hf_layer.shared_expert_gate.weight)
+        shared = hf_layer.shared_expert
+        stacked = torch.cat([shared.gate_proj.weight, shared.up_proj.weight])
+        assert torch.equal(layer.shared_expert.gate_up_proj.weight, stacked)
+
+
+def test_a_mixture_of_experts_gguf_is_refused_by_name(tmp_path):
+    path = tmp_path / "moe.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen3moe")
+    writer.add_uint32("qwen3moe.expert_count", 8)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="mixture-of-experts model .qwen3moe, 8 experts.*GGUF"):
+        open_checkpoint(str(path))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_the_custom_op_passes_torch_opcheck(dtype, top_k):
+    """The op's schema and fake agree with what it computes (shapes, strides, no aliasing),
+    as torch.compile needs. (opcheck cannot take oneDNN's packed tensors, which have no
+    storage: the compiled bf16 engine in tests/engine/test_moe_engine.py runs those.)"""
+    gen = torch.Generator().manual_seed(0)
+    w13 = torch.randn(4, 32, 16, generator=gen).to(dtype)
+    w2 = torch.randn(4, 16, 16, generator=gen).to(dtype)
+    x = torch.randn(5, 16, generator=gen).to(dtype)
+    weights, ids = select_experts(torch.randn(5, 4, generator=gen), top_k, True)
+    args = (x, w13, w2, weights, ids, [], [])
+    torch.library.opcheck(torch.ops.aioserve.fused_moe.default, args)
+    assert torch.ops.aioserve.fused_moe(*args).is_contiguous()
+
+
+@pytest.mark.skipif(not onednn_packs(torch.bfloat16), reason="no bfloat16 oneDNN on this CPU")
+def test_the_custom_op_on_packed_experts_is_contiguous():
+    gen = torch.Generator().manual_seed(0)
+    w13 = torch.randn(4, 32, 16, generator=gen).bfloat16()
+    w2 = torch.randn(4, 16, 16, generator=gen).bfloat16()
+    x = torch.randn(5, 16, generator=gen).bfloat16()
+    weights, ids = select_experts(torch.randn(5, 4, generator=gen), 2, True)
+    packed = ([pack_expert_weight(w) for w in w13], [pack_expert_weight(w) for w in w2])
+    out = torch.ops.aioserve.fused_moe(x, w13, w2, weights, ids, *packed)
+    assert out.is_contiguous() and out.shape == x.shape
+    plain = torch.ops.aioserve.fused_moe(x, w13, w2, weights, ids, [], [])
+    torch.testing.assert_close(out, plain, atol=2e-2, rtol=2e-2)
 
 
 def _copy_folder_with(source, target, tensors: dict[str, torch.Tensor]) -> None:
@@ -89,7 +172,6 @@ def test_sparse_layers_follow_the_config():
     [
         (dict(load_format="gguf"), "a GGUF file"),
         (dict(fp8_scheme=object()), "FP8 weights"),
-        (dict(quantize_to_fp8=True), "FP8 weights"),
         (dict(int8_scheme=object()), "INT8 weights"),
         (dict(int4_scheme=SimpleNamespace(method="awq")), "AWQ weights"),
     ],
@@ -105,10 +187,27 @@ def test_quantized_experts_are_refused_by_name(quantized, named):
     moe_checkpoint = SimpleNamespace(hf_config=tiny_moe_configs()["mixtral"], **fields)
     check_moe_weights(moe_checkpoint)  # 16-bit: served
     moe_checkpoint.__dict__.update(quantized)
-    with pytest.raises(ValueError, match=f"mixture-of-experts models with {named}"):
+    with pytest.raises(
+        ValueError, match=rf"mixture-of-experts models \(MixtralForCausalLM\) with {named}"
+    ):
         check_moe_weights(moe_checkpoint)
     dense = SimpleNamespace(hf_config=SimpleNamespace(hidden_size=8), **{**fields, **quantized})
     check_moe_weights(dense)  # a dense model's quantization is not this check's business
+
+
+def test_quantize_to_fp8_is_refused_for_moe_models():
+    checkpoint = SimpleNamespace(
+        hf_config=tiny_moe_configs()["qwen3-moe"],
+        load_format="safetensors",
+        int4_scheme=None,
+        fp8_scheme=None,
+        int8_scheme=None,
+        quantize_to_fp8=True,
+    )
+    with pytest.raises(
+        ValueError, match=r"--quantization fp8 .*\(Qwen3MoeForCausalLM\).*leave it out"
+    ):
+        check_moe_weights(checkpoint)
 
 
 def test_lora_reaches_attention_but_refuses_experts(moe, tmp_path):

@@ -194,6 +194,12 @@ class GGUFFile:
 
     def hf_config(self) -> PretrainedConfig:
         """The transformers config of the model, built from the metadata alone."""
+        if self._arch("expert_count", 0):
+            raise ValueError(
+                f"{self.path} holds a mixture-of-experts model ({self.architecture}, "
+                f"{self._arch('expert_count')} experts): mixture-of-experts models in GGUF "
+                "files are not supported yet; serve a 16-bit Hugging Face checkpoint of it"
+            )
         if self.architecture not in _ARCHITECTURES:
             raise ValueError(
                 f"GGUF architecture {self.architecture!r} of {self.path} is not supported; "
