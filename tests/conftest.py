@@ -65,6 +65,32 @@ def minilm_folder():
     return resolve_model("sentence-transformers/all-MiniLM-L6-v2").path
 
 
+# The tiny random models' shape (tiny_model, tiny_moe_model): SmolLM2's vocabulary, the rest
+# small enough to load and run in a second.
+_TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _folder_with_smollm2_tokenizer(smollm2_gguf, tmp_path_factory, name: str):
+    """A new folder holding SmolLM2-135M-Instruct's tokenizer, and its vocabulary size."""
+    from aioserve.models.checkpoint import open_checkpoint
+
+    folder = tmp_path_factory.mktemp(name)
+    tokenizer = open_checkpoint(str(smollm2_gguf)).load_tokenizer()
+    tokenizer.save_pretrained(folder)
+    return folder, len(tokenizer)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(smollm2_gguf, tmp_path_factory) -> str:
     """Folder of a tiny random-weight Llama with SmolLM2-135M-Instruct's tokenizer.
@@ -75,25 +101,10 @@ def tiny_model(smollm2_gguf, tmp_path_factory) -> str:
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from aioserve.models.checkpoint import open_checkpoint
-
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = open_checkpoint(str(smollm2_gguf)).load_tokenizer()
-    tokenizer.save_pretrained(folder)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        architectures=["LlamaForCausalLM"],
+    folder, vocab_size = _folder_with_smollm2_tokenizer(
+        smollm2_gguf, tmp_path_factory, "tiny-llama"
     )
+    config = LlamaConfig(vocab_size=vocab_size, **_TINY_SHAPE, architectures=["LlamaForCausalLM"])
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)
@@ -107,27 +118,16 @@ def tiny_moe_model(smollm2_gguf, tmp_path_factory) -> str:
     near tie that rounding could tip, and its experts and embeddings too (see below)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from aioserve.models.checkpoint import open_checkpoint
-
-    folder = tmp_path_factory.mktemp("tiny-qwen3-moe")
-    tokenizer = open_checkpoint(str(smollm2_gguf)).load_tokenizer()
-    tokenizer.save_pretrained(folder)
+    folder, vocab_size = _folder_with_smollm2_tokenizer(
+        smollm2_gguf, tmp_path_factory, "tiny-qwen3-moe"
+    )
     config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        vocab_size=vocab_size,
+        **_TINY_SHAPE,
         moe_intermediate_size=32,
         num_experts=8,
         num_experts_per_tok=2,
         norm_topk_prob=True,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
         architectures=["Qwen3MoeForCausalLM"],
     )
     torch.manual_seed(0)

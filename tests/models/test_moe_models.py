@@ -52,34 +52,36 @@ def _saved_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(next(folder.glob("*.safetensors"))))
 
 
-def test_a_checkpoint_missing_an_expert_is_refused(tiny_moe_model, tmp_path):
+def _copy_of(tensors: dict[str, torch.Tensor], name: str, as_name: str) -> None:
+    tensors[as_name] = tensors[name].clone()
+
+
+_DOWN = "model.layers.0.mlp.experts.0.down_proj.weight"
+# What is done to the saved tensors, and the error that must name it.
+_BROKEN_CHECKPOINTS = {
+    "an expert missing": (
+        lambda t: t.pop("model.layers.1.mlp.experts.5.up_proj.weight"),
+        r"lacks layers\.1\.mlp\.experts\.5\.up_proj",
+    ),
+    "an expert past the count": (
+        lambda t: _copy_of(t, _DOWN, "model.layers.0.mlp.experts.8.down_proj.weight"),
+        r"experts\.8\.down_proj\.weight.*has 8 experts",
+    ),
+    "a layer past the count": (
+        lambda t: _copy_of(t, _DOWN, "model.layers.2.mlp.experts.0.down_proj.weight"),
+        r"layers\.2\.mlp\.experts\.0\.down_proj\.weight.*has 2 layers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_BROKEN_CHECKPOINTS))
+def test_a_checkpoint_with_wrong_experts_is_refused_by_name(case, tiny_moe_model, tmp_path):
     folder = Path(tiny_moe_model)
     tensors = _saved_tensors(folder)
-    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    damage, message = _BROKEN_CHECKPOINTS[case]
+    damage(tensors)
     _copy_folder_with(folder, tmp_path, tensors)
-    with pytest.raises(ValueError, match=r"lacks layers\.1\.mlp\.experts\.5\.up_proj"):
-        load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
-
-
-def test_an_expert_past_the_configs_count_is_refused(tiny_moe_model, tmp_path):
-    folder = Path(tiny_moe_model)
-    tensors = _saved_tensors(folder)
-    tensors["model.layers.0.mlp.experts.8.down_proj.weight"] = tensors[
-        "model.layers.0.mlp.experts.0.down_proj.weight"
-    ].clone()
-    _copy_folder_with(folder, tmp_path, tensors)
-    with pytest.raises(ValueError, match="experts.8.down_proj.weight.*has 8 experts"):
-        load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
-
-
-def test_an_expert_past_the_configs_layers_is_refused(tiny_moe_model, tmp_path):
-    folder = Path(tiny_moe_model)
-    tensors = _saved_tensors(folder)
-    tensors["model.layers.2.mlp.experts.0.down_proj.weight"] = tensors[
-        "model.layers.0.mlp.experts.0.down_proj.weight"
-    ].clone()
-    _copy_folder_with(folder, tmp_path, tensors)
-    with pytest.raises(ValueError, match="layers.2.mlp.experts.0.down_proj.weight.*has 2 layers"):
+    with pytest.raises(ValueError, match=message):
         load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
 
 
