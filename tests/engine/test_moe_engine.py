@@ -83,9 +83,10 @@ def test_float32_greedy_matches_transformers_batched_and_alone(float32_llm, hf_m
 
 
 def test_bfloat16_logprobs_follow_transformers(tiny_moe_model, hf_model):
-    """Prompt logprobs (multi-row steps: packed experts, padded runs) within 2.5% of
-    transformers' float32 ones, as bfloat16 rounding leaves them (1.4% at worst here;
-    experts 0 and 1 of one layer swapped: up to 55%, dropped renormalization: 3.3%).
+    """Prompt logprobs (multi-row steps: packed experts, padded runs) within 6% of
+    transformers' float32 ones, as bfloat16 rounding leaves them (1.4% at worst alone, 3.2%
+    in a whole CI run; with experts 0 and 1 of one layer swapped, 12 of 26 are off by 6.6
+    to 55%; a dropped renormalization, 3.3% at most, is the float32 test's to catch).
     Decode logprobs (the one-row graph) mostly within 0.05: a router's near tie that
     bfloat16 tips sends a token to another expert, which moves its logprob by several
     units (1 of 16 here), as it would in any bfloat16 server."""
@@ -105,7 +106,7 @@ def test_bfloat16_logprobs_follow_transformers(tiny_moe_model, hf_model):
                 for entry, token in zip(output.prompt_logprobs[1:], prompt[1:], strict=True)
             ]
             expected = hf_logprobs_of(hf_model, prompt[:1], prompt[1:])
-            assert prompt_logprobs == pytest.approx(expected, rel=0.025)
+            assert prompt_logprobs == pytest.approx(expected, rel=0.06)
         close = sum(error < 0.05 for error in decode_errors)
         assert close >= 0.75 * len(decode_errors), sorted(decode_errors)
     finally:
