@@ -76,13 +76,7 @@ from bench.kernel_cases_int4_group import int4_group_linear_cases
 from bench.kernel_cases_linear import FORMULAS as LINEAR_FORMULAS
 from bench.kernel_cases_linear import gguf_linear_cases
 from bench.kernel_cases_moe import FORMULAS as MOE_FORMULAS
-from bench.kernel_cases_moe import (
-    MIXTRAL_8X7B,
-    QWEN3_30B_A3B,
-    TINY_MOE,
-    MoEShape,
-    moe_cases,
-)
+from bench.kernel_cases_moe import MIXTRAL_8X7B, QWEN3_30B_A3B, TINY_MOE, MoEShape, moe_cases
 from bench.kernel_cases_rotary_kv import FORMULAS as ROTARY_KV_FORMULAS
 from bench.kernel_cases_rotary_kv import rotary_kv_write_case
 

@@ -29,6 +29,7 @@ from transformers import PretrainedConfig
 from aioserve.kernels.moe import fused_moe
 from aioserve.kernels.moe_reference import pack_expert_weight, select_experts
 from aioserve.models.linear import Linear
+from aioserve.models.weight_copy import copy_checked
 
 # Registered through torch.library.Library, as models/lora_op.py's op is: custom_op's Python
 # layers cost a few microseconds more a call.
@@ -192,13 +193,7 @@ class ExpertWeightCopy:
         if half is not None:
             size = block.intermediate_size
             target = target[half * size : (half + 1) * size]
-        if tuple(target.shape) != tuple(tensor.shape):
-            raise ValueError(
-                f"shape mismatch for {hf_name}: model has {tuple(target.shape)}, "
-                f"checkpoint {tuple(tensor.shape)}"
-            )
-        with torch.no_grad():
-            target.copy_(tensor)
+        copy_checked(target, tensor, hf_name)
         self._filled.setdefault(f"layers.{layer}.mlp.{stacked}", set()).add((expert, half))
         return True
 

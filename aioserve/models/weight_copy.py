@@ -38,15 +38,17 @@ def copy_hf_weights(model: LoadsHFWeights, weights: Iterable[tuple[str, Tensor]]
                 f"checkpoint tensor {hf_name!r} has no parameter in {type(model).__name__}"
             )
         if shard is None:
-            _copy_checked(params[name], tensor, name)
+            copy_checked(params[name], tensor, name)
         else:
             start, size = model.shard_rows(name, shard)
-            _copy_checked(params[name].data[start : start + size], tensor, f"{name}[shard {shard}]")
+            copy_checked(params[name].data[start : start + size], tensor, f"{name}[shard {shard}]")
         loaded.add(name)
     return loaded
 
 
-def _copy_checked(param: Tensor, tensor: Tensor, name: str) -> None:
+def copy_checked(param: Tensor, tensor: Tensor, name: str) -> None:
+    """Copy `tensor` into `param` (a parameter or a view of one); ValueError naming `name`
+    when their shapes differ."""
     if tuple(param.shape) != tuple(tensor.shape):
         raise ValueError(
             f"shape mismatch for {name}: model has {tuple(param.shape)}, "
