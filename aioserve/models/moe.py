@@ -15,12 +15,18 @@ the shared expert, and the op runs the Triton kernels on a GPU (kernels/moe.py, 
 nothing, so that a decode step can be captured in a CUDA/HIP graph) or the reference on
 the CPU. Eagerly, the same function runs directly. Where the CPU's dense products run
 oneDNN on packed weights (a bfloat16 model on a CPU with bfloat16 arithmetic,
-models/linear.py), so do the experts' (`pack_expert_weights`).
+models/linear.py), so do the experts' (`pack_expert_weights`). Those packed weights are
+kept here, in a table the op reaches by a block's integer key, not passed to the op: as
+its arguments every packed expert was an input of the compiled graphs, and a model with
+Qwen3-30B-A3B's 48 layers of 128 experts (12,288 inputs to the one-row graph) had not
+finished compiling after 15 minutes, against 27 s with the table.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+import weakref
 
 import torch
 from torch import Tensor, nn
@@ -31,44 +37,48 @@ from aioserve.kernels.moe_reference import pack_expert_weight, select_experts
 from aioserve.models.linear import Linear
 from aioserve.models.weight_copy import copy_checked
 
+# Each packed block's experts: key -> (packed gate/up weights, packed down weights), one
+# tensor per expert (`pack_expert_weights`); an entry leaves with its block.
+_PACKED_EXPERTS: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
+_NO_PACKED_EXPERTS = -1
+_next_packed_key = itertools.count()
+
+
+def _fused_moe_op(
+    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
+) -> Tensor:
+    packed_w13, packed_w2 = (
+        ((), ()) if packed_key == _NO_PACKED_EXPERTS else _PACKED_EXPERTS[packed_key]
+    )
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2)
+
+
 # Registered through torch.library.Library, as models/lora_op.py's op is: custom_op's Python
-# layers cost a few microseconds more a call.
+# layers cost a few microseconds more a call. The key is a SymInt, as paged attention's
+# layer index is: as a plain int, dynamo would compile a layer graph for every block.
 _LIBRARY = torch.library.Library("aioserve", "FRAGMENT")
 _LIBRARY.define(
     "fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
-    "Tensor[] packed_w13, Tensor[] packed_w2) -> Tensor"
+    "SymInt packed_key) -> Tensor"
 )
-_LIBRARY.impl("fused_moe", fused_moe, "CompositeExplicitAutograd")
+_LIBRARY.impl("fused_moe", _fused_moe_op, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("aioserve::fused_moe")
 def _(
-    x: Tensor,
-    w13: Tensor,
-    w2: Tensor,
-    topk_weights: Tensor,
-    topk_ids: Tensor,
-    packed_w13: list[Tensor],
-    packed_w2: list[Tensor],
+    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
 ) -> Tensor:
     return x.new_empty(x.shape)
 
 
 def run_experts(
-    x: Tensor,
-    w13: Tensor,
-    w2: Tensor,
-    topk_weights: Tensor,
-    topk_ids: Tensor,
-    packed_w13: list[Tensor],
-    packed_w2: list[Tensor],
+    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
 ) -> Tensor:
-    """The routed experts' weighted sum [T, H] (kernels/moe.py), an opaque op when compiled."""
+    """The routed experts' weighted sum [T, H] (kernels/moe.py), an opaque op when compiled;
+    `packed_key` names the experts' packed weights (`pack_expert_weights`), if any."""
     if torch.compiler.is_compiling():
-        return torch.ops.aioserve.fused_moe(
-            x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2
-        )
-    return fused_moe(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2)
+        return torch.ops.aioserve.fused_moe(x, w13, w2, topk_weights, topk_ids, packed_key)
+    return _fused_moe_op(x, w13, w2, topk_weights, topk_ids, packed_key)
 
 
 def num_experts(config: PretrainedConfig) -> int:
@@ -116,19 +126,16 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(hidden, self.num_experts, bias=False)
         self.w13 = nn.Parameter(torch.empty(self.num_experts, 2 * intermediate, hidden))
         self.w2 = nn.Parameter(torch.empty(self.num_experts, hidden, intermediate))
-        # Each expert's weights in oneDNN's layout once `pack_expert_weights` has run (a
-        # bfloat16 model on a CPU with bfloat16 arithmetic); empty, the plain w13 / w2.
-        self.packed_w13: list[Tensor] = []
-        self.packed_w2: list[Tensor] = []
+        # The key of its experts' weights in oneDNN's layout once `pack_expert_weights` has
+        # run (a bfloat16 model on a CPU with bfloat16 arithmetic); until then, none.
+        self.packed_key = _NO_PACKED_EXPERTS
         self.shared_expert = shared_expert
         if shared_expert is not None:
             self.shared_expert_gate = Linear(hidden, 1, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)
-        out = run_experts(
-            x, self.w13, self.w2, topk_weights, topk_ids, self.packed_w13, self.packed_w2
-        )
+        out = run_experts(x, self.w13, self.w2, topk_weights, topk_ids, self.packed_key)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
@@ -140,9 +147,13 @@ def pack_expert_weights(model: nn.Module) -> None:
     plain w13 / w2, of which a block then keeps only the shapes (as models/linear.py's
     pack_weights does for the dense layers, on the same condition)."""
     for module in model.modules():
-        if isinstance(module, SparseMoeBlock):
-            module.packed_w13 = [pack_expert_weight(w) for w in module.w13]
-            module.packed_w2 = [pack_expert_weight(w) for w in module.w2]
+        if isinstance(module, SparseMoeBlock) and module.packed_key == _NO_PACKED_EXPERTS:
+            module.packed_key = next(_next_packed_key)
+            _PACKED_EXPERTS[module.packed_key] = (
+                [pack_expert_weight(w) for w in module.w13],
+                [pack_expert_weight(w) for w in module.w2],
+            )
+            weakref.finalize(module, _PACKED_EXPERTS.pop, module.packed_key, None)
             for param in (module.w13, module.w2):
                 param.data = param.new_zeros(()).expand(param.shape)
 

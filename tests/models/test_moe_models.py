@@ -5,6 +5,7 @@ MoE configs of tiny_models.py) and tests/engine/test_moe_engine.py."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,15 +15,16 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 from aioserve.engine.build import check_moe_weights
-from aioserve.kernels.moe_reference import pack_expert_weight, select_experts
+from aioserve.kernels.moe_reference import select_experts
+from aioserve.models import moe as moe_module
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.linear import onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import LoRAAdapterError, lora_targets, read_lora_adapter
-from aioserve.models.moe import SparseMoeBlock, is_sparse_layer
+from aioserve.models.moe import SparseMoeBlock, is_sparse_layer, pack_expert_weights
 from tests.models.tiny_models import tiny_moe_configs
 
 
@@ -127,30 +129,73 @@ def test_a_mixture_of_experts_gguf_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_the_custom_op_passes_torch_opcheck(dtype, top_k):
     """The op's schema and fake agree with what it computes (shapes, strides, no aliasing),
-    as torch.compile needs. (opcheck cannot take oneDNN's packed tensors, which have no
-    storage: the compiled bf16 engine in tests/engine/test_moe_engine.py runs those.)"""
+    as torch.compile needs."""
     gen = torch.Generator().manual_seed(0)
     w13 = torch.randn(4, 32, 16, generator=gen).to(dtype)
     w2 = torch.randn(4, 16, 16, generator=gen).to(dtype)
     x = torch.randn(5, 16, generator=gen).to(dtype)
     weights, ids = select_experts(torch.randn(5, 4, generator=gen), top_k, True)
-    args = (x, w13, w2, weights, ids, [], [])
+    args = (x, w13, w2, weights, ids, -1)
     torch.library.opcheck(torch.ops.aioserve.fused_moe.default, args)
     assert torch.ops.aioserve.fused_moe(*args).is_contiguous()
 
 
-@pytest.mark.skipif(not onednn_packs(torch.bfloat16), reason="no bfloat16 oneDNN on this CPU")
-def test_the_custom_op_on_packed_experts_is_contiguous():
+def _tiny_block(experts: int = 4) -> SparseMoeBlock:
+    config = Qwen3MoeConfig(
+        hidden_size=16, moe_intermediate_size=16, num_experts=experts, num_experts_per_tok=2
+    )
+    block = SparseMoeBlock(config).to(torch.bfloat16).requires_grad_(False)
     gen = torch.Generator().manual_seed(0)
-    w13 = torch.randn(4, 32, 16, generator=gen).bfloat16()
-    w2 = torch.randn(4, 16, 16, generator=gen).bfloat16()
+    for param in block.parameters():
+        param.copy_(torch.randn(param.shape, generator=gen))
+    return block
+
+
+@pytest.mark.skipif(not onednn_packs(torch.bfloat16), reason="no bfloat16 oneDNN on this CPU")
+def test_the_custom_op_reads_a_blocks_packed_experts_by_its_key():
+    """Packed, a block's experts are no arguments of the op (a compiled graph would take each
+    as an input) but found by the block's key, and give the plain experts' values; the
+    table's entry leaves with the block."""
+    block = _tiny_block()
+    plain_w13, plain_w2 = block.w13.detach().clone(), block.w2.detach().clone()
+    pack_expert_weights(block)
+    key = block.packed_key
+    assert key >= 0 and block.w13.untyped_storage().nbytes() <= 2  # the plain copy released
+    gen = torch.Generator().manual_seed(1)
     x = torch.randn(5, 16, generator=gen).bfloat16()
     weights, ids = select_experts(torch.randn(5, 4, generator=gen), 2, True)
-    packed = ([pack_expert_weight(w) for w in w13], [pack_expert_weight(w) for w in w2])
-    out = torch.ops.aioserve.fused_moe(x, w13, w2, weights, ids, *packed)
+    args = (x, block.w13, block.w2, weights, ids, key)
+    torch.library.opcheck(torch.ops.aioserve.fused_moe.default, args)
+    out = torch.ops.aioserve.fused_moe(*args)
     assert out.is_contiguous() and out.shape == x.shape
-    plain = torch.ops.aioserve.fused_moe(x, w13, w2, weights, ids, [], [])
+    plain = torch.ops.aioserve.fused_moe(x, plain_w13, plain_w2, weights, ids, -1)
     torch.testing.assert_close(out, plain, atol=2e-2, rtol=2e-2)
+    assert not torch.equal(out, torch.zeros_like(out))
+    del block, args
+    gc.collect()
+    assert key not in moe_module._PACKED_EXPERTS
+
+
+@pytest.mark.skipif(not onednn_packs(torch.bfloat16), reason="no bfloat16 oneDNN on this CPU")
+def test_a_compiled_graph_takes_as_many_inputs_whatever_the_expert_count():
+    """Packed experts reach the op by key, not as graph inputs: with one input per packed
+    expert, a model of Qwen3-30B-A3B's 48 layers of 128 experts had not compiled its
+    one-row graph in 15 minutes."""
+
+    def graph_inputs(experts: int) -> int:
+        block = _tiny_block(experts)
+        pack_expert_weights(block)
+        counted = []
+
+        def count_inputs(graph_module, example_inputs):
+            counted.append(len(example_inputs))
+            return graph_module.forward
+
+        torch._dynamo.reset()
+        torch.compile(block, backend=count_inputs)(torch.randn(3, 16).bfloat16())
+        return counted[0]
+
+    assert graph_inputs(4) == graph_inputs(64)
 
 
 def _copy_folder_with(source, target, tensors: dict[str, torch.Tensor]) -> None:
