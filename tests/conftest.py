@@ -145,3 +145,35 @@ def tiny_moe_model(smollm2_gguf, tmp_path_factory) -> str:
                 param.normal_(0, 0.3)
     model.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3_model(smollm2_gguf, tmp_path_factory) -> str:
+    """Folder of a tiny random-weight Phi-3 (LongRoPE over an original context of 8 tokens,
+    partial rotary, a tied head) with SmolLM2-135M-Instruct's tokenizer. Its embeddings are
+    scaled up so that the logits are peaked, its q/k/v so that attention weighs positions
+    unevenly: the rotary factors then move the logprobs."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    folder, vocab_size = _folder_with_smollm2_tokenizer(smollm2_gguf, tmp_path_factory, "tiny-phi3")
+    config = Phi3Config(
+        vocab_size=vocab_size,
+        **_TINY_SHAPE,
+        partial_rotary_factor=0.5,
+        original_max_position_embeddings=8,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0, 1.0, 1.0, 1.0],
+            "long_factor": [3.0, 6.0, 12.0, 24.0],
+        },
+        pad_token_id=0,
+        architectures=["Phi3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = Phi3ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 0.3)
+        for layer in model.model.layers:
+            layer.self_attn.qkv_proj.weight.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return str(folder)

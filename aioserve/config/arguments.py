@@ -230,9 +230,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Replace the model's RoPE scaling (JSON object), e.g. "
              "{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32768}. "
              "Types: linear, dynamic (fixed at the longest context its factor allows), llama3, "
-             "yarn. linear and dynamic stretch the model's context by their factor; YaRN's "
-             "context is its original_max_position_embeddings times its factor (or the "
-             "model's max_position_embeddings, if longer).",
+             "yarn, longrope. linear and dynamic stretch the model's context by their factor; "
+             "YaRN's context is its original_max_position_embeddings times its factor (or the "
+             "model's max_position_embeddings, if longer); longrope takes its long factors "
+             "when --max-model-len passes its original_max_position_embeddings.",
              "json", convert=values.json_object),
     Argument("rope-theta", MODEL, None,
              "Replace the model's RoPE base frequency; use with --rope-scaling.",

@@ -3,9 +3,11 @@ computes them (`transformers.modeling_rope_utils`), so that float32 tables match
 
 "default" (none), "linear" (positions divided by `factor`), "dynamic" (NTK: a larger
 base, fixed at the longest context the factor allows), "llama3" (Llama 3.1's wavelength
-bands) and "yarn" (interpolation blended across a band of dimensions, and an attention
-factor that scales cos and sin). `inverse_frequencies` returns the frequencies and that
-factor (1 except for YaRN); kernels/rotary.py turns them into the cos/sin table.
+bands), "yarn" (interpolation blended across a band of dimensions, and an attention
+factor that scales cos and sin) and "longrope" (Phi-3's LongRoPE: each frequency divided
+by a factor of its own, from `short_factor` or `long_factor`, and an attention factor).
+`inverse_frequencies` returns the frequencies and that factor (1 except for YaRN and
+LongRoPE); kernels/rotary.py turns them into the cos/sin table.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from torch import Tensor
 
 
 def inverse_frequencies(
-    rotary_dim: int, base: float, rope_scaling: dict | None
+    rotary_dim: int, base: float, rope_scaling: dict | None, context_length: int | None = None
 ) -> tuple[Tensor, float]:
     """transformers' inverse frequencies for `rope_scaling`, in float32 on the CPU, and the
-    factor its cos and sin are multiplied by (YaRN's attention factor; 1 for the others)."""
+    factor its cos and sin are multiplied by (YaRN's and LongRoPE's attention factor; 1 for
+    the others). `context_length`, the model's max_position_embeddings, gives LongRoPE's
+    attention factor where its scaling has no `factor`."""
     scaling = rope_scaling or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "dynamic":
@@ -36,10 +40,48 @@ def inverse_frequencies(
         return _llama3_inverse_frequencies(inv_freq, scaling), 1.0
     if rope_type == "yarn":
         return _yarn_inverse_frequencies(rotary_dim, base, scaling)
+    if rope_type == "longrope":
+        return _longrope_inverse_frequencies(rotary_dim, base, scaling, context_length)
     raise ValueError(
         f"unsupported rope_scaling type {rope_type!r}: aioserve implements default, linear, "
-        "dynamic, llama3 and yarn"
+        "dynamic, llama3, yarn and longrope"
     )
+
+
+# Set in a longrope scaling dict (rope_parameters.choose_longrope_factors) when the served
+# context is longer than the original one: the long factors, for every position.
+LONG_FACTORS_KEY = "aioserve_long_factors"
+
+
+def _longrope_inverse_frequencies(
+    rotary_dim: int, base: float, scaling: dict, context_length: int | None
+) -> tuple[Tensor, float]:
+    """LongRoPE (transformers' `_compute_longrope_parameters`, vLLM's
+    Phi3LongRoPEScaledRotaryEmbedding): frequency i divided by the i-th of the short or long
+    factors, cos and sin scaled by an attention factor, by default sqrt(1 + ln(factor) /
+    ln(original context)), factor being the context's stretch.
+
+    transformers takes the long factors for a forward pass whose sequence is longer than
+    the original context, the short ones otherwise; a paged cache keeps each key rotated
+    once, so here, as in vLLM, one set serves every position: the long one where
+    LONG_FACTORS_KEY says so, which the engine sets when the served context
+    (--max-model-len) is longer than the original one."""
+    original_context = scaling["original_max_position_embeddings"]
+    chosen = "long_factor" if scaling.get(LONG_FACTORS_KEY) else "short_factor"
+    ext_factors = torch.tensor(scaling[chosen], dtype=torch.float32)
+    if ext_factors.shape != (rotary_dim // 2,):
+        raise ValueError(
+            f"rope_scaling {chosen} has {ext_factors.numel()} values; the rotary dimensions "
+            f"need {rotary_dim // 2}"
+        )
+    factor = scaling.get("factor") or (context_length or original_context) / original_context
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original_context))
+        )
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (ext_factors * base**exponents), float(attention_factor)
 
 
 def _dynamic_ntk_base(rotary_dim: int, base: float, factor: float) -> float:

@@ -50,13 +50,14 @@ def build_cos_sin_cache(
     "linear" or "dynamic" (with "factor"), "llama3" (with "factor", "low_freq_factor",
     "high_freq_factor", "original_max_position_embeddings") or "yarn" (with "factor",
     "original_max_position_embeddings" and optionally "beta_fast", "beta_slow",
-    "attention_factor", "mscale", "mscale_all_dim", "truncate"); other types raise
-    ValueError.
+    "attention_factor", "mscale", "mscale_all_dim", "truncate") or "longrope" (with
+    "short_factor", "long_factor", "original_max_position_embeddings", optionally "factor"
+    and "attention_factor"); other types raise ValueError.
     """
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
     # Like transformers: the frequencies on the CPU, the angles on the target device.
-    inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, rope_scaling)
+    inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, rope_scaling, max_position)
     positions = torch.arange(max_position, dtype=torch.float32, device=device)
     freqs = torch.outer(positions, inv_freq.to(device))
     cos, sin = freqs.cos(), freqs.sin()

@@ -291,3 +291,11 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
     pass
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3, Phi-3.5 and Phi-4 (mini): Llama's layers with LongRoPE and, for Phi-4-mini,
+    partial rotary, whose checkpoints hold q/k/v and gate/up already stacked (`qkv_proj`,
+    `gate_up_proj`, in our order), so nothing is stacked at load."""
+
+    stacked_params: dict[str, tuple[str, int]] = {}

@@ -10,9 +10,14 @@ transformers 5, assigning `rope_scaling` replaces the whole dict, base included)
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from transformers import PretrainedConfig
+
+from aioserve.kernels.rope_scaling import LONG_FACTORS_KEY
+
+logger = logging.getLogger("aioserve")
 
 # The scaling types aioserve implements (kernels/rope_scaling.py) and the keys each needs.
 _REQUIRED_KEYS = {
@@ -26,6 +31,7 @@ _REQUIRED_KEYS = {
         "original_max_position_embeddings",
     ),
     "yarn": ("factor",),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
 
 
@@ -94,6 +100,10 @@ def _checked_scaling(scaling: dict[str, Any], config: PretrainedConfig, flag: st
         )
     if kind == "yarn":
         scaling.setdefault("original_max_position_embeddings", config.max_position_embeddings)
+    if kind == "longrope" and getattr(config, "original_max_position_embeddings", None):
+        scaling.setdefault(
+            "original_max_position_embeddings", config.original_max_position_embeddings
+        )
     missing = [key for key in _REQUIRED_KEYS[kind] if scaling.get(key) is None]
     if missing:
         raise ValueError(f"{flag}: rope_type {kind!r} needs {', '.join(missing)}")
@@ -118,3 +128,28 @@ def scaled_context_length(config: PretrainedConfig) -> int:
         original = scaling.get("original_max_position_embeddings", length)
         return max(length, int(original * scaling["factor"]))
     return length
+
+
+def choose_longrope_factors(config: PretrainedConfig, max_model_len: int) -> None:
+    """Have a LongRoPE model rotate every position by its long factors when the context
+    served is longer than its original one, by its short factors otherwise, as vLLM does
+    (kernels/rope_scaling.py says why one set serves every position)."""
+    scaling = rope_scaling(config)
+    if scaling_type(scaling) != "longrope":
+        return
+    original = scaling.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+    if original is None:
+        raise ValueError("a longrope rope_scaling needs original_max_position_embeddings")
+    scaling["original_max_position_embeddings"] = original
+    scaling[LONG_FACTORS_KEY] = max_model_len > original
+    if scaling[LONG_FACTORS_KEY]:
+        logger.warning(
+            "LongRoPE: --max-model-len %d is longer than the model's original context of %d "
+            "tokens, so every position takes the long factors (as in vLLM), at some cost to "
+            "short sequences; --max-model-len %d or less keeps the short ones",
+            max_model_len,
+            original,
+            original,
+        )

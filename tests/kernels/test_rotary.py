@@ -115,8 +115,8 @@ def test_legacy_type_key_and_unknown_type():
     assert torch.equal(
         build_cos_sin_cache(32, 64, 10000.0, legacy), build_cos_sin_cache(32, 64, 10000.0, linear)
     )
-    with pytest.raises(ValueError, match="longrope"):
-        build_cos_sin_cache(32, 64, 10000.0, {"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(ValueError, match="'mrope'.*implements default"):
+        build_cos_sin_cache(32, 64, 10000.0, {"rope_type": "mrope", "factor": 4.0})
 
 
 def test_cache_dtype_and_device(device):

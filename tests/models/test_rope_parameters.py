@@ -44,7 +44,8 @@ def test_the_legacy_type_key_and_yarns_default_original_context():
 @pytest.mark.parametrize(
     "scaling, theta, words",
     [
-        ({"rope_type": "longrope", "factor": 2.0}, None, "rope_type 'longrope' is not supported"),
+        ({"rope_type": "mrope", "factor": 2.0}, None, "rope_type 'mrope' is not supported"),
+        ({"rope_type": "longrope"}, None, "'longrope' needs short_factor, long_factor, original"),
         ({"rope_type": "linear"}, None, "'linear' needs factor"),
         ({"rope_type": "llama3", "factor": 8.0}, None, "low_freq_factor, high_freq_factor"),
         ({"rope_type": "dynamic", "factor": 0.5}, None, "factor must be a number of at least 1"),

@@ -15,6 +15,7 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
+    Phi3Config,
     PretrainedConfig,
     Qwen2Config,
     Qwen2MoeConfig,
@@ -82,8 +83,31 @@ def tiny_configs() -> dict[str, object]:
         "qwen3": Qwen3Config(
             **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
         ),
+        "phi3-longrope": tiny_phi3_config(),
         **tiny_moe_configs(),
     }
+
+
+def tiny_phi3_config(original_context: int = 64) -> Phi3Config:
+    """Phi-4-mini's form: LongRoPE (its context stretched 4x past `original_context`, so
+    that the attention factor is not 1), partial rotary (12 of 16 dimensions), a tied head.
+    The factors differ dimension by dimension, short from long."""
+    return Phi3Config(
+        **{**COMMON, "max_position_embeddings": 4 * original_context},
+        num_key_value_heads=2,
+        partial_rotary_factor=0.75,
+        original_max_position_embeddings=original_context,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0],
+            "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0],
+        },
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["Phi3ForCausalLM"],
+    )
 
 
 def tiny_moe_configs() -> dict[str, PretrainedConfig]:

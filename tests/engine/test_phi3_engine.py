@@ -1,0 +1,52 @@
+"""A LongRoPE model (Phi-3) through the whole engine: served with a context longer than its
+original one, it rotates every position by the long factors (rope_parameters.py
+`choose_longrope_factors`), so that a prompt already past the original context gets
+transformers' greedy tokens and logprobs (transformers takes the long factors for such a
+sequence)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aioserve import LLM, SamplingParams
+
+PROMPTS = [
+    [504, 3575, 282, 4649, 314, 7, 9, 11, 260, 1030, 77],
+    [1, 2000, 300, 44, 5, 60, 70, 800, 9000, 10, 11, 12, 13, 14, 15, 16],
+]
+NEW_TOKENS = 8
+
+
+def hf_greedy(hf_model, prompt: list[int]) -> tuple[list[int], list[float]]:
+    ids = torch.tensor([prompt])
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = hf_model(ids).logits[0, -1].float()
+            token = int(logits.argmax())
+            tokens.append(token)
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return tokens, logprobs
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_phi3_model):
+    engine = LLM(model=tiny_phi3_model, dtype="float32", block_size=8, max_model_len=64)
+    yield engine
+    engine.close()
+
+
+def test_greedy_past_the_original_context_matches_transformers(llm, tiny_phi3_model):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_phi3_model, dtype=torch.float32).eval()
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    for prompt, output in zip(PROMPTS, outputs, strict=True):
+        want_tokens, want_logprobs = hf_greedy(hf, prompt)
+        got = output.outputs[0]
+        assert list(got.token_ids) == want_tokens
+        logprobs = [lp[t].logprob for lp, t in zip(got.logprobs, got.token_ids, strict=True)]
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
