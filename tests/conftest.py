@@ -177,3 +177,32 @@ def tiny_phi3_model(smollm2_gguf, tmp_path_factory) -> str:
             layer.self_attn.qkv_proj.weight.normal_(0, 0.5)
     model.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm3_model(smollm2_gguf, tmp_path_factory) -> str:
+    """Folder of a tiny random-weight SmolLM3 (no rotary embedding in its second layer) with
+    SmolLM2-135M-Instruct's tokenizer, its embeddings and q/k/v scaled up as
+    `tiny_phi3_model`'s."""
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    folder, vocab_size = _folder_with_smollm2_tokenizer(
+        smollm2_gguf, tmp_path_factory, "tiny-smollm3"
+    )
+    shape = {k: v for k, v in _TINY_SHAPE.items() if k != "head_dim"}  # SmolLM3 derives it
+    config = SmolLM3Config(
+        vocab_size=vocab_size,
+        **shape,
+        no_rope_layer_interval=2,
+        pad_token_id=0,
+        architectures=["SmolLM3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = SmolLM3ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 0.3)
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.weight.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return str(folder)

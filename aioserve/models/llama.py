@@ -1,16 +1,19 @@
 """The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-and their mixture-of-experts kin MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM.
+Phi3ForCausalLM, SmolLM3ForCausalLM, and the mixture-of-experts kin MixtralForCausalLM,
+Qwen2MoeForCausalLM, Qwen3MoeForCausalLM.
 
-They share one decoder: RMSNorm, rotary embeddings (with llama3 scaling), grouped-query
-attention over the paged KV cache, and a SiLU-gated MLP, or in the MoE models' sparse
-layers a sparse MoE block (models/moe.py). The differences are switches read from the HF
-config: Qwen2 (and Qwen2-MoE) has biases on q/k/v, Qwen3 (and Qwen3-MoE) normalizes each
-head of q and k, and any of them may tie the output head to the input embeddings.
+They share one decoder: RMSNorm, rotary embeddings (scaled as the config says, over the
+first `partial_rotary_factor` of each head), grouped-query attention over the paged KV
+cache, and a SiLU-gated MLP, or in the MoE models' sparse layers a sparse MoE block
+(models/moe.py). The differences are switches read from the HF config: Qwen2 (and
+Qwen2-MoE) has biases on q/k/v, Qwen3 (and Qwen3-MoE) normalizes each head of q and k,
+SmolLM3 leaves out the rotary embedding in the layers its `no_rope_layers` marks 0, and any
+of them may tie the output head to the input embeddings.
 
 Parameter names follow the HF checkpoints, except that q/k/v are stacked into one `qkv_proj`
-and gate/up into one `gate_up_proj` (one matmul each), Mixtral's `block_sparse_moe` is
-named `mlp` as Qwen-MoE's is, and the experts' tensors are stacked into `w13` / `w2`
-(models/moe.py); `load_weights` does the stacking.
+and gate/up into one `gate_up_proj` (one matmul each; Phi-3's checkpoints hold them so
+already), Mixtral's `block_sparse_moe` is named `mlp` as Qwen-MoE's is, and the experts'
+tensors are stacked into `w13` / `w2` (models/moe.py); `load_weights` does the stacking.
 A checkpoint's fp8 KV-cache scales (`model.layers.N.self_attn.k_scale` / `v_scale`) land in
 `kv_scales`, [layers, 2] float32 (k, v), 1.0 where it has none; they scale the KV cache
 only when it is fp8 (runner/kv_memory.py).
@@ -166,9 +169,18 @@ class LlamaForCausalLM(nn.Module):
             rope_scaling(config),
             dtype=torch.float32,
         )
+        tables = [cos_sin_cache] * config.num_hidden_layers
+        rotates = getattr(config, "no_rope_layers", None) or [1] * config.num_hidden_layers
+        if not all(rotates):
+            # SmolLM3's layers without rotary embedding rotate by angle 0 (cos 1, sin 0,
+            # which leaves every value as it is, bit for bit): the others' code and graph.
+            half = rotary_dim // 2
+            cos, sin = cos_sin_cache[:, :half], cos_sin_cache[:, half:]
+            no_rotation = torch.cat((torch.ones_like(cos), torch.zeros_like(sin)), dim=-1)
+            tables = [table if rotates[i] else no_rotation for i, table in enumerate(tables)]
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, cos_sin_cache, i) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, table, i) for i, table in enumerate(tables)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
@@ -290,6 +302,10 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class SmolLM3ForCausalLM(LlamaForCausalLM):
     pass
 
 

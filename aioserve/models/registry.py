@@ -21,6 +21,7 @@ from aioserve.models.llama import (
     Qwen2MoeForCausalLM,
     Qwen3ForCausalLM,
     Qwen3MoeForCausalLM,
+    SmolLM3ForCausalLM,
 )
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -32,6 +33,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "BertModel": BertModel,
     "RobertaModel": RobertaModel,
     "XLMRobertaModel": XLMRobertaModel,

@@ -22,6 +22,7 @@ from transformers import (
     Qwen3Config,
     Qwen3MoeConfig,
     RobertaConfig,
+    SmolLM3Config,
     XLMRobertaConfig,
 )
 
@@ -84,6 +85,16 @@ def tiny_configs() -> dict[str, object]:
             **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
         ),
         "phi3-longrope": tiny_phi3_config(),
+        # SmolLM3: no rotary embedding in every second layer here (every fourth in the
+        # released model), a tied head.
+        "smollm3-nope": SmolLM3Config(
+            **COMMON,
+            num_key_value_heads=2,
+            no_rope_layer_interval=2,
+            tie_word_embeddings=True,
+            pad_token_id=0,
+            architectures=["SmolLM3ForCausalLM"],
+        ),
         **tiny_moe_configs(),
     }
 

@@ -1,8 +1,13 @@
-"""A LongRoPE model (Phi-3) through the whole engine: served with a context longer than its
-original one, it rotates every position by the long factors (rope_parameters.py
-`choose_longrope_factors`), so that a prompt already past the original context gets
-transformers' greedy tokens and logprobs (transformers takes the long factors for such a
-sequence)."""
+"""Llama-family variants through the whole engine, against transformers' greedy tokens and
+logprobs (float32, the CPU step compiled as served):
+
+- Phi-3's LongRoPE, served with a context longer than its original one, rotates every
+  position by the long factors (rope_parameters.py `choose_longrope_factors`); the
+  prompts are already past the original context, where transformers takes the long
+  factors too.
+- SmolLM3 leaves the rotary embedding out of the layers `no_rope_layers` marks 0: one
+  compiled layer graph must not carry one layer's rotary table into another.
+"""
 
 from __future__ import annotations
 
@@ -31,19 +36,19 @@ def hf_greedy(hf_model, prompt: list[int]) -> tuple[list[int], list[float]]:
     return tokens, logprobs
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_phi3_model):
-    engine = LLM(model=tiny_phi3_model, dtype="float32", block_size=8, max_model_len=64)
-    yield engine
-    engine.close()
-
-
-def test_greedy_past_the_original_context_matches_transformers(llm, tiny_phi3_model):
+@pytest.mark.parametrize("model_fixture", ["tiny_phi3_model", "tiny_smollm3_model"])
+def test_greedy_matches_transformers(model_fixture, request):
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(tiny_phi3_model, dtype=torch.float32).eval()
+    folder = request.getfixturevalue(model_fixture)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    llm = LLM(model=folder, dtype="float32", block_size=8, max_model_len=64)
+    try:
+        prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.close()
     for prompt, output in zip(PROMPTS, outputs, strict=True):
         want_tokens, want_logprobs = hf_greedy(hf, prompt)
         got = output.outputs[0]
