@@ -206,3 +206,35 @@ def tiny_smollm3_model(smollm2_gguf, tmp_path_factory) -> str:
                 proj.weight.normal_(0, 0.5)
     model.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_granite_moe_model(smollm2_gguf, tmp_path_factory) -> str:
+    """Folder of a tiny random-weight GraniteMoe (Granite's four multipliers, none of them 1;
+    4 experts, top 2) with SmolLM2-135M-Instruct's tokenizer, saved as its checkpoints are
+    (the experts stacked: block_sparse_moe.input_linear / output_linear)."""
+    from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
+
+    folder, vocab_size = _folder_with_smollm2_tokenizer(
+        smollm2_gguf, tmp_path_factory, "tiny-granite-moe"
+    )
+    config = GraniteMoeConfig(
+        vocab_size=vocab_size,
+        **{**_TINY_SHAPE, "intermediate_size": 32},
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        embedding_multiplier=6.0,
+        residual_multiplier=0.3,
+        attention_multiplier=0.2,
+        logits_scaling=4.0,
+        pad_token_id=0,
+        architectures=["GraniteMoeForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = GraniteMoeForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 0.3)
+        for layer in model.model.layers:
+            layer.block_sparse_moe.router.weight.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    return str(folder)

@@ -1,14 +1,16 @@
 """The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-Phi3ForCausalLM, SmolLM3ForCausalLM, and the mixture-of-experts kin MixtralForCausalLM,
-Qwen2MoeForCausalLM, Qwen3MoeForCausalLM.
+Phi3ForCausalLM, SmolLM3ForCausalLM, GraniteForCausalLM, and the mixture-of-experts kin
+MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM.
 
 They share one decoder: RMSNorm, rotary embeddings (scaled as the config says, over the
 first `partial_rotary_factor` of each head), grouped-query attention over the paged KV
 cache, and a SiLU-gated MLP, or in the MoE models' sparse layers a sparse MoE block
 (models/moe.py). The differences are switches read from the HF config: Qwen2 (and
 Qwen2-MoE) has biases on q/k/v, Qwen3 (and Qwen3-MoE) normalizes each head of q and k,
-SmolLM3 leaves out the rotary embedding in the layers its `no_rope_layers` marks 0, and any
-of them may tie the output head to the input embeddings.
+SmolLM3 leaves out the rotary embedding in the layers its `no_rope_layers` marks 0,
+Granite (and GraniteMoe) scales the embeddings, what each layer adds to the residual
+stream, the attention scores and the logits by its multipliers, and any of them may tie
+the output head to the input embeddings.
 
 Parameter names follow the HF checkpoints, except that q/k/v are stacked into one `qkv_proj`
 and gate/up into one `gate_up_proj` (one matmul each; Phi-3's checkpoints hold them so
@@ -65,7 +67,8 @@ class Attention(nn.Module):
         self.head_dim = _head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        # Granite scales the scores by its attention_multiplier instead.
+        self.scale = getattr(config, "attention_multiplier", None) or self.head_dim**-0.5
         # Qwen2 always has q/k/v biases; Llama-style configs may ask for them (and for an
         # o_proj bias) with attention_bias.
         attention_bias = bool(getattr(config, "attention_bias", False))
@@ -123,6 +126,8 @@ class DecoderLayer(nn.Module):
         self.mlp = _feed_forward(config, layer_index)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Granite scales what attention and the MLP add to the residual stream.
+        self.residual_multiplier = float(getattr(config, "residual_multiplier", 1.0))
 
     def forward(
         self,
@@ -132,8 +137,13 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden = self.mlp(hidden)
+        if self.residual_multiplier != 1.0:
+            hidden = hidden * self.residual_multiplier
+        return hidden, residual
 
 
 def _feed_forward(config: PretrainedConfig, layer_index: int) -> nn.Module:
@@ -184,6 +194,9 @@ class LlamaForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        # Granite's: the embeddings scaled up, the logits divided down.
+        self.embedding_multiplier = float(getattr(config, "embedding_multiplier", 1.0))
+        self.logits_scaling = float(getattr(config, "logits_scaling", 1.0))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         # The tied head's narrow copy for single-row products (linear.keep_row_weights),
@@ -201,6 +214,8 @@ class LlamaForCausalLM(nn.Module):
         reads from that step's KV caches.
         """
         hidden = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         # Zeros, not None, so that every layer runs the same code: the first layer's
         # residual add then changes nothing, and one compiled layer serves all of them.
         residual = torch.zeros_like(hidden)
@@ -212,7 +227,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tie_word_embeddings:
             table = self.embed_tokens.weight
-            return dense(
+            logits = dense(
                 hidden,
                 table,
                 # The table itself where it has no narrower copy: a single row reads it
@@ -220,7 +235,11 @@ class LlamaForCausalLM(nn.Module):
                 row_weight=table if self.head_row_weight is None else self.head_row_weight,
                 packed_weight=self.head_packed_weight,
             ).float()
-        return self.lm_head(hidden).float()
+        else:
+            logits = self.lm_head(hidden).float()
+        if self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
+        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors into the parameters (models/weight_copy.py), the KV-cache
@@ -307,6 +326,22 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):
     pass
+
+
+class GraniteForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class GraniteMoeForCausalLM(LlamaForCausalLM):
+    """Granite's multipliers with a sparse MoE block in every layer, whose checkpoints hold
+    the experts stacked already: `input_linear` (gate then up) is our w13, `output_linear`
+    our w2, and `router.layer` the router."""
+
+    def parameter_for(self, hf_name: str) -> tuple[str, int | None] | None:
+        name = hf_name.replace(".block_sparse_moe.input_linear.weight", ".mlp.w13")
+        name = name.replace(".block_sparse_moe.output_linear.weight", ".mlp.w2")
+        name = re.sub(r"\.block_sparse_moe\.router(\.layer)?\.weight$", ".mlp.gate.weight", name)
+        return super().parameter_for(name)
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

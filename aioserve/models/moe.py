@@ -115,9 +115,9 @@ class SparseMoeBlock(nn.Module):
                 f"num_experts_per_tok {self.top_k} must be between 1 and the "
                 f"{self.num_experts} experts"
             )
-        # Mixtral always renormalizes the chosen experts' probabilities; Qwen-MoE as
-        # norm_topk_prob says.
-        self.renormalize = config.model_type == "mixtral" or bool(
+        # Mixtral and GraniteMoe (a softmax over the chosen experts' logits) always
+        # renormalize the chosen experts' probabilities; Qwen-MoE as norm_topk_prob says.
+        self.renormalize = config.model_type in ("mixtral", "granitemoe") or bool(
             getattr(config, "norm_topk_prob", False)
         )
         hidden = config.hidden_size

@@ -13,6 +13,8 @@ from aioserve.models.bert_classifiers import (
     XLMRobertaForSequenceClassification,
 )
 from aioserve.models.llama import (
+    GraniteForCausalLM,
+    GraniteMoeForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
     MixtralForCausalLM,
@@ -34,6 +36,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
+    "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "BertModel": BertModel,
     "RobertaModel": RobertaModel,
     "XLMRobertaModel": XLMRobertaModel,

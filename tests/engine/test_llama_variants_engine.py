@@ -7,6 +7,8 @@ logprobs (float32, the CPU step compiled as served):
   factors too.
 - SmolLM3 leaves the rotary embedding out of the layers `no_rope_layers` marks 0: one
   compiled layer graph must not carry one layer's rotary table into another.
+- GraniteMoe: Granite's multipliers (embeddings, residual adds, attention scores, logits)
+  in the compiled graphs, and its stacked experts loaded from their saved names.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def hf_greedy(hf_model, prompt: list[int]) -> tuple[list[int], list[float]]:
     return tokens, logprobs
 
 
-@pytest.mark.parametrize("model_fixture", ["tiny_phi3_model", "tiny_smollm3_model"])
+@pytest.mark.parametrize(
+    "model_fixture", ["tiny_phi3_model", "tiny_smollm3_model", "tiny_granite_moe_model"]
+)
 def test_greedy_matches_transformers(model_fixture, request):
     from transformers import AutoModelForCausalLM
 

@@ -87,24 +87,32 @@ def test_a_checkpoint_with_wrong_experts_is_refused_by_name(case, tiny_moe_model
         load_model(open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu"))
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe"])
+_SAVED_EXPERT_NAME = {
+    "mixtral": "model.layers.0.block_sparse_moe.experts.3.w3.weight",
+    "qwen2-moe": "model.layers.0.mlp.experts.3.up_proj.weight",
+    "granite-moe": "model.layers.0.block_sparse_moe.input_linear.weight",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SAVED_EXPERT_NAME))
 def test_saved_checkpoints_of_the_other_families_load_in_place(name, tmp_path):
     """transformers saves Mixtral's experts as block_sparse_moe.experts.N.w1 / w3 / w2 (gate,
-    up, down) and Qwen2-MoE's with a shared expert and its gate; loaded, every stacked
-    weight equals the one transformers holds."""
+    up, down), Qwen2-MoE's with a shared expert and its gate, and GraniteMoe's stacked as
+    block_sparse_moe.input_linear / output_linear beside router.layer; loaded, every
+    stacked weight equals the one transformers holds."""
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(tiny_moe_configs()[name]).eval()
     hf.save_pretrained(tmp_path)
-    names = set(_saved_tensors(tmp_path))
-    assert ("model.layers.0.block_sparse_moe.experts.3.w3.weight" in names) == (name == "mixtral")
+    assert _SAVED_EXPERT_NAME[name] in set(_saved_tensors(tmp_path))
     ours = load_model(
         open_checkpoint(str(tmp_path)), dtype=torch.float32, device=torch.device("cpu")
     )
     layer = ours.layers[0].mlp
-    hf_layer = hf.model.layers[0].mlp
+    hf_layer = getattr(hf.model.layers[0], "block_sparse_moe", None) or hf.model.layers[0].mlp
     assert torch.equal(layer.w13, hf_layer.experts.gate_up_proj)
     assert torch.equal(layer.w2, hf_layer.experts.down_proj)
-    assert torch.equal(layer.gate.weight, hf_layer.gate.weight)
+    router = hf_layer.router if name == "granite-moe" else hf_layer.gate
+    assert torch.equal(layer.gate.weight, router.weight)
     if name == "qwen2-moe":
         assert torch.equal(layer.shared_expert_gate.weight, hf_layer.shared_expert_gate.weight)
         shared = hf_layer.shared_expert

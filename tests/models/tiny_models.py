@@ -12,6 +12,8 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     BertConfig,
+    GraniteConfig,
+    GraniteMoeConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -85,6 +87,16 @@ def tiny_configs() -> dict[str, object]:
             **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
         ),
         "phi3-longrope": tiny_phi3_config(),
+        # Granite's four multipliers, none of them 1.
+        "granite": GraniteConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            embedding_multiplier=6.0,
+            residual_multiplier=0.3,
+            attention_multiplier=0.2,
+            logits_scaling=4.0,
+            architectures=["GraniteForCausalLM"],
+        ),
         # SmolLM3: no rotary embedding in every second layer here (every fourth in the
         # released model), a tied head.
         "smollm3-nope": SmolLM3Config(
@@ -145,6 +157,18 @@ def tiny_moe_configs() -> dict[str, PretrainedConfig]:
             norm_topk_prob=False,
             mlp_only_layers=[1],
             architectures=["Qwen2MoeForCausalLM"],
+        ),
+        "granite-moe": GraniteMoeConfig(
+            **{**COMMON, "intermediate_size": 64},
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            embedding_multiplier=6.0,
+            residual_multiplier=0.3,
+            attention_multiplier=0.2,
+            logits_scaling=4.0,
+            tie_word_embeddings=True,
+            architectures=["GraniteMoeForCausalLM"],
         ),
         "qwen3-moe": Qwen3MoeConfig(
             **COMMON,
