@@ -1,12 +1,14 @@
 """The Llama family: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
 Phi3ForCausalLM, SmolLM3ForCausalLM, GraniteForCausalLM, and the mixture-of-experts kin
-MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM.
+MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM,
+OlmoeForCausalLM.
 
 They share one decoder: RMSNorm, rotary embeddings (scaled as the config says, over the
 first `partial_rotary_factor` of each head), grouped-query attention over the paged KV
 cache, and a SiLU-gated MLP, or in the MoE models' sparse layers a sparse MoE block
 (models/moe.py). The differences are switches read from the HF config: Qwen2 (and
 Qwen2-MoE) has biases on q/k/v, Qwen3 (and Qwen3-MoE) normalizes each head of q and k,
+OLMoE all of q and all of k (and may bound q, k and v by its clip_qkv),
 SmolLM3 leaves out the rotary embedding in the layers its `no_rope_layers` marks 0,
 Granite (and GraniteMoe) scales the embeddings, what each layer adds to the residual
 stream, the attention scores and the logits by its multipliers, and any of them may tie
@@ -79,15 +81,27 @@ class Attention(nn.Module):
         )
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=attention_bias)
+        # Qwen3 normalizes each head of q and k; OLMoE all of q, and all of k, at once.
         self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm_whole = config.model_type == "olmoe"
+        if self.qk_norm_whole:
+            self.q_norm = RMSNorm(self.q_size, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.kv_size, config.rms_norm_eps)
+        # OLMoE's optional bound on every q, k and v value (None: none).
+        self.clip_qkv = getattr(config, "clip_qkv", None)
         self.cos_sin_cache = cos_sin_cache
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm_whole:
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        if self.clip_qkv is not None:
+            bound = self.clip_qkv
+            q, k, v = q.clamp(-bound, bound), k.clamp(-bound, bound), v.clamp(-bound, bound)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -325,6 +339,10 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
 
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class OlmoeForCausalLM(LlamaForCausalLM):
     pass
 
 

@@ -91,15 +91,16 @@ _SAVED_EXPERT_NAME = {
     "mixtral": "model.layers.0.block_sparse_moe.experts.3.w3.weight",
     "qwen2-moe": "model.layers.0.mlp.experts.3.up_proj.weight",
     "granite-moe": "model.layers.0.block_sparse_moe.input_linear.weight",
+    "olmoe": "model.layers.0.mlp.experts.7.gate_proj.weight",
 }
 
 
 @pytest.mark.parametrize("name", sorted(_SAVED_EXPERT_NAME))
 def test_saved_checkpoints_of_the_other_families_load_in_place(name, tmp_path):
     """transformers saves Mixtral's experts as block_sparse_moe.experts.N.w1 / w3 / w2 (gate,
-    up, down), Qwen2-MoE's with a shared expert and its gate, and GraniteMoe's stacked as
-    block_sparse_moe.input_linear / output_linear beside router.layer; loaded, every
-    stacked weight equals the one transformers holds."""
+    up, down), Qwen2-MoE's with a shared expert and its gate, OLMoE's as Qwen's, and
+    GraniteMoe's stacked as block_sparse_moe.input_linear / output_linear beside
+    router.layer; loaded, every stacked weight equals the one transformers holds."""
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(tiny_moe_configs()[name]).eval()
     hf.save_pretrained(tmp_path)

@@ -17,6 +17,7 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
+    OlmoeConfig,
     Phi3Config,
     PretrainedConfig,
     Qwen2Config,
@@ -169,6 +170,16 @@ def tiny_moe_configs() -> dict[str, PretrainedConfig]:
             logits_scaling=4.0,
             tie_word_embeddings=True,
             architectures=["GraniteMoeForCausalLM"],
+        ),
+        # OLMoE: q and k normalized whole, not renormalized, q/k/v bounded by clip_qkv.
+        "olmoe": OlmoeConfig(
+            **{**COMMON, "intermediate_size": 64},
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            clip_qkv=1.5,
+            pad_token_id=0,
+            architectures=["OlmoeForCausalLM"],
         ),
         "qwen3-moe": Qwen3MoeConfig(
             **COMMON,
