@@ -19,7 +19,8 @@ model's engine is pooling_build.py's):
   quantizes a 16-bit checkpoint's decoder layers at load, on a GPU only;
 - max_model_len: the model's max_position_embeddings, stretched by linear, dynamic or
   YaRN RoPE scaling as vLLM stretches it (models/rope_parameters.py), capped by a sliding
-  window, which the attention kernels do not implement yet;
+  window, which the attention kernels do not implement yet; for LongRoPE, as vLLM, its
+  original_max_position_embeddings unless --max-model-len asks for more;
 - max_num_seqs, max_num_batched_tokens and asynchronous scheduling: their declared
   `PlatformDefault` (aioserve/config/arguments.py) for this device and use (`serve` on the
   CPU takes vLLM's server defaults, 128 sequences and 2,048 tokens; the offline engine 256

@@ -15,7 +15,7 @@ from aioserve.config.declaration import PlatformDefault
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import onednn_packs
-from aioserve.models.rope_parameters import scaled_context_length
+from aioserve.models.rope_parameters import rope_scaling, scaled_context_length, scaling_type
 from aioserve.platform import FAST_BF16_CPU_FLAGS, cpu_fast_bf16_flag, current_platform
 
 logger = logging.getLogger("aioserve")
@@ -69,6 +69,12 @@ def resolve_max_model_len(
             )
         derived = int(window)
     if requested is None:
+        if scaling_type(rope_scaling(hf_config)) == "longrope":
+            # vLLM's default for LongRoPE: the original context, where the short factors
+            # serve (rope_parameters.choose_longrope_factors); longer only when asked.
+            original = getattr(hf_config, "original_max_position_embeddings", None)
+            original = original or rope_scaling(hf_config).get("original_max_position_embeddings")
+            return min(derived, int(original or derived))
         return derived
     if requested > derived:
         raise ValueError(

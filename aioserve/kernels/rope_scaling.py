@@ -58,16 +58,20 @@ def _longrope_inverse_frequencies(
 ) -> tuple[Tensor, float]:
     """LongRoPE (transformers' `_compute_longrope_parameters`, vLLM's
     Phi3LongRoPEScaledRotaryEmbedding): frequency i divided by the i-th of the short or long
-    factors, cos and sin scaled by an attention factor, by default sqrt(1 + ln(factor) /
-    ln(original context)), factor being the context's stretch.
+    factors, cos and sin scaled by an attention factor: the chosen set's `short_mscale` /
+    `long_mscale`, else `attention_factor`, else sqrt(1 + ln(factor) / ln(original
+    context)), factor being the context's stretch.
 
     transformers takes the long factors for a forward pass whose sequence is longer than
     the original context, the short ones otherwise; a paged cache keeps each key rotated
     once, so here, as in vLLM, one set serves every position: the long one where
     LONG_FACTORS_KEY says so, which the engine sets when the served context
     (--max-model-len) is longer than the original one."""
-    original_context = scaling["original_max_position_embeddings"]
-    chosen = "long_factor" if scaling.get(LONG_FACTORS_KEY) else "short_factor"
+    original_context = scaling.get("original_max_position_embeddings")
+    if not original_context:
+        raise ValueError("a longrope rope_scaling needs original_max_position_embeddings")
+    long = bool(scaling.get(LONG_FACTORS_KEY))
+    chosen = "long_factor" if long else "short_factor"
     ext_factors = torch.tensor(scaling[chosen], dtype=torch.float32)
     if ext_factors.shape != (rotary_dim // 2,):
         raise ValueError(
@@ -75,7 +79,11 @@ def _longrope_inverse_frequencies(
             f"need {rotary_dim // 2}"
         )
     factor = scaling.get("factor") or (context_length or original_context) / original_context
-    attention_factor = scaling.get("attention_factor")
+    # Phi-3's first configs name the chosen set's own factor (vLLM reads them); newer ones
+    # an attention_factor (transformers 5 reads it); most neither.
+    attention_factor = scaling.get("long_mscale" if long else "short_mscale")
+    if attention_factor is None:
+        attention_factor = scaling.get("attention_factor")
     if attention_factor is None:
         attention_factor = (
             1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original_context))

@@ -70,7 +70,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         # Granite scales the scores by its attention_multiplier instead.
-        self.scale = getattr(config, "attention_multiplier", None) or self.head_dim**-0.5
+        multiplier = getattr(config, "attention_multiplier", None)
+        self.scale = self.head_dim**-0.5 if multiplier is None else float(multiplier)
         # Qwen2 always has q/k/v biases; Llama-style configs may ask for them (and for an
         # o_proj bias) with attention_bias.
         attention_bias = bool(getattr(config, "attention_bias", False))
@@ -347,13 +348,38 @@ class OlmoeForCausalLM(LlamaForCausalLM):
 
 
 class GraniteForCausalLM(LlamaForCausalLM):
-    pass
+    def __init__(self, config: PretrainedConfig) -> None:
+        _refuse_granite_attention_variants(config)
+        super().__init__(config)
+
+
+def _refuse_granite_attention_variants(config: PretrainedConfig) -> None:
+    """ValueError for what newer Granite configs may ask of the attention and aioserve does
+    not do yet: sliding-window layers, a RoPE base a layer, attention sinks."""
+    asked = [
+        name
+        for name, value in (
+            ("layer_types", set(getattr(config, "layer_types", None) or []) - {"full_attention"}),
+            ("layer_rope_theta", getattr(config, "layer_rope_theta", None)),
+            ("attention_sinks", getattr(config, "attention_sinks", False)),
+        )
+        if value
+    ]
+    if asked:
+        raise ValueError(
+            f"this Granite config asks for {', '.join(asked)} (sliding-window layers, a RoPE "
+            "base a layer, attention sinks), which aioserve does not implement yet"
+        )
 
 
 class GraniteMoeForCausalLM(LlamaForCausalLM):
     """Granite's multipliers with a sparse MoE block in every layer, whose checkpoints hold
     the experts stacked already: `input_linear` (gate then up) is our w13, `output_linear`
     our w2, and `router.layer` the router."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        _refuse_granite_attention_variants(config)
+        super().__init__(config)
 
     def parameter_for(self, hf_name: str) -> tuple[str, int | None] | None:
         name = hf_name.replace(".block_sparse_moe.input_linear.weight", ".mlp.w13")

@@ -148,11 +148,12 @@ def pack_expert_weights(model: nn.Module) -> None:
     pack_weights does for the dense layers, on the same condition)."""
     for module in model.modules():
         if isinstance(module, SparseMoeBlock) and module.packed_key == _NO_PACKED_EXPERTS:
-            module.packed_key = next(_next_packed_key)
-            _PACKED_EXPERTS[module.packed_key] = (
+            packed = (
                 [pack_expert_weight(w) for w in module.w13],
                 [pack_expert_weight(w) for w in module.w2],
             )
+            module.packed_key = next(_next_packed_key)
+            _PACKED_EXPERTS[module.packed_key] = packed
             weakref.finalize(module, _PACKED_EXPERTS.pop, module.packed_key, None)
             for param in (module.w13, module.w2):
                 param.data = param.new_zeros(()).expand(param.shape)

@@ -295,3 +295,24 @@ def test_lora_reaches_attention_but_refuses_experts(moe, tmp_path):
     save_file(tensors, str(experts / "adapter_model.safetensors"))
     with pytest.raises(LoRAAdapterError, match="LoRA on experts is not supported"):
         read_lora_adapter(str(experts), moe, max_rank=8, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        dict(layer_types=["sliding_attention", "full_attention"]),
+        dict(layer_rope_theta=[10000.0, 0.0]),
+        dict(attention_sinks=True),
+    ],
+)
+def test_granite_attention_variants_are_refused_by_name(field):
+    config = tiny_moe_configs()["granite-moe"]
+    for key, value in field.items():
+        setattr(config, key, value)
+    with pytest.raises(ValueError, match=f"asks for {next(iter(field))}.*not implement"):
+        load_model(
+            SimpleNamespace(hf_config=config),
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            dummy=True,
+        )

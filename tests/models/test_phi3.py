@@ -5,10 +5,13 @@ short factors, partial rotary and the tied head are in test_model_parity.py's
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from aioserve.kernels.rope_scaling import LONG_FACTORS_KEY
+from aioserve.engine.resolution import resolve_max_model_len
+from aioserve.kernels.rope_scaling import LONG_FACTORS_KEY, inverse_frequencies
 from aioserve.models.registry import model_class_for
 from aioserve.models.rope_parameters import choose_longrope_factors, rope_scaling
 from tests.models.tiny_models import PagedRunner, hf_and_ours, tiny_phi3_config
@@ -50,3 +53,33 @@ def test_factors_not_one_per_rotary_pair_are_refused():
     rope_scaling(config)["short_factor"] = [1.0] * 5  # 12 rotary dimensions need 6
     with pytest.raises(ValueError, match="short_factor has 5 values.*need 6"):
         model_class_for(config)(config)
+
+
+def test_the_context_defaults_to_the_original_one_as_in_vllm():
+    """Without --max-model-len a LongRoPE model serves its original context (the short
+    factors), as vLLM does; asked, it serves up to max_position_embeddings."""
+    config = tiny_phi3_config(ORIGINAL_CONTEXT)
+    assert resolve_max_model_len(None, config) == ORIGINAL_CONTEXT
+    assert resolve_max_model_len(4 * ORIGINAL_CONTEXT, config) == 4 * ORIGINAL_CONTEXT
+    with pytest.raises(ValueError, match="larger than the model's maximum context length 32"):
+        resolve_max_model_len(4 * ORIGINAL_CONTEXT + 1, config)
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_a_sets_own_mscale_scales_cos_and_sin(long):
+    """Phi-3's first LongRoPE configs give each set its own factor for cos and sin (vLLM
+    reads short_mscale / long_mscale); otherwise transformers' default from the stretch."""
+    scaling = {
+        "rope_type": "longrope",
+        "short_factor": [1.0, 2.0],
+        "long_factor": [3.0, 4.0],
+        "original_max_position_embeddings": 16,
+    }
+    _, default = inverse_frequencies(4, 10000.0, scaling, context_length=64)
+    assert default == pytest.approx(math.sqrt(1 + math.log(4) / math.log(16)))
+    marked = {**scaling, "short_mscale": 1.25, "long_mscale": 1.5, LONG_FACTORS_KEY: long}
+    inv_freq, factor = inverse_frequencies(4, 10000.0, marked, context_length=64)
+    assert factor == (1.5 if long else 1.25)
+    base = 1.0 / 10000.0 ** torch.tensor([0.0, 0.5])
+    expected = base / torch.tensor([3.0, 4.0] if long else [1.0, 2.0])
+    torch.testing.assert_close(inv_freq, expected)
