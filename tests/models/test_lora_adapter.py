@@ -123,3 +123,22 @@ def test_a_shape_that_does_not_fit_the_model_is_refused(model, tmp_path, adapter
     save_file(tensors, f"{folder}/adapter_model.safetensors")
     with pytest.raises(LoRAAdapterError, match="q_proj has lora_A"):
         read_lora_adapter(folder, model, 16, torch.float32)
+
+
+def test_a_phi3_adapter_adapts_its_stacked_layers_whole(tiny_phi3_model, tmp_path):
+    """Phi-3's checkpoints and adapters hold q/k/v and gate/up stacked already: each such
+    layer takes one A and B over all its rows, PEFT's change to that layer."""
+    targets = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    adapter = make_lora_adapter(tiny_phi3_model, tmp_path / "a", rank=4, alpha=8, targets=targets)
+    phi3 = load_model(
+        open_checkpoint(tiny_phi3_model), dtype=torch.float32, device=torch.device("cpu")
+    )
+    assert lora_targets(phi3)["layers.0.self_attn.qkv_proj"].slice_bounds == (0, 128)
+    read = read_lora_adapter(adapter, phi3, max_rank=16, dtype=torch.float32)
+    merged = peft_reference(tiny_phi3_model, adapter).merge_and_unload().state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_phi3_model, dtype=torch.float32)
+    base = base.state_dict()
+    for layer in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+        ((a, b),) = read.layers[f"layers.1.{layer}"]
+        name = f"model.layers.1.{layer}.weight"
+        torch.testing.assert_close(b @ a, merged[name] - base[name], atol=1e-6, rtol=1e-4)
