@@ -17,25 +17,12 @@ import pytest
 import torch
 
 from aioserve import LLM, SamplingParams
+from tests.engine.test_moe_engine import NEW_TOKENS, hf_greedy
 
 PROMPTS = [
     [504, 3575, 282, 4649, 314, 7, 9, 11, 260, 1030, 77],
     [1, 2000, 300, 44, 5, 60, 70, 800, 9000, 10, 11, 12, 13, 14, 15, 16],
-]
-NEW_TOKENS = 8
-
-
-def hf_greedy(hf_model, prompt: list[int]) -> tuple[list[int], list[float]]:
-    ids = torch.tensor([prompt])
-    tokens, logprobs = [], []
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            logits = hf_model(ids).logits[0, -1].float()
-            token = int(logits.argmax())
-            tokens.append(token)
-            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-    return tokens, logprobs
+]  # both longer than the Phi-3's original context of 8
 
 
 @pytest.mark.parametrize(
