@@ -50,9 +50,8 @@ def build_cos_sin_cache(
     "linear" or "dynamic" (with "factor"), "llama3" (with "factor", "low_freq_factor",
     "high_freq_factor", "original_max_position_embeddings") or "yarn" (with "factor",
     "original_max_position_embeddings" and optionally "beta_fast", "beta_slow",
-    "attention_factor", "mscale", "mscale_all_dim", "truncate") or "longrope" (with
-    "short_factor", "long_factor", "original_max_position_embeddings", optionally "factor"
-    and "attention_factor"); other types raise ValueError.
+    "attention_factor", "mscale", "mscale_all_dim", "truncate") or "longrope" (its
+    factor lists and "original_max_position_embeddings"); other types raise ValueError.
     """
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
