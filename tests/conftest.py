@@ -215,18 +215,17 @@ def tiny_granite_moe_model(smollm2_gguf, tmp_path_factory) -> str:
     (the experts stacked: block_sparse_moe.input_linear / output_linear)."""
     from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
 
+    from tests.models.tiny_models import GRANITE_MULTIPLIERS
+
     folder, vocab_size = _folder_with_smollm2_tokenizer(
         smollm2_gguf, tmp_path_factory, "tiny-granite-moe"
     )
     config = GraniteMoeConfig(
         vocab_size=vocab_size,
         **{**_TINY_SHAPE, "intermediate_size": 32},
+        **GRANITE_MULTIPLIERS,
         num_local_experts=4,
         num_experts_per_tok=2,
-        embedding_multiplier=6.0,
-        residual_multiplier=0.3,
-        attention_multiplier=0.2,
-        logits_scaling=4.0,
         pad_token_id=0,
         architectures=["GraniteMoeForCausalLM"],
     )

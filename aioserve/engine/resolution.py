@@ -69,11 +69,12 @@ def resolve_max_model_len(
             )
         derived = int(window)
     if requested is None:
-        if scaling_type(rope_scaling(hf_config)) == "longrope":
+        scaling = rope_scaling(hf_config)
+        if scaling_type(scaling) == "longrope":
             # vLLM's default for LongRoPE: the original context, where the short factors
             # serve (rope_parameters.choose_longrope_factors); longer only when asked.
             original = getattr(hf_config, "original_max_position_embeddings", None)
-            original = original or rope_scaling(hf_config).get("original_max_position_embeddings")
+            original = original or scaling.get("original_max_position_embeddings")
             return min(derived, int(original or derived))
         return derived
     if requested > derived:

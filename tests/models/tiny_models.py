@@ -44,6 +44,11 @@ COMMON = dict(
     rms_norm_eps=1e-5,
 )
 
+# Granite's four multipliers, none of them 1, so that each one's omission shows.
+GRANITE_MULTIPLIERS = dict(
+    embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=4.0
+)
+
 
 def tiny_configs() -> dict[str, object]:
     return {
@@ -88,14 +93,10 @@ def tiny_configs() -> dict[str, object]:
             **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
         ),
         "phi3-longrope": tiny_phi3_config(),
-        # Granite's four multipliers, none of them 1.
         "granite": GraniteConfig(
             **COMMON,
+            **GRANITE_MULTIPLIERS,
             num_key_value_heads=2,
-            embedding_multiplier=6.0,
-            residual_multiplier=0.3,
-            attention_multiplier=0.2,
-            logits_scaling=4.0,
             architectures=["GraniteForCausalLM"],
         ),
         # SmolLM3: no rotary embedding in every second layer here (every fourth in the
@@ -162,12 +163,9 @@ def tiny_moe_configs() -> dict[str, PretrainedConfig]:
         "granite-moe": GraniteMoeConfig(
             **{**COMMON, "intermediate_size": 64},
             num_key_value_heads=2,
+            **GRANITE_MULTIPLIERS,
             num_local_experts=4,
             num_experts_per_tok=2,
-            embedding_multiplier=6.0,
-            residual_multiplier=0.3,
-            attention_multiplier=0.2,
-            logits_scaling=4.0,
             tie_word_embeddings=True,
             architectures=["GraniteMoeForCausalLM"],
         ),
