@@ -35,7 +35,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from aioserve.kernels.activation import silu_and_mul_reference, silu_and_mul_triton
+from aioserve.kernels.activation import (
+    gelu_tanh_and_mul_reference,
+    gelu_tanh_and_mul_triton,
+    silu_and_mul_reference,
+    silu_and_mul_triton,
+)
 from aioserve.kernels.attention import paged_attention_triton
 from aioserve.kernels.attention_reference import paged_attention_reference
 from aioserve.kernels.kv_cache import write_kv_cache_reference, write_kv_cache_triton
@@ -104,11 +109,13 @@ FORMULAS = (
         "2·N·(Hq+Hkv)·D·e + 8·N + 4·N·D",
         "rotary gptj": "as rotary neox",
         "silu_and_mul": "gate|up read + out written: 3·N·I·e",
+        "gelu_tanh_and_mul": "as silu_and_mul",
         "write_kv_cache": "key, value read + written into the cache + slot ids: 4·N·Hkv·D·e + 8·N",
         "write_kv_cache fp8": "key, value read + written into an fp8 cache (one byte) + slot ids: "
         "2·N·Hkv·D·(e + 1) + 8·N",
         "paged_attention": "q read + out written + each sequence's K and V once + its block table "
-        "+ lengths: 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1)",
+        "+ lengths: 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e + 4·⌈L_b/bs⌉) + 4·(2B+1); with a sliding "
+        "window W, the K and V of min(L_b, q_len_b - 1 + W) positions",
         "paged_attention fp8": "as paged_attention, K and V one byte an element (e_kv = 1) "
         "+ the two scales",
         "sample greedy": "float32 logits read + token ids written: 4·B·V + 8·B",
@@ -142,6 +149,8 @@ class Workload:
     sample_rows: tuple[int, ...]  # B of the sampling kernels
     block_size: int = 16
     moe_models: tuple[MoEShape, ...] = ()  # MoE layers, over token_batches
+    # The sliding windows W every attention batch runs at (0: the whole context).
+    attention_windows: tuple[int, ...] = (0,)
 
 
 def _decodes(batch: int, context: int) -> tuple[str, tuple[tuple[int, int], ...]]:
@@ -290,6 +299,28 @@ def silu_and_mul_case(
     )
 
 
+def gelu_tanh_and_mul_case(
+    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype
+) -> Case:
+    """GELU(tanh)-and-multiply (Gemma's MLP) of N rows of the gate|up projection (2·I wide)."""
+    x = rand.normal(batch.n, 2 * model.intermediate, dtype=dtype, scale=2.0)
+    traffic = 3 * batch.n * model.intermediate * x.element_size()  # 3·N·I·e
+
+    def check() -> str | None:
+        return compare(gelu_tanh_and_mul_triton(x), gelu_tanh_and_mul_reference(x), dtype)
+
+    return Case(
+        "gelu_tanh_and_mul",
+        model.name,
+        batch.label,
+        dtype,
+        traffic,
+        0,
+        lambda: gelu_tanh_and_mul_triton(x),
+        check,
+    )
+
+
 def fp8_kv_dtypes() -> tuple[torch.dtype, ...]:
     """The fp8 KV-cache formats of the device (asked of the platform module, so that the
     compile check's stand-in device answers): e4m3 (fnuz on MI300) where it has one, and
@@ -356,9 +387,10 @@ def attention_case(
     dtype: torch.dtype,
     block_size: int,
     kv_dtype: torch.dtype | None = None,
+    window: int = 0,
 ) -> Case:
     """Paged attention over `seqs`, (q_len, seq_len) pairs, in shuffled physical blocks; with
-    `kv_dtype`, over an fp8 cache."""
+    `kv_dtype`, over an fp8 cache; with `window` W > 0, each row over its last W positions."""
     device, d = rand.device, model.head
     query_lens = [q for q, _ in seqs]
     seq_lens = [s for _, s in seqs]
@@ -391,31 +423,39 @@ def attention_case(
         max(seq_lens),
     )
     e, kv_e = query.element_size(), key_cache.element_size()
+    # The keys read: all L of a sequence, or with a window those of its first row's window
+    # on, min(L, q_len - 1 + W).
+    read = [min(s, q - 1 + window) if window else s for q, s in seqs]
     # 2·T·Hq·D·e + Σ_b (2·L_b·Hkv·D·e_kv + 4·⌈L_b/bs⌉) + 4·(2B+1); e_kv is 1 for fp8
     traffic = (
         2 * num_tokens * model.q_heads * d * e
-        + sum(2 * s * model.kv_heads * d * kv_e + 4 * math.ceil(s / block_size) for s in seq_lens)
+        + sum(2 * r * model.kv_heads * d * kv_e + 4 * math.ceil(r / block_size) for r in read)
         + 4 * (2 * len(seqs) + 1)
     )
-    # Query row i of a sequence sits at position L - q_len + i and sees L - q_len + i + 1
-    # keys: Σ over rows is q_len·(L - q_len) + q_len·(q_len + 1)/2.
-    visible = sum(q * (s - q) + q * (q + 1) // 2 for q, s in seqs)
+    # Query row i of a sequence sits at position p = L - q_len + i and sees p + 1 keys, or
+    # min(p + 1, W) with a window: Σ over rows is q_len·(L - q_len) + q_len·(q_len + 1)/2
+    # without one.
+    if window:
+        visible = sum(min(p + 1, window) for q, s in seqs for p in range(s - q, s))
+    else:
+        visible = sum(q * (s - q) + q * (q + 1) // 2 for q, s in seqs)
     flops = 4 * d * model.q_heads * visible
 
     def check() -> str | None:
         # Poisoned output: a row the kernels do not write stays NaN and fails the check.
         out = torch.full_like(query, float("nan"))
-        paged_attention_triton(*args, out, *scales)
-        return compare(out, paged_attention_reference(*args, None, None, *scales), dtype)
+        paged_attention_triton(*args, out, *scales, sliding_window=window)
+        expected = paged_attention_reference(*args, None, None, *scales, sliding_window=window)
+        return compare(out, expected, dtype)
 
     return Case(
         "paged_attention" if kv_dtype is None else "paged_attention fp8",
         model.name,
-        kv_label(label, kv_dtype),
+        kv_label(f"{label}, window {window}" if window else label, kv_dtype),
         dtype,
         traffic,
         flops,
-        lambda: paged_attention_triton(*args, None, *scales),
+        lambda: paged_attention_triton(*args, None, *scales, sliding_window=window),
         check,
     )
 
@@ -558,6 +598,7 @@ def build_cases(
         functools.partial(rotary_case, is_neox=True),
         functools.partial(rotary_case, is_neox=False),
         silu_and_mul_case,
+        gelu_tanh_and_mul_case,
         functools.partial(write_kv_cache_case, block_size=workload.block_size),
         functools.partial(rotary_kv_write_case, block_size=workload.block_size),
     ]
@@ -567,9 +608,12 @@ def build_cases(
             for batch in workload.token_batches:
                 for dtype in dtypes:
                     yield build(rand(), model, batch, dtype)
-        for label, seqs in workload.attention_batches:
+        attention = list(itertools.product(workload.attention_batches, workload.attention_windows))
+        for (label, seqs), window in attention:
             for dtype in dtypes:
-                yield attention_case(rand(), model, label, seqs, dtype, workload.block_size)
+                yield attention_case(
+                    rand(), model, label, seqs, dtype, workload.block_size, None, window
+                )
         # The fp8 KV cache (--kv-cache-dtype fp8): its write and the attention reading it.
         for kv_dtype in fp8_kv_dtypes():
             for dtype in dtypes:
@@ -580,9 +624,9 @@ def build_cases(
                     yield rotary_kv_write_case(
                         rand(), model, batch, dtype, workload.block_size, kv_dtype
                     )
-                for label, seqs in workload.attention_batches:
+                for (label, seqs), window in attention:
                     yield attention_case(
-                        rand(), model, label, seqs, dtype, workload.block_size, kv_dtype
+                        rand(), model, label, seqs, dtype, workload.block_size, kv_dtype, window
                     )
         for build_sampling in sampling:
             for rows in workload.sample_rows:

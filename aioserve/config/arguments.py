@@ -277,8 +277,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              choices=("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")),
     Argument("disable-sliding-window", MODEL, False,
              "Attend over the whole context of a model trained with a sliding window, and "
-             "cap the context at the window. aioserve has no sliding-window attention yet, so "
-             "it always does this; the flag only silences the warning.", "bool",
+             "cap the context at the window.", "bool",
              convert=values.boolean),
     _vllm("disable-cascade-attn", MODEL, False, "Turn cascade attention off.", "bool"),
     Argument("skip-tokenizer-init", MODEL, False,

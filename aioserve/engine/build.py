@@ -19,7 +19,8 @@ model's engine is pooling_build.py's):
   quantizes a 16-bit checkpoint's decoder layers at load, on a GPU only;
 - max_model_len: the model's max_position_embeddings, stretched by linear, dynamic or
   YaRN RoPE scaling as vLLM stretches it (models/rope_parameters.py), capped by a sliding
-  window, which the attention kernels do not implement yet; for LongRoPE, as vLLM, its
+  window only under --disable-sliding-window, which attends the whole context (vLLM's
+  meaning: models/sliding_windows.py); for LongRoPE, as vLLM, its
   original_max_position_embeddings unless --max-model-len asks for more;
 - max_num_seqs, max_num_batched_tokens and asynchronous scheduling: their declared
   `PlatformDefault` (aioserve/config/arguments.py) for this device and use (`serve` on the
@@ -67,6 +68,7 @@ from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import read_lora_adapter
 from aioserve.models.moe import num_experts
 from aioserve.models.rope_parameters import choose_longrope_factors
+from aioserve.models.sliding_windows import disable_sliding_window
 from aioserve.platform import (
     current_platform,
     device,
@@ -292,6 +294,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     max_model_len = resolve_max_model_len(
         model_cfg.max_model_len, hf_config, model_cfg.disable_sliding_window
     )
+    if model_cfg.disable_sliding_window:
+        disable_sliding_window(hf_config)
     chunked = sched_cfg.enable_chunked_prefill
     platform = current_platform()
     block_size = cache_cfg.block_size or platform_default("block_size", platform)

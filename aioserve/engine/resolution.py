@@ -16,6 +16,7 @@ from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import onednn_packs
 from aioserve.models.rope_parameters import rope_scaling, scaled_context_length, scaling_type
+from aioserve.models.sliding_windows import configured_window
 from aioserve.platform import FAST_BF16_CPU_FLAGS, cpu_fast_bf16_flag, current_platform
 
 logger = logging.getLogger("aioserve")
@@ -57,17 +58,11 @@ def resolve_max_model_len(
     requested: int | None, hf_config, disable_sliding_window: bool = False
 ) -> int:
     derived = scaled_context_length(hf_config)
-    window = getattr(hf_config, "sliding_window", None)
-    uses_window = window and getattr(hf_config, "use_sliding_window", True)
-    if uses_window and window < derived:
-        if not disable_sliding_window:
-            logger.warning(
-                "the model uses a sliding window of %d tokens, which aioserve does not "
-                "implement yet: the context is capped at the window, as with "
-                "--disable-sliding-window",
-                window,
-            )
-        derived = int(window)
+    # vLLM's meaning of --disable-sliding-window: the whole context attended, so the
+    # context is capped at the window (models/sliding_windows.py).
+    window = configured_window(hf_config)
+    if disable_sliding_window and window and window < derived:
+        derived = window
     if requested is None:
         scaling = rope_scaling(hf_config)
         if scaling_type(scaling) == "longrope":

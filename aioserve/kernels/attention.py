@@ -5,8 +5,9 @@ The step's queries are one flat batch: sequence b owns query rows
 keys and values, new tokens included, are already in the paged cache
 [num_blocks, block_size, num_kv_heads, head_size], reached through row b of
 `block_tables`. `seq_lens[b]` counts all of them, so query row i (of q_len) sits at
-position seq_len - q_len + i and attends causally to keys 0..that position. Query head h
-reads kv head h // (num_q_heads // num_kv_heads) (grouped-query attention, GQA).
+position seq_len - q_len + i and attends causally to keys 0..that position (with a
+sliding window W > 0, to its last W keys only). Query head h reads kv head
+h // (num_q_heads // num_kv_heads) (grouped-query attention, GQA).
 
 Triton path: two kernels, and every sequence goes to exactly one of them by its own
 q_len, so the split never depends on the rest of the batch:
@@ -29,6 +30,11 @@ their sequence, block sizes depend only on the device and the head size, and key
 always reduced in the same order (a decode's segments too: how it splits depends on its
 own length only), so a sequence's output is bitwise the same whatever shares its batch
 (DESIGN: batch invariance).
+
+A sliding window runs the SLIDING kernels (for every batch of the model): a prefill tile
+walks from its first row's window start, its later rows masking the keys before theirs; a
+decode's segments wholly before its window do nothing, its first live segment starting at
+the window's first key (segment boundaries stay fixed, and only live segments are merged).
 
 An fp8 cache (kv_cache.py) is loaded as stored and converted to the query's dtype in
 registers; its layer's k_scale multiplies the scores (folded into the softmax scale) and
@@ -75,19 +81,22 @@ def _attend_keys(
     block_size,
     head_size,
     qk_scale,
+    window,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     """Attention of the query rows `q` [BLOCK_M, BLOCK_D] over keys first_key..num_keys-1,
     unnormalized: (sum of p·v, the rows' running max, the sum of p), all float32.
 
-    Row r attends to keys up to row_positions[r]; the first key is visible to every row.
-    The keys come in tiles of BLOCK_N positions, each position's physical block looked up
-    in the sequence's block table. `qk_scale` is the softmax scale times log2(e): the
-    softmax runs in base 2. An fp8 cache (KV_FP8) is converted to the query's dtype as
-    loaded, unscaled: the caller scales.
+    Row r attends to keys up to row_positions[r] (SLIDING: and past row_positions[r] -
+    window). The first key is visible to every row, but to the later rows of a SLIDING
+    prefill tile: those may see no key of a whole tile. The keys come in tiles of BLOCK_N
+    positions, each position's physical block looked up in the sequence's block table.
+    `qk_scale` is the softmax scale times log2(e): the softmax runs in base 2. An fp8 cache
+    (KV_FP8) is converted to the query's dtype as loaded, unscaled: the caller scales.
     """
     dims = tl.arange(0, BLOCK_D)
     dim_mask = dims < head_size
@@ -112,12 +121,19 @@ def _attend_keys(
 
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         # Causality also hides the keys past num_keys from every row that gets stored.
-        scores = tl.where(keys[None, :] <= row_positions[:, None], scores, float("-inf"))
-        # The first key is visible to every row, so row_max is finite from the first tile on
-        # and a tile a row cannot see changes its state by exactly nothing.
+        if SLIDING:  # 0 <= position - key < window, in one unsigned comparison
+            visible = (row_positions[:, None] - keys[None, :]).to(tl.uint32) < window
+        else:
+            visible = keys[None, :] <= row_positions[:, None]
+        scores = tl.where(visible, scores, float("-inf"))
+        # Once a row has seen a key, its row_max is finite and a tile it cannot see changes
+        # its state by exactly nothing; SLIDING, one that has seen none shifts by 0, not -inf.
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        correction = tl.exp2(row_max - new_max)
-        p = tl.exp2(scores - new_max[:, None])
+        shift = new_max
+        if SLIDING:
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(row_max - shift)
+        p = tl.exp2(scores - shift[:, None])
         row_sum = row_sum * correction + tl.sum(p, axis=1)
         acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         row_max = new_max
@@ -151,6 +167,7 @@ def _decode_kernel(
     stride_block_table,
     block_size,
     head_size,
+    window,
     max_segments,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -158,10 +175,11 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     SEGMENT: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     # One program per (sequence, kv head, segment of SEGMENT keys); rows are the GQA
-    # group's query heads. A sequence of one segment writes its output; a longer one writes
-    # each segment's unnormalized sum and its (max, sum) for _merge_segments_kernel.
+    # group's query heads. A sequence of one live segment writes its output; a longer one
+    # writes each segment's unnormalized sum and its (max, sum) for _merge_segments_kernel.
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
@@ -173,6 +191,13 @@ def _decode_kernel(
     num_segments = tl.cdiv(seq_len, SEGMENT)
     if segment >= num_segments:
         return
+    live_segments = num_segments
+    if SLIDING:
+        # Segments wholly before the window are dead; the first live one starts at its first key.
+        window_start = tl.maximum(seq_len - window, 0)
+        if segment < window_start // SEGMENT:
+            return
+        live_segments = num_segments - window_start // SEGMENT
 
     rows = tl.arange(0, BLOCK_G)
     heads = kv_head * GROUP + rows
@@ -184,13 +209,15 @@ def _decode_kernel(
         mask=mask,
         other=0.0,
     )
-    row_positions = tl.zeros([BLOCK_G], dtype=tl.int32) + (seq_len - 1)
+    # SLIDING, the tiles from the window's first key may overrun the segment: hide what is past.
+    last_position = tl.minimum(seq_len - 1, (segment + 1) * SEGMENT - 1) if SLIDING else seq_len - 1
+    row_positions = tl.zeros([BLOCK_G], dtype=tl.int32) + last_position
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     acc, row_max, row_sum = _attend_keys(
         q,
         row_positions,
-        segment * SEGMENT,
+        tl.maximum(segment * SEGMENT, window_start) if SLIDING else segment * SEGMENT,
         tl.minimum(seq_len, (segment + 1) * SEGMENT),
         block_tables_ptr + seq.to(tl.int64) * stride_block_table,
         key_cache_ptr + kv_head * stride_key_head,
@@ -202,14 +229,16 @@ def _decode_kernel(
         block_size,
         head_size,
         qk_scale,
+        window,
         BLOCK_G,
         BLOCK_N,
         BLOCK_D,
         KV_FP8,
+        False,  # every row's window starts at the first key or before
     )
     if KV_FP8:
         acc = acc * tl.load(v_scale_ptr)
-    if num_segments == 1:
+    if live_segments == 1:
         tl.store(
             out_ptr + token * stride_out_token + heads[:, None] * stride_out_head + dims[None, :],
             (acc / row_sum[:, None]).to(out_ptr.dtype.element_ty),
@@ -235,30 +264,35 @@ def _merge_segments_kernel(
     stride_out_head,
     head_size,
     max_segments,
+    window,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SEGMENT: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
-    # One program per (sequence, query head) of a decode split into segments: the
-    # segments' sums rescaled to the largest max and added in segment order (a fixed
-    # order, so the result does not depend on the batch).
+    # One program per (sequence, query head) of a decode split into segments: the live
+    # segments' sums (SLIDING: from the window's first one) rescaled to the largest max
+    # and added in segment order (a fixed order, so the result does not depend on the batch).
     seq = tl.program_id(0)
     head = tl.program_id(1)
     query_start = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - query_start
     seq_len = tl.load(seq_lens_ptr + seq)
     num_segments = tl.cdiv(seq_len, SEGMENT)
-    if (query_len != 1) | (num_segments <= 1):
+    first_segment = tl.maximum(seq_len - window, 0) // SEGMENT if SLIDING else 0
+    if (query_len != 1) | (num_segments - first_segment <= 1):
         return
     first_slot = (seq.to(tl.int64) * tl.num_programs(1) + head) * max_segments
     segments = tl.arange(0, BLOCK_S)
     in_seq = segments < num_segments
+    if SLIDING:
+        in_seq = in_seq & (segments >= first_segment)
     maxes = tl.load(partial_stats_ptr + (first_slot + segments) * 2, mask=in_seq, other=-1e30)
     top = tl.max(maxes, axis=0)
     dims = tl.arange(0, BLOCK_D)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     total = 0.0
-    for segment in range(0, num_segments):
+    for segment in range(first_segment, num_segments):
         slot = first_slot + segment
         scale = tl.exp2(tl.load(partial_stats_ptr + slot * 2) - top)
         total += scale * tl.load(partial_stats_ptr + slot * 2 + 1)
@@ -317,12 +351,14 @@ def _prefill_kernel(
     stride_block_table,
     block_size,
     head_size,
+    window,
     GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     KV_FP8: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     # One program per (tile of BLOCK_Q query tokens, kv head); row r of the tile is token
     # r // GROUP of the tile and query head r % GROUP of the kv head's group.
@@ -356,10 +392,11 @@ def _prefill_kernel(
     last_token = tl.minimum(first_token + BLOCK_Q, query_len) - 1
     if KV_FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
+    # SLIDING, from the first row's window start; _attend_keys masks the later rows' own.
     acc, _, row_sum = _attend_keys(
         q,
         context_len + tokens,
-        0,
+        tl.maximum(context_len + first_token + 1 - window, 0) if SLIDING else 0,
         context_len + last_token + 1,
         block_tables_ptr + seq.to(tl.int64) * stride_block_table,
         key_cache_ptr + kv_head * stride_key_head,
@@ -371,10 +408,12 @@ def _prefill_kernel(
         block_size,
         head_size,
         qk_scale,
+        window,
         BLOCK_M,
         BLOCK_N,
         BLOCK_D,
         KV_FP8,
+        SLIDING,
     )
     if KV_FP8:
         acc = acc * tl.load(v_scale_ptr)
@@ -401,6 +440,7 @@ def paged_attention_triton(
     out: Tensor | None = None,
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
+    sliding_window: int = 0,
 ) -> Tensor:
     """The Triton path of `paged_attention`: the decode kernel, then the prefill kernel."""
     check_shapes(query, key_cache, value_cache, block_tables, max_seq_len, k_scale, v_scale)
@@ -413,6 +453,7 @@ def paged_attention_triton(
     block_size, num_kv_heads = key_cache.shape[1:3]
     group = num_q_heads // num_kv_heads
     num_seqs = seq_lens.shape[0]
+    sliding = sliding_window > 0  # one kernel per model, whatever the batch's lengths
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if num_seqs == 0 or num_tokens == 0:
@@ -421,21 +462,10 @@ def paged_attention_triton(
     block_d = max(MIN_DOT, triton.next_power_of_2(head_size))
     config = launch_config(block_d, kv_fp8)
     qk_scale = scale * math.log2(math.e)
-    common = (
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        block_tables.stride(0),
-        block_size,
-        head_size,
-    )
+    # The strides (query's and out's: token, head; the caches': block, slot, head), sizes, W.
+    common = (*query.stride()[:2], *out.stride()[:2], *key_cache.stride()[:3],
+              *value_cache.stride()[:3], block_tables.stride(0), block_size, head_size,
+              sliding_window)  # fmt: skip
     tensors = (query, key_cache, value_cache, out, query_start_loc, seq_lens, block_tables)
     # The scales are read only from an fp8 cache.
     scales = (k_scale, v_scale) if kv_fp8 else (seq_lens, seq_lens)
@@ -443,16 +473,10 @@ def paged_attention_triton(
     segment = config["decode_segment"]
     max_segments = triton.cdiv(max_seq_len, segment)
     # Workspace of the sequences split into segments (none when every decode fits one).
-    partial = torch.empty(
-        (num_seqs, num_q_heads, max_segments, block_d) if max_segments > 1 else (1,),
-        dtype=torch.float32,
-        device=query.device,
-    )
-    stats = torch.empty(
-        (num_seqs, num_q_heads, max_segments, 2) if max_segments > 1 else (1,),
-        dtype=torch.float32,
-        device=query.device,
-    )
+    split = (num_seqs, num_q_heads, max_segments) if max_segments > 1 else None
+    floats = dict(dtype=torch.float32, device=query.device)
+    partial = torch.empty((*split, block_d) if split else (1,), **floats)
+    stats = torch.empty((*split, 2) if split else (1,), **floats)
     _decode_kernel[(num_seqs, num_kv_heads, max_segments)](
         *tensors,
         partial,
@@ -467,6 +491,7 @@ def paged_attention_triton(
         BLOCK_D=block_d,
         SEGMENT=segment,
         KV_FP8=kv_fp8,
+        SLIDING=sliding,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
@@ -481,9 +506,11 @@ def paged_attention_triton(
             out.stride(1),
             head_size,
             max_segments,
+            sliding_window,
             BLOCK_S=triton.next_power_of_2(max_segments),
             BLOCK_D=block_d,
             SEGMENT=segment,
+            SLIDING=sliding,
         )
     if max_query_len > 1:
         block_m = max(config["block_m"], triton.next_power_of_2(group))
@@ -503,6 +530,7 @@ def paged_attention_triton(
             BLOCK_N=config["block_n"],
             BLOCK_D=block_d,
             KV_FP8=kv_fp8,
+            SLIDING=sliding,
             num_warps=config["num_warps"],
             num_stages=config["num_stages"],
         )
@@ -524,6 +552,7 @@ def paged_attention(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
     new_kv: tuple[Tensor, Tensor] | None = None,
+    sliding_window: int = 0,
 ) -> Tensor:
     """Causal attention of the step's query rows over their sequences' paged KV cache.
 
@@ -534,7 +563,9 @@ def paged_attention(
     by all layers. An fp8 cache needs its layer's k_scale and v_scale ([1] float32).
     `new_kv`, the step's keys and values [T, Hkv, D] just written to the cache, lets the
     torch path read a prompt with nothing cached before it from them; the Triton kernels
-    read the cache.
+    read the cache. A `sliding_window` W > 0 limits each row to the last W positions
+    through its own (keys p - W + 1 .. p for the row at position p, as transformers' and
+    vLLM's sliding windows); 0 attends the whole context.
     """
     if dispatch.use_triton():
         return paged_attention_triton(
@@ -550,6 +581,7 @@ def paged_attention(
             out,
             k_scale,
             v_scale,
+            sliding_window,
         )
     return paged_attention_reference(
         query,
@@ -566,6 +598,7 @@ def paged_attention(
         k_scale,
         v_scale,
         new_kv,
+        sliding_window,
     )
 
 

@@ -32,6 +32,11 @@ model and in float32 otherwise, the softmax always in float32 inside:
   to 512, 861 MiB more for chunks over cached prefixes), against 78 MiB for every length
   up to 4,096 once padded to 16.
 
+A layer with a sliding window reads its own plan of the step (`ReferencePlan.for_window`,
+made once a step for each window): each sequence's blocks wholly before its window are
+left out, decodes mask the slots of their first kept block before the window as padding,
+and prefills mask the keys before each row's window (SDPA's mask, the products' bias).
+
 A head-major pool (kv_cache.py) holds a kv head's slots of one block as one run of memory,
 so the gathered [Hkv, slots, D] keys come out of one index_select of such runs; any other
 layout (a GPU's slot-major pool, the CPU's dim-major keys) is gathered block by block and
@@ -46,7 +51,7 @@ its own length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -81,17 +86,20 @@ class PrefillSequence:
     # seq_len are zeroed, never attended by a real row).
     padded_query_len: int
     padded_seq_len: int
+    # A sliding window W > 0: each row sees only the last W positions through its own.
+    window: int = 0
     # Worked out in the step's first layer that needs them: SDPA's mask, or the chunks of
     # the products (prefill_products.py).
     _mask: Tensor | None = None
     _chunks: list[ProductChunk] | None = None
 
     def sdpa_mask(self, device: torch.device) -> Tensor | None:
-        """[padded_query_len, padded_seq_len] bool over a cached prefix (a padding row
-        attends key 0, so that no row is empty); None: plain causal."""
+        """[padded_query_len, padded_seq_len] bool over a cached prefix or through a
+        sliding window (a padding row attends key 0, so that no row is empty); None: plain
+        causal."""
         query_len = self.end - self.start
         context_len = self.seq_len - query_len
-        if context_len == 0 or self._mask is not None:
+        if (context_len == 0 and not self.window) or self._mask is not None:
             return self._mask
         # Query row i sits at position context_len + i.
         positions = context_len + torch.arange(query_len, device=device)
@@ -99,15 +107,37 @@ class PrefillSequence:
             (self.padded_query_len, self.padded_seq_len), dtype=torch.bool, device=device
         )
         keys = torch.arange(self.seq_len, device=device)
-        mask[:query_len, : self.seq_len] = keys[None, :] <= positions[:, None]
+        attended = keys[None, :] <= positions[:, None]
+        if self.window:
+            attended &= keys[None, :] > positions[:, None] - self.window
+        mask[:query_len, : self.seq_len] = attended
         mask[query_len:, 0] = True
         self._mask = mask
         return mask
 
     def product_chunks(self, group_size: int, device: torch.device) -> list[ProductChunk]:
         if self._chunks is None:
-            self._chunks = plan_chunks(self.end - self.start, self.seq_len, group_size, device)
+            self._chunks = plan_chunks(
+                self.end - self.start, self.seq_len, group_size, device, self.window
+            )
         return self._chunks
+
+    def windowed(self, window: int, block_size: int) -> PrefillSequence:
+        """The same rows through a sliding window: the blocks wholly before the first
+        row's window left out (positions then count from the first block kept, which moves
+        every row and key alike)."""
+        context_len = self.seq_len - (self.end - self.start)
+        skipped = max(0, context_len + 1 - window) // block_size
+        seq_len = self.seq_len - skipped * block_size
+        return PrefillSequence(
+            start=self.start,
+            end=self.end,
+            blocks=self.blocks[skipped:],
+            seq_len=seq_len,
+            padded_query_len=self.padded_query_len,
+            padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
+            window=window,
+        )
 
 
 @dataclass
@@ -124,6 +154,21 @@ class ReferencePlan:
     # step's order (`bags_of_every_row`): asked in the first layer, kept for the others.
     _every_row_asked: bool = False
     _every_row_bags: decode_in_pool.PoolBags | None = None
+    # The same step through each sliding window its layers have (`for_window`).
+    _windowed: dict[int, ReferencePlan] = field(default_factory=dict)
+
+    def for_window(self, window: int, block_size: int) -> ReferencePlan:
+        """The plan of the layers whose rows see only the last `window` positions through
+        their own: each sequence's blocks wholly before its window left out, the slots of
+        its first kept block before the window masked. Made in the first such layer of the
+        step and kept for the others."""
+        if window not in self._windowed:
+            self._windowed[window] = ReferencePlan(
+                None if self.decodes is None else self.decodes.windowed(window),
+                [seq.windowed(window, block_size) for seq in self.prefills],
+                write_index=self.write_index,
+            )
+        return self._windowed[window]
 
     def decode_gather_buffers(
         self, cache: Tensor, groups: list[DecodeGroup]
@@ -342,11 +387,12 @@ def _attend_decode_group(
     # [n, Hkv, group, D]: a kv head's query heads are consecutive, as in the model.
     rows = _query_rows(query, group).to(dtype).view(n, num_kv_heads, group_size, head_size)
     if n == 1:
-        # Cut to its length, through SDPA: the products' shapes would change every token,
-        # and torch builds oneDNN's bfloat16 products anew for each shape.
-        length = group.width
+        # Cut to its length (and a sliding window's start), through SDPA: the products'
+        # shapes would change every token, and torch builds oneDNN's bfloat16 products anew
+        # for each shape.
+        first, length = group.first_slot, group.width
         out = F.scaled_dot_product_attention(
-            rows, keys[..., :length, :], values[..., :length, :], scale=scale
+            rows, keys[..., first:length, :], values[..., first:length, :], scale=scale
         )
         return out.reshape(1, num_q_heads, head_size)
     scores = torch.baddbmm(
@@ -505,6 +551,7 @@ def paged_attention_reference(
     k_scale: Tensor | None = None,
     v_scale: Tensor | None = None,
     new_kv: tuple[Tensor, Tensor] | None = None,
+    sliding_window: int = 0,
 ) -> Tensor:
     """The torch path of `paged_attention`, with its arguments; `plan` is built when not given.
 
@@ -521,6 +568,8 @@ def paged_attention_reference(
             key_cache.shape[1],
             query.device,
         )
+    if sliding_window:
+        plan = plan.for_window(sliding_window, key_cache.shape[1])
     if out is None:
         # The cheap way through for most decode steps: a layer of a one-stream decode
         # spent more time finding its way here than weighing its slots.

@@ -43,6 +43,8 @@ class DecodeGroup:
     width: int
     first_row: int | None  # rows[0] when the rows are consecutive, else None
     device: torch.device
+    # A group of one: the first slot its row sees (past a sliding window's masked start).
+    first_slot: int = 0
     # Worked out in the step's first layer, once the heads and the pool are known.
     _head_rows: Tensor | None = None
     _head_padding: Tensor | None = None
@@ -131,8 +133,27 @@ class DecodeSequences:
     tables: np.ndarray  # [n, max_blocks] int64
     block_size: int
     device: torch.device
+    # A sliding window W > 0: each row sees only the last W slots of its sequence (whose
+    # blocks before the window are left out: `windowed`).
+    window: int = 0
     _groups: dict[bool, list[DecodeGroup]] = field(default_factory=dict)
     _in_pool: bool | None = None
+
+    def windowed(self, window: int) -> DecodeSequences:
+        """The same rows through a sliding window of `window` slots: each sequence's blocks
+        wholly before its window left out of its table and its length, the slots of its
+        first kept block before the window masked as padding is."""
+        skipped = np.maximum(self.lengths - window, 0) // self.block_size  # [n] blocks
+        columns = np.arange(self.tables.shape[1] - int(skipped.min()))
+        columns = np.minimum(skipped[:, None] + columns, self.tables.shape[1] - 1)
+        return DecodeSequences(
+            self.rows,
+            self.lengths - skipped * self.block_size,
+            np.take_along_axis(self.tables, columns, axis=1),
+            self.block_size,
+            self.device,
+            window,
+        )
 
     def read_in_place(self, key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
         """decode_in_pool.reads_in_place, asked in the step's first layer: every layer's
@@ -174,6 +195,13 @@ class DecodeSequences:
         else:
             width = width_blocks * self.block_size
         past = np.arange(width) >= lengths[:, None]
+        first_slot = 0
+        if self.window:
+            before = np.maximum(lengths - self.window, 0)  # slots before each window
+            if in_pool or len(seqs) > 1:
+                past |= np.arange(width) < before[:, None]
+            else:  # a gathered group of one is cut to its window (_attend_decode_group)
+                first_slot = int(before[0])
         return DecodeGroup(
             host_rows=rows,
             table=table,
@@ -182,6 +210,7 @@ class DecodeSequences:
             width=width,
             first_row=int(rows[0]) if consecutive else None,
             device=self.device,
+            first_slot=first_slot,
         )
 
 

@@ -111,9 +111,12 @@ def write_and_attend(
     value_cache: Tensor,
     rows: RowsInPool,
     scale: float,
+    sliding_window: int = 0,
 ) -> Tensor:
     """Write each row's key and value [n, Hkv, D] into its slot, then attend with its query
-    [n, Hq, D] over its sequence: [n, Hq, D], the numbers of decode_in_pool.attend_in_pool."""
+    [n, Hq, D] over its sequence: [n, Hq, D], the numbers of decode_in_pool.attend_in_pool.
+    With a `sliding_window` W > 0 the slots before the last W are masked as those past the
+    length are (the bags still read every block: a one-row step's graph keeps one shape)."""
     n, num_q_heads, head_size = query.shape
     block_size = key_cache.shape[1]
     key_cache[rows.write_blocks, rows.write_offsets] = key
@@ -130,8 +133,11 @@ def write_and_attend(
         per_sample_weights=weights.flatten(0, 2),
     )
     scores = scores.view(n, num_q_heads, blocks, block_size).flatten(2)
-    past_end = torch.arange(slots, device=query.device) >= rows.lengths  # [n, slots]
-    scores = scores.masked_fill(past_end.unsqueeze(1), float("-inf"))
+    positions = torch.arange(slots, device=query.device)
+    hidden = positions >= rows.lengths  # [n, slots]
+    if sliding_window:
+        hidden |= positions < rows.lengths - sliding_window
+    scores = scores.masked_fill(hidden.unsqueeze(1), float("-inf"))
     probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to the pool's dtype
     out = F.embedding_bag(
         rows.value_rows.flatten(0, 1).flatten(1),

@@ -20,7 +20,8 @@ attention round them).
 oneDNN builds a primitive for every new product shape (~0.7 ms, and aioserve keeps 16 of
 them, host_memory.py), so the shapes are few: rows padded to ROW_ALIGN and keys to
 KEY_ALIGN. Padded keys are zero and masked; padded rows are dropped.
-Keys are capped at MAX_KEYS (the float32 scores of a chunk then stay under 40 MB); longer
+Through a sliding window a chunk starts reading at its first row's window, rounded down to
+KEY_ALIGN, and its bias masks the keys before each row's window. Keys are capped at MAX_KEYS (the float32 scores of a chunk then stay under 40 MB); longer
 contexts keep SDPA, whose memory does not grow with them.
 """
 
@@ -48,9 +49,12 @@ class ProductChunk:
     end: int
     padded_rows: int  # end - start, rounded up to ROW_ALIGN
     keys: int  # keys the chunk reads: through its last row, rounded up to KEY_ALIGN
-    # [group · padded_rows, keys] bfloat16, added to the scaled scores: 0 where a row
-    # attends a key, -inf elsewhere (the same for every query head of the group).
+    # [group · padded_rows, keys - first_key] bfloat16, added to the scaled scores: 0 where
+    # a row attends a key, -inf elsewhere (the same for every query head of the group).
     bias: Tensor
+    # The first key read: 0, or through a sliding window the start of its first row's
+    # window, rounded down to KEY_ALIGN.
+    first_key: int = 0
 
 
 def padded_key_count(seq_len: int) -> int:
@@ -69,22 +73,32 @@ def uses_products(dtype: torch.dtype, query_len: int, seq_len: int) -> bool:
 
 
 def plan_chunks(
-    query_len: int, seq_len: int, group_size: int, device: torch.device
+    query_len: int, seq_len: int, group_size: int, device: torch.device, window: int = 0
 ) -> list[ProductChunk]:
-    """The chunks of a prefill whose query_len rows are the last of its seq_len positions."""
+    """The chunks of a prefill whose query_len rows are the last of its seq_len positions,
+    each row seeing the last `window` positions through its own when that is not 0."""
     context_len = seq_len - query_len
     chunks = []
     for start in range(0, query_len, CHUNK_ROWS):
         end = min(query_len, start + CHUNK_ROWS)
         padded_rows = round_up(end - start, ROW_ALIGN)
         keys = round_up(context_len + end, KEY_ALIGN)
+        first_key = 0
+        if window:
+            first_key = max(0, context_len + start + 1 - window) // KEY_ALIGN * KEY_ALIGN
         positions = context_len + start + torch.arange(padded_rows, device=device)
-        key_index = torch.arange(keys, device=device)
+        key_index = torch.arange(first_key, keys, device=device)
         # Padded rows carry on the positions: never an empty row, and they are dropped.
         attended = (key_index[None, :] <= positions[:, None]) & (key_index[None, :] < seq_len)
-        bias = torch.zeros((padded_rows, keys), dtype=torch.bfloat16, device=device)
+        if window:
+            attended &= key_index[None, :] > positions[:, None] - window
+        bias = torch.zeros((padded_rows, keys - first_key), dtype=torch.bfloat16, device=device)
         bias.masked_fill_(~attended, float("-inf"))
-        chunks.append(ProductChunk(start, end, padded_rows, keys, bias.repeat(group_size, 1)))
+        chunks.append(
+            ProductChunk(
+                start, end, padded_rows, keys, bias.repeat(group_size, 1), first_key=first_key
+            )
+        )
     return chunks
 
 
@@ -109,11 +123,10 @@ def attend_by_products(
         stacked[:, :, :rows] = heads[:, :, chunk.start : chunk.end]
         stacked[:, :, rows:] = 0
         stacked = stacked.view(num_kv_heads, group_size * chunk.padded_rows, head_size)
-        scores = torch.baddbmm(
-            chunk.bias, stacked, keys[:, : chunk.keys].transpose(1, 2), alpha=scale
-        )
+        read = slice(chunk.first_key, chunk.keys)
+        scores = torch.baddbmm(chunk.bias, stacked, keys[:, read].transpose(1, 2), alpha=scale)
         probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to bfloat16
-        attended = torch.bmm(probs, values[:, : chunk.keys])
+        attended = torch.bmm(probs, values[:, read])
         attended = attended.view(num_kv_heads, group_size, chunk.padded_rows, head_size)
         out[chunk.start : chunk.end].view(rows, num_kv_heads, group_size, head_size).copy_(
             attended[:, :, :rows].permute(2, 0, 1, 3)

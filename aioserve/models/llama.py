@@ -39,6 +39,7 @@ from aioserve.models.linear import Embedding, Linear, dense
 from aioserve.models.moe import ExpertWeightCopy, SparseMoeBlock, is_sparse_layer
 from aioserve.models.paged_attention_op import rotate_and_attend
 from aioserve.models.rope_parameters import rope_scaling, rope_theta, scaled_context_length
+from aioserve.models.sliding_windows import layer_sliding_windows
 from aioserve.models.weight_copy import copy_hf_weights
 
 
@@ -94,6 +95,9 @@ class Attention(nn.Module):
         # OLMoE's optional bound on every q, k and v value (None: none).
         self.clip_qkv = getattr(config, "clip_qkv", None)
         self.cos_sin_cache = cos_sin_cache
+        # Mistral v0.1's and Phi-3-mini's window over every layer, Qwen2's over some: the
+        # positions a row sees through its own (0: all of them).
+        self.sliding_window = layer_sliding_windows(config)[layer_index]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -110,7 +114,15 @@ class Attention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         out = rotate_and_attend(
-            positions, q, k, v, self.cos_sin_cache, True, self.layer_index, self.scale
+            positions,
+            q,
+            k,
+            v,
+            self.cos_sin_cache,
+            True,
+            self.layer_index,
+            self.scale,
+            self.sliding_window,
         )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -355,11 +367,10 @@ class GraniteForCausalLM(LlamaForCausalLM):
 
 def _refuse_granite_attention_variants(config: PretrainedConfig) -> None:
     """ValueError for what newer Granite configs may ask of the attention and aioserve does
-    not do yet: sliding-window layers, a RoPE base a layer, attention sinks."""
+    not do yet: a RoPE base a layer, attention sinks."""
     asked = [
         name
         for name, value in (
-            ("layer_types", set(getattr(config, "layer_types", None) or []) - {"full_attention"}),
             ("layer_rope_theta", getattr(config, "layer_rope_theta", None)),
             ("attention_sinks", getattr(config, "attention_sinks", False)),
         )
@@ -367,8 +378,8 @@ def _refuse_granite_attention_variants(config: PretrainedConfig) -> None:
     ]
     if asked:
         raise ValueError(
-            f"this Granite config asks for {', '.join(asked)} (sliding-window layers, a RoPE "
-            "base a layer, attention sinks), which aioserve does not implement yet"
+            f"this Granite config asks for {', '.join(asked)} (a RoPE base a layer, attention "
+            "sinks), which aioserve does not implement yet"
         )
 
 

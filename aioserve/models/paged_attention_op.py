@@ -41,6 +41,7 @@ def _attend(
     value: Tensor,
     layer_index: int,
     scale: float,
+    sliding_window: int = 0,
     kv_written: bool = False,
 ) -> Tensor:
     step = current_step()
@@ -79,6 +80,7 @@ def _attend(
         k_scale=k_scale,
         v_scale=v_scale,
         new_kv=(key, value),
+        sliding_window=sliding_window,
     )
 
 
@@ -102,17 +104,26 @@ def _calculate_scales(layer_cache: KVCache, key: Tensor, value: Tensor) -> None:
 # Registered through torch.library.Library rather than custom_op, as models/linear.py's
 # packed_dense is: the compiled step calls it once a layer, and custom_op's Python layers
 # cost ~5 us more a call on a Zen 5 EPYC. The layer's index is a SymInt: as a plain int,
-# dynamo would guard on its value and compile a graph for every layer.
+# dynamo would guard on its value and compile a graph for every layer. The sliding window
+# is a plain int: a model's layers have at most two (Gemma 3's local and global layers),
+# so at most two graphs.
 _LIBRARY = torch.library.Library("aioserve", "FRAGMENT")
 _LIBRARY.define(
-    "paged_attention(Tensor query, Tensor key, Tensor value, SymInt layer_index, float scale) "
-    "-> Tensor"
+    "paged_attention(Tensor query, Tensor key, Tensor value, SymInt layer_index, float scale, "
+    "int sliding_window=0) -> Tensor"
 )
 _LIBRARY.impl("paged_attention", _attend, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("aioserve::paged_attention")
-def _(query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: float) -> Tensor:
+def _(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    layer_index: int,
+    scale: float,
+    sliding_window: int = 0,
+) -> Tensor:
     return torch.empty_like(query)
 
 
@@ -125,9 +136,11 @@ def rotate_and_attend(
     is_neox_style: bool,
     layer_index: int,
     scale: float,
+    sliding_window: int = 0,
 ) -> Tensor:
     """Rotate query [T, Hq, D] and key [T, Hkv, D], write this layer's keys and values into
-    its cache, then attend: [T, Hq, D].
+    its cache, then attend: [T, Hq, D], each row over the last `sliding_window` positions
+    through its own when that is not 0 (kernels/attention.py).
 
     Where the Triton kernels run eagerly (a GPU) the rotary and the write are one launch
     (kernels/rotary_kv_write.py), unless the layer's fp8 scales are still to be computed
@@ -150,13 +163,18 @@ def rotate_and_attend(
                 getattr(layer_cache, "k_scale", None),
                 getattr(layer_cache, "v_scale", None),
             )
-            return _attend(query, key, value, layer_index, scale, kv_written=True)
+            return _attend(query, key, value, layer_index, scale, sliding_window, kv_written=True)
     query, key = apply_rotary(positions, query, key, cos_sin_cache, is_neox_style)
-    return attend_layer(query, key, value, layer_index, scale)
+    return attend_layer(query, key, value, layer_index, scale, sliding_window)
 
 
 def attend_layer(
-    query: Tensor, key: Tensor, value: Tensor, layer_index: int, scale: float
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    layer_index: int,
+    scale: float,
+    sliding_window: int = 0,
 ) -> Tensor:
     """Write this layer's new keys and values into its cache, then attend: [T, Hq, D]."""
     if torch.compiler.is_compiling() and not isinstance(layer_index, torch.SymInt):
@@ -166,12 +184,24 @@ def attend_layer(
         if step.rows_in_pool is not None:
             key_cache, value_cache = step.kv_caches[layer_index]
             return write_and_attend(
-                query, key, value, key_cache, value_cache, step.rows_in_pool, scale
+                query,
+                key,
+                value,
+                key_cache,
+                value_cache,
+                step.rows_in_pool,
+                scale,
+                sliding_window,
             )
     if torch.compiler.is_compiling():
         # Contiguous in and out, so that the op's inputs have one layout whatever inductor
         # decided for the views that feed it.
         return torch.ops.aioserve.paged_attention(
-            query.contiguous(), key.contiguous(), value.contiguous(), layer_index, scale
+            query.contiguous(),
+            key.contiguous(),
+            value.contiguous(),
+            layer_index,
+            scale,
+            sliding_window,
         )
-    return _attend(query, key, value, layer_index, scale)
+    return _attend(query, key, value, layer_index, scale, sliding_window)

@@ -12,6 +12,7 @@ from aioserve.models.bert_classifiers import (
     RobertaForSequenceClassification,
     XLMRobertaForSequenceClassification,
 )
+from aioserve.models.gemma import Gemma3ForCausalLM, GemmaForCausalLM
 from aioserve.models.llama import (
     GraniteForCausalLM,
     GraniteMoeForCausalLM,
@@ -40,6 +41,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "GraniteMoeForCausalLM": GraniteMoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "BertModel": BertModel,
     "RobertaModel": RobertaModel,
     "XLMRobertaModel": XLMRobertaModel,

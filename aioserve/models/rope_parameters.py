@@ -6,6 +6,11 @@ dict; transformers 4 has `rope_theta` and `rope_scaling` attributes. Both are re
 and overrides (`--rope-scaling`, `--rope-theta`, the same keys in `--hf-overrides`) are
 written back in the config's own form, so that the base survives a new scaling (in
 transformers 5, assigning `rope_scaling` replaces the whole dict, base included).
+
+A Gemma 3 config's `rope_parameters` is instead a dict of such dicts keyed by layer type
+("sliding_attention", "full_attention"), each with its own base and scaling: those are read
+with `layer_type_rope`; the model-wide readers give None for the scaling there (vLLM too
+derives no context length from them), and overrides are refused.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from aioserve.kernels.rope_scaling import LONG_FACTORS_KEY
+from aioserve.models.sliding_windows import LAYER_TYPES
 
 logger = logging.getLogger("aioserve")
 
@@ -36,8 +42,11 @@ _REQUIRED_KEYS = {
 
 
 def rope_scaling(config: PretrainedConfig) -> dict | None:
-    """The config's scaling dict (with "rope_type"), or None for plain RoPE."""
+    """The config's scaling dict (with "rope_type"), or None for plain RoPE and for settings
+    per layer type (`layer_type_rope`)."""
     scaling = getattr(config, "rope_scaling", None)
+    if is_per_layer_type(scaling) or is_per_layer_type(getattr(config, "rope_parameters", None)):
+        return None
     if not scaling:
         # transformers 5 keeps rope settings in `rope_parameters` (theta included).
         params = getattr(config, "rope_parameters", None)
@@ -51,6 +60,27 @@ def rope_theta(config: PretrainedConfig) -> float:
     if theta is None:
         theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
     return float(10000.0 if theta is None else theta)
+
+
+def is_per_layer_type(params: Any) -> bool:
+    """Whether `params` (a config's rope_parameters) holds settings per layer type."""
+    return (
+        isinstance(params, dict)
+        and bool(params)
+        and all(key in LAYER_TYPES and isinstance(v, dict | None) for key, v in params.items())
+    )
+
+
+def layer_type_rope(config: PretrainedConfig, layer_type: str) -> tuple[float, dict | None]:
+    """(base, scaling dict or None) of the config's layers of `layer_type`: their own where
+    `rope_parameters` is keyed by layer type (Gemma 3), the model's otherwise."""
+    params = getattr(config, "rope_parameters", None)
+    if not is_per_layer_type(params):
+        return rope_theta(config), rope_scaling(config)
+    own = params.get(layer_type)
+    if own is None or own.get("rope_theta") is None:
+        raise ValueError(f"rope_parameters has no rope_theta for the {layer_type} layers")
+    return float(own["rope_theta"]), own if scaling_type(own) != "default" else None
 
 
 def scaling_type(scaling: dict | None) -> str:
@@ -70,6 +100,11 @@ def override_rope(
     and the keys that type needs, a positive base. YaRN's `original_max_position_embeddings` defaults to
     the config's `max_position_embeddings`, as transformers defaults it.
     """
+    if is_per_layer_type(getattr(config, "rope_parameters", None)):
+        raise ValueError(
+            f"{flag}: this model's RoPE settings are per layer type "
+            f"({', '.join(config.rope_parameters)}); overriding them is not supported"
+        )
     if scaling is not None:
         scaling = _checked_scaling(scaling, config, flag)
     if theta is not None and not (

@@ -107,6 +107,8 @@ TARGETS = {
 }
 # Head sizes 64 (SmolLM2), 128 (Llama-3-8B) and 256, query heads per KV head 3, 4, 1 and 8.
 # Token batches of 1, 16 and 64 rows: the GGUF linear layers' GEMV, small and large tiles.
+# The attention batches run with full attention and with a sliding window of 48 keys too
+# (the kernels' SLIDING variants).
 COMPILE_WORKLOAD = Workload(
     models=(
         SMOLLM2_135M,
@@ -122,6 +124,7 @@ COMPILE_WORKLOAD = Workload(
         ("chunk 32 after 32 + 2 decodes", ((32, 64), (1, 17), (1, 5))),
     ),
     sample_rows=(1, 4),
+    attention_windows=(0, 48),
 )
 # Encoder-only (pooling) models' attention (kernels/encoder_attention.py): (heads, head dim)
 # of all-MiniLM-L6-v2, BERT-base and the widest head of the kernel's main launch table,

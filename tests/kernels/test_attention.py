@@ -141,8 +141,9 @@ _CACHE_LAYOUTS = {
 LAYOUTS = pytest.mark.parametrize("layout", list(_CACHE_LAYOUTS))
 
 
-def naive_attention(batch: Batch) -> torch.Tensor:
-    """Row by row softmax(q K^T * scale) V in float64, from the un-paged keys/values."""
+def naive_attention(batch: Batch, sliding_window: int = 0) -> torch.Tensor:
+    """Row by row softmax(q K^T * scale) V in float64, from the un-paged keys/values; with a
+    `sliding_window` W > 0, the row at position p over keys p - W + 1 .. p only."""
     num_q_heads = batch.query.shape[1]
     out = torch.zeros(batch.query.shape, dtype=torch.float64, device=batch.query.device)
     starts = batch.query_start_loc.tolist()
@@ -153,10 +154,11 @@ def naive_attention(batch: Batch) -> torch.Tensor:
         query_len = starts[b + 1] - starts[b]
         for i in range(query_len):
             position = seq_len - query_len + i
+            first = max(0, position + 1 - sliding_window) if sliding_window else 0
             q = batch.query[starts[b] + i].double()  # [Hq, D]
-            scores = torch.einsum("hd,khd->hk", q, keys[: position + 1]) * batch.scale
+            scores = torch.einsum("hd,khd->hk", q, keys[first : position + 1]) * batch.scale
             out[starts[b] + i] = torch.einsum(
-                "hk,khd->hd", scores.softmax(-1), values[: position + 1]
+                "hk,khd->hd", scores.softmax(-1), values[first : position + 1]
             )
     return out
 

@@ -124,21 +124,25 @@ def test_write_and_attend_equals_the_custom_op_path_bit_for_bit(lengths):
     torch.testing.assert_close(value_cache, expected_values, rtol=0, atol=0, equal_nan=True)
 
 
-def test_write_and_attend_is_attention_over_the_stored_slots():
-    lengths, tables = [2 * BLOCK_SIZE + 5], np.array([[3, 10, 6]], dtype=np.int32)
+@pytest.mark.parametrize("window", [0, 1, 3, BLOCK_SIZE + 1, 100])
+def test_write_and_attend_is_attention_over_the_stored_slots(window):
+    # A sliding window W > 0 keeps each row to its last W slots, its own included.
+    lengths = [2 * BLOCK_SIZE + 5, 6]
+    tables = np.array([[3, 10, 6], [8, 0, 0]], dtype=np.int32)
     key_cache, value_cache, (query, key, value) = _filled(lengths, tables, seed=7)
     rows = _rows(tables, lengths, key_cache, value_cache)
-    out = write_and_attend(query, key, value, key_cache, value_cache, rows, SCALE)
-    positions = range(lengths[0])
-    keys = torch.stack(
-        [key_cache[tables[0, p // BLOCK_SIZE], p % BLOCK_SIZE] for p in positions]
-    ).float()  # [L, Hkv, D]
-    values = torch.stack(
-        [value_cache[tables[0, p // BLOCK_SIZE], p % BLOCK_SIZE] for p in positions]
-    ).float()
+    out = write_and_attend(query, key, value, key_cache, value_cache, rows, SCALE, window)
     group = Q_HEADS // KV_HEADS
-    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = torch.einsum("hd,lhd->hl", query[0].float(), keys) * SCALE
-    expected = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
-    # bfloat16 scores and probabilities against float32 ones.
-    torch.testing.assert_close(out[0].float(), expected, rtol=0.02, atol=0.02)
+    for row, length in enumerate(lengths):
+        positions = range(max(0, length - window) if window else 0, length)
+        keys, values = (
+            torch.stack(
+                [cache[tables[row, p // BLOCK_SIZE], p % BLOCK_SIZE] for p in positions]
+            ).float()  # [L, Hkv, D]
+            for cache in (key_cache, value_cache)
+        )
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        scores = torch.einsum("hd,lhd->hl", query[row].float(), keys) * SCALE
+        expected = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
+        # bfloat16 scores and probabilities against float32 ones.
+        torch.testing.assert_close(out[row].float(), expected, rtol=0.02, atol=0.02)

@@ -300,7 +300,6 @@ def test_lora_reaches_attention_but_refuses_experts(moe, tmp_path):
 @pytest.mark.parametrize(
     "field",
     [
-        dict(layer_types=["sliding_attention", "full_attention"]),
         dict(layer_rope_theta=[10000.0, 0.0]),
         dict(attention_sinks=True),
     ],

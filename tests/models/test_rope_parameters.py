@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
 
 from aioserve.engine.resolution import resolve_max_model_len
 from aioserve.models.checkpoint import open_checkpoint
@@ -102,15 +100,15 @@ def test_the_context_the_scaling_allows(scaling, expected):
         resolve_max_model_len(expected + 1, config)
 
 
-def test_disable_sliding_window_caps_the_context_without_a_warning(caplog):
+def test_a_sliding_window_caps_the_context_only_when_disabled():
+    # vLLM's meaning: the window attended, the whole context served; with
+    # --disable-sliding-window the whole context attended, so the context capped at the
+    # window. Qwen2's use_sliding_window: false turns the window off.
     config = MistralConfig(max_position_embeddings=4096, sliding_window=1024)
-    with caplog.at_level(logging.WARNING, logger="aioserve"):
-        assert resolve_max_model_len(None, config) == 1024
-    assert "sliding window of 1024 tokens" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="aioserve"):
-        assert resolve_max_model_len(None, config, disable_sliding_window=True) == 1024
-    assert caplog.text == ""
+    assert resolve_max_model_len(None, config) == 4096
+    assert resolve_max_model_len(None, config, disable_sliding_window=True) == 1024
+    config = Qwen2Config(max_position_embeddings=4096, sliding_window=1024)
+    assert resolve_max_model_len(None, config, disable_sliding_window=True) == 4096
 
 
 @pytest.fixture(scope="module")

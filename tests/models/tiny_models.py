@@ -12,6 +12,8 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     BertConfig,
+    Gemma3TextConfig,
+    GemmaConfig,
     GraniteConfig,
     GraniteMoeConfig,
     LlamaConfig,
@@ -92,6 +94,23 @@ def tiny_configs() -> dict[str, object]:
         "qwen3": Qwen3Config(
             **COMMON, num_key_value_heads=2, head_dim=32, architectures=["Qwen3ForCausalLM"]
         ),
+        # Sliding windows narrower than the parity sequences: Mistral v0.1's over every
+        # layer, Qwen2's over the layers past max_window_layers.
+        "mistral-window": MistralConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=5,
+            architectures=["MistralForCausalLM"],
+        ),
+        "qwen2-window": Qwen2Config(
+            **COMMON,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=3,
+            max_window_layers=1,
+            architectures=["Qwen2ForCausalLM"],
+        ),
         "phi3-longrope": tiny_phi3_config(),
         "granite": GraniteConfig(
             **COMMON,
@@ -109,7 +128,38 @@ def tiny_configs() -> dict[str, object]:
             pad_token_id=0,
             architectures=["SmolLM3ForCausalLM"],
         ),
+        **tiny_gemma_configs(),
         **tiny_moe_configs(),
+    }
+
+
+def tiny_gemma_configs(window: int = 6) -> dict[str, PretrainedConfig]:
+    """Gemma (a head size not hidden / heads, GELU-tanh, norms times 1 + weight, scaled
+    embeddings, a tied head) and Gemma 3: besides, q/k norms, query_pre_attn_scalar not
+    the head size, sandwich norms, a sliding window of `window` on the first of its two
+    layers (the parity schedule's sequences are longer than 6), and each layer type's RoPE:
+    the local layer's base 10,000, the global one's 1,000,000 linearly scaled by 8."""
+    return {
+        "gemma": GemmaConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_act="gelu_pytorch_tanh",
+            architectures=["GemmaForCausalLM"],
+        ),
+        "gemma3": Gemma3TextConfig(
+            **COMMON,
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=window,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            },
+            architectures=["Gemma3ForCausalLM"],
+        ),
     }
 
 
