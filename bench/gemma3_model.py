@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-from pathlib import Path
 
 import torch
-from moe_model import TOKENIZER_FILES  # this script's folder is on sys.path
+from moe_model import (  # this script's folder is on sys.path
+    add_output_arguments,
+    save_with_tokenizer,
+)
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 # Every sixth layer global, as gemma-3-270m and gemma-3-1b have them.
@@ -27,12 +28,7 @@ GLOBAL_EVERY = 6
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument(
-        "--tokenizer-from",
-        type=Path,
-        default=Path.home() / ".cache/aioserve-peers/models/SmolLM2-135M-Instruct",
-    )
+    add_output_arguments(parser)
     parser.add_argument("--layers", type=int, default=18)
     parser.add_argument("--sliding-window", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
@@ -68,11 +64,7 @@ def main() -> None:
     )
     torch.manual_seed(args.seed)
     model = Gemma3ForCausalLM(config).to(torch.bfloat16)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out)
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, args.out / name)
+    save_with_tokenizer(model, args.out, source)
     total = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out}: {total / 1e6:.0f}M parameters, layers {layer_types}")
 

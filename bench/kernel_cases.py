@@ -277,47 +277,46 @@ def rotary_case(
     )
 
 
-def silu_and_mul_case(
-    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype
+def _gated_activation_case(
+    name: str,
+    triton_path: Callable[[Tensor], Tensor],
+    reference: Callable[[Tensor], Tensor],
+    rand: Random,
+    model: ModelShape,
+    batch: TokenBatch,
+    dtype: torch.dtype,
 ) -> Case:
-    """SiLU-and-multiply of N rows of the gate|up projection (2·I wide)."""
+    """A gated activation of N rows of the gate|up projection (2·I wide)."""
     x = rand.normal(batch.n, 2 * model.intermediate, dtype=dtype, scale=2.0)
     traffic = 3 * batch.n * model.intermediate * x.element_size()  # 3·N·I·e
 
     def check() -> str | None:
-        return compare(silu_and_mul_triton(x), silu_and_mul_reference(x), dtype)
+        return compare(triton_path(x), reference(x), dtype)
 
-    return Case(
-        "silu_and_mul",
-        model.name,
-        batch.label,
-        dtype,
-        traffic,
-        0,
-        lambda: silu_and_mul_triton(x),
-        check,
+    return Case(name, model.name, batch.label, dtype, traffic, 0, lambda: triton_path(x), check)
+
+
+def silu_and_mul_case(
+    rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype
+) -> Case:
+    """SiLU-and-multiply (Llama's MLP)."""
+    return _gated_activation_case(
+        "silu_and_mul", silu_and_mul_triton, silu_and_mul_reference, rand, model, batch, dtype
     )
 
 
 def gelu_tanh_and_mul_case(
     rand: Random, model: ModelShape, batch: TokenBatch, dtype: torch.dtype
 ) -> Case:
-    """GELU(tanh)-and-multiply (Gemma's MLP) of N rows of the gate|up projection (2·I wide)."""
-    x = rand.normal(batch.n, 2 * model.intermediate, dtype=dtype, scale=2.0)
-    traffic = 3 * batch.n * model.intermediate * x.element_size()  # 3·N·I·e
-
-    def check() -> str | None:
-        return compare(gelu_tanh_and_mul_triton(x), gelu_tanh_and_mul_reference(x), dtype)
-
-    return Case(
+    """GELU(tanh)-and-multiply (Gemma's MLP)."""
+    return _gated_activation_case(
         "gelu_tanh_and_mul",
-        model.name,
-        batch.label,
+        gelu_tanh_and_mul_triton,
+        gelu_tanh_and_mul_reference,
+        rand,
+        model,
+        batch,
         dtype,
-        traffic,
-        0,
-        lambda: gelu_tanh_and_mul_triton(x),
-        check,
     )
 
 

@@ -29,14 +29,28 @@ TOKENIZER_FILES = (
 )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """The output folder, and the model folder whose tokenizer goes beside the weights."""
     parser.add_argument("out", type=Path)
     parser.add_argument(
         "--tokenizer-from",
         type=Path,
         default=Path.home() / ".cache/aioserve-peers/models/SmolLM2-135M-Instruct",
     )
+
+
+def save_with_tokenizer(model: torch.nn.Module, out: Path, source: Path) -> None:
+    """Save `model` as transformers does into `out`, with `source`'s tokenizer files."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, out / name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_output_arguments(parser)
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--layers", type=int, default=12)
@@ -73,11 +87,7 @@ def main() -> None:
                 # Routers far from uniform, so tokens spread over the experts as trained
                 # ones do rather than by index order.
                 param.normal_(0, 1.0)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out)
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, args.out / name)
+    save_with_tokenizer(model, args.out, source)
     total = sum(p.numel() for p in model.parameters())
     print(
         f"wrote {args.out}: {total / 1e6:.0f}M parameters, {config.num_experts} experts, top {config.num_experts_per_tok}"

@@ -179,6 +179,43 @@ def tiny_phi3_model(smollm2_gguf, tmp_path_factory) -> str:
     return str(folder)
 
 
+def _save_gemma(model, folder) -> str:
+    """Scale the embeddings and q/k/v up (peaked logits, attention that weighs positions
+    unevenly) and give the norms weights of their own; save into `folder`."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("embed_tokens.weight"):
+                param.normal_(0, 0.3)
+            elif any(f"self_attn.{p}_proj" in name for p in "qkv"):
+                param.normal_(0, 0.5)
+            elif "norm" in name:
+                param.uniform_(-0.5, 0.5)
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_model(smollm2_gguf, tmp_path_factory) -> str:
+    """Folder of a tiny random-weight Gemma 3 (a sliding layer of a 6-token window, then a
+    global one) with SmolLM2-135M-Instruct's tokenizer, scaled as `_save_gemma` says."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    folder, vocab_size = _folder_with_smollm2_tokenizer(
+        smollm2_gguf, tmp_path_factory, "tiny-gemma3"
+    )
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        **_TINY_SHAPE,
+        query_pre_attn_scalar=8,
+        sliding_window=6,  # not a multiple of the block size
+        layer_types=["sliding_attention", "full_attention"],
+        pad_token_id=0,
+        architectures=["Gemma3ForCausalLM"],
+    )
+    torch.manual_seed(0)
+    return _save_gemma(Gemma3ForCausalLM(config), folder)
+
+
 @pytest.fixture(scope="session")
 def tiny_smollm3_model(smollm2_gguf, tmp_path_factory) -> str:
     """Folder of a tiny random-weight SmolLM3 (no rotary embedding in its second layer) with

@@ -9,9 +9,15 @@ logprobs (float32, the CPU step compiled as served):
   compiled layer graph must not carry one layer's rotary table into another.
 - GraniteMoe: Granite's multipliers (embeddings, residual adds, attention scores, logits)
   in the compiled graphs, and its stacked experts loaded from their saved names.
+- Gemma 3: the embedding scale, the norms' 1 + weight held in float32 inside the compiled
+  layer graphs, the GELU-tanh MLP, its sandwich and q/k norms, query_pre_attn_scalar, and
+  its two layer types: each layer's own RoPE table and sliding window (6 tokens, shorter
+  than the prompts), not one layer's carried into the other.
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -26,15 +32,18 @@ PROMPTS = [
 
 
 @pytest.mark.parametrize(
-    "model_fixture", ["tiny_phi3_model", "tiny_smollm3_model", "tiny_granite_moe_model"]
+    "model_fixture",
+    ["tiny_phi3_model", "tiny_smollm3_model", "tiny_granite_moe_model", "tiny_gemma3_model"],
 )
-def test_greedy_matches_transformers(model_fixture, request):
+def test_greedy_matches_transformers(model_fixture, request, caplog):
     from transformers import AutoModelForCausalLM
 
     folder = request.getfixturevalue(model_fixture)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
-    llm = LLM(model=folder, dtype="float32", block_size=8, max_model_len=64)
+    with caplog.at_level(logging.INFO, logger="aioserve"):
+        llm = LLM(model=folder, dtype="float32", block_size=8, max_model_len=64)
+    assert "compiled the model step" in caplog.text  # not fallen back to eager
     try:
         prompts = [{"prompt_token_ids": p} for p in PROMPTS]
         outputs = llm.generate(prompts, params, use_tqdm=False)
