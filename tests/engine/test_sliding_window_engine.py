@@ -7,7 +7,7 @@ the greedy tokens and their logprobs must be transformers' (the layer graphs, pr
 batched). In bfloat16 (decodes weighed in the pool, the one-row graph alone) the logprobs
 of the engine's own tokens, teacher-forced through transformers in float32, must be within
 bfloat16's reach of them: 0.25 at most here, where served without the window they are
-off by 3 to 9.5.
+off by 3 to 9.5. --disable-sliding-window caps the context at the window, as vLLM does.
 """
 
 from __future__ import annotations
@@ -96,3 +96,17 @@ def test_bfloat16_logprobs_follow_transformers_alone_and_batched(windowed_model,
         tokens, logprobs = _chosen(output)
         expected = hf_logprobs_of(hf_model, prompt, tokens)
         assert logprobs == pytest.approx(expected, abs=0.5)
+
+
+def test_disable_sliding_window_caps_the_context_at_the_window(windowed_model, hf_model):
+    # vLLM's meaning: the whole context attended, so no context longer than the window.
+    llm = LLM(model=windowed_model, dtype="float32", block_size=8, disable_sliding_window=True)
+    try:
+        with pytest.raises(ValueError, match=f"maximum context length.*{WINDOW}"):
+            llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY, use_tqdm=False)
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, logprobs=0)
+        output = llm.generate([{"prompt_token_ids": PROMPTS[0][:4]}], params, use_tqdm=False)
+    finally:
+        llm.close()
+    tokens, _ = _chosen(output[0])
+    assert tokens == hf_greedy(hf_model, PROMPTS[0][:4])[0][:2]

@@ -31,35 +31,50 @@ def test_reference_matches_formula(device, dtype):
     torch.testing.assert_close(out.double(), expected, **_TOLERANCE[dtype])
 
 
-def test_odd_width_raises(device):
+@pytest.mark.parametrize("activation", [silu_and_mul, gelu_tanh_and_mul])
+def test_odd_width_raises(device, activation):
     with pytest.raises(ValueError, match="even"):
-        silu_and_mul(torch.randn(2, 7, device=device))
+        activation(torch.randn(2, 7, device=device))
 
 
-def _check_triton(device, dtype, shape):
+# Each activation with its reference.
+ACTIVATIONS = pytest.mark.parametrize(
+    "activation, reference",
+    [(silu_and_mul, silu_and_mul_reference), (gelu_tanh_and_mul, gelu_tanh_and_mul_reference)],
+    ids=["silu", "gelu_tanh"],
+)
+
+
+def _check_triton(device, dtype, shape, activation, reference):
     gen = torch.Generator().manual_seed(shape[-1])
     # Rows of a wider tensor: the kernel must follow the row stride.
     wide = (torch.randn(*shape[:-1], shape[-1] + 6, generator=gen) * 4).to(dtype).to(device)
     x = wide[..., : shape[-1]]
+    if x.numel():
+        x[..., 0] = -60.0  # far in the tail, where exp overflows: 0, not NaN
     before = x.clone()
-    out = silu_and_mul(x)
+    out = activation(x)
     assert torch.equal(x, before)
     assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == dtype
-    torch.testing.assert_close(out, silu_and_mul_reference(x), **_TOLERANCE[dtype])
+    torch.testing.assert_close(out, reference(x), **_TOLERANCE[dtype])
 
 
+# The interpreter's numpy warns of the tail's exp overflowing, which the kernel relies on.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@ACTIVATIONS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("shape", [(1, 2), (5, 2 * 100), (3, 2 * 1500), (2, 3, 2 * 64), (0, 8)])
-def test_triton_matches_reference(triton_backend, device, dtype, shape):
+def test_triton_matches_reference(triton_backend, device, dtype, shape, activation, reference):
     # 1500 columns cross the kernel's column block; (2, 3, ...) has two leading dims.
-    _check_triton(device, dtype, shape)
+    _check_triton(device, dtype, shape, activation, reference)
 
 
 @pytest.mark.gpu
+@ACTIVATIONS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(1, 2 * 1536), (257, 2 * 8960), (64, 2 * 14336)])
-def test_gpu_triton_matches_reference(triton_backend, device, dtype, shape):
-    _check_triton(device, dtype, shape)
+def test_gpu_triton_matches_reference(triton_backend, device, dtype, shape, activation, reference):
+    _check_triton(device, dtype, shape, activation, reference)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -73,36 +88,3 @@ def test_gelu_tanh_reference_matches_torchs_gelu(device, dtype):
     # The tanh approximation, not the exact GELU: they differ by far more than the tolerance.
     exact = torch.nn.functional.gelu(gate) * up
     assert (out.double() - exact).abs().max() > 1e-3
-
-
-def test_gelu_tanh_odd_width_raises(device):
-    with pytest.raises(ValueError, match="even"):
-        gelu_tanh_and_mul(torch.randn(2, 7, device=device))
-
-
-def _check_gelu_triton(device, dtype, shape):
-    gen = torch.Generator().manual_seed(shape[-1])
-    wide = (torch.randn(*shape[:-1], shape[-1] + 6, generator=gen) * 4).to(dtype).to(device)
-    x = wide[..., : shape[-1]]
-    if x.numel():
-        x[..., 0] = -60.0  # far in the tail, where exp overflows: 0, not NaN
-    before = x.clone()
-    out = gelu_tanh_and_mul(x)
-    assert torch.equal(x, before)
-    assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == dtype
-    torch.testing.assert_close(out, gelu_tanh_and_mul_reference(x), **_TOLERANCE[dtype])
-
-
-# The interpreter's numpy warns of the tail's exp overflowing, which the kernel relies on.
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("shape", [(1, 2), (5, 2 * 100), (3, 2 * 1500), (2, 3, 2 * 64), (0, 8)])
-def test_gelu_tanh_triton_matches_reference(triton_backend, device, dtype, shape):
-    _check_gelu_triton(device, dtype, shape)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(1, 2 * 1152), (257, 2 * 6912), (64, 2 * 16384)])
-def test_gpu_gelu_tanh_triton_matches_reference(triton_backend, device, dtype, shape):
-    _check_gelu_triton(device, dtype, shape)
