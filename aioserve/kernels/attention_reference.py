@@ -161,7 +161,10 @@ class ReferencePlan:
         """The plan of the layers whose rows see only the last `window` positions through
         their own: each sequence's blocks wholly before its window left out, the slots of
         its first kept block before the window masked. Made in the first such layer of the
-        step and kept for the others."""
+        step and kept for the others; the plan itself where no sequence is longer than the
+        window, which then hides nothing (and the full layers' groups and bags serve)."""
+        if window not in self._windowed and self._longest_sequence() <= window:
+            self._windowed[window] = self
         if window not in self._windowed:
             self._windowed[window] = ReferencePlan(
                 None if self.decodes is None else self.decodes.windowed(window),
@@ -169,6 +172,12 @@ class ReferencePlan:
                 write_index=self.write_index,
             )
         return self._windowed[window]
+
+    def _longest_sequence(self) -> int:
+        lengths = [seq.seq_len for seq in self.prefills]
+        if self.decodes is not None:
+            lengths.append(int(self.decodes.lengths.max()))
+        return max(lengths, default=0)
 
     def decode_gather_buffers(
         self, cache: Tensor, groups: list[DecodeGroup]
