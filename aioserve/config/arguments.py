@@ -146,8 +146,9 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Allow tool_choice 'auto': the output is read into tool calls by --tool-call-parser.",
              "flag", convert=values.boolean),
     Argument("tool-call-parser", FRONTEND, None,
-             "How outputs become tool calls with tool_choice 'auto': hermes, llama3_json, mistral "
-             "or pythonic (vLLM's formats), or one a --tool-parser-plugin registers.",
+             "How outputs become tool calls with tool_choice 'auto': deepseek_v3, granite, "
+             "hermes, internlm, llama3_json, mistral, phi4_mini_json, pythonic, qwen3_coder or "
+             "xlam (vLLM's formats), or one a --tool-parser-plugin registers.",
              convert=values.string),
     Argument("tool-parser-plugin", FRONTEND, "",
              "A Python file that registers more tool-call parsers "

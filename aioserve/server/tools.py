@@ -89,7 +89,8 @@ def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
                 "to be set"
             )
-        return ToolUse(tools, new_tool_parser(frontend.tool_call_parser), single_call=single)
+        parser = new_tool_parser(frontend.tool_call_parser, tools)
+        return ToolUse(tools, parser, single_call=single)
     raise refusal(
         f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
         '"required" are supported.',

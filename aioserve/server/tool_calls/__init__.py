@@ -1,9 +1,11 @@
 """Tool calls: model outputs read into OpenAI tool calls, whole or as they stream.
 
-`parsers` holds vLLM's formats (hermes, llama3_json, mistral, pythonic) and the registry a
---tool-parser-plugin adds to, `forced` the outputs of tool_choice "required" and of a
-named function (enforced by structured outputs), `streaming` the deltas of one choice, and
-`partial_json` the reading of JSON still being generated.
+`parsers` holds vLLM's first formats (hermes, llama3_json, mistral, pythonic) and the
+registry a --tool-parser-plugin adds to; `json_list_formats` (granite, phi4_mini_json,
+xlam), `special_token_formats` (internlm, deepseek_v3) and `xml_formats` (qwen3_coder)
+register more, imported here for that. `forced` reads the outputs of tool_choice
+"required" and of a named function (enforced by structured outputs), `streaming` makes the
+deltas of one choice, and `partial_json` reads JSON still being generated.
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ from pathlib import Path
 
 from aioserve.config.declaration import ConfigError
 from aioserve.config.frontend import FrontendConfig
+
+# Imported for their parsers, which they register by name.
+from aioserve.server.tool_calls import (  # noqa: F401
+    json_list_formats,
+    special_token_formats,
+    xml_formats,
+)
 from aioserve.server.tool_calls.parsers import ToolParser, register_tool_parser, tool_parser_names
 
 __all__ = ["ToolParser", "check_tool_call_settings", "register_tool_parser"]

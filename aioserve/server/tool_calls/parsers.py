@@ -22,6 +22,12 @@ Formats (vLLM's names):
 - `pythonic`: an output that is a Python list of calls, `[f(a=1), g(b="x")]`; each call is
   sent whole once its closing parenthesis arrives (its keyword arguments as JSON).
 
+More of vLLM's formats live in modules named for their kind, each registered here by
+`register_tool_parser` when the package is imported: json_list_formats.py (`granite`,
+`phi4_mini_json`, `xlam`), special_token_formats.py (`internlm`, `deepseek_v3`) and
+xml_formats.py (`qwen3_coder`, whose parameter values are typed by the request's tool
+schemas: `new_tool_parser` hands every parser the request's `tools`).
+
 `register_tool_parser` adds a parser by name (what a --tool-parser-plugin file calls).
 """
 
@@ -32,7 +38,7 @@ import json
 import random
 import string
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,30 +75,33 @@ def held_back(text: str, marker: str) -> int:
     return 0
 
 
-def content_until(text: str, marker: str, final: bool) -> tuple[str, int]:
-    """(the content before `marker`, where the marker starts or -1). Before the marker
-    appears, an ending that could begin it is held back unless the output is final."""
-    start = text.find(marker)
-    if start >= 0:
-        return text[:start], start
-    keep = 0 if final else held_back(text, marker)
+def content_until(text: str, marker: str | tuple[str, ...], final: bool) -> tuple[str, int]:
+    """(the content before `marker` (the first of several), where it starts or -1). Before
+    it appears, an ending that could begin it is held back unless the output is final."""
+    markers = (marker,) if isinstance(marker, str) else marker
+    starts = [start for start in (text.find(each) for each in markers) if start >= 0]
+    if starts:
+        return text[: min(starts)], min(starts)
+    keep = 0 if final else max(held_back(text, each) for each in markers)
     return text[: len(text) - keep], -1
 
 
 def call_from_object(
-    text: str, pos: int, arguments_keys: tuple[str, ...]
+    text: str, pos: int, arguments_keys: tuple[str, ...], missing_arguments: str | None = None
 ) -> tuple[CallSoFar, int | None]:
     """The call in the JSON object at text[pos] == '{', and the index after it (None while
     it is open). Its name counts only once its arguments have begun: an object without
-    them is not a call (`{"name": "Bob", "age": 30}`)."""
+    them is not a call (`{"name": "Bob", "age": 30}`), unless `missing_arguments` are
+    given, which a finished object with a name and no arguments takes (vLLM's `{}`)."""
     members, end = object_members(text, pos)
     name = None
     has_arguments = any(key in members for key in arguments_keys)
-    if has_arguments and "name" in members and members["name"].end is not None:
+    defaulted = not has_arguments and end is not None and missing_arguments is not None
+    if (has_arguments or defaulted) and "name" in members and members["name"].end is not None:
         name = json.loads(text[members["name"].start : members["name"].end])
         if not isinstance(name, str):
             raise ValueError("a tool call's name must be a string")
-    arguments = ""
+    arguments = missing_arguments if defaulted else ""
     for key in arguments_keys:
         if key in members:
             span = members[key]
@@ -101,12 +110,14 @@ def call_from_object(
     return CallSoFar(name, arguments, complete=end is not None), end
 
 
-def calls_in_array(text: str, pos: int, arguments_keys: tuple[str, ...]) -> list[CallSoFar]:
+def calls_in_array(
+    text: str, pos: int, arguments_keys: tuple[str, ...], missing_arguments: str | None = None
+) -> list[CallSoFar]:
     """The calls of the JSON array of call objects at text[pos] == '['."""
     calls = []
     pos = skip_whitespace(text, pos + 1)
     while pos < len(text) and text[pos] == "{":
-        call, end = call_from_object(text, pos, arguments_keys)
+        call, end = call_from_object(text, pos, arguments_keys, missing_arguments)
         calls.append(call)
         if end is None:
             break
@@ -116,14 +127,18 @@ def calls_in_array(text: str, pos: int, arguments_keys: tuple[str, ...]) -> list
     return calls
 
 
-def checked(parsed: ParsedOutput, text: str, final: bool) -> ParsedOutput:
-    """A final output whose calls are not all complete, named, with JSON arguments: all
-    content."""
+def checked(
+    parsed: ParsedOutput, text: str, final: bool, json_arguments: bool = True
+) -> ParsedOutput:
+    """A final output whose calls are not all complete, named, with arguments (JSON ones
+    unless `json_arguments` is False): all content."""
     if not final or not parsed.calls:
         return parsed
     for call in parsed.calls:
         if not (call.complete and call.name and call.arguments):
             return ParsedOutput(text)  # a call needs its arguments (or parameters), as in vLLM
+        if not json_arguments:
+            continue
         try:
             json.loads(call.arguments)
         except json.JSONDecodeError:
@@ -147,13 +162,15 @@ class ToolParser:
 
     name = ""
     skip_special_tokens = True  # False where the markers are special tokens
+    json_arguments = True  # False where vLLM passes the model's arguments on unchecked
+    tools: Sequence[dict[str, Any]] = ()  # the request's tools (set by new_tool_parser)
 
     def read(self, text: str, final: bool) -> ParsedOutput:
         try:
             parsed = self.parse(text, final)
         except (ValueError, SyntaxError):
             return ParsedOutput(text) if final else ParsedOutput("")
-        return checked(parsed, text, final)
+        return checked(parsed, text, final, self.json_arguments)
 
     def read_whole(self, text: str) -> ParsedOutput:
         """A finished output that was not streamed."""
@@ -392,5 +409,9 @@ def tool_parser_names() -> list[str]:
     return sorted(_PARSERS)
 
 
-def new_tool_parser(name: str) -> ToolParser:
-    return _PARSERS[name]()
+def new_tool_parser(name: str, tools: Sequence[dict[str, Any]] | None = None) -> ToolParser:
+    """A parser of format `name` for one request, given the request's `tools`."""
+    parser = _PARSERS[name]()
+    if tools:
+        parser.tools = tools
+    return parser
