@@ -67,6 +67,7 @@ from aioserve.models.linear import INT4_MAX_ROWS
 from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import read_lora_adapter
 from aioserve.models.moe import num_experts
+from aioserve.models.moe_fp8_weights import keep_fp8_experts
 from aioserve.models.rope_parameters import choose_longrope_factors
 from aioserve.models.sliding_windows import disable_sliding_window
 from aioserve.platform import (
@@ -197,8 +198,11 @@ def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
 
 
 def check_moe_weights(checkpoint: Checkpoint) -> None:
-    """A mixture-of-experts model's experts are held in 16 or 32 bits only (models/moe.py):
-    a quantized checkpoint of one is refused by name rather than dequantized whole."""
+    """A mixture-of-experts model's experts are held in 16 or 32 bits (models/moe.py), or
+    kept as stored where a checkpoint's FP8 layers are and its scales are block-wise
+    (models/moe_fp8_weights.py). An FP8 checkpoint's experts are dequantized at load where
+    its dense layers are (the CPU, an NVIDIA GPU before sm_89); other quantized checkpoints
+    of one are refused by name rather than dequantized whole."""
     if not num_experts(checkpoint.hf_config):
         return
     architecture = (getattr(checkpoint.hf_config, "architectures", None) or ["?"])[0]
@@ -212,7 +216,10 @@ def check_moe_weights(checkpoint: Checkpoint) -> None:
     elif checkpoint.int4_scheme is not None:
         method = f"{checkpoint.int4_scheme.method.upper()} weights"
     elif checkpoint.fp8_scheme is not None:
-        method = "FP8 weights"
+        kept_as_stored = is_gpu() and e4m3_missing() is None  # as resolve_fp8_weights
+        if checkpoint.fp8_scheme.block is not None or not kept_as_stored:
+            return
+        method = "per-tensor or per-channel FP8 weights on a GPU (block-wise ones are served)"
     elif checkpoint.int8_scheme is not None:
         method = "INT8 weights"
     else:
@@ -351,6 +358,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         )
     elif resolve_fp8_weights(checkpoint):
         kept = keep_fp8_weights(model, checkpoint.fp8_layers(), e4m3_dtype())
+        if num_experts(checkpoint.hf_config):
+            kept += keep_fp8_experts(model, checkpoint.fp8_layers(), e4m3_dtype())
         logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
     elif resolve_int8_weights(checkpoint):
         kept = keep_int8_weights(model, checkpoint.int8_layers())

@@ -10,9 +10,11 @@ Two launches a product:
   time with tl.dot on the 8-bit tiles themselves (H100 and MI300 multiply fp8 in their
   tensor cores; each step's sum is added into a float32 accumulator), then the two scales
   and the bias applied once. INT8 W8A8 layers (int8_linear.py) launch it too
-  (`launch_gemm`), on int8 tiles summed exactly in int32, with tiles of their own.
+  (`launch_gemm`), on int8 tiles summed exactly in int32, with tiles of their own, and so
+  do block-wise FP8 layers (fp8_block_linear.py, BLOCKWISE: each step scaled by its
+  group's scales as it is added).
 
-A product moves 1 byte a weight, half of bfloat16. The tile is `_GEMM_CONFIG`'s "small" one
+A product moves 1 byte a weight, half of bfloat16. The tile is `GEMM_CONFIG`'s "small" one
 (16 rows, tl.dot's least) for up to 16 rows and the "large" one beyond; in batch-invariant
 mode (`dispatch.batch_invariant`) always the large one, so that a row's bits do not depend
 on what shares its batch. K is not split: each program sums its whole row of K in order,
@@ -50,7 +52,7 @@ _SMALL_TILE_ROWS = 16
 # sum of each step (the kernel's comment) needs a second accumulator: 128 × 128 spilled
 # 60 bytes, so 128 × 64, which was also the fastest of three spill-free tiles timed on an
 # H100 (bench/RESULTS.md).
-_GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
+GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
     "cuda": {
         "small": {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3},
         "large": {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
@@ -72,11 +74,11 @@ _GEMM_CONFIG: dict[str, dict[str, dict[str, int]]] = {
 QUANTIZE_BLOCK = {"cuda": 1024, "rocm": 1024, "cpu": 32}  # columns of x per step
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The least normal e4m3 number; below it the 3 mantissa bits are steps of an eighth of it.
-_MIN_NORMAL = {torch.float8_e4m3fn: 2.0**-6, torch.float8_e4m3fnuz: 2.0**-7}
+E4M3_MIN_NORMAL = {torch.float8_e4m3fn: 2.0**-6, torch.float8_e4m3fnuz: 2.0**-7}
 
 
 @triton.jit
-def _round_to_e4m3(values, MIN_NORMAL: tl.constexpr, SUBNORMAL_STEP: tl.constexpr):
+def round_to_e4m3(values, MIN_NORMAL: tl.constexpr, SUBNORMAL_STEP: tl.constexpr):
     """float32 `values` rounded to the nearest e4m3 number (ties to even), still as float32:
     then the cast to 8 bits is exact on every backend. (Triton's interpreter loses the carry
     when a cast rounds up into the next power of two: 126.4 became 64 instead of 128.)"""
@@ -118,7 +120,7 @@ def _quantize_rows_kernel(
         cols = start + tl.arange(0, BLOCK_K)
         values = tl.load(x_row + cols, mask=cols < k, other=0.0).to(tl.float32)
         scaled = tl.clamp(tl.div_rn(values, scale), -FP8_MAX, FP8_MAX)
-        rounded = _round_to_e4m3(scaled, MIN_NORMAL, SUBNORMAL_STEP)
+        rounded = round_to_e4m3(scaled, MIN_NORMAL, SUBNORMAL_STEP)
         tl.store(x_q_ptr + row * k + cols, rounded.to(x_q_ptr.dtype.element_ty), mask=cols < k)
 
 
@@ -133,11 +135,15 @@ def _gemm_kernel(
     num_rows,
     n,
     k,
+    num_groups,
     stride_out,
     PER_CHANNEL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr,
     INT8: tl.constexpr,
+    BLOCKWISE: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -146,6 +152,9 @@ def _gemm_kernel(
     # neighbours in the grid, so they find its weights in L2. W is [N, K] row-major: its
     # tile is loaded K-major, [BLOCK_K, BLOCK_N], as tl.dot's right operand. INT8: the
     # operands are int8 (int8_linear.py), their products summed in int32, exactly.
+    # BLOCKWISE: block-wise FP8 (fp8_block_linear.py), x's scales [M, num_groups] and W's
+    # [⌈N / SCALE_ROWS⌉, num_groups]; each step (within one group of GROUP columns) is
+    # scaled by its group's scales as it is added.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < num_rows
@@ -157,6 +166,9 @@ def _gemm_kernel(
     # and rebuilt 64-bit offsets the 128 × 128 tile spilled on sm_90a.
     x_at = x_q_ptr + (rows % num_rows).to(tl.int64)[:, None] * k + depth[None, :]
     w_at = w_ptr + (cols % n).to(tl.int64)[None, :] * k + depth[:, None]
+    if BLOCKWISE:
+        x_scale_at = x_scale_ptr + (rows % num_rows) * num_groups
+        w_scale_at = w_scale_ptr + ((cols % n) // SCALE_ROWS) * num_groups
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32 if INT8 else tl.float32)
     for start in range(0, k, BLOCK_K):
         if EVEN_K:
@@ -167,6 +179,10 @@ def _gemm_kernel(
             w = tl.load(w_at, mask=depth[:, None] < k - start, other=0.0)
         if INT8:
             acc = tl.dot(x, w, acc)
+        elif BLOCKWISE:
+            product = tl.dot(x, w, max_num_imprecise_acc=BLOCK_K)
+            group_scales = tl.load(x_scale_at + start // GROUP)[:, None]
+            acc += product * group_scales * tl.load(w_scale_at + start // GROUP)[None, :]
         else:
             # Hopper's fp8 tensor cores add in less than float32 precision, and Triton lets
             # them run a whole K long by default (off by 3e-3 of the output at K = 14,336 on
@@ -175,18 +191,21 @@ def _gemm_kernel(
         x_at += BLOCK_K
         w_at += BLOCK_K
     # The references' order: sum · s_x, then · s_w, then + bias, each rounded to float32.
-    out = acc.to(tl.float32) * tl.load(x_scale_ptr + rows, mask=row_mask, other=0.0)[:, None]
-    if PER_CHANNEL:
-        out *= tl.load(w_scale_ptr + cols, mask=col_mask, other=0.0)[None, :]
+    if BLOCKWISE:
+        out = acc
     else:
-        out *= tl.load(w_scale_ptr)
+        out = acc.to(tl.float32) * tl.load(x_scale_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        if PER_CHANNEL:
+            out *= tl.load(w_scale_ptr + cols, mask=col_mask, other=0.0)[None, :]
+        else:
+            out *= tl.load(w_scale_ptr)
     if HAS_BIAS:
         out += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_at = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
     tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
 
-def _tile(num_rows: int, config: dict[str, dict[str, dict[str, int]]]) -> dict[str, int]:
+def gemm_tile(num_rows: int, config: dict[str, dict[str, dict[str, int]]]) -> dict[str, int]:
     """`config`'s launch table entry for a product of `num_rows` rows."""
     tables = launch_entry(config)
     if num_rows <= _SMALL_TILE_ROWS and not dispatch.batch_invariant():
@@ -209,8 +228,8 @@ def quantize_rows_triton(x: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Ten
             k,
             x.stride(0),
             FP8_MAX=FP8_MAX[fp8_dtype],
-            MIN_NORMAL=_MIN_NORMAL[fp8_dtype],
-            SUBNORMAL_STEP=_MIN_NORMAL[fp8_dtype] / 8,
+            MIN_NORMAL=E4M3_MIN_NORMAL[fp8_dtype],
+            SUBNORMAL_STEP=E4M3_MIN_NORMAL[fp8_dtype] / 8,
             MIN_SCALE=MIN_SCALE,
             BLOCK_K=launch_entry(QUANTIZE_BLOCK),
         )
@@ -231,7 +250,7 @@ def fp8_linear_triton(
         return out
     weight = weight.contiguous()
     x_q, x_scale = quantize_rows_triton(x, weight.dtype)
-    launch_gemm(x_q, x_scale, weight, scale, bias, out, _GEMM_CONFIG)
+    launch_gemm(x_q, x_scale, weight, scale, bias, out, GEMM_CONFIG)
     return out
 
 
@@ -243,15 +262,20 @@ def launch_gemm(
     bias: Tensor | None,
     out: Tensor,
     config: dict[str, dict[str, dict[str, int]]],
+    block: tuple[int, int] | None = None,
 ) -> None:
     """`_gemm_kernel` into `out` [M, N]: (x_q Wᵀ) · x_scale · scale (+ bias), x_q [M, K] and
     the contiguous weight [N, K] both e4m3 or both int8 (int8_linear.py), with `config`'s
-    tiles (shaped as `_GEMM_CONFIG`). An int8 product is exact, and its float32 scaling is
-    compiled without fused multiply-adds, so that its output has the reference's bits."""
+    tiles (shaped as `GEMM_CONFIG`); with `block` (rows, columns), x_scale [M, groups] and
+    scale [⌈N / rows⌉, groups] block-wise (fp8_block_linear.py), each step cut to a group.
+    An int8 product is exact, and its float32 scaling is compiled without fused
+    multiply-adds, so that its output has the reference's bits."""
     num_rows, k = x_q.shape
     n = weight.shape[0]
     int8 = x_q.dtype == torch.int8
-    tile = _tile(num_rows, config)
+    tile = gemm_tile(num_rows, config)
+    scale_rows, group = block if block is not None else (1, 1)
+    block_k = tile["block_k"] if block is None else min(tile["block_k"], group)
     grid = (triton.cdiv(num_rows, tile["block_m"]), triton.cdiv(n, tile["block_n"]))
     _gemm_kernel[grid](
         x_q,
@@ -263,14 +287,18 @@ def launch_gemm(
         num_rows,
         n,
         k,
+        x_scale.shape[1] if block is not None else 0,
         out.stride(0),
         PER_CHANNEL=scale.shape[0] > 1,
         HAS_BIAS=bias is not None,
-        EVEN_K=k % tile["block_k"] == 0,
+        EVEN_K=k % block_k == 0,
         INT8=int8,
+        BLOCKWISE=block is not None,
+        SCALE_ROWS=scale_rows,
+        GROUP=group,
         BLOCK_M=tile["block_m"],
         BLOCK_N=tile["block_n"],
-        BLOCK_K=tile["block_k"],
+        BLOCK_K=block_k,
         num_warps=tile["num_warps"],
         num_stages=tile["num_stages"],
         **({"enable_fp_fusion": False} if int8 else {}),

@@ -31,7 +31,8 @@ FP8_DTYPES = tuple(FP8_MAX)
 MIN_SCALE = 1.0 / (448.0 * 512.0)
 
 
-def _check_fp8(dtype: torch.dtype) -> float:
+def check_fp8_dtype(dtype: torch.dtype) -> float:
+    """The largest finite value of e4m3 type `dtype`; ValueError for another type."""
     if dtype not in FP8_MAX:
         raise ValueError(f"not an e4m3 type: {dtype}; expected one of {FP8_DTYPES}")
     return FP8_MAX[dtype]
@@ -39,7 +40,7 @@ def _check_fp8(dtype: torch.dtype) -> float:
 
 def quantize_rows(x: Tensor, fp8_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """x [M, K] as `fp8_dtype` with one float32 scale a row, [M]: x ≈ x_q · scale[:, None]."""
-    fp8_max = _check_fp8(fp8_dtype)
+    fp8_max = check_fp8_dtype(fp8_dtype)
     x = x.float()
     scale = (x.abs().amax(dim=1) / fp8_max).clamp(min=MIN_SCALE)
     # The clamp catches the last bit of the division's rounding: past the largest finite
@@ -55,7 +56,7 @@ def quantize_weight(
     whole tensor (what `--quantization fp8` makes of a 16-bit checkpoint at load)."""
     if per_channel:
         return quantize_rows(weight, fp8_dtype)
-    fp8_max = _check_fp8(fp8_dtype)
+    fp8_max = check_fp8_dtype(fp8_dtype)
     weight = weight.float()
     scale = (weight.abs().amax() / fp8_max).clamp(min=MIN_SCALE).reshape(1)
     return (weight / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype), scale
@@ -79,7 +80,7 @@ def dequantize(weight: Tensor, scale: Tensor) -> Tensor:
 
 def check_fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
     """Raise ValueError when x, the fp8 weight, its scales and the bias do not fit together."""
-    _check_fp8(weight.dtype)
+    check_fp8_dtype(weight.dtype)
     check_scaled_operands(x, weight, scale, bias)
 
 

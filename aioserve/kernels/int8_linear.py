@@ -39,7 +39,7 @@ from aioserve.kernels.int8_linear_reference import (
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import launch_entry
 
-# Shaped as fp8_linear._GEMM_CONFIG; each entry chosen by compiling it for its families
+# Shaped as fp8_linear.GEMM_CONFIG; each entry chosen by compiling it for its families
 # (tests/kernels/gpu_compile.py; spills in bytes on NVIDIA, registers on AMD). Small tile:
 # 16 × 32 as fp8's, K 256 deep (fp8's: 128), 8 KiB of W a step. Large tile: 128 × 128, K
 # 64 deep, on every family: 128 deep spilled on each (344 on sm_90a, 648 on sm_80, 24 on

@@ -23,6 +23,11 @@ P = T·top_k pairs, pair p = t·top_k + j being token t's j-th choice. A call:
 5. `_sum_choices_kernel`: out [T, H] = Σ_j y[t·top_k + j], in float32 in the order
    j = 0, 1, ... and rounded once (torch's sum may split a short reduction by shape).
 
+With block-wise FP8 experts (`MoeFp8Scales`: Qwen3's `-FP8` MoE checkpoints) x and h are
+first quantized to e4m3 per row and group of columns (fp8_block_linear.py's quantizer, once
+per token for x, not per pair), both products run on the 8-bit tiles, and each BLOCK_K step
+(within one group) is scaled by its rows' and its expert's block scales as it is added.
+
 Tiles come from fixed per-family tables, never from the batch, and K is never split: a
 pair's bits are the same whatever else its batch holds (batch-invariant as it stands).
 The intermediates are indexed by pair, so each program writes rows of its own and no
@@ -36,7 +41,14 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.activation import silu_and_mul_triton
-from aioserve.kernels.moe_reference import check_moe, fused_moe_reference
+from aioserve.kernels.fp8_block_linear import quantize_groups_triton
+from aioserve.kernels.fp8_linear_reference import FP8_DTYPES
+from aioserve.kernels.moe_reference import (
+    MoeFp8Scales,
+    check_moe,
+    fused_moe_fp8_reference,
+    fused_moe_reference,
+)
 from aioserve.kernels.triton_compat import tl, triton
 from aioserve.platform import launch_entry
 
@@ -57,26 +69,29 @@ from aioserve.platform import launch_entry
 # on gfx1100 3 bytes with a K tail. sm_90a's 4 warps (one warpgroup, m64 wgmma) sit at 255
 # registers unaligned, 72 aligned. Checked with and without a K tail. Not yet timed on a
 # GPU. The "cpu" rows are the interpreter's (fast tests).
+# FP8 experts (e4m3 with block-wise scales) hold each step's product beside the sum: the
+# 16-bit tiles spilled 124-132 bytes on sm_90a (8 warps do not) and 29 on gfx1100 (64 × 32
+# does not); gfx942 and gfx90a take theirs as they are. Ampere has no e4m3 (no entry).
 _FLOAT32 = {"block_m": 32, "block_n": 32, "block_k": 32, "num_warps": 4, "num_stages": 2}
 _CPU = {"block_m": 16, "block_n": 16, "block_k": 32, "num_warps": 1, "num_stages": 1}
+_ROCM_16BIT = {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 2}
 _CONFIG: dict[str, dict[str, dict[str, int]]] = {
     "hopper": {
         "16bit": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 4},
         "float32": _FLOAT32,
+        "fp8": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
     },
     "ampere": {
         "16bit": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 3},
         "float32": _FLOAT32,
     },
-    "rocm": {
-        "16bit": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 2},
-        "float32": _FLOAT32,
-    },
+    "rocm": {"16bit": _ROCM_16BIT, "float32": _FLOAT32, "fp8": _ROCM_16BIT},
     "rdna3": {
         "16bit": {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 8, "num_stages": 2},
         "float32": _FLOAT32 | {"num_warps": 8},
+        "fp8": {"block_m": 64, "block_n": 32, "block_k": 64, "num_warps": 8, "num_stages": 2},
     },
-    "cpu": {"16bit": _CPU, "float32": _CPU},
+    "cpu": {"16bit": _CPU, "float32": _CPU, "fp8": _CPU},
 }  # fmt: skip
 # The sum over the choices: hidden columns one program adds, and its warps.
 _SUM_CONFIG: dict[str, dict[str, int]] = {
@@ -94,16 +109,23 @@ def _moe_gemm_kernel(
     sorted_pair_ids_ptr,
     block_experts_ptr,
     pair_weights_ptr,
+    a_scale_ptr,
+    w_scale_ptr,
     num_pairs,
     a_row_divisor,
     n,
     k,
+    num_groups,
     stride_a,
     stride_w_expert,
     stride_w_row,
+    stride_w_scale_expert,
     stride_out,
     WEIGHTED: tl.constexpr,
     IEEE: tl.constexpr,
+    FP8: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    GROUP: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -113,6 +135,9 @@ def _moe_gemm_kernel(
     # cols] = a[pair // a_row_divisor] w[expert, cols]ᵀ, the weight [N, K] row-major, its
     # tile loaded K-major, [BLOCK_K, BLOCK_N]. Padding rows (pair id num_pairs) read a's
     # row 0 and are not stored; columns past n wrap onto real ones and are not stored.
+    # FP8: a and w are e4m3 with block-wise scales (fp8_block_linear_reference.py), a's
+    # [rows, num_groups], w's [E, ⌈N / SCALE_ROWS⌉, num_groups]; each BLOCK_K step (within
+    # one group of GROUP columns) is scaled by its group's scales as it is added.
     block = tl.program_id(0)
     expert = tl.load(block_experts_ptr + block)
     if expert < 0:
@@ -131,6 +156,10 @@ def _moe_gemm_kernel(
         + (cols % n).to(tl.int64)[None, :] * stride_w_row
         + depth[:, None]
     )
+    if FP8:
+        a_scale_at = a_scale_ptr + a_rows * num_groups
+        w_scale_rows = (cols % n) // SCALE_ROWS
+        w_scale_at = w_scale_ptr + expert * stride_w_scale_expert + w_scale_rows * num_groups
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for start in range(0, k, BLOCK_K):
         if EVEN_K:
@@ -140,7 +169,13 @@ def _moe_gemm_kernel(
             in_k = depth < k - start
             a = tl.load(a_at, mask=in_k[None, :], other=0.0)
             w = tl.load(w_at, mask=in_k[:, None], other=0.0)
-        if IEEE:
+        if FP8:
+            product = tl.dot(a, w, max_num_imprecise_acc=BLOCK_K)
+            group = start // GROUP
+            a_scale = tl.load(a_scale_at + group)
+            w_scale = tl.load(w_scale_at + group)
+            acc += product * a_scale[:, None] * w_scale[None, :]
+        elif IEEE:
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
@@ -168,7 +203,9 @@ def _sum_choices_kernel(y_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.c
 
 
 def moe_config(dtype: torch.dtype) -> dict[str, int]:
-    """This device's tile for experts of `dtype`."""
+    """This device's tile for experts of `dtype` (16-bit, float32 or e4m3)."""
+    if dtype in FP8_DTYPES:
+        return launch_entry(_CONFIG)["fp8"]
     return launch_entry(_CONFIG)["float32" if dtype == torch.float32 else "16bit"]
 
 
@@ -212,10 +249,16 @@ def _grouped_gemm(
     pair_weights: Tensor | None,
     a_row_divisor: int,
     config: dict[str, int],
+    fp8: tuple[Tensor, Tensor, int, int] | None = None,
 ) -> None:
-    """out[pair] = a[pair // a_row_divisor] weight[expert]ᵀ (× the pair's weight)."""
+    """out[pair] = a[pair // a_row_divisor] weight[expert]ᵀ (× the pair's weight); with
+    `fp8` = (a's scales, the weight's, the weight's rows a scale row, columns a group), a
+    and the weight are block-scaled e4m3."""
     n, k = weight.shape[1], weight.shape[2]
     block_n, block_k = config["block_n"], config["block_k"]
+    a_scale, w_scale, scale_rows, group = fp8 if fp8 is not None else (out, out, 1, 1)
+    if fp8 is not None:
+        block_k = min(block_k, group)
     grid = (block_experts.shape[0], triton.cdiv(n, block_n))
     _moe_gemm_kernel[grid](
         a,
@@ -224,16 +267,23 @@ def _grouped_gemm(
         sorted_pair_ids,
         block_experts,
         pair_weights if pair_weights is not None else out,
+        a_scale,
+        w_scale,
         out.shape[0],
         a_row_divisor,
         n,
         k,
+        a_scale.shape[-1] if fp8 is not None else 0,
         a.stride(0),
         weight.stride(0),
         weight.stride(1),
+        w_scale.stride(0) if fp8 is not None else 0,
         out.stride(0),
         WEIGHTED=pair_weights is not None,
         IEEE=a.dtype == torch.float32,
+        FP8=fp8 is not None,
+        SCALE_ROWS=scale_rows,
+        GROUP=group,
         EVEN_K=k % block_k == 0,
         BLOCK_M=config["block_m"],
         BLOCK_N=block_n,
@@ -244,24 +294,37 @@ def _grouped_gemm(
 
 
 def fused_moe_triton(
-    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    fp8: MoeFp8Scales | None = None,
 ) -> Tensor:
     """The Triton path of `fused_moe`."""
-    check_moe(x, w13, w2, topk_weights, topk_ids)
+    check_moe(x, w13, w2, topk_weights, topk_ids, fp8)
     num_tokens, top_k = topk_ids.shape
     num_experts, two_i, hidden = w13.shape
     if num_tokens == 0 or top_k == 0:
         return x.new_zeros(x.shape)
     x, w13, w2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, w13, w2))
-    config = moe_config(x.dtype)
+    config = moe_config(w13.dtype if fp8 is not None else x.dtype)
     sorted_pair_ids, block_experts = align_pairs_to_blocks(topk_ids, num_experts, config["block_m"])
     num_pairs = num_tokens * top_k
     gate_up = torch.empty((num_pairs, two_i), dtype=x.dtype, device=x.device)
-    _grouped_gemm(x, w13, gate_up, sorted_pair_ids, block_experts, None, top_k, config)
+    a, up_scales = x, None
+    if fp8 is not None:
+        a, a_scale = quantize_groups_triton(x, fp8.group, w13.dtype)
+        up_scales = (a_scale, fp8.w13_scale.contiguous(), fp8.w13_rows, fp8.group)
+    _grouped_gemm(a, w13, gate_up, sorted_pair_ids, block_experts, None, top_k, config, up_scales)
     h = silu_and_mul_triton(gate_up)
+    down_scales = None
+    if fp8 is not None:
+        h, h_scale = quantize_groups_triton(h, fp8.group, w2.dtype)
+        down_scales = (h_scale, fp8.w2_scale.contiguous(), fp8.w2_rows, fp8.group)
     y = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     pair_weights = topk_weights.reshape(-1).float()
-    _grouped_gemm(h, w2, y, sorted_pair_ids, block_experts, pair_weights, 1, config)
+    _grouped_gemm(h, w2, y, sorted_pair_ids, block_experts, pair_weights, 1, config, down_scales)
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)
     sum_config = launch_entry(_SUM_CONFIG)
     block = min(triton.next_power_of_2(hidden), sum_config["block"])
@@ -279,14 +342,17 @@ def fused_moe(
     topk_ids: Tensor,
     packed_w13: list[Tensor] | tuple[Tensor, ...] = (),
     packed_w2: list[Tensor] | tuple[Tensor, ...] = (),
+    fp8: MoeFp8Scales | None = None,
 ) -> Tensor:
     """The sparse MoE block's output [T, H] in x's dtype: for each token t, Σ_j
     topk_weights[t, j] · expert topk_ids[t, j]'s SiLU-gated MLP of x[t] (moe_reference.py
     states the layout and the rounding). x [T, H]; w13 [E, 2·I, H], w2 [E, H, I] in x's
-    dtype; topk_weights float32 and topk_ids int [T, top_k], every id below E. The CPU's
-    oneDNN-packed experts, where a model keeps them (moe_reference.pack_expert_weight),
-    are read instead of w13 / w2 by the reference."""
+    dtype, or with `fp8` in e4m3 with block-wise scales; topk_weights float32 and topk_ids
+    int [T, top_k], every id below E. The CPU's oneDNN-packed experts, where a model keeps
+    them (moe_reference.pack_expert_weight), are read instead of w13 / w2 by the reference."""
     if dispatch.use_triton():
-        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids)  # checks the operands
-    check_moe(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, fp8)  # checks the operands
+    check_moe(x, w13, w2, topk_weights, topk_ids, fp8)
+    if fp8 is not None:
+        return fused_moe_fp8_reference(x, w13, w2, topk_weights, topk_ids, fp8)
     return fused_moe_reference(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2)

@@ -25,6 +25,11 @@ Triton kernels round at exactly those points. Here torch's matmul hands back h w
 rounded, and the weight multiplies it in float32 as the sum adds it (out_t = Σ_j
 topk_weights[t, j] · round(h w2[e]ᵀ)): the two may differ by one rounding of a 16-bit y.
 
+With block-wise FP8 experts (`MoeFp8Scales`: DeepSeek's and Qwen3's `-FP8` checkpoints,
+`fused_moe_fp8_reference`) each product is fp8_block_linear_reference.py's: its input
+quantized to e4m3 per row and group of columns as it comes, the expert's e4m3 weight
+scaled a block at a time; the rounding points are the same.
+
 Here the pairs are sorted by expert (stable), each expert with tokens takes one product
 for its gate/up and one for its down over all its rows (its "run"), and the outputs go
 back to their pairs by index: a Python loop over the experts that have tokens, none over
@@ -42,12 +47,15 @@ each run padded to one of a few lengths so that oneDNN meets few shapes
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.fp8_block_linear_reference import fp8_block_linear_reference, scale_shape
+from aioserve.kernels.fp8_linear_reference import FP8_DTYPES
 
 # Rows of one product in batch-invariant mode (as models/linear.py's dense layers).
 INVARIANT_TILE_ROWS = 16
@@ -58,7 +66,43 @@ PACKED_FOR_ROWS = 64
 _SMALL_STEP_VALUES = 512 * 1024
 
 
-def check_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> None:
+@dataclass(frozen=True)
+class MoeFp8Scales:
+    """The block-wise scales of e4m3 experts: w13's [E, ⌈2I / w13_rows⌉, ⌈H / group⌉] and
+    w2's [E, ⌈H / w2_rows⌉, ⌈I / group⌉], float32; a block is `*_rows` weight rows by
+    `group` columns (w13's rows one a weight row where gate's rows do not end on a block
+    boundary: models/moe_fp8_weights.py)."""
+
+    w13_scale: Tensor
+    w2_scale: Tensor
+    w13_rows: int
+    w2_rows: int
+    group: int
+
+
+def _check_fp8_experts(w13: Tensor, w2: Tensor, fp8: MoeFp8Scales) -> None:
+    if w13.dtype not in FP8_DTYPES or w2.dtype != w13.dtype:
+        raise ValueError(f"FP8 experts must be e4m3, got {w13.dtype} / {w2.dtype}")
+    for name, weight, scale, rows in (
+        ("w13", w13, fp8.w13_scale, fp8.w13_rows),
+        ("w2", w2, fp8.w2_scale, fp8.w2_rows),
+    ):
+        expected = (weight.shape[0], *scale_shape(*weight.shape[1:], (rows, fp8.group)))
+        if scale.dtype != torch.float32 or tuple(scale.shape) != expected:
+            raise ValueError(
+                f"{name}'s block scales must be float32 {list(expected)}, got {scale.dtype} "
+                f"{list(scale.shape)}"
+            )
+
+
+def check_moe(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    fp8: MoeFp8Scales | None = None,
+) -> None:
     """Raise ValueError when the operands of a fused MoE do not fit together."""
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(
@@ -75,7 +119,9 @@ def check_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids
         raise ValueError("topk_ids and topk_weights must both be [T, top_k]")
     if topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"{topk_ids.shape[0]} routed tokens for {x.shape[0]} rows of x")
-    if x.dtype != w13.dtype or x.dtype != w2.dtype:
+    if fp8 is not None:
+        _check_fp8_experts(w13, w2, fp8)
+    elif x.dtype != w13.dtype or x.dtype != w2.dtype:
         raise ValueError(f"x is {x.dtype} but the experts are {w13.dtype} / {w2.dtype}")
 
 
@@ -138,6 +184,33 @@ def fused_moe_reference(
     for choice in range(1, top_k):
         out.addcmul_(by_choice[choice], topk_weights[:, choice : choice + 1])
     return out.to(out_dtype)
+
+
+def fused_moe_fp8_reference(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    fp8: MoeFp8Scales,
+) -> Tensor:
+    """The MoE block's output [T, H] in x's dtype with block-wise FP8 experts (the module
+    docstring's definition, each product fp8_block_linear_reference's), expert by expert."""
+    num_tokens, top_k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1).long()
+    y = x.new_empty(flat_ids.numel(), x.shape[1])
+    for expert in torch.unique(flat_ids).tolist():
+        pairs = torch.nonzero(flat_ids == expert).squeeze(1)
+        rows = x.index_select(0, pairs // top_k)
+        up_block, down_block = (fp8.w13_rows, fp8.group), (fp8.w2_rows, fp8.group)
+        gate_up = fp8_block_linear_reference(rows, w13[expert], fp8.w13_scale[expert], up_block)
+        h = _silu_and_mul(gate_up, x.dtype)
+        y[pairs] = fp8_block_linear_reference(h, w2[expert], fp8.w2_scale[expert], down_block)
+    by_choice = y.view(num_tokens, top_k, -1)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for choice in range(top_k):
+        out.addcmul_(by_choice[:, choice], topk_weights[:, choice : choice + 1])
+    return out.to(x.dtype)
 
 
 def _products_by_run(

@@ -92,7 +92,9 @@ class Checkpoint:
                 hf_folder.iter_weights(self._weight_files), self.int4_scheme
             )
         elif self.fp8_scheme is not None:
-            yield from fp8_weights.dequantized_weights(hf_folder.iter_weights(self._weight_files))
+            yield from fp8_weights.dequantized_weights(
+                hf_folder.iter_weights(self._weight_files), self.fp8_scheme
+            )
         elif self.int8_scheme is not None:
             yield from int8_weights.dequantized_weights(hf_folder.iter_weights(self._weight_files))
         elif self.load_format != "dummy":
@@ -114,7 +116,9 @@ class Checkpoint:
         quantized; nothing for other checkpoints."""
         if self.fp8_scheme is None:
             return
-        for name, value in fp8_weights.fp8_layers(hf_folder.iter_weights(self._weight_files)):
+        for name, value in fp8_weights.fp8_layers(
+            hf_folder.iter_weights(self._weight_files), self.fp8_scheme
+        ):
             if isinstance(value, W8A8Layer):
                 yield name, value
 

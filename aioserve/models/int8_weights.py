@@ -113,10 +113,10 @@ def keep_int8_weights(model: nn.Module, layers: Iterable[tuple[str, W8A8Layer]])
     tensors (int8 [N, K], float32 scales [1] or [N]) and release its float weight; returns
     the bytes kept."""
     kept = 0
-    for module, weight, scale in stacked_layers(model, layers):
+    for module, layer in stacked_layers(model, layers):
         device = module.weight.device
-        module.int8_weight = weight.contiguous().to(device)
-        module.int8_scale = scale.float().contiguous().to(device)
+        module.int8_weight = layer.weight.contiguous().to(device)
+        module.int8_scale = layer.scale.float().contiguous().to(device)
         module.weight.data = module.weight.new_zeros(()).expand(module.weight.shape)
         kept += module.int8_weight.nbytes + module.int8_scale.nbytes
     return kept

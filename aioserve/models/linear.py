@@ -38,7 +38,8 @@ holds only its blocks (Q4_0 ... Q6_K), multiplied by the Triton kernels of
 kernels/gguf_linear.py; an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights,
 multiplied by those of kernels/int4_group_linear.py (models/int4_group_weights.py), an FP8
 checkpoint's (or `--quantization fp8`'s) only their 8-bit weights, multiplied by
-kernels/fp8_linear.py's (models/fp8_weights.py). An INT8 W8A8 checkpoint's layers hold only
+kernels/fp8_linear.py's, or kernels/fp8_block_linear.py's for block-wise scales
+(models/fp8_weights.py). An INT8 W8A8 checkpoint's layers hold only
 their int8 weights on a CPU with VNNI or AMX too, multiplied by kernels/int8_linear.py
 (torch's int8 GEMM there, models/int8_weights.py).
 
@@ -61,6 +62,7 @@ from torch import Tensor, nn
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.dense_linear import dense_linear_triton
+from aioserve.kernels.fp8_block_linear import fp8_block_linear
 from aioserve.kernels.fp8_linear import fp8_linear
 from aioserve.kernels.gguf_linear import gguf_linear
 from aioserve.kernels.gguf_linear_reference import int4_linear
@@ -243,9 +245,10 @@ class Linear(nn.Linear):
         self.register_buffer("quant_perm", None, persistent=False)
         self.quant_group_size = 0
         # On a GPU, FP8 weights in place of the weight, with float32 scales [1] or one a
-        # row (models/fp8_weights.py).
+        # row, or with fp8_block (rows, columns) one a block (models/fp8_weights.py).
         self.register_buffer("fp8_weight", None, persistent=False)
         self.register_buffer("fp8_scale", None, persistent=False)
+        self.fp8_block: tuple[int, int] | None = None
         # On a GPU and a CPU with VNNI or AMX, INT8 weights in place of the weight, with
         # float32 scales [1] or one a row (models/int8_weights.py).
         self.register_buffer("int8_weight", None, persistent=False)
@@ -269,6 +272,10 @@ class Linear(nn.Linear):
         if self.gguf_blocks is not None:
             return gguf_linear(x, self.gguf_blocks, self.gguf_qtype, self.bias)
         if self.fp8_weight is not None:
+            if self.fp8_block is not None:
+                return fp8_block_linear(
+                    x, self.fp8_weight, self.fp8_scale, self.fp8_block, self.bias
+                )
             return fp8_linear(x, self.fp8_weight, self.fp8_scale, self.bias)
         if self.int8_weight is not None:
             return int8_linear(x, self.int8_weight, self.int8_scale, self.bias)

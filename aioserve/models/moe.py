@@ -5,7 +5,9 @@ experts; each expert is a SiLU-gated MLP, and their outputs are added weighted b
 router's probabilities (kernels/moe_reference.py states the arithmetic). The experts'
 weights are stacked as the kernels take them: `w13` [E, 2·I, H] (each expert's gate_proj
 then up_proj rows) and `w2` [E, H, I] (its down_proj); the model's loader fills them from
-the checkpoint's per-expert tensors (llama.py). Qwen2-MoE adds a shared expert, a dense MLP
+the checkpoint's per-expert tensors (llama.py). A block-wise FP8 checkpoint's experts are
+kept so on a GPU, in e4m3 with their block scales (`hold_fp8_experts`,
+models/moe_fp8_weights.py), and dequantized at load elsewhere. Qwen2-MoE adds a shared expert, a dense MLP
 every token runs, scaled by sigmoid(shared_expert_gate(x)).
 
 Which expert has which tokens changes every step and, on the CPU, is read on the host. So
@@ -33,7 +35,7 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from aioserve.kernels.moe import fused_moe
-from aioserve.kernels.moe_reference import pack_expert_weight, select_experts
+from aioserve.kernels.moe_reference import MoeFp8Scales, pack_expert_weight, select_experts
 from aioserve.models.linear import Linear
 from aioserve.models.weight_copy import copy_checked
 
@@ -45,40 +47,71 @@ _next_packed_key = itertools.count()
 
 
 def _fused_moe_op(
-    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    packed_key: int,
+    w13_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+    fp8_block: list[int] | tuple[int, ...] = (),
 ) -> Tensor:
     packed_w13, packed_w2 = (
         ((), ()) if packed_key == _NO_PACKED_EXPERTS else _PACKED_EXPERTS[packed_key]
     )
-    return fused_moe(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2)
+    fp8 = None
+    if w13_scale is not None and w2_scale is not None:
+        fp8 = MoeFp8Scales(w13_scale, w2_scale, *fp8_block)
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2, fp8)
 
 
 # Registered through torch.library.Library, as models/lora_op.py's op is: custom_op's Python
 # layers cost a few microseconds more a call. The key is a SymInt, as paged attention's
-# layer index is: as a plain int, dynamo would compile a layer graph for every block.
+# layer index is: as a plain int, dynamo would compile a layer graph for every block. FP8
+# experts pass their scales and `fp8_block` = [w13's block rows, w2's, the block columns].
 _LIBRARY = torch.library.Library("aioserve", "FRAGMENT")
 _LIBRARY.define(
     "fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
-    "SymInt packed_key) -> Tensor"
+    "SymInt packed_key, Tensor? w13_scale=None, Tensor? w2_scale=None, "
+    "int[] fp8_block=[]) -> Tensor"
 )
 _LIBRARY.impl("fused_moe", _fused_moe_op, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("aioserve::fused_moe")
 def _(
-    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    packed_key: int,
+    w13_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+    fp8_block: list[int] | tuple[int, ...] = (),
 ) -> Tensor:
     return x.new_empty(x.shape)
 
 
 def run_experts(
-    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    packed_key: int,
+    w13_scale: Tensor | None = None,
+    w2_scale: Tensor | None = None,
+    fp8_block: tuple[int, ...] = (),
 ) -> Tensor:
     """The routed experts' weighted sum [T, H] (kernels/moe.py), an opaque op when compiled;
-    `packed_key` names the experts' packed weights (`pack_expert_weights`), if any."""
+    `packed_key` names the experts' packed weights (`pack_expert_weights`), if any; FP8
+    experts come with their block scales and `fp8_block` (the op's comment)."""
+    args = (x, w13, w2, topk_weights, topk_ids, packed_key, w13_scale, w2_scale, list(fp8_block))
     if torch.compiler.is_compiling():
-        return torch.ops.aioserve.fused_moe(x, w13, w2, topk_weights, topk_ids, packed_key)
-    return _fused_moe_op(x, w13, w2, topk_weights, topk_ids, packed_key)
+        return torch.ops.aioserve.fused_moe(*args)
+    return _fused_moe_op(*args)
 
 
 def num_experts(config: PretrainedConfig) -> int:
@@ -129,13 +162,57 @@ class SparseMoeBlock(nn.Module):
         # The key of its experts' weights in oneDNN's layout once `pack_expert_weights` has
         # run (a bfloat16 model on a CPU with bfloat16 arithmetic); until then, none.
         self.packed_key = _NO_PACKED_EXPERTS
+        # Block-wise FP8 experts kept as stored in place of w13 / w2 (`hold_fp8_experts`).
+        self.register_buffer("fp8_w13", None, persistent=False)
+        self.register_buffer("fp8_w13_scale", None, persistent=False)
+        self.register_buffer("fp8_w2", None, persistent=False)
+        self.register_buffer("fp8_w2_scale", None, persistent=False)
+        self.fp8_block: tuple[int, ...] = ()  # (w13's block rows, w2's, block columns)
         self.shared_expert = shared_expert
         if shared_expert is not None:
             self.shared_expert_gate = Linear(hidden, 1, bias=False)
 
+    def hold_fp8_experts(
+        self,
+        w13: Tensor,
+        w13_scale: Tensor,
+        w2: Tensor,
+        w2_scale: Tensor,
+        fp8_block: tuple[int, ...],
+    ) -> int:
+        """Keep the experts as block-wise FP8 (models/moe_fp8_weights.py) and release the
+        16-bit w13 / w2; returns the bytes held."""
+        if w13.shape != self.w13.shape or w2.shape != self.w2.shape:
+            raise ValueError(
+                f"FP8 experts {tuple(w13.shape)} / {tuple(w2.shape)} for a block of "
+                f"{tuple(self.w13.shape)} / {tuple(self.w2.shape)}"
+            )
+        device = self.w13.device
+        self.fp8_w13, self.fp8_w2 = w13.contiguous().to(device), w2.contiguous().to(device)
+        self.fp8_w13_scale = w13_scale.float().contiguous().to(device)
+        self.fp8_w2_scale = w2_scale.float().contiguous().to(device)
+        self.fp8_block = fp8_block
+        for param in (self.w13, self.w2):
+            param.data = param.new_zeros(()).expand(param.shape)
+        held = (self.fp8_w13, self.fp8_w2, self.fp8_w13_scale, self.fp8_w2_scale)
+        return sum(t.nbytes for t in held)
+
     def forward(self, x: Tensor) -> Tensor:
         topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)
-        out = run_experts(x, self.w13, self.w2, topk_weights, topk_ids, self.packed_key)
+        if self.fp8_w13 is not None:
+            out = run_experts(
+                x,
+                self.fp8_w13,
+                self.fp8_w2,
+                topk_weights,
+                topk_ids,
+                self.packed_key,
+                self.fp8_w13_scale,
+                self.fp8_w2_scale,
+                self.fp8_block,
+            )
+        else:
+            out = run_experts(x, self.w13, self.w2, topk_weights, topk_ids, self.packed_key)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
@@ -161,12 +238,12 @@ def pack_expert_weights(model: nn.Module) -> None:
 
 # A checkpoint's per-expert tensor: Mixtral's block_sparse_moe.experts.N.w1/w3/w2 (gate, up,
 # down), Qwen-MoE's mlp.experts.N.gate_proj/up_proj/down_proj.
-_EXPERT_NAME = re.compile(
+EXPERT_NAME = re.compile(
     r"(?:model\.)?layers\.(?P<layer>\d+)\.(?:mlp|block_sparse_moe)\.experts\.(?P<expert>\d+)"
     r"\.(?P<part>w1|w2|w3|gate_proj|up_proj|down_proj)\.weight"
 )
 # part -> (the stacked parameter, which half of its rows: 0 gate, 1 up, None the whole)
-_EXPERT_PARTS = {
+EXPERT_PARTS = {
     "w1": ("w13", 0),
     "gate_proj": ("w13", 0),
     "w3": ("w13", 1),
@@ -186,11 +263,11 @@ class ExpertWeightCopy:
 
     def copy(self, hf_name: str, tensor: Tensor) -> bool:
         """Whether `hf_name` is an expert's tensor, then copied into its place."""
-        match = _EXPERT_NAME.fullmatch(hf_name)
+        match = EXPERT_NAME.fullmatch(hf_name)
         if match is None:
             return False
         layer, expert = int(match["layer"]), int(match["expert"])
-        stacked, half = _EXPERT_PARTS[match["part"]]
+        stacked, half = EXPERT_PARTS[match["part"]]
         layers = self._model.layers
         if layer >= len(layers):
             raise ValueError(f"checkpoint tensor {hf_name!r}: the model has {len(layers)} layers")

@@ -61,6 +61,7 @@ from aioserve.kernels.encoder_attention import encoder_attention_triton
 from aioserve.kernels.int8_linear import int8_linear_triton
 from aioserve.kernels.lora import add_lora_triton, lora_token_groups
 from aioserve.kernels.moe import fused_moe_triton
+from aioserve.kernels.moe_reference import MoeFp8Scales
 from aioserve.kernels.sampling.token_bitmask import apply_token_bitmask_triton
 from aioserve.platform import PlatformName
 from bench.kernel_case_types import Zeros
@@ -99,7 +100,12 @@ class Target:
 TARGETS = {
     "hopper": Target("cuda", "sm_90", GPUTarget("cuda", 90, 32), 132, 232_448),
     "ampere": Target(
-        "cuda", "sm_80", GPUTarget("cuda", 80, 32), 108, 101_376, never_launched=("fp8_linear",)
+        "cuda",
+        "sm_80",
+        GPUTarget("cuda", 80, 32),
+        108,
+        101_376,
+        never_launched=("fp8_linear", "fp8_block_linear"),
     ),
     "cdna3": Target("rocm", "gfx942", GPUTarget("hip", "gfx942", 64), 304, 65_536),
     "cdna2": Target("rocm", "gfx90a", GPUTarget("hip", "gfx90a", 64), 110, 65_536),
@@ -290,16 +296,32 @@ def _lora_launches(dtypes: tuple[torch.dtype, ...]) -> None:
 def _moe_launches(dtypes: tuple[torch.dtype, ...]) -> None:
     """Not a bench case (its experts would be zeroed, 2.8 GB at Mixtral's shape): the fused
     MoE of MOE_MODELS over MOE_TOKENS, the experts' weights left unwritten (no kernel
-    runs), token t routed to experts t·k .. t·k + k - 1 modulo E."""
+    runs), token t routed to experts t·k .. t·k + k - 1 modulo E; and where the device has
+    e4m3, with block-wise FP8 experts (128 × 128 blocks; the small model's w13 with a scale
+    row a weight row, as a stacked gate/up whose gate ends inside a block has it)."""
+    fp8_dtype = None if platform.e4m3_missing() is not None else platform.e4m3_dtype()
     for moe, dtype in itertools.product(MOE_MODELS, dtypes):
         h, i, e, k = moe.hidden, moe.intermediate, moe.experts, moe.top_k
-        w13 = torch.empty(e, 2 * i, h, dtype=dtype)
-        w2 = torch.empty(e, h, i, dtype=dtype)
-        for tokens in MOE_TOKENS:
+        experts = [(torch.empty(e, 2 * i, h, dtype=dtype), torch.empty(e, h, i, dtype=dtype), None)]
+        if fp8_dtype is not None:
+            w13_rows = 1 if moe is SMALL_MOE else 128
+            scales = MoeFp8Scales(
+                torch.empty(e, -(-2 * i // w13_rows), -(-h // 128)),
+                torch.empty(e, -(-h // 128), -(-i // 128)),
+                w13_rows,
+                128,
+                128,
+            )
+            w13, w2 = (
+                torch.empty(e, 2 * i, h, dtype=fp8_dtype),
+                torch.empty(e, h, i, dtype=fp8_dtype),
+            )
+            experts.append((w13, w2, scales))
+        for (w13, w2, scales), tokens in itertools.product(experts, MOE_TOKENS):
             x = torch.zeros(tokens, h, dtype=dtype)
             topk_ids = (torch.arange(tokens * k) % e).view(tokens, k).to(torch.int32)
             topk_weights = torch.full((tokens, k), 1 / k)
-            fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+            fused_moe_triton(x, w13, w2, topk_weights, topk_ids, scales)
 
 
 def compile_key(launch: Launch, arch: str) -> str:

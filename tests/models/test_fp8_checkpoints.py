@@ -195,7 +195,6 @@ def _with_config(tmp_path, update: dict, fmt: str = "fp8"):
     ("update", "fmt", "message"),
     [
         ({"activation_scheme": "static"}, "fp8", "activation_scheme 'static' is not supported"),
-        ({"weight_block_size": [128, 128]}, "fp8", "block-wise weight scales"),
         ({"format": "pack-quantized"}, "compressed-tensors", "format 'pack-quantized'"),
         ({"config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "group"},
                                   "input_activations": {"dynamic": True, "type": "float"}}}},

@@ -17,10 +17,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
+from aioserve.engine import build
 from aioserve.engine.build import check_moe_weights
 from aioserve.kernels.moe_reference import select_experts
 from aioserve.models import moe as moe_module
 from aioserve.models.checkpoint import open_checkpoint
+from aioserve.models.fp8_weights import Fp8Scheme
 from aioserve.models.linear import onednn_packs
 from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import LoRAAdapterError, lora_targets, read_lora_adapter
@@ -149,6 +151,23 @@ def test_the_custom_op_passes_torch_opcheck(dtype, top_k):
     assert torch.ops.aioserve.fused_moe(*args).is_contiguous()
 
 
+def test_the_custom_op_passes_torch_opcheck_with_fp8_experts():
+    """With block-wise FP8 experts, their scales and blocks as the op's last arguments."""
+    gen = torch.Generator().manual_seed(0)
+    w13 = torch.randn(4, 32, 16, generator=gen).to(torch.float8_e4m3fn)
+    w2 = torch.randn(4, 16, 16, generator=gen).to(torch.float8_e4m3fn)
+    w13_scale, w2_scale = torch.rand(4, 32, 1, generator=gen), torch.rand(4, 1, 1, generator=gen)
+    x = torch.randn(5, 16, generator=gen).bfloat16()
+    weights, ids = select_experts(torch.randn(5, 4, generator=gen), 2, True)
+    args = (x, w13, w2, weights, ids, -1, w13_scale, w2_scale, [1, 16, 16])
+    # Not "test_schema": its check for mutated inputs compares them with torch ops that
+    # have no float8 kernel on the CPU.
+    checks = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.aioserve.fused_moe.default, args, test_utils=checks)
+    out = torch.ops.aioserve.fused_moe(*args)
+    assert out.dtype == torch.bfloat16 and out.is_contiguous()
+
+
 def _tiny_block(experts: int = 4) -> SparseMoeBlock:
     config = Qwen3MoeConfig(
         hidden_size=16, moe_intermediate_size=16, num_experts=experts, num_experts_per_tok=2
@@ -223,32 +242,51 @@ def test_sparse_layers_follow_the_config():
     assert [is_sparse_layer(every_other, i) for i in range(4)] == [False, True, False, True]
 
 
+_UNQUANTIZED = dict(
+    load_format="safetensors", int4_scheme=None, fp8_scheme=None, int8_scheme=None,
+    quantize_to_fp8=False,
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "quantized, named",
     [
         (dict(load_format="gguf"), "a GGUF file"),
-        (dict(fp8_scheme=object()), "FP8 weights"),
         (dict(int8_scheme=object()), "INT8 weights"),
         (dict(int4_scheme=SimpleNamespace(method="awq")), "AWQ weights"),
     ],
 )
 def test_quantized_experts_are_refused_by_name(quantized, named):
-    fields = dict(
-        load_format="safetensors",
-        int4_scheme=None,
-        fp8_scheme=None,
-        int8_scheme=None,
-        quantize_to_fp8=False,
-    )
-    moe_checkpoint = SimpleNamespace(hf_config=tiny_moe_configs()["mixtral"], **fields)
+    moe_checkpoint = SimpleNamespace(hf_config=tiny_moe_configs()["mixtral"], **_UNQUANTIZED)
     check_moe_weights(moe_checkpoint)  # 16-bit: served
     moe_checkpoint.__dict__.update(quantized)
     with pytest.raises(
         ValueError, match=rf"mixture-of-experts models \(MixtralForCausalLM\) with {named}"
     ):
         check_moe_weights(moe_checkpoint)
-    dense = SimpleNamespace(hf_config=SimpleNamespace(hidden_size=8), **{**fields, **quantized})
+    dense = SimpleNamespace(
+        hf_config=SimpleNamespace(hidden_size=8), **{**_UNQUANTIZED, **quantized}
+    )
     check_moe_weights(dense)  # a dense model's quantization is not this check's business
+
+
+def test_fp8_experts_are_served_but_per_channel_ones_on_a_gpu(monkeypatch):
+    """FP8 experts are dequantized at load on the CPU (and on a GPU without e4m3), kept
+    as stored on a GPU with block-wise scales, and refused there without."""
+    per_channel, block = Fp8Scheme("compressed-tensors"), Fp8Scheme("fp8", (128, 128))
+    config = tiny_moe_configs()["qwen3-moe"]
+    for scheme in (per_channel, block):
+        check_moe_weights(
+            SimpleNamespace(hf_config=config, **{**_UNQUANTIZED, "fp8_scheme": scheme})
+        )
+    monkeypatch.setattr(build, "is_gpu", lambda: True)
+    monkeypatch.setattr(build, "e4m3_missing", lambda: None)
+    check_moe_weights(SimpleNamespace(hf_config=config, **{**_UNQUANTIZED, "fp8_scheme": block}))
+    checkpoint = SimpleNamespace(hf_config=config, **{**_UNQUANTIZED, "fp8_scheme": per_channel})
+    with pytest.raises(ValueError, match="per-tensor or per-channel FP8 weights on a GPU"):
+        check_moe_weights(checkpoint)
+    monkeypatch.setattr(build, "e4m3_missing", lambda: "sm_80 has no e4m3")
+    check_moe_weights(checkpoint)  # dequantized at load there
 
 
 def test_quantize_to_fp8_is_refused_for_moe_models():
