@@ -47,71 +47,85 @@ _next_packed_key = itertools.count()
 
 
 def _fused_moe_op(
-    x: Tensor,
-    w13: Tensor,
-    w2: Tensor,
-    topk_weights: Tensor,
-    topk_ids: Tensor,
-    packed_key: int,
-    w13_scale: Tensor | None = None,
-    w2_scale: Tensor | None = None,
-    fp8_block: list[int] | tuple[int, ...] = (),
+    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
 ) -> Tensor:
     packed_w13, packed_w2 = (
         ((), ()) if packed_key == _NO_PACKED_EXPERTS else _PACKED_EXPERTS[packed_key]
     )
-    fp8 = None
-    if w13_scale is not None and w2_scale is not None:
-        fp8 = MoeFp8Scales(w13_scale, w2_scale, *fp8_block)
-    return fused_moe(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2, fp8)
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, packed_w13, packed_w2)
+
+
+def _fused_moe_fp8_op(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    w13_scale: Tensor,
+    w2_scale: Tensor,
+    fp8_block: list[int],
+) -> Tensor:
+    fp8 = MoeFp8Scales(w13_scale, w2_scale, *fp8_block)
+    return fused_moe(x, w13, w2, topk_weights, topk_ids, fp8=fp8)
 
 
 # Registered through torch.library.Library, as models/lora_op.py's op is: custom_op's Python
 # layers cost a few microseconds more a call. The key is a SymInt, as paged attention's
-# layer index is: as a plain int, dynamo would compile a layer graph for every block. FP8
-# experts pass their scales and `fp8_block` = [w13's block rows, w2's, the block columns].
+# layer index is: as a plain int, dynamo would compile a layer graph for every block.
+# Block-wise FP8 experts take an op of their own, with their scales and `fp8_block` = [w13's
+# block rows, w2's, the block columns]: optional arguments on the one op crashed the CPU's
+# one-row graph (inductor's C++ wrapper) with a segmentation fault.
 _LIBRARY = torch.library.Library("aioserve", "FRAGMENT")
 _LIBRARY.define(
     "fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
-    "SymInt packed_key, Tensor? w13_scale=None, Tensor? w2_scale=None, "
-    "int[] fp8_block=[]) -> Tensor"
+    "SymInt packed_key) -> Tensor"
 )
 _LIBRARY.impl("fused_moe", _fused_moe_op, "CompositeExplicitAutograd")
+_LIBRARY.define(
+    "fused_moe_fp8(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, "
+    "Tensor w13_scale, Tensor w2_scale, int[] fp8_block) -> Tensor"
+)
+_LIBRARY.impl("fused_moe_fp8", _fused_moe_fp8_op, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("aioserve::fused_moe")
 def _(
-    x: Tensor,
-    w13: Tensor,
-    w2: Tensor,
-    topk_weights: Tensor,
-    topk_ids: Tensor,
-    packed_key: int,
-    w13_scale: Tensor | None = None,
-    w2_scale: Tensor | None = None,
-    fp8_block: list[int] | tuple[int, ...] = (),
+    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
 ) -> Tensor:
     return x.new_empty(x.shape)
 
 
+@torch.library.register_fake("aioserve::fused_moe_fp8")
+def _(x: Tensor, *_: object) -> Tensor:
+    return x.new_empty(x.shape)
+
+
 def run_experts(
+    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, packed_key: int
+) -> Tensor:
+    """The routed experts' weighted sum [T, H] (kernels/moe.py), an opaque op when compiled;
+    `packed_key` names the experts' packed weights (`pack_expert_weights`), if any."""
+    if torch.compiler.is_compiling():
+        return torch.ops.aioserve.fused_moe(x, w13, w2, topk_weights, topk_ids, packed_key)
+    return _fused_moe_op(x, w13, w2, topk_weights, topk_ids, packed_key)
+
+
+def run_fp8_experts(
     x: Tensor,
     w13: Tensor,
     w2: Tensor,
     topk_weights: Tensor,
     topk_ids: Tensor,
-    packed_key: int,
-    w13_scale: Tensor | None = None,
-    w2_scale: Tensor | None = None,
-    fp8_block: tuple[int, ...] = (),
+    w13_scale: Tensor,
+    w2_scale: Tensor,
+    fp8_block: tuple[int, ...],
 ) -> Tensor:
-    """The routed experts' weighted sum [T, H] (kernels/moe.py), an opaque op when compiled;
-    `packed_key` names the experts' packed weights (`pack_expert_weights`), if any; FP8
-    experts come with their block scales and `fp8_block` (the op's comment)."""
-    args = (x, w13, w2, topk_weights, topk_ids, packed_key, w13_scale, w2_scale, list(fp8_block))
+    """`run_experts` for block-wise FP8 experts, with their scales and `fp8_block` (the
+    op's comment)."""
+    args = (x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, list(fp8_block))
     if torch.compiler.is_compiling():
-        return torch.ops.aioserve.fused_moe(*args)
-    return _fused_moe_op(*args)
+        return torch.ops.aioserve.fused_moe_fp8(*args)
+    return _fused_moe_fp8_op(*args)
 
 
 def num_experts(config: PretrainedConfig) -> int:
@@ -200,13 +214,12 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.renormalize)
         if self.fp8_w13 is not None:
-            out = run_experts(
+            out = run_fp8_experts(
                 x,
                 self.fp8_w13,
                 self.fp8_w2,
                 topk_weights,
                 topk_ids,
-                self.packed_key,
                 self.fp8_w13_scale,
                 self.fp8_w2_scale,
                 self.fp8_block,

@@ -152,19 +152,19 @@ def test_the_custom_op_passes_torch_opcheck(dtype, top_k):
 
 
 def test_the_custom_op_passes_torch_opcheck_with_fp8_experts():
-    """With block-wise FP8 experts, their scales and blocks as the op's last arguments."""
+    """The op of block-wise FP8 experts, their scales and blocks its last arguments."""
     gen = torch.Generator().manual_seed(0)
     w13 = torch.randn(4, 32, 16, generator=gen).to(torch.float8_e4m3fn)
     w2 = torch.randn(4, 16, 16, generator=gen).to(torch.float8_e4m3fn)
     w13_scale, w2_scale = torch.rand(4, 32, 1, generator=gen), torch.rand(4, 1, 1, generator=gen)
     x = torch.randn(5, 16, generator=gen).bfloat16()
     weights, ids = select_experts(torch.randn(5, 4, generator=gen), 2, True)
-    args = (x, w13, w2, weights, ids, -1, w13_scale, w2_scale, [1, 16, 16])
+    args = (x, w13, w2, weights, ids, w13_scale, w2_scale, [1, 16, 16])
     # Not "test_schema": its check for mutated inputs compares them with torch ops that
     # have no float8 kernel on the CPU.
     checks = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(torch.ops.aioserve.fused_moe.default, args, test_utils=checks)
-    out = torch.ops.aioserve.fused_moe(*args)
+    torch.library.opcheck(torch.ops.aioserve.fused_moe_fp8.default, args, test_utils=checks)
+    out = torch.ops.aioserve.fused_moe_fp8(*args)
     assert out.dtype == torch.bfloat16 and out.is_contiguous()
 
 
