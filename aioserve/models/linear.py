@@ -69,6 +69,7 @@ from aioserve.kernels.gguf_linear_reference import int4_linear
 from aioserve.kernels.int4_group_linear import int4_group_linear
 from aioserve.kernels.int8_linear import int8_linear
 from aioserve.models.lora_op import add_step_lora
+from aioserve.platform import cpu_flags
 
 # At or below this many rows the CPU computes W @ xᵀ (the crossover measured at 128–256).
 SMALL_BATCH_ROWS = 128
@@ -78,11 +79,21 @@ INVARIANT_TILE_ROWS = 16
 # The row count oneDNN lays a packed weight out for; 1, 64 and 2,048 measured alike.
 PACKED_FOR_ROWS = 64
 
-# Up to this many rows a product reads a GGUF 4-bit checkpoint's weights as stored, where
-# the model keeps them (models/gguf_weights.py): torch's int4 op walks the weight once per
-# row, so it gains 2-3x at one to four rows and nothing from about eight on
-# (`python bench/packed_products.py`).
-INT4_MAX_ROWS = 4
+
+def int4_max_rows(flags: frozenset[str]) -> int:
+    """Up to how many rows a product reads a GGUF 4-bit checkpoint's weights as stored,
+    where the model keeps them (models/gguf_weights.py), on a CPU with `flags`: torch's int4
+    op walks the weight once per row, and the rows where it still beats oneDNN's bfloat16
+    product on packed weights depend on that product (`python bench/packed_products.py`,
+    SmolLM2's 120 layer products). With AMX tiles (a Xeon) it gained 2-3x at one to four
+    rows and nothing from about eight on. With AVX-512-BF16 alone (a Zen 5 EPYC), 3.8
+    against 8.0 ms at four rows, 5.8-6.1 against 7.8-9.0 at five to eight, even at twelve,
+    behind at sixteen: eight there, so that a step of a few sequences, or one sequence and
+    its drafts (engine/speculation.py), still reads a third of the bytes."""
+    return 4 if "amx_bf16" in flags else 8
+
+
+INT4_MAX_ROWS = int4_max_rows(cpu_flags())
 
 
 def onednn_packs(dtype: torch.dtype) -> bool:
