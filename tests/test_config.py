@@ -13,6 +13,7 @@ from aioserve.config.arguments import ARGUMENTS
 from aioserve.config.declaration import FRONTEND, ConfigError
 from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
 from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, add_engine_arguments
+from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.build import check_long_prefill_token_threshold
 
 GiB = 2**30
@@ -151,6 +152,7 @@ SUPPORTED_FLAGS = [
     (["--guided-decoding-disable-any-whitespace"], "decoding.guided_decoding_disable_any_whitespace", True),
     (["--guided-decoding-disable-additional-properties"], "decoding.guided_decoding_disable_additional_properties", True),
     (["--structured-outputs-config", '{"backend": "outlines"}'], "decoding.structured_outputs_config", {"backend": "outlines"}),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative.speculative_config", NgramSpeculation(3, 5, 5)),
 ]  # fmt: skip
 
 
@@ -175,6 +177,7 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
         config.scheduler,
         config.decoding,
         config.lora,
+        config.speculative,
     )
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
     assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}
@@ -320,7 +323,7 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
         (["--kv-sharing-fast-prefill"], "--kv-sharing-fast-prefill"),
         (["--enable-lora-bias"], "--enable-lora-bias"),
         (["--fully-sharded-loras"], "--fully-sharded-loras"),
-        (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
+        (["--num-speculative-tokens", "4"], "--num-speculative-tokens"),
         (["-O3"], "--compilation-config (-O)"),
         (["--device", "cpu"], "--device"),
         (["--use-v2-block-manager"], "--use-v2-block-manager"),
@@ -414,7 +417,7 @@ def test_help_lists_supported_groups_then_the_unsupported_ones():
         "--headless",
         "--kv-sharing-fast-prefill",
         "--device",
-        "--speculative-config",
+        "--speculative-model",
     ):
         assert flag in unsupported_part
     assert "--max-num-seqs" not in unsupported_part

@@ -33,6 +33,7 @@ from aioserve.config.declaration import (
     Kind,
     PlatformDefault,
 )
+from aioserve.config.speculative import speculative_config
 
 # The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
 # (a test checks); it is repeated here so that `--help` does not import the model code.
@@ -483,7 +484,12 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("max-prompt-adapters", PROMPT_ADAPTER, 1, "Most prompt adapters in a batch."),
     _vllm("max-prompt-adapter-token", PROMPT_ADAPTER, 0, "Most virtual tokens in a prompt adapter."),
     # --- SpeculativeConfig -----------------------------------------------------------------
-    _vllm("speculative-config", SPECULATIVE, None, "All speculative-decoding settings.", "json"),
+    Argument("speculative-config", SPECULATIVE, None,
+             "Speculative decoding, as JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": "
+             "4, \"prompt_lookup_max\": 5, \"prompt_lookup_min\": 2} drafts tokens by finding "
+             "the output's last n-gram earlier in the sequence; a step checks them all at once "
+             "(engine/speculation.py). Without --async-scheduling.", "json",
+             convert=speculative_config),
     _vllm("speculative-model", SPECULATIVE, None, "Draft model."),
     _vllm("speculative-model-quantization", SPECULATIVE, None, "Quantization of the draft model."),
     _vllm("num-speculative-tokens", SPECULATIVE, None, "Tokens the draft proposes per step."),

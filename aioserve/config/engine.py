@@ -36,6 +36,7 @@ from aioserve.config.arguments import (
     argument,
 )
 from aioserve.config.declaration import ConfigError, checked_values
+from aioserve.config.speculative import NgramSpeculation
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,11 @@ class DecodingConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    speculative_config: NgramSpeculation | None  # None: no speculative decoding
+
+
+@dataclass(frozen=True)
 class LoRAConfig:
     enable_lora: bool
     max_loras: int
@@ -124,6 +130,7 @@ class EngineConfig:
     scheduler: SchedulerConfig
     decoding: DecodingConfig
     lora: LoRAConfig
+    speculative: SpeculativeConfig = SpeculativeConfig(None)
     # For `serve` (vLLM's OPENAI_API_SERVER usage context), not the offline engine: some
     # platform defaults differ between the two (PlatformDefault.cpu_server).
     serving: bool = False
@@ -168,8 +175,22 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         scheduler=section(SchedulerConfig),
         decoding=section(DecodingConfig),
         lora=_checked_lora(section(LoRAConfig)),
+        speculative=_checked_speculative(section(SpeculativeConfig), section(SchedulerConfig)),
         serving=serving,
     )
+
+
+def _checked_speculative(
+    speculative: SpeculativeConfig, scheduler: SchedulerConfig
+) -> SpeculativeConfig:
+    """Speculation needs the host to know each step's tokens before it plans the next:
+    refused with --async-scheduling, before any model is loaded."""
+    if speculative.speculative_config is not None and scheduler.async_scheduling:
+        raise ConfigError(
+            "--async-scheduling cannot be combined with --speculative-config: a step's "
+            "drafts are looked up in the tokens the step before it sampled"
+        )
+    return speculative
 
 
 def _checked_lora(lora: LoRAConfig) -> LoRAConfig:

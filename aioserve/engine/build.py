@@ -294,6 +294,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
     if serves_pooling(model_cfg, hf_config):
         if config.lora.enable_lora:
             raise ValueError("--enable-lora: LoRA adapters on pooling models are not supported yet")
+        if config.speculative.speculative_config is not None:
+            raise ValueError("--speculative-config: a pooling model samples no tokens to draft")
         return build_pooling_engine(config, checkpoint, tokenizer)
 
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
@@ -437,6 +439,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     generation = _generation_defaults(config, checkpoint)
     default_sampling = {k: generation[k] for k in _DEFAULT_SAMPLING_KEYS if k in generation}
     served = model_cfg.served_model_name or [model_cfg.model]
+    speculation = config.speculative.speculative_config
     settings = EngineSettings(
         model_name=model_cfg.model,
         served_model_names=list(served),
@@ -450,7 +453,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
         enable_chunked_prefill=chunked,
         enable_prefix_caching=cache_cfg.enable_prefix_caching,
         scheduling_policy=sched_cfg.scheduling_policy,
-        async_scheduling=resolve_async_scheduling(sched_cfg.async_scheduling, platform),
+        async_scheduling=resolve_async_scheduling(
+            sched_cfg.async_scheduling, platform, speculation is not None
+        ),
+        speculation=speculation,
         max_logprobs=model_cfg.max_logprobs,
         seed=model_cfg.seed,
         eos_token_ids=_eos_token_ids(tokenizer, generation, hf_config),
@@ -480,6 +486,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_tokens,
         "on" if settings.async_scheduling else "off",
     )
+    if speculation is not None:
+        logger.info("speculative decoding: %s", speculation.describe())
     return EngineParts(
         settings=settings,
         tokenizer=tokenizer,

@@ -84,6 +84,7 @@ class EngineLoop:
             policy=s.scheduling_policy,
             long_prefill_token_threshold=s.long_prefill_token_threshold,
             max_loras=s.max_loras,
+            speculation=s.speculation,
         )
         self.lora_adapters = parts.lora_adapters
         self.load_shedder = LoadShedder(
@@ -324,13 +325,17 @@ class EngineLoop:
             scored = prompt_logprobs.get(request_id) if prompt_logprobs else None
             if scored is not None:  # complete with the prompt's last chunk, which samples
                 self.output_processor.add_prompt_logprobs(state, *scored)
-            new_tokens = sampled.get(request_id)
-            if not new_tokens:
+            appended = sampled.get(request_id)  # cut by the scheduler after a stop
+            if not appended:
                 continue
-            # The scheduler may have stopped before taking every sampled token.
-            output_ids = request.output_token_ids
-            appended = output_ids[len(output_ids) - len(new_tokens) :]
-            if process_tokens(sample, appended, logprobs.get(request_id) if logprobs else None):
+            token_logprobs = logprobs.get(request_id) if logprobs else None
+            if token_logprobs is not None:
+                token_logprobs = token_logprobs[: len(appended)]
+            kept = process_tokens(sample, appended, token_logprobs)
+            if kept is not None:
+                if kept < len(appended):  # sampled past the stop string, with drafts
+                    del request.output_token_ids[kept - len(appended) :]
+                    appended = appended[:kept]
                 request.stop_reason = sample.stop_reason
                 stopped_by_text.append(request_id)
             if request.matcher is not None:

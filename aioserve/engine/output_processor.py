@@ -133,8 +133,35 @@ class OutputProcessor:
         sample: SampleState,
         new_token_ids: list[int],
         new_logprobs: list[TokenLogprobs] | None,
+    ) -> int | None:
+        """Take a sample's new tokens. If a stop string ended the sample, the number of them
+        it keeps: a step with drafts may have sampled more after the one that completed
+        the stop string, which the caller drops. None while no stop string ended it."""
+        request = sample.request
+        if sample.stop_matcher is not None and len(new_token_ids) > 1:
+            num_before = len(request.output_token_ids) - len(new_token_ids)
+            for i, token_id in enumerate(new_token_ids):
+                lp = None if new_logprobs is None else new_logprobs[i : i + 1]
+                last = i == len(new_token_ids) - 1
+                if self._take_tokens(sample, [token_id], lp, num_before + i + 1, last):
+                    return i + 1
+            return None
+        num_output = len(request.output_token_ids)
+        if self._take_tokens(sample, new_token_ids, new_logprobs, num_output, True):
+            return len(new_token_ids)
+        return None
+
+    def _take_tokens(
+        self,
+        sample: SampleState,
+        new_token_ids: list[int],
+        new_logprobs: list[TokenLogprobs] | None,
+        num_output: int,
+        ends_step: bool,
     ) -> bool:
-        """Take a sample's new tokens; True if a stop string ended the sample."""
+        """process_tokens of tokens that bring the sample to `num_output` tokens, the step's
+        last among them if `ends_step` (the one that an end by the scheduler is about);
+        True if a stop string ended the sample."""
         request = sample.request
         if new_logprobs is not None and sample.logprobs is not None:
             for token_id, lp in zip(new_token_ids, new_logprobs, strict=True):
@@ -143,9 +170,10 @@ class OutputProcessor:
         if sample.detokenizer is None:
             return False
         tokens = new_token_ids
-        status = request.status
+        finished = ends_step and request.status.is_finished
         if (
-            status.finish_reason == "stop"
+            finished
+            and request.status.finish_reason == "stop"
             and not request.sampling_params.include_stop_str_in_output
             and tokens
         ):
@@ -158,10 +186,10 @@ class OutputProcessor:
             if piece:
                 pieces.append(piece)
             return False
-        if len(request.output_token_ids) <= request.sampling_params.min_tokens:
+        if num_output <= request.sampling_params.min_tokens:
             # Like vLLM, stop strings are only looked for once min_tokens are out.
             pieces.append(matcher.emit_unchecked(piece))
-            if status.is_finished:  # its length reached within min_tokens
+            if finished:  # its length reached within min_tokens
                 pieces.append(matcher.flush())
             return False
         safe, matched = matcher.process(piece)
@@ -170,7 +198,7 @@ class OutputProcessor:
             sample.finish_reason = "stop"
             sample.stop_reason = matched
             return True
-        if status.is_finished:
+        if finished:
             pieces.append(matcher.flush())
         return False
 

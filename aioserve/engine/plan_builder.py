@@ -51,14 +51,25 @@ def new_sequence(request: Request) -> NewSequence:
 
 
 def sequence_chunk(
-    request: Request, start: int, num_tokens: int, samples: bool, kv_cache: KVCacheManager
+    request: Request,
+    start: int,
+    num_tokens: int,
+    samples: bool,
+    kv_cache: KVCacheManager,
+    drafts: list[int] | None = None,
 ) -> SequenceChunk:
-    """The chunk start..start+num_tokens of `request`; marks its new blocks as sent."""
+    """The chunk start..start+num_tokens of `request`, its last tokens its `drafts` if it
+    has some; marks its new blocks as sent."""
     table = kv_cache.block_table(request.request_id)
     new_block_ids = table[request.num_blocks_sent :]
     request.num_blocks_sent = len(table)
     end = start + num_tokens
     num_known = len(request.prompt_token_ids) + len(request.output_token_ids)  # num_tokens
+    if drafts:
+        token_ids = request.token_ids_range(start, end - len(drafts)) + drafts
+        return SequenceChunk(
+            request.request_id, start, num_tokens, token_ids, new_block_ids, samples, len(drafts)
+        )
     if end <= num_known:
         token_ids = request.token_ids_range(start, end)
     elif num_tokens == 1 and start == num_known:

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -94,6 +96,9 @@ class Request:
     advanced by each token it keeps (None: unconstrained)."""
     reasoning_gate: ReasoningGate | None = None
     """Holds the matcher back while the output still reasons (step_masks.py)."""
+    _history: np.ndarray | None = field(default=None, repr=False)
+    """Prompt and output tokens as an array, for the n-gram lookup (`token_history`)."""
+    _history_len: int = 0
 
     @property
     def lora_id(self) -> int:
@@ -125,6 +130,27 @@ class Request:
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt : end - n_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    def token_history(self) -> np.ndarray:
+        """Its prompt and output tokens as one int64 array, kept between calls (the n-gram
+        lookup of speculative decoding reads them every step): each call copies only the
+        tokens appended since the last, into room that doubles when it runs out."""
+        num_prompt = len(self.prompt_token_ids)
+        length = num_prompt + len(self.output_token_ids)
+        history = self._history
+        if history is None or history.size < length:
+            grown = np.empty(max(2 * length, 64), dtype=np.int64)
+            if history is None:
+                grown[:num_prompt] = self.prompt_token_ids
+                self._history_len = num_prompt
+            else:
+                grown[: self._history_len] = history[: self._history_len]
+            history = self._history = grown
+        start = self._history_len
+        if start < length:
+            history[start:length] = self.output_token_ids[start - num_prompt :]
+            self._history_len = length
+        return history[:length]
 
     @property
     def is_finished(self) -> bool:

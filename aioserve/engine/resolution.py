@@ -79,8 +79,12 @@ def resolve_max_model_len(
     return requested
 
 
-def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:
-    """--async-scheduling as given, else on for a GPU and off for the CPU.
+def resolve_async_scheduling(
+    requested: bool | None, platform: str, speculating: bool = False
+) -> bool:
+    """--async-scheduling as given, else on for a GPU and off for the CPU; always off with
+    speculative decoding, whose drafts come from the tokens of the step before (the two
+    together are refused with the configuration, config/engine.py).
 
     On a GPU the overlap hides the host's work behind the device's (bench/host_overhead.py).
     On the CPU the host and the model step share the cores, and on a 2-core EPYC four runs
@@ -88,6 +92,8 @@ def resolve_async_scheduling(requested: bool | None, platform: str) -> bool:
     without (bench/RESULTS.md): no gain, so the CPU keeps the simpler sequential mode,
     which also computes no token for a request that has already finished.
     """
+    if speculating:
+        return False
     if requested is not None:
         return requested
     return platform_default("async_scheduling", platform)

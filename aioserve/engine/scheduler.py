@@ -29,6 +29,15 @@ runner takes it from its own record) and which `update` later turns into a known
 A sequence whose pending tokens will reach its max_tokens or the context limit is not
 scheduled again; its last result ends it.
 
+With speculative decoding (`speculation`, vLLM's --speculative-config method "ngram"), a
+decode whose last tokens occurred earlier in its sequence also computes the tokens that
+followed them there (its drafts, speculation.py) and samples at each; `update` keeps the
+drafts its samples confirmed and counts only their KV as computed (the rest is written
+over later). Drafts are added once every sequence has its chunk,
+from the budget and KV blocks left (they never preempt), and never pass the request's
+max_tokens or the context. They need the host to know the
+sequence's tokens, so speculation runs without asynchronous scheduling (resolution.py).
+
 Each `schedule()` also describes the step in plain data for the runner (`StepPlan`):
 sequences entering the runner, the chunks, and the sequences that left it since.
 """
@@ -40,9 +49,11 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.kv_cache_manager import KVCacheManager
 from aioserve.engine.plan_builder import new_sequence, sequence_chunk
 from aioserve.engine.request import Request, RequestStatus
+from aioserve.engine.speculation import propose_ngram_drafts
 from aioserve.runner.step_plan import StepPlan
 
 # Read for every sequence on every step; an enum member looked up on its class costs ~90 ns.
@@ -57,6 +68,7 @@ class ScheduledChunk:
     num_computed_tokens: int
     num_tokens: int
     samples: bool  # the chunk reaches the sequence's last (known or pending) token
+    drafts: list[int] = field(default_factory=list)  # its last len(drafts) tokens (speculative)
 
 
 @dataclass
@@ -77,6 +89,12 @@ class SchedulerOutput:
 @dataclass
 class SchedulerStats:
     num_preemptions: int = 0
+    # Speculative decoding, as vLLM counts it: chunks with drafts, drafts, drafts kept, and
+    # per draft position the chunks that kept it.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -91,6 +109,7 @@ class Scheduler:
         policy: str = "fcfs",
         long_prefill_token_threshold: int = 0,
         max_loras: int = 0,
+        speculation: NgramSpeculation | None = None,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
@@ -102,7 +121,10 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = policy
+        self.speculation = speculation
         self.stats = SchedulerStats()
+        if speculation is not None:
+            self.stats.num_accepted_tokens_per_pos = [0] * speculation.num_speculative_tokens
         self.running: list[Request] = []
         self._running_sorted = True  # admissions append out of rank order
         # A heap of (rank, tiebreak, request): siblings of an n > 1 request share a rank.
@@ -248,13 +270,20 @@ class Scheduler:
             budget -= num_new
         for entry in passed_over:
             heapq.heappush(self._waiting, entry)
+        if self.speculation is not None and budget > 0:
+            self._add_drafts(chunks, budget, cap)
         if not chunks:  # no step: the runner hears of departures with the next one
             return SchedulerOutput(chunks, preempted)
         plan = StepPlan(
             new_sequences=[new_sequence(r) for r in admitted],
             chunks=[
                 sequence_chunk(
-                    c.request, c.num_computed_tokens, c.num_tokens, c.samples, self.kv_cache
+                    c.request,
+                    c.num_computed_tokens,
+                    c.num_tokens,
+                    c.samples,
+                    self.kv_cache,
+                    c.drafts,
                 )
                 for c in chunks
             ],
@@ -272,6 +301,43 @@ class Scheduler:
         if samples:
             request.num_pending_tokens += 1
         return ScheduledChunk(request, start, num_new, samples)
+
+    def _add_drafts(self, chunks: list[ScheduledChunk], budget: int, cap: int) -> None:
+        """Give the step's decodes their drafts, in rank order, from the budget and KV blocks
+        every chunk has left: a draft never takes what a sequence needs to go on."""
+        for chunk in chunks:
+            if budget <= 0:
+                return
+            request = chunk.request
+            if chunk.num_tokens != 1 or not chunk.samples:
+                continue
+            room = min(budget, cap - 1) if cap else budget
+            drafts = self._drafts(request, room)
+            # The chunk's one token is counted in num_computed_tokens already.
+            if drafts and self.kv_cache.allocate(request, len(drafts)):
+                chunk.num_tokens += len(drafts)
+                chunk.drafts = drafts
+                request.num_computed_tokens += len(drafts)
+                budget -= len(drafts)
+
+    def _drafts(self, request: Request, room: int) -> list[int]:
+        """The drafts of a decode scheduled this step, at most `room` and as many as its
+        max_tokens and the context leave room for; none for a constrained sequence
+        (structured output, bad words), whose drafts its matcher would have to check
+        first."""
+        if request.matcher is not None or not request.output_token_ids:
+            return []
+        num_output = len(request.output_token_ids)
+        num_tokens = len(request.prompt_token_ids) + num_output
+        room = min(
+            room,
+            self.speculation.num_speculative_tokens,
+            request.max_tokens - num_output - 1,
+            self.max_model_len - num_tokens - 1,
+        )
+        if room < 1:
+            return []
+        return propose_ngram_drafts(request.token_history(), self.speculation, room)
 
     def _tokens_to_compute(self, request: Request, budget: int, cap: int) -> int:
         pending = request.num_pending_tokens
@@ -306,7 +372,8 @@ class Scheduler:
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         """Record a finished step: its sampled tokens are appended, its full blocks cached.
 
-        `sampled` maps request id to the tokens sampled for it this step. A request
+        `sampled` maps request id to the tokens sampled for it this step; a list is cut
+        after a token that ends its request (a speculative step samples several). A request
         preempted while the step ran keeps its token (it was sampled from a valid state);
         one that ended meanwhile drops it. Stop conditions on tokens (EOS, stop_token_ids,
         max_tokens, context length) end requests here, and a pooling request ends with the
@@ -327,19 +394,28 @@ class Scheduler:
                     request.status = RequestStatus.FINISHED_STOPPED
                     finished.append(request)
                 continue
-            for token_id in sampled.get(request.request_id, ()):
+            new_tokens = sampled.get(request.request_id, ())
+            num_sampled = len(new_tokens)
+            for kept, token_id in enumerate(new_tokens, 1):
                 request.output_token_ids.append(token_id)
                 status = self._check_stop(request, token_id)
                 if status is not None:
                     request.status = status
+                    del new_tokens[kept:]  # those after the stop are not the request's
                     break
+            written = chunk.num_computed_tokens + chunk.num_tokens
+            if chunk.drafts:
+                # The KV of the drafts its samples confirmed is good; the rest is not.
+                written = chunk.num_computed_tokens + len(new_tokens)
+                request.num_computed_tokens = written
+                self._count_accepted(len(chunk.drafts), num_sampled - 1)
             if request.status.is_finished:
                 finished.append(request)
             elif request.status is not _RUNNING:
                 continue  # preempted while the step ran: its blocks are gone
             # A request that ends here caches its blocks too, before it frees them: one
             # whose whole prompt ran in this step (max_tokens 1) would leave none behind.
-            cache_full_blocks(request, chunk.num_computed_tokens + chunk.num_tokens)
+            cache_full_blocks(request, written)
         if finished:
             done = {r.request_id for r in finished}
             self.running = [r for r in self.running if r.request_id not in done]
@@ -350,6 +426,15 @@ class Scheduler:
                 del self._requests[request.request_id]
                 self._release(request)
         return finished
+
+    def _count_accepted(self, num_drafts: int, num_accepted: int) -> None:
+        stats = self.stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += num_drafts
+        stats.num_accepted_tokens += num_accepted
+        per_pos = stats.num_accepted_tokens_per_pos
+        for position in range(num_accepted):
+            per_pos[position] += 1
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.load_report import LoadReport
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.runner.model_runner import ModelRunner
@@ -66,6 +67,8 @@ class EngineSettings:
     """A pooling model's vector length (its hidden size)."""
     max_loras: int = 0
     """--max-loras with --enable-lora: most adapters a step runs; 0: LoRA is off."""
+    speculation: NgramSpeculation | None = None
+    """--speculative-config: how decodes draft tokens (speculation.py); None: they do not."""
 
     @property
     def runner_type(self) -> str:

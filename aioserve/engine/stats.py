@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from aioserve.engine.kv_cache_manager import KVCacheManager
     from aioserve.engine.output_processor import RequestState
     from aioserve.engine.outputs import RequestMetrics
-    from aioserve.engine.scheduler import Scheduler
+    from aioserve.engine.scheduler import Scheduler, SchedulerStats
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,17 @@ class FinishedRequestStats:
     """First scheduled to last token."""
     mean_time_per_output_token: float
     """decode_time over the tokens after the first; 0 with fewer than two tokens (vLLM's)."""
+
+
+@dataclass(frozen=True)
+class SpeculationCounts:
+    """Speculative decoding in one step, as vLLM counts it: the sequences that drafted,
+    their drafts, the drafts kept, and per draft position the sequences that kept it."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_accepted_tokens_per_pos: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,8 @@ class StepStats:
     the device."""
     lora_adapters: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     """With LoRA: the adapters of the running requests and those of the waiting ones."""
+    speculation: SpeculationCounts | None = None
+    """With speculative decoding: what this step drafted and kept (None: no speculation)."""
 
     @property
     def num_tokens(self) -> int:
@@ -178,6 +191,7 @@ class StatsReporter:
         self.kv_cache_in_memory = kv_cache_in_memory
         self._finished: list[FinishedRequestStats] = []
         self._counted = (0, 0, 0)  # preemptions, prefix-cache queries and hits reported
+        self._counted_speculation = SpeculationCounts(0, 0, 0, ())
 
     def request_finished(self, state: RequestState, now: float, reason: str | None = None) -> None:
         """Note a request that ended (see finished_request_stats); reported with the next step."""
@@ -218,7 +232,28 @@ class StatsReporter:
             finished=self._finished,
             host_gap=host_gap,
             lora_adapters=scheduler.lora_adapters() if scheduler.max_loras else None,
+            speculation=self._speculation_since(scheduler.stats)
+            if scheduler.speculation is not None
+            else None,
         )
         self._finished = []
         for stat_logger in self.loggers:
             stat_logger.record(stats)
+
+    def _speculation_since(self, stats: SchedulerStats) -> SpeculationCounts:
+        """The scheduler's speculation counts since the last step reported."""
+        now = SpeculationCounts(
+            stats.num_drafts,
+            stats.num_draft_tokens,
+            stats.num_accepted_tokens,
+            tuple(stats.num_accepted_tokens_per_pos),
+        )
+        before = self._counted_speculation
+        self._counted_speculation = now
+        per_pos = before.num_accepted_tokens_per_pos or (0,) * len(now.num_accepted_tokens_per_pos)
+        return SpeculationCounts(
+            now.num_drafts - before.num_drafts,
+            now.num_draft_tokens - before.num_draft_tokens,
+            now.num_accepted_tokens - before.num_accepted_tokens,
+            tuple(a - b for a, b in zip(now.num_accepted_tokens_per_pos, per_pos, strict=True)),
+        )

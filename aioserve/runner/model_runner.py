@@ -45,6 +45,15 @@ from aioserve.runner.prompt_logprobs import (
 )
 from aioserve.runner.sampling_inputs import HostSampling, build_host_sampling
 from aioserve.runner.sequence_slots import SequenceSlots, SlotAdmission, SlotTensors
+from aioserve.runner.speculative_rows import (
+    DraftRows,
+    KeptRows,
+    attend_drafts_as_decodes,
+    draft_rows,
+    expand_logits_indices,
+    kept_rows,
+    record_kept,
+)
 from aioserve.runner.step_inputs import HostStepInputs, build_host_inputs, host_to_device
 from aioserve.runner.step_plan import StepPlan, StepResult, TokenBitmask, TokenLogprobs
 
@@ -73,6 +82,9 @@ class StepOutput:
     # logprob_token_ids: the rows that chose tokens, and their values in the logprobs
     # mode (float32 [rows, most chosen], in each row's order)
     chosen: ChosenLogprobs | None = None
+    # A step with drafts: its rows, the rows each sequence kept (on the device until the
+    # step is done) and each sampling sequence's slot.
+    drafts: tuple[DraftRows, KeptRows, np.ndarray] | None = None
 
     def is_ready(self) -> bool:
         return self.done is None or self.done.query()
@@ -208,19 +220,26 @@ class ModelRunner:
         if self.lora is not None:
             lora_loads = [load for seq in plan.new_sequences if (load := self.lora.admit(seq))]
             lora_token_slots = self.lora.token_slots(plan)
+        drafts = draft_rows(plan.chunks)
         inputs, row_slots = build_host_inputs(
             plan,
             self.slots,
             self.block_size,
             self.device,
-            # The graph of a one-row step works out its attention's reads itself.
-            plans_attention=not self.model_step.may_run_whole(plan),
+            # The graph of a one-row step works out its attention's reads itself; a step
+            # with drafts has its attention planned once its chunks are split.
+            plans_attention=drafts is None and not self.model_step.may_run_whole(plan),
         )
         sampled_rows = [row for row, chunk in enumerate(plan.chunks) if chunk.samples]
-        sampling = (
-            build_host_sampling(self.slots, row_slots[sampled_rows]) if sampled_rows else None
-        )
         prompt_logprobs = plan_prompt_logprobs(plan, self.slots, inputs.query_start_loc)
+        if drafts is not None:
+            inputs.logits_indices = expand_logits_indices(inputs.logits_indices, drafts)
+            inputs = attend_drafts_as_decodes(inputs, plan.chunks, self.block_size, self.device)
+        sampling = (
+            build_host_sampling(self.slots, row_slots[sampled_rows], drafts)
+            if sampled_rows
+            else None
+        )
         if self.decode_graphs is not None:
             inputs = self.decode_graphs.pad(inputs)
         return PreparedStep(
@@ -280,11 +299,15 @@ class ModelRunner:
         )
         out = sample(logits, batch)
         penalty_rows = step.sampling.penalty_rows
-        state.record_sampled(
-            slots,
-            out.token_ids,
-            host_to_device(penalty_rows, self.device) if penalty_rows is not None else None,
-        )
+        if penalty_rows is not None:
+            penalty_rows = host_to_device(penalty_rows, self.device)
+        drafts = step.sampling.draft_rows
+        kept = None
+        if drafts is None:
+            state.record_sampled(slots, out.token_ids, penalty_rows)
+        else:
+            kept = kept_rows(out.token_ids, drafts)
+            record_kept(state, slots, out.token_ids, kept, drafts, penalty_rows)
         output = StepOutput(
             step.sampled_seq_ids,
             out,
@@ -295,6 +318,10 @@ class ModelRunner:
             ),
         )
         out.processed = None  # [rows, vocab]: not kept past the step
+        if drafts is not None:
+            if self.device.type != "cpu":
+                kept.num_kept = _pinned_copy(kept.num_kept)
+            output.drafts = (drafts, kept, step.sampling.slots[drafts.first_rows])
         if self.device.type != "cpu":
             output.sampler = _to_host(out)
             if output.chosen is not None:
@@ -313,7 +340,14 @@ class ModelRunner:
             return StepResult({}, {}, prompt_logprobs)
         ids = output.sampled_seq_ids
         token_ids = output.sampler.token_ids.tolist()
-        sampled = {seq_id: [token] for seq_id, token in zip(ids, token_ids, strict=True)}
+        if output.drafts is None:
+            sampled = {seq_id: [token] for seq_id, token in zip(ids, token_ids, strict=True)}
+            rows_of = {seq_id: range(row, row + 1) for row, seq_id in enumerate(ids)}
+        else:
+            rows_of = self._kept_rows(ids, *output.drafts)
+            sampled = {
+                seq_id: token_ids[rows.start : rows.stop] for seq_id, rows in rows_of.items()
+            }
         logprobs: dict[str, list[TokenLogprobs]] = {}
         lp = output.sampler.logprobs
         if lp is not None:
@@ -322,16 +356,31 @@ class ModelRunner:
             top_ids = lp.top_token_ids.tolist()
             top_values = lp.top_logprobs.tolist()
             chosen = output.chosen.by_row() if output.chosen is not None else {}
-            for row, (seq_id, wanted) in enumerate(zip(ids, output.logprobs_wanted, strict=True)):
+            for seq_id, rows in rows_of.items():
+                wanted = output.logprobs_wanted[rows.start]
                 if wanted is None:
                     continue
-                listed_ids, listed = top_ids[row][:wanted], top_values[row][:wanted]
-                if row in chosen:
-                    listed_ids, listed = chosen[row]
-                logprobs[seq_id] = [
-                    TokenLogprobs(sampled_logprob[row], sampled_rank[row], listed_ids, listed)
-                ]
+                entries = logprobs[seq_id] = []
+                for row in rows:
+                    listed_ids, listed = top_ids[row][:wanted], top_values[row][:wanted]
+                    if row in chosen:
+                        listed_ids, listed = chosen[row]
+                    entries.append(
+                        TokenLogprobs(sampled_logprob[row], sampled_rank[row], listed_ids, listed)
+                    )
         return StepResult(sampled, logprobs, prompt_logprobs)
+
+    def _kept_rows(
+        self, ids: list[str], rows: DraftRows, kept: KeptRows, chunk_slots: np.ndarray
+    ) -> dict[str, range]:
+        """Each sampling sequence's kept rows; their tokens count as sampled (the step
+        counted one a sequence when it was prepared)."""
+        num_kept = kept.num_kept.tolist()
+        self.slots.num_sampled[chunk_slots] += np.asarray(num_kept, dtype=np.int64) - 1
+        return {
+            seq_id: range(first, first + n)
+            for seq_id, first, n in zip(ids, rows.first_rows.tolist(), num_kept, strict=True)
+        }
 
 
 @dataclass

@@ -29,6 +29,7 @@ from aioserve.runner.sequence_slots import (
     SequenceSlots,
     SlotTensors,
 )
+from aioserve.runner.speculative_rows import DraftRows, penalty_state_with_drafts
 from aioserve.runner.step_inputs import host_to_device
 from aioserve.runner.step_plan import TokenBitmask
 
@@ -59,6 +60,7 @@ class HostSampling:
     all_random: bool
     uses_top_k: bool
     uses_top_p: bool
+    draft_rows: DraftRows | None = None  # a step with drafts: its rows (speculative_rows.py)
 
     @property
     def num_logprobs(self) -> int:
@@ -78,6 +80,11 @@ class HostSampling:
         floats = host_to_device(self.float_settings, device)
         seeds_and_steps = host_to_device(self.seeds_and_steps, device)
         uses_penalties = self.penalty_rows is not None
+        counts, prompt_mask, state_rows = state.output_counts, state.prompt_mask, slots
+        if uses_penalties and self.draft_rows is not None:
+            counts, prompt_mask, state_rows = penalty_state_with_drafts(
+                state, slots, self.draft_rows, self.penalty_rows
+            )
         bias_ids, bias_values = self._bias(state, device)
         token_bitmask, bitmask_rows = self._token_bitmask(state, device, structured)
         return SamplingBatch(
@@ -90,9 +97,9 @@ class HostSampling:
             presence_penalty=floats[PRESENCE],
             frequency_penalty=floats[FREQUENCY],
             repetition_penalty=floats[REPETITION],
-            output_token_counts=state.output_counts if uses_penalties else None,
-            prompt_token_mask=state.prompt_mask if uses_penalties else None,
-            state_rows=slots if uses_penalties else None,
+            output_token_counts=counts if uses_penalties else None,
+            prompt_token_mask=prompt_mask if uses_penalties else None,
+            state_rows=state_rows if uses_penalties else None,
             bias_token_ids=bias_ids,
             bias_values=bias_values,
             num_logprobs=self.num_logprobs,
@@ -110,15 +117,20 @@ class HostSampling:
     ) -> tuple[Tensor | None, Tensor | None]:
         """The bitmasks of the rows with allowed_token_ids or a structured output (both:
         the tokens both allow), and those rows."""
+        structured_rows = None
+        if structured is not None:
+            structured_rows = structured.rows  # one a sampling chunk: its first row
+            if self.draft_rows is not None:
+                structured_rows = self.draft_rows.first_rows[structured_rows]
         if structured is not None and self.bitmask_rows is None:
-            return host_to_device(structured.words, device), host_to_device(structured.rows, device)
+            return host_to_device(structured.words, device), host_to_device(structured_rows, device)
         if self.bitmask_rows is None:
             return None, None
         allowed = state.allowed_bitmasks
         masks = {int(r): allowed[int(self.slots[r])] for r in self.bitmask_rows}
         if structured is not None:
             words = host_to_device(structured.words, device)
-            for i, row in enumerate(structured.rows.tolist()):
+            for i, row in enumerate(structured_rows.tolist()):
                 masks[row] = masks[row] & words[i] if row in masks else words[i]
         rows = sorted(masks)
         return torch.stack([masks[r] for r in rows]), torch.tensor(rows, device=device)
@@ -148,17 +160,30 @@ class HostSampling:
         return bias_ids, bias_values
 
 
-def build_host_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSampling:
-    """The sampling rows of the slots `row_slots`; advances each one's sampled-token count."""
+def build_host_sampling(
+    slots: SequenceSlots, row_slots: np.ndarray, draft_rows: DraftRows | None = None
+) -> HostSampling:
+    """The sampling rows of the slots `row_slots`, one a sampling chunk, or with
+    `draft_rows` those of a step with drafts (row_slots then one a chunk); advances each
+    sequence's sampled-token count by one (the model runner adds the drafts it keeps)."""
+    if draft_rows is not None:
+        return rows_sampling(slots, row_slots[draft_rows.chunk_of_row], draft_rows)
     if len(row_slots) == 1:
         return one_row_sampling(slots, int(row_slots[0]))
     return rows_sampling(slots, row_slots)
 
 
-def rows_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSampling:
-    """build_host_sampling of any rows, in numpy calls over them."""
+def rows_sampling(
+    slots: SequenceSlots, row_slots: np.ndarray, draft_rows: DraftRows | None = None
+) -> HostSampling:
+    """build_host_sampling of any rows, in numpy calls over them: with `draft_rows`, a
+    chunk's row j samples its sequence's token `num_sampled + j`."""
     steps = slots.num_sampled[row_slots]
-    slots.num_sampled[row_slots] += 1
+    if draft_rows is None:
+        slots.num_sampled[row_slots] += 1
+    else:
+        steps = steps + draft_rows.offsets
+        slots.num_sampled[row_slots[draft_rows.first_rows]] += 1
     settings = [slots.settings[slot] for slot in row_slots.tolist()]
     temperature = slots.float_settings[row_slots, TEMPERATURE]
     top_k = slots.top_k[row_slots]
@@ -185,6 +210,7 @@ def rows_sampling(slots: SequenceSlots, row_slots: np.ndarray) -> HostSampling:
         all_random=bool((temperature > 0.0).all()),
         uses_top_k=bool((top_k > 0).any()),
         uses_top_p=bool((slots.float_settings[row_slots, TOP_P] < 1.0).any()),
+        draft_rows=draft_rows,
     )
 
 

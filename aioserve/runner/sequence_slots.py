@@ -6,7 +6,10 @@ back when it leaves (`StepPlan.finished_seq_ids`). Two halves, touched by two th
 - `SequenceSlots`, on the host, read and written only while a step is prepared (the event
   loop's thread): block tables, how many tokens each sequence has sampled (the step index
   of seeded sampling and min_tokens), the sampling settings as per-slot arrays, so that a
-  step's sampling rows are a few array lookups.
+  step's sampling rows are a few array lookups. One exception: a step with drafts
+  (speculative_rows.py) adds the drafts each sequence kept to its count when its tokens
+  are collected, which is before the next step is prepared because speculation runs with
+  one step in flight.
 - `SlotTensors`, on the device, read and written only while a step executes (the model
   thread, in step order): the token each sequence sampled last (the input of its next
   decode when the host does not know it yet), per-token output counts and prompt masks for

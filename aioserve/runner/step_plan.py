@@ -83,6 +83,9 @@ class SequenceChunk:
     token_ids: list[int] | None  # None: one token, the one sampled for it in the last step
     new_block_ids: list[int]  # KV blocks appended to the sequence's block table this step
     samples: bool  # the chunk ends at the sequence's last token: a token is sampled
+    # Its last num_drafts tokens are drafts (speculative decoding): it samples at each of its
+    # last 1 + num_drafts positions, and keeps the drafts its samples confirm.
+    num_drafts: int = 0
 
 
 class TokenBitmask:

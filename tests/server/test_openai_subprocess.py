@@ -439,3 +439,6 @@ def test_metrics_counters_move_by_the_known_amounts(
     assert moved(before, after, success, finished_reason="stop") == 0
     assert moved(before, after, "vllm:request_prompt_tokens_count") == 2
     assert moved(before, after, "vllm:request_prompt_tokens_sum") == prompt_tokens
+    # Without --speculative-config there are none of vLLM's speculative-decoding series
+    # (test_speculative_serving.py has them with it).
+    assert [s.name for s in after if s.name.startswith("vllm:spec_decode")] == []
