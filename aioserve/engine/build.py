@@ -382,7 +382,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         cpu_kvcache_space_bytes=cache_cfg.cpu_kvcache_space_bytes,
         gpu_memory_utilization=cache_cfg.gpu_memory_utilization,
         max_num_batched_tokens=max_tokens,
-        max_num_seqs=max_num_seqs,
+        max_logits_rows=max_num_seqs * (1 + num_speculative_tokens(config)),
     )
     if num_blocks * block_size < max_model_len:
         raise ValueError(
@@ -495,6 +495,12 @@ def build_engine(config: EngineConfig) -> EngineParts:
         hf_config=hf_config,
         lora_adapters=lora_adapters,
     )
+
+
+def num_speculative_tokens(config: EngineConfig) -> int:
+    """The most drafts a sequence checks in a step (0 without speculative decoding)."""
+    speculation = config.speculative.speculative_config
+    return 0 if speculation is None else speculation.num_speculative_tokens
 
 
 def structured_outputs_config(decoding: DecodingConfig) -> StructuredOutputsConfig:

@@ -173,10 +173,11 @@ def kv_cache_bytes_per_block(config, block_size: int, dtype: torch.dtype) -> int
 
 
 def profile_peak_step(
-    model: nn.Module, max_num_batched_tokens: int, max_num_seqs: int, dtype: torch.dtype
+    model: nn.Module, max_num_batched_tokens: int, max_logits_rows: int, dtype: torch.dtype
 ) -> int:
     """Bytes a step of max_num_batched_tokens tokens needs beyond the weights (GPU only), with
-    a KV cache of `dtype`."""
+    a KV cache of `dtype`; its logits for `max_logits_rows` rows (a step's sequences, or with
+    speculative decoding, each sequence's drafts' positions too)."""
     dev = next(model.parameters()).device
     kv, _ = allocate_kv_caches(model.config, 1, 1, dtype, dev)
     tokens = max_num_batched_tokens
@@ -187,7 +188,7 @@ def profile_peak_step(
     with torch.inference_mode(), step_context(meta, kv):
         ids = torch.zeros(tokens, dtype=torch.int64, device=dev)
         hidden = model(ids, torch.zeros_like(ids))
-        model.compute_logits(hidden[: min(max_num_seqs, tokens)])
+        model.compute_logits(hidden[: min(max_logits_rows, tokens)])
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     del kv, hidden
@@ -204,7 +205,7 @@ def num_kv_blocks(
     cpu_kvcache_space_bytes: int,
     gpu_memory_utilization: float,
     max_num_batched_tokens: int,
-    max_num_seqs: int,
+    max_logits_rows: int,
 ) -> int:
     """The number of KV blocks of `dtype` the device can hold for `model`."""
     if num_blocks_override is not None:
@@ -213,7 +214,7 @@ def num_kv_blocks(
     if current_platform() == "cpu":
         return max(1, cpu_kvcache_space_bytes // per_block)
     free, total = torch.cuda.mem_get_info()
-    peak_step_bytes = profile_peak_step(model, max_num_batched_tokens, max_num_seqs, dtype)
+    peak_step_bytes = profile_peak_step(model, max_num_batched_tokens, max_logits_rows, dtype)
     in_use = total - free
     budget = int(total * gpu_memory_utilization) - in_use - peak_step_bytes
     if budget < per_block:

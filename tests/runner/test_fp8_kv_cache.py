@@ -178,7 +178,7 @@ def test_an_fp8_pool_holds_twice_the_blocks_of_a_bfloat16_one(tmp_path, monkeypa
             cpu_kvcache_space_bytes=space,
             gpu_memory_utilization=0.9,
             max_num_batched_tokens=256,
-            max_num_seqs=8,
+            max_logits_rows=8,
         )
         for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
     }
