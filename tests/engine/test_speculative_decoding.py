@@ -111,7 +111,9 @@ def test_sampling_equals_no_speculation(spec_llm, plain_llm, prompt_ids, setting
     for output, reference in zip(got, expected, strict=True):
         assert output.token_ids == reference.token_ids
         assert len(output.logprobs) == len(output.token_ids)
-        for position, (mine, theirs) in enumerate(zip(output.logprobs, reference.logprobs, strict=False)):
+        for position, (mine, theirs) in enumerate(
+            zip(output.logprobs, reference.logprobs, strict=False)
+        ):
             assert list(mine) == list(theirs), f"top tokens differ at {position}"
             for token_id in mine:
                 assert mine[token_id].logprob == pytest.approx(theirs[token_id].logprob, abs=1e-3)
