@@ -329,7 +329,7 @@ class EngineLoop:
             if not appended:
                 continue
             token_logprobs = logprobs.get(request_id) if logprobs else None
-            if token_logprobs is not None:
+            if token_logprobs is not None and len(token_logprobs) > len(appended):
                 token_logprobs = token_logprobs[: len(appended)]
             kept = process_tokens(sample, appended, token_logprobs)
             if kept is not None:

@@ -340,9 +340,9 @@ class ModelRunner:
             return StepResult({}, {}, prompt_logprobs)
         ids = output.sampled_seq_ids
         token_ids = output.sampler.token_ids.tolist()
+        rows_of = None  # each sequence's rows, built for a step without drafts only if needed
         if output.drafts is None:
             sampled = {seq_id: [token] for seq_id, token in zip(ids, token_ids, strict=True)}
-            rows_of = {seq_id: range(row, row + 1) for row, seq_id in enumerate(ids)}
         else:
             rows_of = self._kept_rows(ids, *output.drafts)
             sampled = {
@@ -356,6 +356,8 @@ class ModelRunner:
             top_ids = lp.top_token_ids.tolist()
             top_values = lp.top_logprobs.tolist()
             chosen = output.chosen.by_row() if output.chosen is not None else {}
+            if rows_of is None:
+                rows_of = {seq_id: range(row, row + 1) for row, seq_id in enumerate(ids)}
             for seq_id, rows in rows_of.items():
                 wanted = output.logprobs_wanted[rows.start]
                 if wanted is None:
