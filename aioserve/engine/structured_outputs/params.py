@@ -70,11 +70,12 @@ class StructuredOutputsParams:
         return next(kind for kind in KINDS if getattr(self, kind) is not None)
 
     def kind_and_spec(self) -> tuple[str, str]:
-        """(kind, the constraint as canonical text)."""
+        """(kind, the constraint as compact text). A schema keeps its keys' order: an
+        object's properties are written in the order its schema lists them, as in vLLM."""
         kind = self.kind
         if kind == "json":
             schema = parse_schema(self.json) if isinstance(self.json, str) else self.json
-            return kind, json.dumps(schema, sort_keys=True, separators=(",", ":"))
+            return kind, json.dumps(schema, separators=(",", ":"))
         if kind == "choice":
             return kind, json.dumps(self.choice)
         if kind == "json_object":

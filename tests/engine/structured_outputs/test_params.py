@@ -37,11 +37,14 @@ def test_from_dict_refuses_unknown_keys_and_structural_tags():
         StructuredOutputsParams.from_dict({"structural_tag": "{}"})
 
 
-def test_choices_become_text_and_schemas_a_canonical_key():
+def test_choices_become_text_and_schemas_keep_their_order():
     assert StructuredOutputsParams(choice=[1, True, "x"]).choice == ["1", "true", "x"]
     a = StructuredOutputsParams(json={"type": "object", "title": "t"})
-    b = StructuredOutputsParams(json='{"title": "t", "type": "object"}')
+    b = StructuredOutputsParams(json='{"type": "object",  "title": "t"}')
     assert a.kind_and_spec() == b.kind_and_spec()
+    # Properties are written in their schema's order: another order is another constraint.
+    c = StructuredOutputsParams(json='{"title": "t", "type": "object"}')
+    assert a.kind_and_spec() != c.kind_and_spec()
 
 
 def test_sampling_params_take_both_names_and_dicts():
