@@ -43,7 +43,7 @@ def constrain(
         if params.reasoning_end is not None:
             request.reasoning_gate = ReasoningGate(params.reasoning_end)
     if bad_words:
-        request.matcher = BadWordsMatcher(bad_words, request.matcher)
+        request.matcher = BadWordsMatcher(bad_words, request.matcher, compiler.max_drafts)
 
 
 def max_num_bad_words() -> int:
@@ -113,18 +113,22 @@ class BadWordsMatcher:
     """A matcher that bans the last token of every sequence whose other tokens end the
     output, around an optional structured-output matcher whose mask it narrows."""
 
-    def __init__(self, sequences: list[list[int]], inner: Matcher | None = None) -> None:
+    def __init__(
+        self, sequences: list[list[int]], inner: Matcher | None = None, max_rollback: int = 0
+    ) -> None:
         self.sequences = sequences
         self.inner = inner
         self._tail: list[int] = []  # the output's last tokens, as many as a prefix needs
         self._tail_length = max(len(ids) for ids in sequences) - 1
+        # ... and as many again as a rollback may take back
+        self._kept_length = self._tail_length + max_rollback if self._tail_length else 0
 
     def fill_bitmask(self, words: np.ndarray) -> None:
         if self.inner is None:
             words.fill(-1)
         else:
             self.inner.fill_bitmask(words)
-        tail = self._tail
+        tail = self._tail[-self._tail_length :] if self._tail_length else []
         for ids in self.sequences:
             prefix = len(ids) - 1
             if prefix > len(tail) or (prefix and tail[len(tail) - prefix :] != ids[:prefix]):
@@ -134,7 +138,12 @@ class BadWordsMatcher:
             words.view(np.uint32)[banned // 32] &= np.uint32(0xFFFFFFFF ^ (1 << (banned % 32)))
 
     def accept(self, token_id: int) -> bool:
-        if self._tail_length:
+        if self._kept_length:
             self._tail.append(token_id)
-            del self._tail[: -self._tail_length]
+            del self._tail[: -self._kept_length]
         return self.inner is None or self.inner.accept(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        del self._tail[len(self._tail) - num_tokens :]
+        if self.inner is not None:
+            self.inner.rollback(num_tokens)

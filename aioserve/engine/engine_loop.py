@@ -92,7 +92,10 @@ class EngineLoop:
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.structured_outputs = StructuredOutputCompiler(
-            self.tokenizer, self.hf_config.vocab_size, s.structured_outputs
+            self.tokenizer,
+            self.hf_config.vocab_size,
+            s.structured_outputs,
+            s.speculation.num_speculative_tokens if s.speculation else 0,
         )
         self._seed_rng = random.Random(s.seed)
         self._arrivals = itertools.count()

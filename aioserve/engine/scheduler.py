@@ -322,10 +322,10 @@ class Scheduler:
 
     def _drafts(self, request: Request, room: int) -> list[int]:
         """The drafts of a decode scheduled this step, at most `room` and as many as its
-        max_tokens and the context leave room for; none for a constrained sequence
-        (structured output, bad words), whose drafts its matcher would have to check
-        first."""
-        if request.matcher is not None or not request.output_token_ids:
+        max_tokens and the context leave room for. A constrained sequence (structured
+        output, bad words) drafts once its reasoning has ended, and never past an EOS
+        token: its step masks follow its drafts through its matcher (step_masks.py)."""
+        if request.reasoning_gate is not None or not request.output_token_ids:
             return []
         num_output = len(request.output_token_ids)
         num_tokens = len(request.prompt_token_ids) + num_output
@@ -337,7 +337,12 @@ class Scheduler:
         )
         if room < 1:
             return []
-        return propose_ngram_drafts(request.token_history(), self.speculation, room)
+        drafts = propose_ngram_drafts(request.token_history(), self.speculation, room)
+        if request.matcher is not None:
+            ends = [i for i, token in enumerate(drafts) if token in request.eos_token_ids]
+            if ends:
+                del drafts[ends[0] :]
+        return drafts
 
     def _tokens_to_compute(self, request: Request, budget: int, cap: int) -> int:
         pending = request.num_pending_tokens

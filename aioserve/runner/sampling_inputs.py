@@ -117,11 +117,7 @@ class HostSampling:
     ) -> tuple[Tensor | None, Tensor | None]:
         """The bitmasks of the rows with allowed_token_ids or a structured output (both:
         the tokens both allow), and those rows."""
-        structured_rows = None
-        if structured is not None:
-            structured_rows = structured.rows  # one a sampling chunk: its first row
-            if self.draft_rows is not None:
-                structured_rows = self.draft_rows.first_rows[structured_rows]
+        structured_rows = structured.rows if structured is not None else None
         if structured is not None and self.bitmask_rows is None:
             return host_to_device(structured.words, device), host_to_device(structured_rows, device)
         if self.bitmask_rows is None:

@@ -91,10 +91,10 @@ class SequenceChunk:
 class TokenBitmask:
     """The tokens each structured-output row of a step may sample, filled by the engine.
 
-    `rows` are sampling rows (the step's sampling chunks, in batch order); `words` holds
-    one bitmask per row, bit t % 32 of int32 word t // 32 set for each allowed token t.
-    The engine fills `words`, then calls `set_ready`; the runner calls `wait_ready` just
-    before it samples. `abandon` (the engine stopped) makes the wait raise instead.
+    `rows` are sampling rows (one a sampling chunk, in batch order, and one more a draft
+    for a chunk with drafts: speculative_rows.py); `words` holds one bitmask per row, bit
+    t % 32 of int32 word t // 32 set for each allowed token t. The engine fills `words`,
+    then calls `set_ready`; the runner calls `wait_ready` just before it samples. `abandon` (the engine stopped) makes the wait raise instead.
     """
 
     def __init__(self, rows: list[int], vocab_size: int) -> None:

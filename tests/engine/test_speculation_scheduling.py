@@ -218,9 +218,29 @@ def test_a_stop_among_kept_drafts_ends_the_request_there():
     assert scheduler.kv_cache.num_free_blocks == 32
 
 
-def test_constrained_sequences_do_not_draft():
+def test_constrained_sequences_draft_up_to_an_eos_once_their_reasoning_ended():
+    """Their step masks follow the drafts through the matcher (step_masks.py), which never
+    takes an EOS draft; a sequence still reasoning has no mask to follow yet."""
     scheduler, request = _scheduler(), _request()
     request.matcher = object()  # a structured output's or bad words' matcher
+    _prefilled(scheduler, request)
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.drafts == [8, 9, 5]
+
+    scheduler, request = _scheduler(), _request()
+    request.eos_token_ids = frozenset({9})
+    request.matcher = object()
+    _prefilled(scheduler, request)
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.drafts == [8]
+    scheduler, request = _scheduler(), _request()
+    request.eos_token_ids = frozenset({9})  # unconstrained: an EOS is drafted as any token
+    _prefilled(scheduler, request)
+    (chunk,) = scheduler.schedule().chunks
+    assert chunk.drafts == [8, 9, 5]
+
+    scheduler, request = _scheduler(), _request()
+    request.matcher, request.reasoning_gate = object(), object()
     _prefilled(scheduler, request)
     (chunk,) = scheduler.schedule().chunks
     assert (chunk.drafts, chunk.num_tokens) == ([], 1)

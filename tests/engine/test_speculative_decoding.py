@@ -2,17 +2,21 @@
 the tokens it samples without speculation.
 
 Greedy outputs equal transformers' own greedy loop on the same GGUF (float32). Seeded random
-sampling, with top-k/top-p/min-p, penalties, min_tokens and logprobs, equals the same
-engine's output without speculation: every position draws with its own token index, and
+sampling, with top-k/top-p/min-p, penalties, min_tokens, logprobs, structured outputs and
+bad words, equals the same engine's output without speculation: every position draws with its own token index, and
 its penalties count the drafts before it (engine/speculation.py). Each case also checks
 that drafts were proposed and kept, so that a speculation silently turned off fails.
 """
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 
 from aioserve import LLM, SamplingParams
+from aioserve.engine.structured_outputs import StructuredOutputsParams as Constraint
 from tests.engine.smollm2 import hf_greedy, prompts
 
 pytestmark = pytest.mark.slow
@@ -25,6 +29,17 @@ SPECULATION = {
 }
 CODE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
 REPEATED = "The quick brown fox jumps over the lazy dog. " * 6
+RECORD = {"name": "Ana Maria Lopes", "city": "Lisbon", "pets": ["cat", "dog", "parrot"]}
+RECORD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "city": {"type": "string", "maxLength": 20},
+        "pets": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 4},
+    },
+    "required": ["name", "city", "pets"],
+    "additionalProperties": False,
+}
 # Eager (a speculative step takes the general path, which the compiled one-row graph does
 # not), blocks of 16 tokens so that the prompts fill some for the prefix cache.
 ENGINE = dict(dtype="float32", enforce_eager=True, block_size=16)
@@ -50,6 +65,8 @@ def prompt_ids(spec_llm) -> dict[str, list[int]]:
     ids = {name: p for name, p in prompts(tokenizer).items() if name in ("code", "numbers")}
     ids["rewrite"] = tokenizer(text, add_special_tokens=False).input_ids
     ids["repeated"] = tokenizer(REPEATED).input_ids
+    copy = f"Copy this JSON exactly: {json.dumps(RECORD)}\nCopy: {json.dumps(RECORD)}\nCopy: "
+    ids["json"] = tokenizer(copy).input_ids
     return ids
 
 
@@ -148,3 +165,38 @@ def test_the_kv_pool_is_whole_again_and_the_prefix_cache_serves(spec_llm, prompt
     assert engine.kv_cache.stats.hits > hits_before
     assert again[0].token_ids == first[0].token_ids
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+@pytest.mark.parametrize("backend", ["outlines", "guidance"])
+def test_structured_outputs_and_bad_words_draft_and_sample_as_without_speculation(
+    spec_llm, plain_llm, prompt_ids, backend
+):
+    """Constrained sequences with drafts: their masks follow the drafts (step_masks.py), one
+    a row after the rows of a free sequence with drafts, and each sample is the one it gets
+    without speculation."""
+    constraint = Constraint(json=RECORD_SCHEMA, backend=backend)
+    cases = [
+        SamplingParams(temperature=0.0, max_tokens=40),
+        SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=constraint),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=60, structured_outputs=constraint),
+        # A ban that bites inside the copied text: the drafts past it are refused.
+        SamplingParams(
+            temperature=0.0, max_tokens=60, structured_outputs=constraint, bad_words=["dog"]
+        ),
+        SamplingParams(temperature=0.0, max_tokens=40, bad_words=["lazy"]),
+    ]
+    prompts = [prompt_ids["repeated"]] + [prompt_ids["json"]] * 3 + [prompt_ids["repeated"]]
+    with _Kept(spec_llm) as kept:
+        got = _generate(spec_llm, prompts, cases)
+    assert kept.accepted > 20 and kept.drafted > kept.accepted
+    got = got[1:]
+    expected = _generate(plain_llm, prompts[1:], cases[1:])
+    for output, reference in zip(got, expected, strict=True):
+        assert (output.token_ids, output.finish_reason) == (
+            reference.token_ids,
+            reference.finish_reason,
+        )
+    for output in got[:3]:
+        jsonschema.validate(json.loads(output.text), RECORD_SCHEMA)
+    assert list(json.loads(got[0].text).items()) == list(RECORD.items())  # copied: drafts
+    assert "dog" not in got[2].text and "lazy" not in got[3].text

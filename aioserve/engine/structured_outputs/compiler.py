@@ -73,8 +73,10 @@ class StructuredOutputCompiler:
         tokenizer: PreTrainedTokenizerBase | None,
         vocab_size: int,
         config: StructuredOutputsConfig,
+        max_drafts: int = 0,
     ) -> None:
         self.config = config
+        self.max_drafts = max_drafts  # what a matcher may have to take back (step_masks.py)
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._tokens: TokenBytes | None = None
@@ -85,7 +87,7 @@ class StructuredOutputCompiler:
 
     def new_matcher(self, params: StructuredOutputsParams) -> Matcher:
         """A matcher for one sequence (compiling the constraint unless it is cached)."""
-        return self.compile(params).new_matcher()
+        return self.compile(params).new_matcher(self.max_drafts)
 
     async def compile_async(self, params: StructuredOutputsParams) -> None:
         """Compile `params` off the event loop, so that `new_matcher` finds it cached."""

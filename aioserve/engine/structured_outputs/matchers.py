@@ -11,8 +11,9 @@
 
 A matcher follows one sequence: `fill_bitmask` writes the tokens allowed next into one row
 of the sampler's bitmask (bit t % 32 of int32 word t // 32, token_bitmask.py), `accept`
-advances it by the token sampled. Both backends know a token by its bytes, read once from
-the tokenizer (`TokenBytes`).
+advances it by the token sampled, `rollback` takes back its last accepted tokens (a
+speculative step's masks follow its drafts, then return: step_masks.py). Both backends
+know a token by its bytes, read once from the tokenizer (`TokenBytes`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Matcher(Protocol):
 
     def accept(self, token_id: int) -> bool:
         """Advance by a sampled token; False when the constraint does not allow it."""
+
+    def rollback(self, num_tokens: int) -> None:
+        """Take back the last `num_tokens` accepted tokens (none of them EOS)."""
 
 
 class TokenBytes:
@@ -69,8 +73,9 @@ class OutlinesIndex:
         cannot spell it)."""
         return cls(outlines_core.Index(regex, tokens.outlines), tokens.eos_token_id)
 
-    def new_matcher(self) -> OutlinesMatcher:
-        return OutlinesMatcher(outlines_core.Guide(self.index), self.eos_token_id)
+    def new_matcher(self, max_rollback: int) -> OutlinesMatcher:
+        guide = outlines_core.Guide(self.index, max_rollback=max_rollback)
+        return OutlinesMatcher(guide, self.eos_token_id)
 
 
 class OutlinesMatcher:
@@ -91,6 +96,9 @@ class OutlinesMatcher:
             return False
         return True
 
+    def rollback(self, num_tokens: int) -> None:
+        self._guide.rollback_state(num_tokens)
+
 
 # -- guidance -----------------------------------------------------------------------------------
 
@@ -108,7 +116,8 @@ class GuidanceGrammar:
             raise ValueError(problem)
         return cls(grammar, tokens.guidance)
 
-    def new_matcher(self) -> GuidanceMatcher:
+    def new_matcher(self, max_rollback: int) -> GuidanceMatcher:
+        # An LLMatcher keeps its whole history: any rollback is allowed.
         return GuidanceMatcher(llguidance.LLMatcher(self.tokenizer, self.grammar))
 
 
@@ -121,6 +130,10 @@ class GuidanceMatcher:
 
     def accept(self, token_id: int) -> bool:
         return self._matcher.consume_token(token_id) and not self._matcher.is_error()
+
+    def rollback(self, num_tokens: int) -> None:
+        if not self._matcher.rollback(num_tokens):
+            raise RuntimeError(self._matcher.get_error())
 
 
 def guidance_json_grammar(schema: dict[str, Any], whitespace: str) -> str:
