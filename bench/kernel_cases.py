@@ -41,8 +41,8 @@ from aioserve.kernels.activation import (
     silu_and_mul_reference,
     silu_and_mul_triton,
 )
-from aioserve.kernels.attention import paged_attention_triton
 from aioserve.kernels.attention_reference import paged_attention_reference
+from aioserve.kernels.attention_triton import paged_attention_triton
 from aioserve.kernels.kv_cache import write_kv_cache_reference, write_kv_cache_triton
 from aioserve.kernels.rms_norm import rms_norm_reference, rms_norm_triton
 from aioserve.kernels.rotary import (

@@ -1,4 +1,4 @@
-"""The launch tables of the paged-attention Triton kernels (attention.py): tile sizes,
+"""The launch tables of the paged-attention Triton kernels (attention_triton.py): tile sizes,
 warps, pipeline stages and decode segments per platform and GPU family
 (platform.launch_entry), fixed, never tuned at run time.
 """

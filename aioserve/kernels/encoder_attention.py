@@ -9,7 +9,7 @@ Triton path: one program per (tile of BLOCK_M query rows of one sequence, head),
 attention style: the sequence's keys in tiles of BLOCK_N, an online softmax in float32
 (base 2), tl.dot for q kᵀ and p v with float32 accumulation. The grid counts tiles over
 the whole packed batch; a program finds its sequence by binary search over cu_seqlens
-(attention.py's `_find_sequence`: sequence b's tiles are numbered from
+(attention_triton.py's `_find_sequence`: sequence b's tiles are numbered from
 cu_seqlens[b] // BLOCK_M + b on). Tiles start at fixed offsets within their sequence,
 tile sizes depend only on the device and the head size, and every row reduces its keys
 from first to last, so a sequence's output is bitwise the same whatever shares its batch.
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from aioserve.kernels import dispatch
-from aioserve.kernels.attention import _find_sequence
+from aioserve.kernels.attention_triton import _find_sequence
 from aioserve.kernels.encoder_attention_reference import (
     check_encoder_shapes,
     encoder_attention_reference,

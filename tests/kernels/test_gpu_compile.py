@@ -91,7 +91,7 @@ def known_spill(arch: str, result: dict) -> bool:
     constexprs = result["constexprs"]
     return (
         arch == "rdna3"
-        and result["module"] == "aioserve.kernels.attention"
+        and result["module"] == "aioserve.kernels.attention_triton"
         and result["kernel"] in ("_decode_kernel", "_prefill_kernel")
         and (
             constexprs["BLOCK_D"] == 256 or (constexprs["KV_FP8"] and constexprs["BLOCK_D"] >= 128)

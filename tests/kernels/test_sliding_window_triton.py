@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from aioserve.kernels import attention
+from aioserve.kernels import attention_triton
 from aioserve.kernels.attention import paged_attention
 from aioserve.kernels.kv_cache import quantize_kv
 from tests.kernels.test_attention import (
@@ -113,12 +113,12 @@ def test_prefill_rows_that_see_no_key_of_a_tile_stay_finite(triton_backend, devi
     # A GPU's prefill tiles hold more tokens than its key tiles (64 and 32 on CUDA): a row
     # BLOCK_N or more tokens past the tile's first sees no key of the tile's first key tile.
     # The interpreter's tiles are 16 and 16; here 64 rows, GQA 1.
-    config = attention.launch_config
+    config = attention_triton.launch_config
 
     def wide_tiles(*args):
         return config(*args) | {"block_m": 64}
 
-    monkeypatch.setattr(attention, "launch_config", wide_tiles)
+    monkeypatch.setattr(attention_triton, "launch_config", wide_tiles)
     batch = make_batch([(70, 70), (1, 40), (50, 90)], 2, 2, 64, 16, torch.float32, device)
     for window in (5, 20):
         out = _windowed(batch, window)
