@@ -78,8 +78,15 @@ def hf_model(gguf_path: str):
     ).eval()
 
 
-@torch.inference_mode()
 def hf_greedy(gguf_path: str, prompt_ids: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    """transformers' greedy tokens after `prompt_ids`, computed once a test process (several
+    modules ask for the same prompts)."""
+    return list(_hf_greedy(gguf_path, tuple(prompt_ids), new_tokens))
+
+
+@functools.cache
+@torch.inference_mode()
+def _hf_greedy(gguf_path: str, prompt_ids: tuple[int, ...], new_tokens: int) -> tuple[int, ...]:
     model = hf_model(gguf_path)
     out = model(torch.tensor([prompt_ids]), use_cache=True)
     past = out.past_key_values
@@ -89,7 +96,7 @@ def hf_greedy(gguf_path: str, prompt_ids: list[int], new_tokens: int = NEW_TOKEN
         generated.append(token)
         out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
         past = out.past_key_values
-    return generated
+    return tuple(generated)
 
 
 @torch.inference_mode()

@@ -155,8 +155,8 @@ def test_the_draw_is_the_same_in_every_mode(path, device, triton_backend):
     logits, batch, _ = _case(device, torch.float32, "raw_logprobs", num_logprobs=-1)
     moded = {mode: _case(device, torch.float32, mode)[1] for mode in LOGPROBS_MODES}
     drawn = set()
-    # Several steps, so that the random rows draw other tokens than the top one.
-    for step in range(4):
+    # Two steps, so that the random rows draw other tokens than the top one.
+    for step in range(2):
         batch.steps = batch.steps + step
         baseline = PATHS[path](logits, batch).token_ids
         drawn.add(tuple(baseline.tolist()))
