@@ -91,7 +91,9 @@ class OutlinesMatcher:
         if token_id == self._eos_token_id:
             return self._guide.is_finished()
         try:
-            self._guide.advance(token_id)
+            # Without return_tokens=False, advance lists every token allowed next: a Python
+            # list of up to the whole vocabulary (1.4 ms a token on SmolLM2's 49,152).
+            self._guide.advance(token_id, return_tokens=False)
         except ValueError:
             return False
         return True
