@@ -2,7 +2,8 @@
 # Speculative decoding (n-gram lookup) side by side: vLLM-CPU and aioserve, each without and
 # with --speculative-config, driven by `vllm bench serve` at one stream on prompts whose
 # answers copy much of the prompt (bench/copying_prompts.py: rewrite a stdlib function with
-# type hints) and on vLLM's random dataset (whose answers copy little).
+# type hints), on vLLM's random dataset (whose answers copy little), and on records to turn
+# into JSON held to a schema by a structured output (bench/json_extraction_prompts.py).
 #   bash bench/speculative_side_by_side.sh [RESULTS_DIR]
 # Needs the peers of ../shared/peers (vLLM-CPU's venv and the default model as a bf16 folder).
 # SPEC overrides the speculative config; SKIP_VLLM=1 runs aioserve only.
@@ -16,6 +17,8 @@ GGUF=$(python -c "from aioserve.models.resolve import DEFAULT_MODEL, resolve_mod
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4}
 mkdir -p "$RESULTS"
 python bench/copying_prompts.py > "$RESULTS/copying.jsonl"
+python bench/json_extraction_prompts.py > "$RESULTS/json.jsonl"
+JSON_BODY=$(python bench/json_extraction_prompts.py --schema)
 { echo "# $(date -Is) $(lscpu | grep 'Model name' | sed 's/  */ /g') nproc=$(nproc)"
   echo "# flags: $(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_bf16|amx_int8|avx512_vnni' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   echo "# speculative config: $SPEC"
@@ -33,7 +36,9 @@ bench() {  # tag port
     --custom-output-len 128 --result-filename "$1-copying.json" > "$RESULTS/$1-copying.log" 2>&1
   "$VLLM" bench serve "${common[@]}" --dataset-name random --random-input-len 256 \
     --random-output-len 128 --ignore-eos --result-filename "$1-random.json" > "$RESULTS/$1-random.log" 2>&1
-  for data in copying random; do
+  "$VLLM" bench serve "${common[@]}" --dataset-name custom --dataset-path "$RESULTS/json.jsonl" \
+    --custom-output-len 160 --extra-body "$JSON_BODY" --result-filename "$1-json.json" > "$RESULTS/$1-json.log" 2>&1
+  for data in copying random json; do
     grep -E "^(Successful|Total generated|Output token throughput|Mean TPOT|Median TPOT)" "$RESULTS/$1-$data.log" | sed "s/^/$1-$data: /"
   done
 }
