@@ -118,17 +118,18 @@ class BadWordsMatcher:
     ) -> None:
         self.sequences = sequences
         self.inner = inner
-        self._tail: list[int] = []  # the output's last tokens, as many as a prefix needs
-        self._tail_length = max(len(ids) for ids in sequences) - 1
-        # ... and as many again as a rollback may take back
-        self._kept_length = self._tail_length + max_rollback if self._tail_length else 0
+        # The output's last tokens: as many as a prefix needs, and as many again as a
+        # rollback may take back.
+        self._tail: list[int] = []
+        tail_length = max(len(ids) for ids in sequences) - 1
+        self._kept_length = tail_length + max_rollback if tail_length else 0
 
     def fill_bitmask(self, words: np.ndarray) -> None:
         if self.inner is None:
             words.fill(-1)
         else:
             self.inner.fill_bitmask(words)
-        tail = self._tail[-self._tail_length :] if self._tail_length else []
+        tail = self._tail
         for ids in self.sequences:
             prefix = len(ids) - 1
             if prefix > len(tail) or (prefix and tail[len(tail) - prefix :] != ids[:prefix]):

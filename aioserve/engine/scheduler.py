@@ -339,9 +339,9 @@ class Scheduler:
             return []
         drafts = propose_ngram_drafts(request.token_history(), self.speculation, room)
         if request.matcher is not None:
-            ends = [i for i, token in enumerate(drafts) if token in request.eos_token_ids]
-            if ends:
-                del drafts[ends[0] :]
+            for i, token in enumerate(drafts):
+                if token in request.eos_token_ids:
+                    return drafts[:i]
         return drafts
 
     def _tokens_to_compute(self, request: Request, budget: int, cap: int) -> int:

@@ -107,13 +107,12 @@ def fill_draft_rows(matcher: Matcher, rows: np.ndarray, drafts: list[int]) -> No
             accepted += 1
             matcher.fill_bitmask(rows[j + 1])
             if not rows[j + 1].any():
+                rows[j + 1].fill(-1)  # a dead end after the drafts (see above)
                 break
     finally:
         if accepted:
             matcher.rollback(accepted)
     rows[accepted + 1 :].fill(-1)
-    if not rows[accepted].any():
-        rows[accepted].fill(-1)
 
 
 def allows(words: np.ndarray, token_id: int) -> bool:
