@@ -25,7 +25,7 @@ from aioserve.engine.admission import (
 )
 from aioserve.engine.bad_words import bad_words_of, constrain
 from aioserve.engine.build import build_engine, default_sampling_params
-from aioserve.engine.engine_loop import EngineLoop
+from aioserve.engine.engine_loop import SHUTDOWN_WAIT_S, EngineLoop
 from aioserve.engine.health import EngineDeadError
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.model_thread import ModelThread
@@ -39,13 +39,15 @@ from aioserve.engine.pooling_params import (
     prefill_only_params,
     token_types_of,
 )
-from aioserve.engine.process_tuning import tune_process_for_serving
+from aioserve.engine.process_tuning import restore_process_settings, tune_process_for_serving
 from aioserve.engine.request import RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.platform import is_gpu
 
 
 class AsyncEngine(EngineLoop):
+    _tuned_process = False  # whether this engine has tuned the process and not yet restored it
+
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
         """Build the engine's parts on its model thread (see model_thread.py for why)."""
@@ -57,7 +59,14 @@ class AsyncEngine(EngineLoop):
             raise
         engine = cls(parts, model_thread)
         tune_process_for_serving(model_on_device=is_gpu())
+        engine._tuned_process = True
         return engine
+
+    async def shutdown(self, timeout: float = SHUTDOWN_WAIT_S) -> None:
+        await super().shutdown(timeout)
+        if self._tuned_process:
+            self._tuned_process = False
+            restore_process_settings()
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -154,9 +154,15 @@ class KVZeroing:
 
     def _zero_on_one_core(self) -> None:
         # One core: compiling, in the other thread, runs on one core and leaves the other
-        # free. (torch's thread count is per thread: the others keep all of their own.)
+        # free. torch's thread count is per thread, but set_num_threads also sets the count
+        # a thread starts with when it first uses torch: set back once done, or the next
+        # engine built in this process stepped its model on one core.
+        cores = torch.get_num_threads()
         torch.set_num_threads(1)
-        self._zero_the_rest()
+        try:
+            self._zero_the_rest()
+        finally:
+            torch.set_num_threads(cores)
 
     def _zero_the_rest(self) -> None:
         with torch.inference_mode():

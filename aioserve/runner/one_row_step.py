@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 
 import torch
 from torch import Tensor, nn
@@ -63,8 +64,9 @@ class OneRowStep:
         self._model = model
         self._dtype = dtype
         self._num_q_heads = model.config.num_attention_heads
+        self._function = _copy_of(forward_and_logits)
         self._compiled = torch.compile(
-            forward_and_logits, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS
+            self._function, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS
         )
         self.ready = False
         self._graph: CompiledGraph | None = None  # the graph the guards last accepted
@@ -108,7 +110,7 @@ class OneRowStep:
             logger.warning("the one-row step's graph no longer fits, not used again: %s", error)
             self.ready = False
             return None
-        self._graph = graph_accepting(forward_and_logits, args)
+        self._graph = graph_accepting(self._function, args)
         self._settings = _settings()
         return out
 
@@ -147,6 +149,23 @@ class OneRowStep:
             return
         self.ready = True
         logger.info("compiled the one-row step in %.1f s", time.monotonic() - started)
+
+
+def _copy_of(function: types.FunctionType) -> types.FunctionType:
+    """`function` with a code object of its own.
+
+    dynamo keeps the graphs it compiles from a function on the function's code object, up
+    to 8 of them (its recompile limit), and this graph guards on the model's own objects:
+    each engine built in one process compiled one more on the shared code object, whose
+    old graphs stayed there. The ninth engine's one-row step failed to compile, and every
+    closed engine's graph stayed in memory. Its own copy goes with the step."""
+    return types.FunctionType(
+        function.__code__.replace(),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
 
 
 def _settings() -> tuple:

@@ -32,8 +32,9 @@ SCORED = dataclasses.replace(GREEDY, logprobs=3)
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     # dynamo keeps at most 8 graphs of a code object, and every compiled runner of this
-    # process compiled its model's forward once: past that a one-row graph would not be
-    # built (a warning, and the layer graphs), as test_compiled_step.py says of layers.
+    # process compiled DecoderLayer.forward at its own sizes: past that the layer graphs
+    # this module compares with run eagerly (test_compiled_step.py). (Each one-row step
+    # compiles a copy of its function of its own: it has no such limit.)
     torch._dynamo.reset()
 
 
