@@ -65,8 +65,11 @@ class OneRowStep:
         self._dtype = dtype
         self._num_q_heads = model.config.num_attention_heads
         self._function = _copy_of(forward_and_logits)
+        # Every size static but the block count (marked at warm-up): with dynamo's automatic
+        # dynamic shapes, an engine built after one of another block size in this process
+        # took the pool's block size as symbolic, and compiling the graph failed.
         self._compiled = torch.compile(
-            self._function, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS
+            self._function, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS
         )
         self.ready = False
         self._graph: CompiledGraph | None = None  # the graph the guards last accepted

@@ -7,7 +7,9 @@ a SmolLM2 engine). The KV pool's zeroing thread set torch's thread count to 1 fo
 thread started afterwards, so the next engine stepped its model on one core. And every
 engine's one-row graph stayed on the one code object they shared, until dynamo's recompile
 limit refused the ninth engine's (counted when a new model's objects land at a closed
-one's addresses, as they do): each engine now compiles its own copy of the function.
+one's addresses, as they do): each engine now compiles its own copy of the function. That
+graph is compiled for the engine's own sizes: dynamo, having seen another block size in
+the process, took it as dynamic and could not compile the step.
 """
 
 from __future__ import annotations
@@ -47,13 +49,13 @@ def tiny_folder(tmp_path_factory):
     return folder
 
 
-def _engine(folder) -> LLM:
+def _engine(folder, block_size: int) -> LLM:
     """A compiled bfloat16 engine, whose decodes at one stream run the one-row graph."""
     llm = LLM(
         model=str(folder),
         dtype="bfloat16",
         max_model_len=256,
-        block_size=16,
+        block_size=block_size,
         skip_tokenizer_init=True,
     )
     assert llm.engine.runner.model_step.compiled
@@ -71,7 +73,7 @@ def _model_thread_cores(llm: LLM) -> int:
 
 def test_a_closed_engine_is_collected_and_the_next_is_built_alike(tiny_folder):
     thresholds, switch_interval = gc.get_threshold(), sys.getswitchinterval()
-    first = _engine(tiny_folder)
+    first = _engine(tiny_folder, block_size=16)
     tokens = _greedy(first)
     cores = _model_thread_cores(first)
     assert first.engine.runner.model_step._one_row.ready
@@ -84,7 +86,9 @@ def test_a_closed_engine_is_collected_and_the_next_is_built_alike(tiny_folder):
     gc.collect()
     assert model() is None
 
-    second = _engine(tiny_folder)
+    # Another block size: the one-row graph is compiled for the pool's own sizes, not
+    # for sizes dynamo saw change since the first engine's (which it could not compile).
+    second = _engine(tiny_folder, block_size=8)
     try:
         assert second.engine.runner.model_step._one_row.ready
         assert _model_thread_cores(second) == cores
