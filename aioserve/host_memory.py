@@ -90,8 +90,8 @@ def keep_host_memory() -> None:
     Call before torch is imported: torch reads `THP_MEM_ALLOC_ENABLE` once, at its first
     allocation, and ideep reads `LRU_CACHE_CAPACITY` when torch is loaded. A process that
     imported torch before (a program calling `cli.main`, the test suite) is left as it is:
-    with malloc keeping every block, the test process grew to its peak and stayed there,
-    10-13 GB a worker with two pytest-xdist workers on a 24 GB host, until one was killed.
+    its allocator is that program's, and malloc keeping every block would hold its peak
+    for the rest of its life.
     """
     if "torch" in sys.modules:
         return
