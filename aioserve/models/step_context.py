@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aioserve.kernels.decode_gathered_traced import GatheredBlocks
 from aioserve.kernels.decode_in_pool_traced import RowsInPool
 from aioserve.kernels.lora import LoRATokenGroups
 from aioserve.models.attention_metadata import AttentionMetadata
@@ -53,9 +54,10 @@ class StepContext:
     meta: AttentionMetadata
     kv_caches: list[KVCache]  # one (key cache, value cache) per layer, with its scales
     # Set inside the graph of a step compiled whole (runner/one_row_step.py), before its
-    # layers: their attention is then traced into the graph reading these rows, not called
-    # as the custom op.
-    rows_in_pool: RowsInPool | None = None
+    # layers: their attention is then traced into the graph (its `write_and_attend`), the
+    # pool weighed in place (bfloat16) or its blocks gathered (float32), not called as the
+    # custom op.
+    traced_decode: RowsInPool | GatheredBlocks | None = None
     lora: LoRATokenGroups | None = None  # the step's tokens by LoRA slot; None: no adapter
 
 

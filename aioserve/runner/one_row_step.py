@@ -12,7 +12,9 @@ could have changed (`forward`). On a Zen 5 EPYC one stream went from 8.0-8.7 to 
 a token in process, and to 6.2-6.3 ms with the head in the graph (bench/RESULTS.md).
 
 It serves the steps it can: one row, one sequence, sampling, in a bfloat16 pool read in
-place under bfloat16 compute; others take the graphs of compiled_step.py. It is compiled
+place under bfloat16 compute, or a float32 pool whose blocks the graph gathers under
+float32 compute (a CPU without bfloat16 arithmetic, where `--dtype auto` computes in
+float32); others take the graphs of compiled_step.py. It is compiled
 at warm-up (~36 s with inductor's cache cold, ~4.5 s warm) and never at serve time: a step
 that would compile it again (a guard failing) turns it off with a warning, and that step
 and every later one take the other graphs.
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from aioserve.kernels import decode_in_pool, dispatch
+from aioserve.kernels.decode_gathered_traced import gathered_blocks
 from aioserve.kernels.decode_in_pool_traced import rows_in_pool
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, StepContext, current_step, step_context
@@ -41,18 +44,23 @@ COMPILE_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
 
 
 def forward_and_logits(
-    model: nn.Module, input_ids: Tensor, positions: Tensor, num_q_heads: int
+    model: nn.Module, input_ids: Tensor, positions: Tensor, num_q_heads: int, in_pool: bool
 ) -> tuple[Tensor, Tensor]:
     """The step's hidden rows and their logits: what the graph computes.
 
-    The pool rows the attention reads are worked out first, once for every layer, into the
-    step's context, where each layer's traced attention finds them
-    (models/paged_attention_op.py `attend_layer`)."""
+    What the attention reads is worked out first, once for every layer, into the step's
+    context, where each layer's traced attention finds it (models/paged_attention_op.py
+    `attend_layer`): the pool rows it weighs in place (`in_pool`), or the blocks it
+    gathers."""
     step = current_step()
     key_cache, value_cache = step.kv_caches[0]
-    step.rows_in_pool = rows_in_pool(
-        step.meta.block_tables, step.meta.seq_lens, key_cache, value_cache, num_q_heads
-    )
+    meta = step.meta
+    if in_pool:
+        step.traced_decode = rows_in_pool(
+            meta.block_tables, meta.seq_lens, key_cache, value_cache, num_q_heads
+        )
+    else:
+        step.traced_decode = gathered_blocks(meta.block_tables, meta.seq_lens, key_cache.shape[1])
     hidden = model(input_ids, positions)
     return hidden, model.compute_logits(hidden)
 
@@ -64,6 +72,7 @@ class OneRowStep:
         self._model = model
         self._dtype = dtype
         self._num_q_heads = model.config.num_attention_heads
+        self._in_pool = True  # the attention's form (forward_and_logits), set at warm-up
         self._function = _copy_of(forward_and_logits)
         # Every size static but the block count (marked at warm-up): with dynamo's automatic
         # dynamic shapes, an engine built after one of another block size in this process
@@ -101,7 +110,8 @@ class OneRowStep:
         as layer_dispatch.py does. Its inputs are `step`'s tensors (the current step's),
         with fixed dtypes and shapes but for the block count, which the graph takes as
         dynamic."""
-        args = (self._model, input_ids, positions, self._num_q_heads)  # forward_and_logits's
+        # forward_and_logits's arguments
+        args = (self._model, input_ids, positions, self._num_q_heads, self._in_pool)
         if self._graph is not None and self._settings == _settings():
             return self._graph.call(*args)
         try:
@@ -121,14 +131,13 @@ class OneRowStep:
     def warm_up(self, kv_caches: list[KVCache], max_model_len: int) -> None:
         """Compile the graph on a decode of a sequence two blocks long, check that one of
         three blocks runs it without compiling, and make it ready; leave it unused where
-        the pool is not read in place or compiling fails (with a warning). Where sequences
-        (`max_model_len`, the pool) are shorter, the lengths are cut to fit: the rotary
-        table and the pool end there."""
+        the pool is neither read in place nor gathered in the graph (`attends_in_graph`)
+        or compiling fails (with a warning). Where sequences (`max_model_len`, the pool)
+        are shorter, the lengths are cut to fit: the rotary table and the pool end there."""
         key_cache, value_cache = kv_caches[0]
-        if key_cache.device.type != "cpu" or not decode_in_pool.reads_in_place(
-            key_cache, value_cache, self._dtype
-        ):
+        if not attends_in_graph(key_cache, value_cache, self._dtype):
             return
+        self._in_pool = decode_in_pool.reads_in_place(key_cache, value_cache, self._dtype)
         started = time.monotonic()
         block_size = key_cache.shape[1]
         longest = min(max_model_len, key_cache.shape[0] * block_size)
@@ -142,7 +151,7 @@ class OneRowStep:
                 ids = torch.zeros(1, dtype=torch.int64, device=key_cache.device)
                 positions = torch.full_like(ids, length - 1)
                 with step_context(meta, kv_caches), torch.compiler.set_stance(stance):
-                    self._compiled(self._model, ids, positions, self._num_q_heads)
+                    self._compiled(self._model, ids, positions, self._num_q_heads, self._in_pool)
         except Exception as error:  # noqa: BLE001 - any failure leaves the other graphs
             logger.warning(
                 "compiling the one-row step failed, its steps take the layer graphs: %s: %s",
@@ -152,6 +161,18 @@ class OneRowStep:
             return
         self.ready = True
         logger.info("compiled the one-row step in %.1f s", time.monotonic() - started)
+
+
+def attends_in_graph(key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
+    """Whether the graph can trace the attention of decodes computing in `dtype` over this
+    pool: a CPU's bfloat16 pool read in place, or a float32 one whose blocks it gathers
+    (kernels/decode_gathered_traced.py). Other caches (fp8 with their scales, float16)
+    take the layer graphs."""
+    if key_cache.device.type != "cpu":
+        return False
+    if decode_in_pool.reads_in_place(key_cache, value_cache, dtype):
+        return True
+    return dtype == torch.float32 and key_cache.dtype == value_cache.dtype == dtype
 
 
 def _copy_of(function: types.FunctionType) -> types.FunctionType:

@@ -1,11 +1,13 @@
 """The step of one decoding row, compiled whole, gives the layer graphs' tokens.
 
-A bfloat16 runner (the pool read in place) compiles the one-row step at warm-up; a lone
-sequence's decodes then run it, across block boundaries, and its greedy tokens and top
-logprobs must be those of the same runner with the one-row step off (the layer graphs).
-The graph computes the decodes' logits too. Both round in bfloat16 but fuse differently, so the logprobs agree to a few bfloat16
-steps, not bit for bit, and two near-tied tokens below the first may swap places. Steps of
-more rows and prefills take the layer graphs; a float32 runner never builds the graph.
+A bfloat16 runner (the pool read in place) and a float32 runner with bfloat16 row weights,
+as `--dtype auto` serves on a CPU without bfloat16 arithmetic (the pool's blocks gathered),
+compile the one-row step at warm-up; a lone sequence's decodes then run it, across block
+boundaries, and its greedy tokens and top logprobs must be those of the same runner with
+the one-row step off (the layer graphs). The graph computes the decodes' logits too. Both
+fuse differently (bfloat16 rounds too), so the logprobs agree closely, not bit for bit, and
+two near-tied tokens below the first may swap places. Steps of more rows and prefills take
+the layer graphs; pools the graph cannot trace (fp8, float16) never build it.
 Only the first step and steps after a change of the settings a trace reads check the
 graph's guards; a step the graph would have to compile again for turns it off for good,
 with a warning, and still gives the right tokens.
@@ -20,6 +22,8 @@ import pytest
 import torch
 
 from aioserve.kernels import dispatch
+from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts
+from aioserve.runner.one_row_step import attends_in_graph
 from tests.runner.call_counts import count_calls
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 
@@ -45,7 +49,16 @@ def _runner(
     config: str = "llama-gqa4-llama3-rope",
     block_size: int = BLOCK_SIZE,
 ):
-    _, runner = tiny_runner(config, dtype=dtype, compile_model=True, block_size=block_size)
+    # A float32 model keeps bfloat16 row weights, as `--dtype auto` serves it on a CPU
+    # without bfloat16 arithmetic (models/linear.py keep_row_weights).
+    row_weights = torch.bfloat16 if dtype == torch.float32 else None
+    _, runner = tiny_runner(
+        config,
+        dtype=dtype,
+        compile_model=True,
+        block_size=block_size,
+        row_weight_dtype=row_weights,
+    )
     if not one_row:
         runner.model_step._one_row = None
     runner.warm_up()
@@ -81,9 +94,20 @@ def _lone_sequence(
     return out
 
 
-@pytest.mark.parametrize("config", ["llama-gqa4-llama3-rope", "qwen2-tied", "qwen3"])
-def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(config, monkeypatch):
-    whole = _runner(one_row=True, config=config)
+@pytest.mark.parametrize(
+    ("config", "dtype"),
+    [
+        ("llama-gqa4-llama3-rope", torch.bfloat16),
+        ("qwen2-tied", torch.bfloat16),
+        ("qwen3", torch.bfloat16),
+        ("llama-gqa4-llama3-rope", torch.float32),
+        ("qwen2-tied", torch.float32),
+    ],
+)
+def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(
+    config, dtype, monkeypatch
+):
+    whole = _runner(one_row=True, config=config, dtype=dtype)
     assert whole.model_step._one_row.ready
     calls, guarded = _calls(whole, monkeypatch), _guarded_calls(whole, monkeypatch)
     head = count_calls(monkeypatch, whole.model_step, "logits")
@@ -93,7 +117,7 @@ def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(co
     assert guarded[0] == 1  # the first; the others call the graph directly
     assert head[0] == 1  # the prefill's: the graph computes the decodes' logits itself
     assert whole.model_step._one_row.ready
-    expected = _lone_sequence(_runner(one_row=False, config=config), decodes)
+    expected = _lone_sequence(_runner(one_row=False, config=config, dtype=dtype), decodes)
     for (token, ids, values), (token_0, ids_0, values_0) in zip(got, expected, strict=True):
         assert token == token_0
         # The top logprobs agree; below the first, two near-tied tokens may swap places.
@@ -132,9 +156,22 @@ def test_steps_of_more_rows_take_the_layer_graphs(monkeypatch):
     assert calls[0] == 1
 
 
-def test_a_float32_runner_does_not_build_it():
-    runner = _runner(one_row=True, dtype=torch.float32)
-    assert not runner.model_step._one_row.ready
+@pytest.mark.parametrize(
+    ("cache_dtype", "compute_dtype", "traced"),
+    [
+        (torch.bfloat16, torch.bfloat16, True),  # weighed in place
+        (torch.float32, torch.float32, True),  # gathered
+        (torch.float16, torch.float16, False),
+        (torch.float8_e4m3fn, torch.bfloat16, False),  # its scales: the layer graphs
+        (torch.bfloat16, torch.float32, False),
+    ],
+)
+def test_which_pools_the_graph_attends_over(cache_dtype, compute_dtype, traced):
+    keys, values = (
+        empty_kv_cache(8, BLOCK_SIZE, 2, 16, cache_dtype, torch.device("cpu"), layout)
+        for layout in torch_path_layouts(cache_dtype)
+    )
+    assert attends_in_graph(keys, values, compute_dtype) is traced
 
 
 def test_a_step_the_graph_would_compile_again_for_turns_it_off(monkeypatch, caplog):
