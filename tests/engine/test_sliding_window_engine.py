@@ -6,11 +6,14 @@ A tiny Mistral whose every layer sees the last 6 positions, served by `LLM` with
 the greedy tokens and their logprobs must be transformers' (the layer graphs, prompts
 batched). In bfloat16 (decodes weighed in the pool, the one-row graph alone) the logprobs
 of the engine's own tokens, teacher-forced through transformers in float32, must be within
-bfloat16's reach of them: 0.25 at most here, where served without the window they are
-off by 3 to 9.5. --disable-sliding-window caps the context at the window, as vLLM does.
+bfloat16's reach of them: 0.25 more than transformers' own bfloat16 run is off on the same
+tokens (up to 0.75 here on an AVX2 EPYC, where the engine's worst was 0.75 too), where
+served without the window they are off by 3 to 9. --disable-sliding-window caps the context at the window, as vLLM does.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -64,6 +67,11 @@ def hf_model(windowed_model):
     return AutoModelForCausalLM.from_pretrained(windowed_model, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def hf_model_bf16(hf_model):
+    return copy.deepcopy(hf_model).to(torch.bfloat16)
+
+
 def _chosen(output) -> tuple[list[int], list[float]]:
     got = output.outputs[0]
     tokens = list(got.token_ids)
@@ -83,7 +91,9 @@ def test_float32_greedy_matches_transformers(windowed_model, hf_model):
         assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
 
 
-def test_bfloat16_logprobs_follow_transformers_alone_and_batched(windowed_model, hf_model):
+def test_bfloat16_logprobs_follow_transformers_alone_and_batched(
+    windowed_model, hf_model, hf_model_bf16
+):
     llm = LLM(model=windowed_model, dtype="bfloat16", block_size=8, max_model_len=64)
     try:
         alone = [
@@ -95,7 +105,9 @@ def test_bfloat16_logprobs_follow_transformers_alone_and_batched(windowed_model,
     for prompt, output in zip(PROMPTS * 2, alone + batched, strict=True):
         tokens, logprobs = _chosen(output)
         expected = hf_logprobs_of(hf_model, prompt, tokens)
-        assert logprobs == pytest.approx(expected, abs=0.5)
+        reach = hf_logprobs_of(hf_model_bf16, prompt, tokens)
+        for ours, want, theirs in zip(logprobs, expected, reach, strict=True):
+            assert abs(ours - want) <= 0.25 + abs(theirs - want)
 
 
 def test_disable_sliding_window_caps_the_context_at_the_window(windowed_model, hf_model):
