@@ -35,20 +35,6 @@ class GatheredBlocks:
     block_tables: Tensor  # [n, blocks] int64: the blocks each row attends over
     lengths: Tensor  # [n, 1] int64: each sequence's length, the new row included
 
-    def write_and_attend(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        key_cache: Tensor,
-        value_cache: Tensor,
-        scale: float,
-        sliding_window: int = 0,
-    ) -> Tensor:
-        return write_and_attend_gathered(
-            query, key, value, key_cache, value_cache, self, scale, sliding_window
-        )
-
 
 def gathered_blocks(block_tables: Tensor, seq_lens: Tensor, block_size: int) -> GatheredBlocks:
     """The inputs of `write_and_attend_gathered` for sequences of lengths `seq_lens` [n]

@@ -37,20 +37,6 @@ class RowsInPool:
     value_rows: Tensor  # [n, Hq, blocks, block_size]
     lengths: Tensor  # [n, 1] int64: each sequence's length, the new row included
 
-    def write_and_attend(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        key_cache: Tensor,
-        value_cache: Tensor,
-        scale: float,
-        sliding_window: int = 0,
-    ) -> Tensor:
-        return write_and_attend(
-            query, key, value, key_cache, value_cache, self, scale, sliding_window
-        )
-
 
 def rows_in_pool(
     block_tables: Tensor,

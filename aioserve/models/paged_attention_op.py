@@ -22,6 +22,8 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.attention import paged_attention
+from aioserve.kernels.decode_gathered_traced import write_and_attend_gathered
+from aioserve.kernels.decode_in_pool_traced import RowsInPool, write_and_attend
 from aioserve.kernels.kv_cache import write_kv_cache
 from aioserve.kernels.rotary import apply_rotary
 from aioserve.kernels.rotary_kv_write import rotary_and_write_kv_triton
@@ -180,11 +182,13 @@ def attend_layer(
         # The step compiled whole (its layers' indices constants): its attention is torch
         # ops in the graph.
         step = current_step()
-        if step.traced_decode is not None:
+        traced = step.traced_decode
+        if traced is not None:
             key_cache, value_cache = step.kv_caches[layer_index]
-            return step.traced_decode.write_and_attend(
-                query, key, value, key_cache, value_cache, scale, sliding_window
+            attend = (
+                write_and_attend if isinstance(traced, RowsInPool) else write_and_attend_gathered
             )
+            return attend(query, key, value, key_cache, value_cache, traced, scale, sliding_window)
     if torch.compiler.is_compiling():
         # Contiguous in and out, so that the op's inputs have one layout whatever inductor
         # decided for the views that feed it.

@@ -54,9 +54,9 @@ class StepContext:
     meta: AttentionMetadata
     kv_caches: list[KVCache]  # one (key cache, value cache) per layer, with its scales
     # Set inside the graph of a step compiled whole (runner/one_row_step.py), before its
-    # layers: their attention is then traced into the graph (its `write_and_attend`), the
-    # pool weighed in place (bfloat16) or its blocks gathered (float32), not called as the
-    # custom op.
+    # layers: their attention is then traced into the graph, the pool weighed in place
+    # (bfloat16, RowsInPool) or its blocks gathered (float32, GatheredBlocks), not called as
+    # the custom op.
     traced_decode: RowsInPool | GatheredBlocks | None = None
     lora: LoRATokenGroups | None = None  # the step's tokens by LoRA slot; None: no adapter
 
