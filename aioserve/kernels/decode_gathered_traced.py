@@ -43,12 +43,13 @@ def gathered_blocks(block_tables: Tensor, seq_lens: Tensor, block_size: int) -> 
     graph for all its layers."""
     tables = block_tables.long()
     torch._check(tables.shape[1] > 0)
-    last = seq_lens.long() - 1
+    lengths = seq_lens.long()
+    last = lengths - 1
     return GatheredBlocks(
         write_blocks=tables.gather(1, (last // block_size)[:, None]).squeeze(1),
         write_offsets=last % block_size,
         block_tables=tables,
-        lengths=seq_lens.long()[:, None],
+        lengths=lengths[:, None],
     )
 
 
