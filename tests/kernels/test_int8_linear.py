@@ -5,8 +5,9 @@ Every step of the format is exact or one float32 rounding (the row scale, x / sc
 integer sum, each scaling), so the oracle, the reference and the Triton path agree to
 the bit: float64 holds each float32 operation's exact result (the sum of int8 products
 too) and rounds it once to float32 (innocuous double rounding: 53 ≥ 2·24 + 2 bits).
-Where torch's int8 GEMM saturates (a CPU without VNNI) the reference sums in float64; that
-it is found, on this CPU and with oneDNN held to AVX2, is checked here too.
+Where torch's int8 GEMM saturates (oneDNN's 16-bit pair sums without VNNI) the reference
+sums in float64; that the check finds it, as-is and with oneDNN held to AVX2, is checked
+here too.
 Under the interpreter the kernels take the CPU launch table (tiles of 16 and 32, K in
 steps of 32), so the shapes below reach the small and the large tile, partial row and
 column tiles and a K tail. The interpreter casts float32 to bfloat16 by truncation (a GPU
@@ -24,16 +25,16 @@ import torch
 
 from aioserve.kernels import dispatch
 from aioserve.kernels import int8_linear as int8_linear_module
+from aioserve.kernels import int8_linear_reference as int8_linear_reference_module
 from aioserve.kernels.int8_linear import int8_linear, int8_linear_triton, quantize_rows_int8_triton
 from aioserve.kernels.int8_linear_reference import (
     INT8_MAX,
     MIN_SCALE,
-    int8_gemm_exact,
     int8_linear_reference,
+    integer_products,
     quantize_rows,
     quantize_weight,
 )
-from aioserve.platform import cpu_flags
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # x / scale landing exactly halfway between integers (scale 1, the row's largest being
@@ -246,7 +247,6 @@ def test_gpu_triton_equals_reference(triton_backend, device, rows, n, k, dtype) 
     assert torch.equal(out, int8_linear_reference(x.cpu(), w_q.cpu(), scale.cpu(), bias.cpu()))
 
 
-_VNNI_FLAGS = {"avx512_vnni", "avx_vnni", "amx_int8"}
 _CHILD_CHECK = """
 import torch
 from aioserve.kernels.int8_linear_reference import int8_gemm_exact, integer_products
@@ -258,18 +258,31 @@ print(int8_gemm_exact(), saturated, exact)
 """
 
 
-@pytest.mark.skipif(
-    "ONEDNN_MAX_CPU_ISA" in os.environ, reason="oneDNN is held below what the CPU's flags say"
-)
-def test_torchs_int8_gemm_is_exact_where_the_cpu_has_vnni() -> None:
-    assert int8_gemm_exact() == bool(cpu_flags() & _VNNI_FLAGS)
-
-
-def test_without_vnni_the_saturating_gemm_is_found_and_the_sums_stay_exact() -> None:
-    # oneDNN held to AVX2, as on an AVX2-only EPYC: its pair sums saturate, the check says
-    # so, and the reference sums in float64 instead.
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# Whether torch's int8 GEMM saturates is up to torch and oneDNN, not the CPU's flags alone:
+# held to AVX2 on a CPU with VNNI, oneDNN's 16-bit pair sums saturate; on a Zen 3 EPYC
+# without VNNI torch takes an exact kernel. So the check is held to what the GEMM gives.
+@pytest.mark.parametrize("max_isa", [None, "AVX2"], ids=["as-is", "onednn-avx2"])
+def test_the_exactness_check_finds_a_saturating_gemm_and_the_sums_stay_exact(max_isa) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+    if max_isa:
+        env["ONEDNN_MAX_CPU_ISA"] = max_isa
     child = subprocess.run(
         [sys.executable, "-c", _CHILD_CHECK], env=env, capture_output=True, text=True, check=True
     )
-    assert child.stdout.split() == ["False", "True", "True"]
+    exact_check, saturated, sums_exact = child.stdout.split()
+    assert exact_check == str(saturated == "False")
+    assert sums_exact == "True"
+
+
+def test_where_the_gemm_is_not_exact_the_sums_are_taken_in_float64(monkeypatch) -> None:
+    monkeypatch.setattr(int8_linear_reference_module, "_EXACT", False)
+    monkeypatch.setattr(torch, "_int_mm", None)  # never called on this path
+    x = torch.full((3, 576), 127, dtype=torch.int8)
+    w = torch.full((5, 576), -128, dtype=torch.int8)
+    sums = integer_products(x, w)
+    assert sums.dtype == torch.int32 and (sums == 127 * -128 * 576).all()
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randint(-127, 128, (7, 96), dtype=torch.int8, generator=generator)
+    w = torch.randint(-128, 128, (9, 96), dtype=torch.int8, generator=generator)
+    expected = (x.long()[:, None, :] * w.long()[None, :, :]).sum(-1)
+    assert torch.equal(integer_products(x, w).long(), expected)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioserve.kernels import attention_reference
+from aioserve.kernels import attention_reference, prefill_products
 from aioserve.kernels.attention_reference import paged_attention_reference, plan_reference_attention
 from tests.kernels.test_attention import LAYOUTS, MIXED, make_batch, naive_attention
 
@@ -52,6 +52,8 @@ def test_decode_only_steps_see_only_their_window(device, window, layout, seqs):
 def test_long_bfloat16_prefills_through_the_products_see_only_their_window(
     device, monkeypatch, window, layout
 ):
+    # The products are forced on a CPU without bfloat16 arithmetic too (host-independent).
+    monkeypatch.setattr(prefill_products, "cpu_fast_bf16_flag", lambda: "avx512_bf16")
     products = []
     attend = attention_reference.attend_by_products
     monkeypatch.setattr(
@@ -62,13 +64,12 @@ def test_long_bfloat16_prefills_through_the_products_see_only_their_window(
     # A fresh prompt, a chunk of three product chunks over a cached prefix, a decode.
     batch = make_batch([(300, 300), (600, 900), (1, 400)], 6, 2, 64, 16, torch.bfloat16, device)
     _check(batch, window, torch.bfloat16)
-    if attention_reference.uses_products(torch.bfloat16, 600, 900):
-        assert len(products) == 2
-        # The chunk's blocks wholly before its first row's window are left out; each
-        # product chunk then starts reading at its own first row's window, rounded down.
-        kept = 300 - max(0, 300 + 1 - window) // 16 * 16  # of the cached prefix
-        first_keys = [max(0, kept + start + 1 - window) // 256 * 256 for start in (0, 256, 512)]
-        assert [chunk.first_key for chunk in products[1]] == first_keys
+    assert len(products) == 2
+    # The chunk's blocks wholly before its first row's window are left out; each product
+    # chunk then starts reading at its own first row's window, rounded down.
+    kept = 300 - max(0, 300 + 1 - window) // 16 * 16  # of the cached prefix
+    first_keys = [max(0, kept + start + 1 - window) // 256 * 256 for start in (0, 256, 512)]
+    assert [chunk.first_key for chunk in products[1]] == first_keys
 
 
 def test_a_windowed_plan_leaves_out_the_blocks_before_each_window(device):
