@@ -43,8 +43,27 @@ def _return_large_blocks_to_the_system() -> None:
 
 _return_large_blocks_to_the_system()
 
+# A worker peaks near 7 GB (engines built one after another, the servers it starts
+# included; bench/RESULTS.md), so `-n auto` takes one worker per core while each has 10 GiB.
+_WORKER_MEMORY = 10 << 30
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """How many pytest-xdist workers `-n auto` starts: one per core, as memory allows, and
+    one on a GPU machine (each worker's engines would size their KV pools from the same
+    device's memory)."""
+    if torch.cuda.is_available():
+        return 1
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    available = int(fields["MemAvailable"].split()[0]) * 1024
+    return max(1, min(len(os.sched_getaffinity(0)), available // _WORKER_MEMORY))
+
 
 def pytest_collection_modifyitems(config, items):
+    # The end-to-end modules first: on two workers the last module handed out sets the
+    # tail, so it had better be a short one (pyproject's --no-loadscope-reorder keeps this).
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA or ROCm device")
