@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aioserve.kernels.decode_in_pool_traced import last_slots
+
 
 @dataclass
 class GatheredBlocks:
@@ -44,10 +46,10 @@ def gathered_blocks(block_tables: Tensor, seq_lens: Tensor, block_size: int) -> 
     tables = block_tables.long()
     torch._check(tables.shape[1] > 0)
     lengths = seq_lens.long()
-    last = lengths - 1
+    write_blocks, write_offsets = last_slots(tables, lengths, block_size)
     return GatheredBlocks(
-        write_blocks=tables.gather(1, (last // block_size)[:, None]).squeeze(1),
-        write_offsets=last % block_size,
+        write_blocks=write_blocks,
+        write_offsets=write_offsets,
         block_tables=tables,
         lengths=lengths[:, None],
     )

@@ -85,14 +85,21 @@ def rows_in_pool(
         tables[:, :, None] * value_block + offsets * value_slot,
         tables[:, :1, None] * value_block,
     )
-    last = lengths - 1
+    write_blocks, write_offsets = last_slots(tables, lengths, block_size)
     return RowsInPool(
-        write_blocks=tables.gather(1, (last // block_size)[:, None]).squeeze(1),
-        write_offsets=last % block_size,
+        write_blocks=write_blocks,
+        write_offsets=write_offsets,
         key_rows=key_rows,
         value_rows=slot_rows[:, None] + (kv_heads * value_head)[None, :, None, None],
         lengths=lengths[:, None],
     )
+
+
+def last_slots(tables: Tensor, lengths: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+    """Each sequence's last slot, where its new row is written: the block [n] from its row
+    of `tables` [n, blocks] and the offset in that block [n], for `lengths` [n] int64."""
+    last = lengths - 1
+    return tables.gather(1, (last // block_size)[:, None]).squeeze(1), last % block_size
 
 
 def _in_rows(strides: tuple[int, ...], row_length: int) -> tuple[int, ...]:
