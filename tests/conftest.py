@@ -1,4 +1,5 @@
-"""Shared fixtures: the kernel-backend switch, the GPU marker, the default and a tiny model.
+"""Shared fixtures: the kernel-backend switch, the GPU marker, the default and a tiny model;
+how many pytest-xdist workers run the suite and in which order its modules are handed out.
 
 On a machine without a GPU, Triton kernels run in Triton's interpreter. TRITON_INTERPRET
 must be set before triton is first imported, which is why it is set here, at the top of
