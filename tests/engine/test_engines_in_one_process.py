@@ -71,11 +71,22 @@ def _model_thread_cores(llm: LLM) -> int:
     return llm.engine._model_thread.submit(torch.get_num_threads).result()
 
 
-def test_a_closed_engine_is_collected_and_the_next_is_built_alike(tiny_folder):
+@pytest.fixture
+def two_threads():
+    """Two torch threads at least, as a served process has on two cores (an xdist worker
+    may run on one), so that a later engine's model thread left on one core shows."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(before, 2))
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_closed_engine_is_collected_and_the_next_is_built_alike(tiny_folder, two_threads):
     thresholds, switch_interval = gc.get_threshold(), sys.getswitchinterval()
     first = _engine(tiny_folder, block_size=16)
     tokens = _greedy(first)
     cores = _model_thread_cores(first)
+    assert cores >= 2
     assert first.engine.runner.model_step._one_row.ready
     assert not _debug_get_cache_entry_list(forward_and_logits.__code__)
     model = weakref.ref(first.engine.runner.model)
