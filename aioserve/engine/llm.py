@@ -9,10 +9,11 @@ generation go through exactly the same code.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -31,6 +32,8 @@ from aioserve.engine.pooling_params import PoolingParams
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
+_T = TypeVar("_T")
+_CLOSED = "this LLM is closed: its model and KV pool are freed"
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:
@@ -66,8 +69,22 @@ class LLM:
     def _start(self, config: EngineConfig) -> None:
         self.config = config
         self._loop = _new_event_loop()
-        self.engine = AsyncEngine.from_config(config)
+        self._engine: AsyncEngine | None = AsyncEngine.from_config(config)
         self._ids = itertools.count()
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine behind this LLM; RuntimeError once `close()` has freed it."""
+        if self._engine is None:
+            raise RuntimeError(_CLOSED)
+        return self._engine
+
+    def _complete(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        """Run `coroutine` to its end on the LLM's own loop."""
+        if self._engine is None:
+            coroutine.close()
+            raise RuntimeError(_CLOSED)
+        return self._loop.run_until_complete(coroutine)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -103,9 +120,7 @@ class LLM:
                 raise ValueError(
                     f"lora_request has {len(loras)} entries for {len(prompts)} prompts"
                 )
-        return self._loop.run_until_complete(
-            self._run(prompts, params, priorities, use_tqdm, loras)
-        )
+        return self._complete(self._run(prompts, params, priorities, use_tqdm, loras))
 
     def chat(
         self,
@@ -173,7 +188,7 @@ class LLM:
         ):
             prompts = [prompts]
         params = pooling_params or PoolingParams()
-        return self._loop.run_until_complete(self._run_pooling(list(prompts), params, use_tqdm))
+        return self._complete(self._run_pooling(list(prompts), params, use_tqdm))
 
     def score(
         self, data_1: str | Sequence[str], data_2: str | Sequence[str], *, use_tqdm: bool = True
@@ -316,10 +331,14 @@ class LLM:
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Stop the engine's loop and executor thread."""
-        if not self._loop.is_closed():
-            self._loop.run_until_complete(self.engine.shutdown())
-            self._loop.close()
+        """Stop the engine's loop and threads and free its model and KV pool; the LLM
+        cannot be used afterwards."""
+        if self._engine is None:
+            return
+        self._loop.run_until_complete(self._engine.shutdown())
+        self._loop.close()
+        self._engine = None
+        gc.collect()  # the compiled model's reference cycles hold its weights
 
     def __enter__(self) -> LLM:
         return self

@@ -93,9 +93,10 @@ def test_a_closed_engine_is_collected_and_the_next_is_built_alike(tiny_folder, t
     first.close()
     assert gc.get_freeze_count() == 0
     assert (gc.get_threshold(), sys.getswitchinterval()) == (thresholds, switch_interval)
-    del first
-    gc.collect()
-    assert model() is None
+    assert model() is None, "close() should free the model, though `first` is still held"
+    with pytest.raises(RuntimeError, match="this LLM is closed"):
+        _greedy(first)
+    first.close()  # a second close does nothing
 
     # Another block size: the one-row graph is compiled for the pool's own sizes, not
     # for sizes dynamo saw change since the first engine's (which it could not compile).
