@@ -2,9 +2,10 @@
 
 SmolLM2-135M's attention shapes (9 query heads, 3 kv heads, head size 64, blocks of 128
 tokens, the CPU's default), float32 or `--dtype bfloat16`: B sequences decoding one token
-each at `--context` tokens, their blocks spread over a cache of 3,000 blocks stored as the
-CPU's pool is (kv_cache.torch_path_layouts: bfloat16 decodes weigh it in place). Times `write_kv_cache_reference` (the step's new keys
-and values into their slots, at the (block, offset) the plan worked out) and
+each at `--context` tokens, their blocks spread over a cache of 750 blocks stored as the
+CPU's pool is (kv_cache.torch_path_layouts: weighed in place in bfloat16, and in float32 on
+a CPU without AVX-512). Times `write_kv_cache_reference` (the step's new keys and values
+into their slots, at the (block, offset) the plan worked out) and
 `paged_attention_reference` with the step's plan built once, as every layer of a step runs
 them; the median of `--repeats` rounds.
 
@@ -12,8 +13,8 @@ them; the median of `--repeats` rounds.
     python bench/decode_attention.py --batch 1 --context 1024
     python bench/decode_attention.py --dtype bfloat16 --batch 64 --context 320 --query-heads 3
 
-`--query-heads` changes how many query heads share the 3 kv heads (SmolLM2: 9): in
-bfloat16 the bags weigh each kv head's slots once for every query head, so the time
+`--query-heads` changes how many query heads share the 3 kv heads (SmolLM2: 9): in place
+the bags weigh each kv head's slots once for every query head, so the time
 follows the query heads, not the bytes read.
 """
 

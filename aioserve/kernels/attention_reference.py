@@ -6,16 +6,16 @@ reads) and every layer reuses the plan, working out what depends on the pool in 
 first layer. Per layer, `paged_attention_reference` attends, in bfloat16 for a bfloat16
 model and in float32 otherwise, the softmax always in float32 inside:
 
-- Decode rows (q_len == 1) of a bfloat16 pool in the CPU's layout are weighed where the
-  pool keeps them (decode_in_pool.py): per group of sequences one `embedding_bag` for the
+- Decode rows (q_len == 1) of a bfloat16 pool in the CPU's layout, and of a float32 one on
+  a CPU without AVX-512 (kv_cache.decodes_weigh_in_place), are weighed where the pool
+  keeps them (decode_in_pool.py): per group of sequences one `embedding_bag` for the
   scores and one for the values, nothing gathered. Where the step's rows are all decodes
   of one such group (a decode at one stream), its result is returned as it is
   (`ReferencePlan.bags_of_every_row`): a layer then runs seven torch ops and little else.
-  Otherwise (float32, fp8 and float16 caches, other layouts) they are gathered in groups
-  of DECODE_GROUP sequences (decode_groups.py), kv head by kv head ([Hkv, slots, D],
-  `_gather_heads`: a group's gathered keys stay in the CPU's cache between the gather and
-  the product). A group's
-  scores are then one batched matrix product, one product per (sequence, kv head) with
+  Otherwise (fp8 and float16 caches, float32 on AVX-512, other layouts) they are gathered
+  in groups of DECODE_GROUP sequences (decode_groups.py), kv head by kv head ([Hkv, slots,
+  D], `_gather_heads`: a group's gathered keys stay in the CPU's cache between the gather
+  and the product). A group's scores are then one batched matrix product, one product per (sequence, kv head) with
   the GQA group of query heads as its rows (at these shapes torch's CPU SDPA spends most
   of its time setting up each (sequence, head) pair), its probabilities a second product
   with the gathered values.
@@ -436,7 +436,7 @@ def _attend_decodes(
     """Every decoding row's attention, written into `out`: weighed in the pool where it
     can be (decode_in_pool.py), else gathered group by group."""
     num_q_heads, head_size = query.shape[1:]
-    # bfloat16 queries compute in bfloat16 (_compute_dtype), the only dtype read in place.
+    # Read in place: bfloat16 computing in bfloat16 (_compute_dtype), float32 in float32.
     in_pool = decodes.read_in_place(key_cache, value_cache, query.dtype)
     groups = decodes.groups(in_pool, num_q_heads, head_size)
     if not in_pool:

@@ -1,10 +1,10 @@
 """A decode row's KV write and attention over its gathered blocks, as torch ops a compiled
-graph traces: the float32 form of decode_in_pool_traced.py.
+graph traces: the float32 form of decode_in_pool_traced.py on a CPU with AVX-512.
 
-A float32 pool is not weighed in place: `embedding_bag` (what decode_in_pool.py weighs a
-bfloat16 pool with) left MKL's float32 batched products 2.6× slower for the rest of the
-process once it had run (decode_in_pool.py), and a float32 model's prefills are such
-products. Here each sequence's blocks are gathered whole, as the layer graphs' path does
+There a float32 pool is not weighed in place: `embedding_bag` (what decode_in_pool.py
+weighs a pool with) left MKL's float32 batched products 2.6× slower for the rest of the
+process once it had run on an AVX-512 EPYC (kv_cache.decodes_weigh_in_place). Here each
+sequence's blocks are gathered whole, as the layer graphs' path does
 (attention_reference.py), and its query heads multiplied with them: two small products a
 layer, inside the graph of the whole step (runner/one_row_step.py), so that its C++
 wrapper calls every op with no Python in between.

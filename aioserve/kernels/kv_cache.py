@@ -17,6 +17,7 @@ attention multiplies them back (attention.py, attention_reference.py). The scale
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import numpy as np
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from aioserve.kernels import dispatch
 from aioserve.kernels.triton_compat import tl, triton
-from aioserve.platform import launch_entry
+from aioserve.platform import cpu_flags, launch_entry
 
 # Per platform: heads of one token a program copies, and its warps.
 _CONFIG: dict[str, dict[str, int]] = {
@@ -49,14 +50,31 @@ _STORED_ORDER: dict[str, tuple[int, int, int, int]] = {
 def torch_path_layouts(dtype: torch.dtype) -> tuple[KVLayout, KVLayout]:
     """The (keys, values) layouts of a pool of `dtype` that the torch path reads best.
 
-    bfloat16 decodes weigh the pool in place (decode_in_pool.py): a dim-major key block
-    holds each head-size component's slots as one run, so that a query's scores are
-    weighted sums of those runs, and a head-major value's D components are one run.
-    Other dtypes gather a kv head's slots of a block, one run of a head-major pool.
+    Where decodes weigh the pool in place (`decodes_weigh_in_place`, decode_in_pool.py), a
+    dim-major key block holds each head-size component's slots as one run, so that a
+    query's scores are weighted sums of those runs, and a head-major value's D components
+    are one run. Elsewhere decodes gather a kv head's slots of a block, one run of a
+    head-major pool.
     """
-    if dtype == torch.bfloat16:
+    if decodes_weigh_in_place(dtype):
         return ("dim_major", "head_major")
     return ("head_major", "head_major")
+
+
+def decodes_weigh_in_place(dtype: torch.dtype) -> bool:
+    """Whether a CPU pool of `dtype`, under compute in `dtype`, is weighed where it lies
+    by its decodes (decode_in_pool.py) rather than gathered: bfloat16 always; float32 on
+    a CPU without AVX-512, where MKL's float32 products keep their speed once fbgemm's
+    `embedding_bag` has run (on an AVX-512 EPYC they ran 2.6× slower for the rest of the
+    process, so float32 gathers there: decode_in_pool.py)."""
+    if dtype == torch.bfloat16:
+        return True
+    return dtype == torch.float32 and not _has_avx512()
+
+
+@functools.cache
+def _has_avx512() -> bool:
+    return "avx512f" in cpu_flags()
 
 
 def empty_kv_cache(

@@ -55,7 +55,7 @@ class StepContext:
     kv_caches: list[KVCache]  # one (key cache, value cache) per layer, with its scales
     # Set inside the graph of a step compiled whole (runner/one_row_step.py), before its
     # layers: their attention is then traced into the graph, the pool weighed in place
-    # (bfloat16, RowsInPool) or its blocks gathered (float32, GatheredBlocks), not called as
+    # (RowsInPool) or its blocks gathered (float32 on AVX-512, GatheredBlocks), not called as
     # the custom op.
     traced_decode: RowsInPool | GatheredBlocks | None = None
     lora: LoRATokenGroups | None = None  # the step's tokens by LoRA slot; None: no adapter

@@ -11,10 +11,10 @@ and inductor's C++ wrapper calling them in turn, the graph's guards checked only
 could have changed (`forward`). On a Zen 5 EPYC one stream went from 8.0-8.7 to 6.6-7.3 ms
 a token in process, and to 6.2-6.3 ms with the head in the graph (bench/RESULTS.md).
 
-It serves the steps it can: one row, one sequence, sampling, in a bfloat16 pool read in
-place under bfloat16 compute, or a float32 pool whose blocks the graph gathers under
-float32 compute (a CPU without bfloat16 arithmetic, where `--dtype auto` computes in
-float32); others take the graphs of compiled_step.py. It is compiled
+It serves the steps it can: one row, one sequence, sampling, in a pool read in place
+(bfloat16, or float32 on a CPU without AVX-512: kv_cache.decodes_weigh_in_place), or a
+float32 pool whose blocks the graph gathers (kernels/decode_gathered_traced.py) under
+float32 compute; others take the graphs of compiled_step.py. It is compiled
 at warm-up (~36 s with inductor's cache cold, ~4.5 s warm) and never at serve time: a step
 that would compile it again (a guard failing) turns it off with a warning, and that step
 and every later one take the other graphs.
@@ -165,9 +165,9 @@ class OneRowStep:
 
 def attends_in_graph(key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
     """Whether the graph can trace the attention of decodes computing in `dtype` over this
-    pool: a CPU's bfloat16 pool read in place, or a float32 one whose blocks it gathers
-    (kernels/decode_gathered_traced.py). Other caches (fp8 with their scales, float16)
-    take the layer graphs."""
+    pool: a CPU's pool read in place (decode_in_pool.reads_in_place), or a float32 one
+    whose blocks it gathers (kernels/decode_gathered_traced.py). Other caches (fp8 with
+    their scales, float16) take the layer graphs."""
     if key_cache.device.type != "cpu":
         return False
     if decode_in_pool.reads_in_place(key_cache, value_cache, dtype):

@@ -6,7 +6,8 @@ that belong to no sequence (block 0 among them) hold NaN, and block-table entrie
 sequence's blocks hold an out-of-range block id, so reading anything the kernels must not
 read shows up. The caches come in the layouts the kernels take (kv_cache.empty_kv_cache):
 slot-major, as a GPU's pool is stored; head-major; and the CPU's, dim-major keys with
-head-major values, which bfloat16 decodes weigh in place (decode_in_pool.py).
+head-major values, which bfloat16 decodes weigh in place, and float32 ones on a CPU
+without AVX-512 (decode_in_pool.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from aioserve.kernels import attention_reference, decode_in_pool
+from aioserve.kernels import attention_reference, decode_in_pool, kv_cache
 from aioserve.kernels.attention import paged_attention
 from aioserve.kernels.attention_reference import PREFILL_ALIGN, paged_attention_reference
 from aioserve.kernels.decode_groups import DECODE_GROUP
@@ -255,17 +256,19 @@ def test_a_fresh_prompt_reads_the_steps_keys_not_the_pool(device, dtype):
 
 
 @pytest.mark.parametrize(
-    "dtype, layout, in_pool",
+    "dtype, layout, avx512, in_pool",
     [
-        (torch.bfloat16, "cpu", True),
-        (torch.float32, "cpu", False),  # float32 gathers (decode_in_pool.py)
-        (torch.float16, "cpu", False),  # computed in float32: not the pool's dtype
-        (torch.bfloat16, "head-major", False),  # a key block's slots are not one run
+        (torch.bfloat16, "cpu", True, True),
+        (torch.float32, "cpu", False, True),
+        (torch.float32, "cpu", True, False),  # float32 gathers on AVX-512 (decode_in_pool.py)
+        (torch.float16, "cpu", False, False),  # computed in float32: not the pool's dtype
+        (torch.bfloat16, "head-major", False, False),  # a key block's slots are not one run
     ],
 )
 def test_decodes_weigh_the_pool_in_place_where_its_layout_allows(
-    device, monkeypatch, dtype, layout, in_pool
+    device, monkeypatch, dtype, layout, avx512, in_pool
 ):
+    monkeypatch.setattr(kv_cache, "_has_avx512", lambda: avx512)
     # In the CPU's layout with the pool in the compute dtype, each group of decodes is two
     # embedding_bags, its scores' and its values', over the pool's rows; otherwise the
     # decodes gather and no bag runs. Prefill rows between the decodes change neither.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from aioserve.kernels import decode_in_pool
+from aioserve.kernels import decode_in_pool, kv_cache
 from aioserve.kernels.decode_groups import padded_positions
 from aioserve.kernels.decode_in_pool import (
     MAX_PADDING_SLOTS,
@@ -111,7 +111,9 @@ def test_groups_stay_under_the_bag_row_bound(monkeypatch):
     assert [len(g) for g in groups] == [3] * 16 + [2]
 
 
-def test_only_the_cpu_layouts_in_the_compute_dtype_are_read_in_place():
+@pytest.mark.parametrize("avx512", [False, True], ids=["avx2", "avx512"])
+def test_only_the_cpu_layouts_in_the_compute_dtype_are_read_in_place(monkeypatch, avx512):
+    monkeypatch.setattr(kv_cache, "_has_avx512", lambda: avx512)
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE)
 
     def pool(layout, dtype=torch.bfloat16):
@@ -119,10 +121,15 @@ def test_only_the_cpu_layouts_in_the_compute_dtype_are_read_in_place():
 
     keys, values = torch_path_layouts(torch.bfloat16)
     assert reads_in_place(pool(keys), pool(values), torch.bfloat16)
-    # float32 gathers (see the module): its pool is head-major, and even dim-major keys
-    # are not read in place.
-    assert torch_path_layouts(torch.float32) == ("head_major", "head_major")
-    assert not reads_in_place(pool(keys, torch.float32), pool(values, torch.float32), torch.float32)
+    # float32 is read in place on a CPU without AVX-512 and gathers on one with it (see the
+    # module): its pool is then head-major, and even dim-major keys are not read in place.
+    float32 = pool(keys, torch.float32), pool(values, torch.float32)
+    if avx512:
+        assert torch_path_layouts(torch.float32) == ("head_major", "head_major")
+        assert not reads_in_place(*float32, torch.float32)
+    else:
+        assert torch_path_layouts(torch.float32) == (keys, values)
+        assert reads_in_place(*float32, torch.float32)
     assert reads_in_place(pool(keys), pool("slot_major"), torch.bfloat16)
     assert not reads_in_place(pool("head_major"), pool(values), torch.bfloat16)
     assert not reads_in_place(pool(keys), pool(keys), torch.bfloat16)  # values not in runs

@@ -3,7 +3,8 @@
 `write_and_attend` (the form a compiled whole step traces) against the KV write and
 `attend_in_pool` of the layer graphs, bit for bit, on the CPU pool layouts; slots past a
 sequence's end hold NaN and must not reach the output. Then against attention computed
-densely in float32 on the same stored keys and values.
+densely in float64 on the same stored keys and values. In bfloat16 and in float32 (read in
+place on a CPU without AVX-512).
 """
 
 from __future__ import annotations
@@ -20,32 +21,36 @@ NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_SIZE, Q_HEADS = 12, 8, 2, 32, 6
 SCALE = HEAD_SIZE**-0.5
 
 
-def _pools() -> tuple[torch.Tensor, torch.Tensor]:
-    """A bfloat16 pool in the CPU's layouts, every slot NaN."""
+# The dtypes whose pools are weighed in place: bfloat16, and float32 on a CPU without AVX-512.
+DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+
+
+def _pools(dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pool of `dtype` in the layouts read in place, every slot NaN."""
     key_layout, value_layout = torch_path_layouts(torch.bfloat16)
     shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_SIZE)
     pools = [
-        empty_kv_cache(*shape, torch.bfloat16, torch.device("cpu"), layout).fill_(float("nan"))
+        empty_kv_cache(*shape, dtype, torch.device("cpu"), layout).fill_(float("nan"))
         for layout in (key_layout, value_layout)
     ]
     return pools[0], pools[1]
 
 
-def _filled(lengths: list[int], tables: np.ndarray, seed: int):
+def _filled(lengths: list[int], tables: np.ndarray, seed: int, dtype: torch.dtype):
     """Pools whose sequences' slots before their last hold random keys and values (the
     rest NaN), and each sequence's new query, key and value."""
     generator = torch.Generator().manual_seed(seed)
-    key_cache, value_cache = _pools()
+    key_cache, value_cache = _pools(dtype)
     for row, length in enumerate(lengths):
         for position in range(length - 1):
             block, offset = tables[row, position // BLOCK_SIZE], position % BLOCK_SIZE
             for cache in (key_cache, value_cache):
                 cache[block, offset] = torch.randn(KV_HEADS, HEAD_SIZE, generator=generator).to(
-                    torch.bfloat16
+                    dtype
                 )
     n = len(lengths)
     new = [
-        torch.randn(n, heads, HEAD_SIZE, generator=generator).to(torch.bfloat16)
+        torch.randn(n, heads, HEAD_SIZE, generator=generator).to(dtype)
         for heads in (Q_HEADS, KV_HEADS, KV_HEADS)
     ]
     return key_cache, value_cache, new
@@ -107,12 +112,15 @@ def test_rows_in_pool_are_the_custom_op_paths_rows():
     assert rows.lengths.tolist() == [[5], [2 * BLOCK_SIZE + 3]]
 
 
+@DTYPES
 @pytest.mark.parametrize(
     "lengths", [[1], [BLOCK_SIZE], [BLOCK_SIZE + 1], [3 * BLOCK_SIZE - 2], [5, 2 * BLOCK_SIZE + 3]]
 )
-def test_write_and_attend_equals_the_custom_op_path_bit_for_bit(lengths):
+def test_write_and_attend_equals_the_custom_op_path_bit_for_bit(lengths, dtype):
     tables = np.array([[7, 2, 9, 0], [4, 11, 1, 3]][: len(lengths)], dtype=np.int32)
-    key_cache, value_cache, (query, key, value) = _filled(lengths, tables, seed=len(lengths))
+    key_cache, value_cache, (query, key, value) = _filled(
+        lengths, tables, seed=len(lengths), dtype=dtype
+    )
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     expected = _custom_op_path(query, key, value, expected_keys, expected_values, tables, lengths)
     rows = _rows(tables, lengths, key_cache, value_cache)
@@ -124,12 +132,13 @@ def test_write_and_attend_equals_the_custom_op_path_bit_for_bit(lengths):
     torch.testing.assert_close(value_cache, expected_values, rtol=0, atol=0, equal_nan=True)
 
 
+@DTYPES
 @pytest.mark.parametrize("window", [0, 1, 3, BLOCK_SIZE + 1, 100])
-def test_write_and_attend_is_attention_over_the_stored_slots(window):
+def test_write_and_attend_is_attention_over_the_stored_slots(window, dtype):
     # A sliding window W > 0 keeps each row to its last W slots, its own included.
     lengths = [2 * BLOCK_SIZE + 5, 6]
     tables = np.array([[3, 10, 6], [8, 0, 0]], dtype=np.int32)
-    key_cache, value_cache, (query, key, value) = _filled(lengths, tables, seed=7)
+    key_cache, value_cache, (query, key, value) = _filled(lengths, tables, seed=7, dtype=dtype)
     rows = _rows(tables, lengths, key_cache, value_cache)
     out = write_and_attend(query, key, value, key_cache, value_cache, rows, SCALE, window)
     group = Q_HEADS // KV_HEADS
@@ -142,7 +151,8 @@ def test_write_and_attend_is_attention_over_the_stored_slots(window):
             for cache in (key_cache, value_cache)
         )
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        scores = torch.einsum("hd,lhd->hl", query[row].float(), keys) * SCALE
-        expected = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
-        # bfloat16 scores and probabilities against float32 ones.
-        torch.testing.assert_close(out[row].float(), expected, rtol=0.02, atol=0.02)
+        scores = torch.einsum("hd,lhd->hl", query[row].double(), keys.double()) * SCALE
+        expected = torch.einsum("hl,lhd->hd", scores.softmax(-1), values.double())
+        # bfloat16 scores and probabilities against float64 ones; float32 sums in another order.
+        tolerance = 0.02 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(out[row].double(), expected, rtol=0, atol=tolerance)

@@ -1,6 +1,7 @@
 """The KV pool as the runner allocates it: on the CPU in the layouts the torch path reads
-best (a bfloat16 pool's decodes weigh it in place: dim-major keys, head-major values;
-other dtypes gather from head-major pools), and zeroed."""
+best (where decodes weigh the pool in place, bfloat16 and float32 without AVX-512:
+dim-major keys, head-major values; elsewhere they gather from head-major pools), and
+zeroed."""
 
 from __future__ import annotations
 
@@ -11,14 +12,25 @@ from pathlib import Path
 import pytest
 import torch
 
+from aioserve.kernels import kv_cache
 from aioserve.kernels.decode_in_pool import reads_in_place
 from aioserve.runner.kv_memory import KVZeroing, allocate_kv_caches
 from tests.child_process import die_with_parent
 from tests.models.tiny_models import tiny_configs
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_cpu_pool_is_stored_as_the_torch_path_reads_it_and_zeroed(dtype):
+@pytest.mark.parametrize(
+    ("dtype", "avx512", "in_place"),
+    [
+        (torch.bfloat16, True, True),
+        (torch.float32, False, True),
+        (torch.float32, True, False),  # float32 gathers on AVX-512 (decode_in_pool.py)
+    ],
+)
+def test_the_cpu_pool_is_stored_as_the_torch_path_reads_it_and_zeroed(
+    monkeypatch, dtype, avx512, in_place
+):
+    monkeypatch.setattr(kv_cache, "_has_avx512", lambda: avx512)
     config = tiny_configs()["llama-gqa4-llama3-rope"]
     caches, zeroing = allocate_kv_caches(config, 6, 4, dtype, torch.device("cpu"))
     zeroing.join()
@@ -28,12 +40,12 @@ def test_the_cpu_pool_is_stored_as_the_torch_path_reads_it_and_zeroed(dtype):
         for cache in (key_cache, value_cache):
             assert cache.shape == (6, 4, config.num_key_value_heads, head_dim)
             assert not cache.any()
-        # bfloat16: a key block's slots of one component are a run; otherwise a kv head's
-        # slots of a block. Each value's head is a run.
-        key_order = (0, 2, 3, 1) if dtype == torch.bfloat16 else (0, 2, 1, 3)
+        # Read in place: a key block's slots of one component are a run; otherwise a kv
+        # head's slots of a block. Each value's head is a run.
+        key_order = (0, 2, 3, 1) if in_place else (0, 2, 1, 3)
         assert key_cache.permute(key_order).is_contiguous()
         assert value_cache.permute(0, 2, 1, 3).is_contiguous()
-        assert reads_in_place(key_cache, value_cache, dtype) == (dtype == torch.bfloat16)
+        assert reads_in_place(key_cache, value_cache, dtype) == in_place
 
 
 # In a process of its own: memory that earlier tests freed may be handed out again

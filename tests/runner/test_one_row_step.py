@@ -1,8 +1,8 @@
 """The step of one decoding row, compiled whole, gives the layer graphs' tokens.
 
 A bfloat16 runner (the pool read in place) and a float32 runner with bfloat16 row weights,
-as `--dtype auto` serves on a CPU without bfloat16 arithmetic (the pool's blocks gathered),
-compile the one-row step at warm-up; a lone sequence's decodes then run it, across block
+as `--dtype auto` serves on a CPU without bfloat16 arithmetic (the pool read in place, or
+its blocks gathered as on a CPU with AVX-512), compile the one-row step at warm-up; a lone sequence's decodes then run it, across block
 boundaries, and its greedy tokens and top logprobs must be those of the same runner with
 the one-row step off (the layer graphs). The graph computes the decodes' logits too. Both
 fuse differently (bfloat16 rounds too), so the logprobs agree closely, not bit for bit, and
@@ -21,7 +21,7 @@ import logging
 import pytest
 import torch
 
-from aioserve.kernels import dispatch
+from aioserve.kernels import dispatch, kv_cache
 from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts
 from aioserve.runner.one_row_step import attends_in_graph
 from tests.runner.call_counts import count_calls
@@ -94,19 +94,23 @@ def _lone_sequence(
     return out
 
 
+# avx512: whether the CPU is taken to have AVX-512, under which a float32 pool is gathered
+# rather than weighed in place (kv_cache.decodes_weigh_in_place): each float32 case takes
+# one of the two ways on any host.
 @pytest.mark.parametrize(
-    ("config", "dtype"),
+    ("config", "dtype", "avx512"),
     [
-        ("llama-gqa4-llama3-rope", torch.bfloat16),
-        ("qwen2-tied", torch.bfloat16),
-        ("qwen3", torch.bfloat16),
-        ("llama-gqa4-llama3-rope", torch.float32),
-        ("qwen2-tied", torch.float32),
+        ("llama-gqa4-llama3-rope", torch.bfloat16, False),
+        ("qwen2-tied", torch.bfloat16, False),
+        ("qwen3", torch.bfloat16, False),
+        ("llama-gqa4-llama3-rope", torch.float32, False),  # weighed in place
+        ("qwen2-tied", torch.float32, True),  # gathered, over one kv head
     ],
 )
 def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(
-    config, dtype, monkeypatch
+    config, dtype, avx512, monkeypatch
 ):
+    monkeypatch.setattr(kv_cache, "_has_avx512", lambda: avx512)
     whole = _runner(one_row=True, config=config, dtype=dtype)
     assert whole.model_step._one_row.ready
     calls, guarded = _calls(whole, monkeypatch), _guarded_calls(whole, monkeypatch)
@@ -157,16 +161,20 @@ def test_steps_of_more_rows_take_the_layer_graphs(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("cache_dtype", "compute_dtype", "traced"),
+    ("cache_dtype", "compute_dtype", "avx512", "traced"),
     [
-        (torch.bfloat16, torch.bfloat16, True),  # weighed in place
-        (torch.float32, torch.float32, True),  # gathered
-        (torch.float16, torch.float16, False),
-        (torch.float8_e4m3fn, torch.bfloat16, False),  # its scales: the layer graphs
-        (torch.bfloat16, torch.float32, False),
+        (torch.bfloat16, torch.bfloat16, True, True),  # weighed in place
+        (torch.float32, torch.float32, False, True),  # weighed in place
+        (torch.float32, torch.float32, True, True),  # gathered
+        (torch.float16, torch.float16, False, False),
+        (torch.float8_e4m3fn, torch.bfloat16, False, False),  # its scales: the layer graphs
+        (torch.bfloat16, torch.float32, False, False),
     ],
 )
-def test_which_pools_the_graph_attends_over(cache_dtype, compute_dtype, traced):
+def test_which_pools_the_graph_attends_over(
+    monkeypatch, cache_dtype, compute_dtype, avx512, traced
+):
+    monkeypatch.setattr(kv_cache, "_has_avx512", lambda: avx512)
     keys, values = (
         empty_kv_cache(8, BLOCK_SIZE, 2, 16, cache_dtype, torch.device("cpu"), layout)
         for layout in torch_path_layouts(cache_dtype)
