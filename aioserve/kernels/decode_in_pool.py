@@ -23,9 +23,9 @@ bags' index tensors stay bounded (`group_decodes`).
 It runs where both pools are of the compute dtype, dense, each row of their bags one run
 of memory (`reads_in_place`): bfloat16, and float32 on a CPU without AVX-512
 (kv_cache.decodes_weigh_in_place). There a 64-row decode of SmolLM2 at 320 tokens took
-2.1 ms a layer against 4.4 gathered, and rate inf (64 prompts of 256 tokens, 128 out) went
-from 390-400 to 444-463 tokens/s on a Zen 3 EPYC, its prefills unchanged
-(bench/RESULTS.md). On an AVX-512 EPYC (Zen 5), once any `embedding_bag` (fbgemm's) had
+1.7 ms a layer against 4.0 gathered, and 64 prompts of 256 tokens (128 out) went from
+378-386 to 463-469 tokens/s offline on a Zen 3 EPYC, its prefills unchanged
+(bench/RESULTS.md). On an AVX-512 EPYC (Zen 4), once any `embedding_bag` (fbgemm's) had
 run, MKL's float32 batched products ran 2.6× slower for the rest of the process (an
 isolated script; the float32 prefill steps of the engine lost 3-10% where its decodes
 won), so float32 keeps the gather path of attention_reference.py there, as do other
