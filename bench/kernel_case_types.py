@@ -81,6 +81,13 @@ class Random:
             low, high, shape, generator=self.generator, device=self.device, dtype=dtype
         )
 
+    def bytes(self, *shape: int) -> Tensor:
+        """uint8 `shape` of random bytes, drawn as int64s (8 times fewer draws), each row's
+        cut to its width."""
+        *rows, width = shape
+        words = self.integers(-(2**63), 2**63 - 1, *rows, -(-width // 8))
+        return words.view(torch.uint8)[..., :width].contiguous()
+
     def permutation(self, n: int) -> Tensor:
         return torch.randperm(n, generator=self.generator, device=self.device)
 
@@ -102,6 +109,9 @@ class Zeros(Random):
         if count > high - low:
             values = values.sub_(low).remainder_(high - low).add_(low)
         return values.reshape(shape).to(dtype)
+
+    def bytes(self, *shape: int) -> Tensor:
+        return torch.zeros(shape, device=self.device, dtype=torch.uint8)
 
     def uniform(self, *shape: int) -> Tensor:
         return torch.zeros(shape, device=self.device)

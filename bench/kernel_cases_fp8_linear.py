@@ -40,7 +40,7 @@ def random_weight(rand: Random, n: int, k: int, fp8_dtype: torch.dtype) -> tuple
     """e4m3 values [N, K] from random bytes and per-row scales around 0.01: weights under
     ±0.025, as a real layer's. The bytes are drawn eight to an int64: a float32 weight
     drawn and quantized cost seconds a compile test."""
-    codes = rand.integers(-(2**63), 2**63 - 1, n, k // 8).view(torch.uint8)
+    codes = rand.bytes(n, k)
     codes &= 0xBF  # the exponent's top bit cleared: magnitudes under 2, never a NaN code
     codes[codes == 0x80] = 0  # −0, which e4m3fnuz reads as NaN
     return codes.view(fp8_dtype), rand.uniform(n).mul_(0.005).add_(0.0075)

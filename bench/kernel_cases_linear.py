@@ -68,10 +68,7 @@ def random_blocks(rand: Random, n: int, k: int, qtype: str) -> Tensor:
     """uint8 [N, K / w * b]: GGUF `qtype` blocks of random codes and scales (`_SCALES`)."""
     block_weights, block_bytes = BLOCK_LAYOUT[qtype]
     count = k // block_weights
-    # random bytes drawn as int64s (8 times fewer draws), cut to the block's width
-    words = -(-block_bytes // 8)
-    blocks = rand.integers(-(2**63), 2**63 - 1, n, count, words).view(torch.uint8)
-    blocks = blocks[:, :, :block_bytes].clone()
+    blocks = rand.bytes(n, count, block_bytes)
     (d_at, *d_range), *minimum = _SCALES[qtype]
     d = _uniform(rand, n, count, *d_range)
     blocks[:, :, d_at : d_at + 2] = d.half().view(torch.uint8)

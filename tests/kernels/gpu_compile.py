@@ -9,11 +9,13 @@ launch. tests/kernels/test_gpu_compile.py runs it and checks the results.
 Compiling all ~1,400 launches takes ~8 minutes of one core, so the measures of each are
 kept in gpu_compile_record.json under Triton's own compile key for the launch (the
 kernel's source and every JIT function it calls, types, constexprs, options, the Triton
-build, the target, ptxas's version): a launch whose key is there is taken from the record,
-one launch of each kernel a family is compiled again to check the record, and a launch
-whose key is not there (a kernel or a launch table changed, another Triton) is compiled.
-`python -m tests.kernels.gpu_compile --write-record` compiles everything (~5 minutes on two
-cores) and writes the record afresh; the test fails while the record lacks a launch.
+build, the target, ptxas's version), the line each aioserve JIT function starts on left
+out (`key_kernels_on_their_source`): a launch whose key is there is taken from the record,
+one launch of each kernel is compiled again to check the record, on one family the kernel's
+name picks (`checking_family`), and a launch whose key is not there (a kernel or a launch
+table changed, another Triton) is compiled.
+`python -m tests.kernels.gpu_compile --write-record` compiles everything (~15 minutes on
+two cores) and writes the record afresh; the test fails while the record lacks a launch.
 
 Each kernel is reached through its launcher, as the engine calls it: bench/kernel_cases.py
 builds the calls at the shapes of COMPILE_WORKLOAD in the target's dtypes, on CPU tensors, with
@@ -33,11 +35,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib
 import io
 import itertools
 import json
 import multiprocessing
 import os
+import pkgutil
 import re
 import sys
 from collections.abc import Iterator
@@ -56,7 +60,7 @@ from triton.compiler.compiler import make_backend
 from triton.runtime.cache import get_cache_key, triton_key
 from triton.runtime.jit import JITFunction
 
-from aioserve import platform
+from aioserve import kernels, platform
 from aioserve.kernels.encoder_attention import encoder_attention_triton
 from aioserve.kernels.int8_linear import int8_linear_triton
 from aioserve.kernels.lora import add_lora_triton, lora_token_groups
@@ -362,11 +366,22 @@ def compile_and_measure(launch: Launch, arch: str) -> dict[str, Any]:
     }
 
 
+def checking_family(module: str, kernel: str) -> str:
+    """The family on which one recorded launch of `kernel` is compiled again to check the
+    record: picked by a hash of the kernel's name among the families that launch it, so
+    that every kernel is checked once a run, each family on a few of them (checking every
+    kernel on every family cost ~13 s of compiling a family, more than the rest)."""
+    stem = module.rsplit(".", 1)[-1]
+    families = [arch for arch, target in TARGETS.items() if stem not in target.never_launched]
+    digest = hashlib.sha256(f"{module}.{kernel}".encode()).digest()
+    return families[int.from_bytes(digest[:8], "big") % len(families)]
+
+
 def results(archs: list[str], record: dict[str, dict]) -> Iterator[dict[str, Any]]:
     """One result for each launch on each of `archs`: its measures from `record` where its
-    compile key is there, but for one such launch of each kernel a family, compiled again
-    to check the record ("recorded" then holds the record's word); compiled where the key
-    is not in the record."""
+    compile key is there, but for one such launch of each kernel on its checking family,
+    compiled again to check the record ("recorded" then holds the record's word); compiled
+    where the key is not in the record."""
     for arch in archs:
         checked: set[tuple[str, str]] = set()  # (module, kernel): two modules have a _gemm_kernel
         for launch in record_launches(arch):
@@ -381,7 +396,7 @@ def results(archs: list[str], record: dict[str, dict]) -> Iterator[dict[str, Any
                 "key": key,
             }
             recorded = record.get(key)
-            if recorded is not None and kernel in checked:
+            if recorded is not None and (kernel in checked or checking_family(*kernel) != arch):
                 yield result | recorded | {"from_record": True}
                 continue
             result |= compile_and_measure(launch, arch)
@@ -407,6 +422,24 @@ def read_record() -> dict[str, Any]:
     return json.loads(RECORD.read_text())
 
 
+def key_kernels_on_their_source() -> None:
+    """Leave out of every compile key the line each aioserve JIT function starts on.
+
+    Triton's key for a function ends with its starting line (`JITFunction.cache_key`), so
+    an edit above a kernel in its file changed every key of the kernel and of each kernel
+    calling it, and the record had to be written again, though the compiler was given the
+    same work. The line is set to 0 on every JIT function of aioserve.kernels (the code
+    generator takes the lines it reports from `def_file_line_number`, not from this), and
+    the hashes computed so far are dropped; triton.compile then hashes them so too, so the
+    key is still the start of the compiled kernel's hash."""
+    for info in pkgutil.walk_packages(kernels.__path__, f"{kernels.__name__}."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if isinstance(value, JITFunction) and value.fn.__module__ == module.__name__:
+                value.starting_line_number = 0
+                value.hash = None
+
+
 def _one_thread_a_process() -> None:
     """One torch thread: the compiles run a process a core already, and each process's
     own threads (building the launches' inputs) fought the others' (two processes on this
@@ -416,6 +449,7 @@ def _one_thread_a_process() -> None:
 
 def _compile_family(arch: str) -> list[dict[str, Any]]:
     _one_thread_a_process()
+    key_kernels_on_their_source()
     knobs.compilation.always_compile = True
     return list(results([arch], record={}))
 
@@ -449,6 +483,7 @@ def main() -> None:
                         "on every family and write the record afresh")  # fmt: skip
     args = parser.parse_args()
     _one_thread_a_process()
+    key_kernels_on_their_source()
     os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9's default, without its warning
     knobs.compilation.always_compile = True  # a cached kernel has no ptxas report
     if args.write_record:
