@@ -150,7 +150,8 @@ def test_throughput_random_options_and_warmups(tiny_model, tmp_path, capsys):
 
 def test_throughput_request_longer_than_the_context(tiny_model, capsys):
     argv = ["bench", "throughput", "--model", tiny_model, "--max-model-len", "64",
-            "--input-len", "60", "--output-len", "8", "--num-prompts", "1"]  # fmt: skip
+            "--input-len", "60", "--output-len", "8", "--num-prompts", "1",
+            "--enforce-eager"]  # fmt: skip
     assert cli.main(argv) == 2
     assert "needs 68 tokens" in capsys.readouterr().err
 

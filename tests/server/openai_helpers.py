@@ -48,7 +48,9 @@ def send_oversized_head(base_url: str, path: str, limit: int, headers: str = "")
     """POST only the head of a request whose Content-Length is `limit` + 1; read the answer.
 
     No body follows: the server must refuse from the Content-Length alone, not read it.
-    `headers` are extra header lines, each ending with CRLF.
+    `headers` are extra header lines, each ending with CRLF. The answer is read up to its
+    Content-Length, not to the connection's end: aiohttp lingers up to 10 s for the body
+    it will not read before it closes.
     """
     host, port = base_url.removeprefix("http://").split(":")
     head = (
@@ -58,15 +60,16 @@ def send_oversized_head(base_url: str, path: str, limit: int, headers: str = "")
     with socket.create_connection((host, int(port)), timeout=30) as connection:
         connection.sendall(head.encode())
         received = b""
-        while chunk := connection.recv(65536):
+        while b"\r\n\r\n" not in received and (chunk := connection.recv(65536)):
             received += chunk
-    status_line, _, rest = received.partition(b"\r\n")
-    status = int(status_line.split(b" ", 2)[1])
-    raw_headers, _, body = rest.partition(b"\r\n\r\n")
-    parsed = dict(
-        line.decode().split(": ", 1) for line in raw_headers.split(b"\r\n") if b": " in line
-    )
-    return Reply(status, parsed, body)
+        status_line, _, rest = received.partition(b"\r\n")
+        raw_headers, _, body = rest.partition(b"\r\n\r\n")
+        parsed = dict(
+            line.decode().split(": ", 1) for line in raw_headers.split(b"\r\n") if b": " in line
+        )
+        while len(body) < int(parsed["Content-Length"]) and (chunk := connection.recv(65536)):
+            body += chunk
+    return Reply(int(status_line.split(b" ", 2)[1]), parsed, body)
 
 
 def client(base_url: str, api_key: str = "unused") -> openai.OpenAI:
