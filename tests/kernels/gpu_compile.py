@@ -6,7 +6,7 @@ Run as `python -m tests.kernels.gpu_compile [hopper|ampere|cdna3|cdna2|rdna3 ...
 TRITON_INTERPRET: the compiler needs real JIT functions); it prints one JSON object per
 launch. tests/kernels/test_gpu_compile.py runs it and checks the results.
 
-Compiling all ~1,400 launches takes ~8 minutes of one core, so the measures of each are
+Compiling all ~2,000 launches takes ~24 minutes of one core, so the measures of each are
 kept in gpu_compile_record.json under Triton's own compile key for the launch (the
 kernel's source and every JIT function it calls, types, constexprs, options, the Triton
 build, the target, ptxas's version), the line each aioserve JIT function starts on left
