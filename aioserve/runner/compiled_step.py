@@ -84,7 +84,7 @@ class ModelStep:
             self._layers = LayerDispatch(model.layers, _compile(type(model.layers[0]).forward))
             self._layers.install()
             self._logits = _compile(model.compute_logits)
-        self._one_row = OneRowStep(model, dtype) if compiled else None
+        self._one_row = OneRowStep(model, dtype, self._layers.uninstalled) if compiled else None
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         """The step's hidden rows."""

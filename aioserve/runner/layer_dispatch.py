@@ -28,12 +28,12 @@ size stay with torch.compile and are not searched again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 try:  # dynamo's record of what it compiled from a code object
@@ -85,11 +85,18 @@ class LayerDispatch:
         for layer in self._layers:
             layer.__dict__.pop("forward", None)
 
+    @contextlib.contextmanager
+    def uninstalled(self) -> Iterator[None]:
+        """The layers' own forward, for a trace of the whole step (one_row_step.py) and a
+        check of its guards, then this one again."""
+        self.uninstall()
+        try:
+            yield
+        finally:
+            self.install()
+
     def call(self, index: int, positions: Tensor, hidden: Tensor, residual: Tensor) -> Any:
         args = (self._layers[index], positions, hidden, residual)
-        if torch.compiler.is_compiling():
-            # A graph of the whole step (one_row_step.py) traces each layer's own code.
-            return self._function(*args)
         if index == 0:
             self._step = self._graphs.get(hidden.shape[0])
             if self._step is not None and not self._step[0].accepts(args):

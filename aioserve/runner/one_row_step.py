@@ -15,17 +15,23 @@ It serves the steps it can: one row, one sequence, sampling, in a pool read in p
 (bfloat16, or float32 on a CPU without AVX-512: kv_cache.decodes_weigh_in_place), or a
 float32 pool whose blocks the graph gathers (kernels/decode_gathered_traced.py) under
 float32 compute; others take the graphs of compiled_step.py. It is compiled
-at warm-up (on a Zen 5 EPYC ~36 s with inductor's cache cold, ~4.5 s warm; in float32 on an
-AVX2 Zen 3 with one thread 61 s and 10 s) and never at serve time: a step
-that would compile it again (a guard failing) turns it off with a warning, and that step
-and every later one take the other graphs.
+at warm-up by torch's ahead-of-time compile and filed on disk (graph_archive.py); a later
+start with the same model and pool reads it back, in 1.3 s in float32 on a 2-core AVX2
+Zen 3, where tracing it again before inductor's cache answered took ~10 s of every start
+(4.5 s on a Zen 5). That compile does not read inductor's cache: a start that finds no
+graph filed for its model compiles it in full (~50 s on the Zen 3; ~36 s on the Zen 5 with
+the cache cold). It is never compiled at serve time: a step its guards refuse turns it off
+with a warning, and that step and every later one take the other graphs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import types
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +41,14 @@ from aioserve.kernels.decode_gathered_traced import gathered_blocks
 from aioserve.kernels.decode_in_pool_traced import rows_in_pool
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.step_context import KVCache, StepContext, current_step, step_context
-from aioserve.runner.layer_dispatch import CompiledGraph, graph_accepting
+from aioserve.runner.graph_archive import (
+    archive_path,
+    compile_ahead_of_time,
+    load_graph,
+    module_structure,
+    portable_guards,
+    save_graph,
+)
 
 logger = logging.getLogger("aioserve")
 
@@ -67,23 +80,26 @@ def forward_and_logits(
 
 
 class OneRowStep:
-    """`forward(step, input_ids, positions)` for the steps `serves(step)` accepts."""
+    """`forward(step, input_ids, positions)` for the steps `serves(step)` accepts.
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+    `own_layer_forward()` is a context in which the model's layers run their class's own
+    forward, not the layer graphs' dispatch: the graph is traced, and its guards checked,
+    in it."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        dtype: torch.dtype,
+        own_layer_forward: Callable[[], AbstractContextManager],
+    ) -> None:
         self._model = model
         self._dtype = dtype
         self._num_q_heads = model.config.num_attention_heads
         self._in_pool = True  # the attention's form (forward_and_logits), set at warm-up
-        self._function = _copy_of(forward_and_logits)
-        # Every size static but the block count (marked at warm-up): with dynamo's automatic
-        # dynamic shapes, an engine built after one of another block size in this process
-        # took the pool's block size as symbolic, and compiling the graph failed.
-        self._compiled = torch.compile(
-            self._function, fullgraph=True, dynamic=False, options=COMPILE_OPTIONS
-        )
+        self._own_layer_forward = own_layer_forward
         self.ready = False
-        self._graph: CompiledGraph | None = None  # the graph the guards last accepted
-        self._settings: tuple = ()  # _settings() when they did
+        self._graph: Any = None  # what torch's ahead-of-time compile made, or read back
+        self._settings: tuple | None = None  # _settings() when the guards last accepted
 
     def serves(self, step: StepContext, num_rows: int, num_sampled: int) -> bool:
         """Whether the step is one row of one sequence writing its slot and sampling, its
@@ -102,39 +118,39 @@ class OneRowStep:
     def forward(
         self, step: StepContext, input_ids: Tensor, positions: Tensor
     ) -> tuple[Tensor, Tensor] | None:
-        """The step's hidden row and its logits; None when the graph would have to compile
-        again, after which this step (and every later one) takes the other graphs.
+        """The step's hidden row and its logits; None when the graph's guards refuse the
+        step, after which this step (and every later one) takes the other graphs.
 
-        The graph's guards (every layer's modules and weights, ~1 ms on a Zen 5 EPYC, an
-        eighth of the token) are checked on the first step and whenever the settings a
-        trace reads change (`_settings`); other steps call the graph's bytecode directly,
-        as layer_dispatch.py does. Its inputs are `step`'s tensors (the current step's),
-        with fixed dtypes and shapes but for the block count, which the graph takes as
+        The guards (every layer's modules and weights, ~1 ms on a Zen 5 EPYC, an eighth of
+        the token) are checked on the first step and whenever the settings a trace reads
+        change (`_settings`); other steps call the graph's bytecode directly, as
+        layer_dispatch.py does. Its inputs are `step`'s tensors (the current step's), with
+        fixed dtypes and shapes but for the block count, which the graph takes as
         dynamic."""
-        # forward_and_logits's arguments
         args = (self._model, input_ids, positions, self._num_q_heads, self._in_pool)
-        if self._graph is not None and self._settings == _settings():
-            return self._graph.call(*args)
-        try:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                out = self._compiled(*args)
-        except RuntimeError as error:
-            if "Detected recompile" not in str(error):  # torch's is a plain RuntimeError
-                raise
-            logger.warning("the one-row step's graph no longer fits, not used again: %s", error)
-            self.ready = False
-            return None
-        self._graph = graph_accepting(self._function, args)
-        self._settings = _settings()
-        return out
+        if self._settings != _settings():
+            if not self._accepts(args):
+                logger.warning(
+                    "the one-row step's graph no longer fits (its guards refuse the step), "
+                    "not used again"
+                )
+                self.ready = False
+                return None
+            self._settings = _settings()
+        return self._graph.fn(*args)
+
+    def _accepts(self, args: tuple) -> bool:
+        with self._own_layer_forward():
+            return bool(self._graph.guard_check(*args))
 
     @torch.inference_mode()
     def warm_up(self, kv_caches: list[KVCache], max_model_len: int) -> None:
-        """Compile the graph on a decode of a sequence two blocks long, check that one of
-        three blocks runs it without compiling, and make it ready; leave it unused where
-        the pool is neither read in place nor gathered in the graph (`attends_in_graph`)
-        or compiling fails (with a warning). Where sequences (`max_model_len`, the pool)
-        are shorter, the lengths are cut to fit: the rotary table and the pool end there."""
+        """Read the graph filed for this model and pool (graph_archive.py), or compile it on
+        a decode of a sequence two blocks long and file it; check that a decode of three
+        blocks runs it, and make it ready. Leave it unused where the pool is neither read
+        in place nor gathered in the graph (`attends_in_graph`) or compiling fails (with a
+        warning). Where sequences (`max_model_len`, the pool) are shorter, the lengths are
+        cut to fit: the rotary table and the pool end there."""
         key_cache, value_cache = kv_caches[0]
         if not attends_in_graph(key_cache, value_cache, self._dtype):
             return
@@ -142,26 +158,76 @@ class OneRowStep:
         started = time.monotonic()
         block_size = key_cache.shape[1]
         longest = min(max_model_len, key_cache.shape[0] * block_size)
-        lengths = (min(block_size + 2, longest - 1), min(3 * block_size, longest))
+        first, second = min(block_size + 2, longest - 1), min(3 * block_size, longest)
+        path = archive_path("one_row_step", self._archive_parts(kv_caches))
         try:
-            for length, first in zip(lengths, (True, False), strict=True):
-                meta = _decode_at(length, block_size, key_cache.device)
-                if first:
-                    torch._dynamo.decorators.mark_unbacked(meta.block_tables, 1)
-                stance = "default" if first else "fail_on_recompile"
-                ids = torch.zeros(1, dtype=torch.int64, device=key_cache.device)
-                positions = torch.full_like(ids, length - 1)
-                with step_context(meta, kv_caches), torch.compiler.set_stance(stance):
-                    self._compiled(self._model, ids, positions, self._num_q_heads, self._in_pool)
+            with self._own_layer_forward():
+                read = self._read_or_compile(path, kv_caches, first)
+                with step_context(_decode_at(second, block_size, key_cache.device), kv_caches):
+                    args = self._decode_args(second, key_cache.device)
+                    if not self._graph.guard_check(*args):
+                        raise RuntimeError(f"its guards refuse a decode {second} tokens long")
+                    self._graph.fn(*args)
         except Exception as error:  # noqa: BLE001 - any failure leaves the other graphs
             logger.warning(
                 "compiling the one-row step failed, its steps take the layer graphs: %s: %s",
                 type(error).__name__,
                 error,
             )
+            self._graph = None
             return
         self.ready = True
-        logger.info("compiled the one-row step in %.1f s", time.monotonic() - started)
+        self._settings = None  # the first step checks the guards
+        logger.info(
+            "%s the one-row step in %.1f s",
+            "read the compiled graph of" if read else "compiled",
+            time.monotonic() - started,
+        )
+
+    def _read_or_compile(self, path: Path, kv_caches: list[KVCache], length: int) -> bool:
+        """Set the graph: the one filed at `path` where its guards accept a decode `length`
+        tokens long (True), else one compiled on that decode and filed there (False)."""
+        block_size = kv_caches[0][0].shape[1]
+        meta = _decode_at(length, block_size, kv_caches[0][0].device)
+        args = self._decode_args(length, kv_caches[0][0].device)
+        with step_context(meta, kv_caches):
+            self._graph = load_graph(path, forward_and_logits.__globals__)
+            if self._graph is not None and self._graph.guard_check(*args):
+                return True
+            # Every size static but the block count: with dynamo's automatic dynamic
+            # shapes, an engine built after one of another block size in this process took
+            # the pool's block size as symbolic, and compiling the graph failed.
+            torch._dynamo.decorators.mark_unbacked(meta.block_tables, 1)
+            compiled = torch.compile(
+                forward_and_logits,
+                fullgraph=True,
+                dynamic=False,
+                options={**COMPILE_OPTIONS, "guard_filter_fn": portable_guards},
+            )
+            self._graph = compile_ahead_of_time(compiled, args)
+        save_graph(path, self._graph)
+        return False
+
+    def _decode_args(self, length: int, device: torch.device) -> tuple:
+        """forward_and_logits's arguments for a decode at position `length - 1`."""
+        ids = torch.zeros(1, dtype=torch.int64, device=device)
+        positions = torch.full_like(ids, length - 1)
+        return (self._model, ids, positions, self._num_q_heads, self._in_pool)
+
+    def _archive_parts(self, kv_caches: list[KVCache]) -> dict[str, Any]:
+        """What the graph's trace read that its guards cannot check once read back: the
+        model's structure beside the pool's and the settings, to tell graphs apart."""
+        return {
+            "model": module_structure(self._model),
+            "pool": [
+                (str(cache.dtype), tuple(cache.shape), cache.stride()) for cache in kv_caches[0]
+            ],
+            "pool_layers": len(kv_caches),
+            "in_pool": self._in_pool,
+            "num_q_heads": self._num_q_heads,
+            "settings": _settings(),
+            "options": COMPILE_OPTIONS,
+        }
 
 
 def attends_in_graph(key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype) -> bool:
@@ -174,23 +240,6 @@ def attends_in_graph(key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype)
     if decode_in_pool.reads_in_place(key_cache, value_cache, dtype):
         return True
     return dtype == torch.float32 and key_cache.dtype == value_cache.dtype == dtype
-
-
-def _copy_of(function: types.FunctionType) -> types.FunctionType:
-    """`function` with a code object of its own.
-
-    dynamo keeps the graphs it compiles from a function on the function's code object, up
-    to 8 of them (its recompile limit), and this graph guards on the model's own objects:
-    each engine built in one process compiled one more on the shared code object, whose
-    old graphs stayed there. The ninth engine's one-row step failed to compile, and every
-    closed engine's graph stayed in memory. Its own copy goes with the step."""
-    return types.FunctionType(
-        function.__code__.replace(),
-        function.__globals__,
-        function.__name__,
-        function.__defaults__,
-        function.__closure__,
-    )
 
 
 def _settings() -> tuple:

@@ -7,9 +7,10 @@ a SmolLM2 engine). The KV pool's zeroing thread set torch's thread count to 1 fo
 thread started afterwards, so the next engine stepped its model on one core. And every
 engine's one-row graph stayed on the one code object they shared, until dynamo's recompile
 limit refused the ninth engine's (counted when a new model's objects land at a closed
-one's addresses, as they do): each engine now compiles its own copy of the function. That
-graph is compiled for the engine's own sizes: dynamo, having seen another block size in
-the process, took it as dynamic and could not compile the step.
+one's addresses, as they do): each engine's graph is now compiled ahead of time and kept
+by its step, on no code object. That graph is compiled for the engine's own sizes: dynamo,
+having seen another block size in the process, took it as dynamic and could not compile
+the step.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ fuse differently (bfloat16 rounds too), so the logprobs agree closely, not bit f
 two near-tied tokens below the first may swap places. Steps of more rows and prefills take
 the layer graphs; pools the graph cannot trace (fp8, float16) never build it.
 Only the first step and steps after a change of the settings a trace reads check the
-graph's guards; a step the graph would have to compile again for turns it off for good,
-with a warning, and still gives the right tokens.
+graph's guards; a step they refuse turns it off for good, with a warning, and still gives
+the right tokens. A graph is filed on disk (runner/graph_archive.py) for the next runner of
+the same model, which reads it back; one filed for another model is compiled anew.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from aioserve.kernels import dispatch, kv_cache
 from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts
+from aioserve.runner import one_row_step
 from aioserve.runner.one_row_step import attends_in_graph
 from tests.runner.call_counts import count_calls
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
@@ -37,8 +39,8 @@ SCORED = dataclasses.replace(GREEDY, logprobs=3)
 def _fresh_dynamo():
     # dynamo keeps at most 8 graphs of a code object, and every compiled runner of this
     # process compiled DecoderLayer.forward at its own sizes: past that the layer graphs
-    # this module compares with run eagerly (test_compiled_step.py). (Each one-row step
-    # compiles a copy of its function of its own: it has no such limit.)
+    # this module compares with run eagerly (test_compiled_step.py). (The one-row step is
+    # compiled ahead of time, into no code object's graphs: it has no such limit.)
     torch._dynamo.reset()
 
 
@@ -72,8 +74,8 @@ def _calls(runner, monkeypatch) -> list[int]:
 
 
 def _guarded_calls(runner, monkeypatch) -> list[int]:
-    """How many steps go through torch.compile's wrapper (checking the graph's guards)."""
-    return count_calls(monkeypatch, runner.model_step._one_row, "_compiled")
+    """How many steps check the graph's guards."""
+    return count_calls(monkeypatch, runner.model_step._one_row, "_accepts")
 
 
 def _lone_sequence(
@@ -130,6 +132,44 @@ def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(
         for token_id, value in zip(ids, values, strict=True):
             if token_id in theirs:
                 assert value == pytest.approx(theirs[token_id], abs=0.05)
+
+
+def test_a_later_runner_of_the_model_reads_the_graph_the_first_filed(monkeypatch, tmp_path, caplog):
+    path = tmp_path / "graph.bin"
+    monkeypatch.setattr(one_row_step, "archive_path", lambda name, parts: path)
+    with caplog.at_level(logging.INFO, logger="aioserve"):
+        _runner(one_row=True)
+    assert "compiled the one-row step" in caplog.text
+    assert path.stat().st_size > 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="aioserve"):
+        second = _runner(one_row=True)
+    assert "read the compiled graph of the one-row step" in caplog.text
+    assert second.model_step._one_row.ready
+    calls = _calls(second, monkeypatch)
+    decodes = 2 * BLOCK_SIZE
+    got = _lone_sequence(second, decodes)
+    assert calls[0] == decodes
+    expected = _lone_sequence(_runner(one_row=False), decodes)
+    assert [token for token, _, _ in got] == [token for token, _, _ in expected]
+
+
+def test_a_graph_filed_for_another_model_is_compiled_anew(monkeypatch, tmp_path, caplog):
+    # Both models' graphs filed at one path: the guards of the graph read back (another
+    # model's weights and sizes) refuse the second model, which compiles its own.
+    path = tmp_path / "graph.bin"
+    monkeypatch.setattr(one_row_step, "archive_path", lambda name, parts: path)
+    _runner(one_row=True, config="llama-gqa4-llama3-rope")
+    filed = path.read_bytes()
+    with caplog.at_level(logging.INFO, logger="aioserve"):
+        other = _runner(one_row=True, config="qwen3")
+    assert "compiled the one-row step" in caplog.text
+    assert path.read_bytes() != filed
+    calls = _calls(other, monkeypatch)
+    got = _lone_sequence(other, 4)
+    assert calls[0] == 4
+    expected = _lone_sequence(_runner(one_row=False, config="qwen3"), 4)
+    assert [token for token, _, _ in got] == [token for token, _, _ in expected]
 
 
 def test_sequences_shorter_than_the_warm_up_lengths_still_get_the_graph(monkeypatch):
