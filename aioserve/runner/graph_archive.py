@@ -157,7 +157,9 @@ def module_structure(model: nn.Module) -> str:
 
 
 def _tensor_form(tensor: torch.Tensor) -> str:
-    return f"{tensor.dtype} {tuple(tensor.shape)} {tensor.stride()} {tensor.device.type}"
+    # oneDNN's packed weights (models/linear.py) have a layout of their own, and no strides
+    strides = tensor.stride() if tensor.layout == torch.strided else ()
+    return f"{tensor.dtype} {tensor.layout} {tuple(tensor.shape)} {strides} {tensor.device.type}"
 
 
 def _is_plain(value: Any) -> bool:

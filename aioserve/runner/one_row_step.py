@@ -159,8 +159,8 @@ class OneRowStep:
         block_size = key_cache.shape[1]
         longest = min(max_model_len, key_cache.shape[0] * block_size)
         first, second = min(block_size + 2, longest - 1), min(3 * block_size, longest)
-        path = archive_path("one_row_step", self._archive_parts(kv_caches))
         try:
+            path = archive_path("one_row_step", self._archive_parts(kv_caches))
             with self._own_layer_forward():
                 read = self._read_or_compile(path, kv_caches, first)
                 with step_context(_decode_at(second, block_size, key_cache.device), kv_caches):

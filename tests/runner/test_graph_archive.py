@@ -122,6 +122,9 @@ def test_a_models_structure_tells_models_apart_and_not_their_weights():
         nn.Sequential(_Norm(8, 1e-5), nn.Linear(8, 4), nn.ReLU()),  # a module more
     ):
         assert module_structure(other) != first
+    packed = nn.Sequential(_Norm(8, 1e-5), nn.Linear(8, 4))
+    packed[1].packed_weight = packed[1].weight.detach().to_mkldnn()  # a layout of its own
+    assert module_structure(packed) != first
 
 
 def test_archive_paths_differ_by_their_parts_under_inductors_cache(monkeypatch, tmp_path):
