@@ -33,30 +33,21 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._dynamo.guards import CheckFunctionManager
 
 logger = logging.getLogger("aioserve")
 
-# Guards that cannot be written (object identities) or read back (dynamo's own alias of
-# the builtins, missing from the globals a loaded graph runs with).
-_UNPORTABLE_GUARDS = (
-    "DICT_VERSION",
-    "NN_MODULE",
-    "ID_MATCH",
-    "FUNCTION_MATCH",
-    "CLASS_MATCH",
-    "MODULE_MATCH",
-    "CLOSURE_MATCH",
-    "WEAKREF_ALIVE",
-)
 _FORMAT = 1  # of the files this module writes
 
 
 def portable_guards(entries: list[Any]) -> list[bool]:
     """torch.compile's `guard_filter_fn`: keep every guard a graph read back can check,
-    the module globals the trace read included (settings, constants, the step's tensors)."""
+    the module globals the trace read included (settings, constants, the step's tensors).
+    Dropped: those torch cannot write (object identities), and those on dynamo's own alias
+    of the builtins, missing from the globals a loaded graph runs with."""
+    unwritable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     return [
-        entry.guard_type not in _UNPORTABLE_GUARDS
-        and not entry.name.startswith("G['__builtins_dict___")
+        entry.guard_type not in unwritable and not entry.name.startswith("G['__builtins_dict___")
         for entry in entries
     ]
 
