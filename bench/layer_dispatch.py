@@ -53,13 +53,13 @@ def main() -> None:
     def alternating(self, step):
         dispatch = self.model_step._layers
         if not forwards:
-            forwards["guards once a step"] = [layer.forward for layer in dispatch._layers]
+            forwards["guards once a step"] = [layer.forward for layer in dispatch._modules]
             forwards["guards every layer"] = [
-                functools.partial(dispatch._compiled, layer) for layer in dispatch._layers
+                functools.partial(dispatch._compiled, layer) for layer in dispatch._modules
             ]
         way = list(times)[count[0] % 2]
         count[0] += 1
-        for layer, forward in zip(dispatch._layers, forwards[way], strict=True):
+        for layer, forward in zip(dispatch._modules, forwards[way], strict=True):
             layer.forward = forward
         start = time.perf_counter()
         result = execute(self, step)

@@ -1,4 +1,4 @@
-"""The model's decoder layers and output head, compiled for the CPU by torch.compile.
+"""The model's decoder layers and output head, compiled for the CPU by torch's compiler.
 
 Inductor turns a decoder layer into generated C++ loops with the token count dynamic: the
 attention stays an opaque custom op (models/paged_attention_op.py), everything else
@@ -11,19 +11,20 @@ model on a CPU with bfloat16 arithmetic), every dense product is instead oneDNN'
 weights packed once (models/linear.py `pack_weights`), an opaque op in the graph; a MoE
 model's experts are packed too (models/moe.py).
 
-Every layer runs the same code with its own weights as inputs and its index as an
-unspecialized integer, so one compiled graph serves all of them: compiling costs one
-layer, not the whole model. A step checks that graph's guards once, not once a layer
-(layer_dispatch.py). Token counts: one graph for 1 (decode at one stream), and
-one for the other counts on each side of linear.SMALL_BATCH_ROWS, the count symbolic; the
-head likewise for 1 row and for more. `warm_up` compiles all of them when the engine
-starts, so no request waits for a compile; inductor's cache on disk
-(TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>) makes later starts
-quicker. If compiling fails (no C++ compiler, an unsupported model), the step runs eagerly
-and a warning names the cause. A step of one decoding row in a bfloat16 pool runs instead
-one graph of the whole forward and the head, its wrapper C++ (one_row_step.py), compiled
-after the others. `--enforce-eager` skips compiling altogether. GPUs run
-the step eagerly, their decode steps replayed from CUDA/HIP graphs (decode_graphs.py).
+Every layer runs the same code with its own weights as inputs and its index as a
+symbolic integer, so one compiled graph serves all of them: compiling costs one layer,
+not the whole model. A step checks that graph's guards once, not once a layer
+(layer_dispatch.py). Token counts: one graph for 1 (decode at one stream), and one for the
+other counts on each side of linear.SMALL_BATCH_ROWS, the count symbolic; the head
+likewise for 1 row and for more. `warm_up` compiles all of them when the engine starts, so
+no request waits for a compile, by torch's ahead-of-time compile, and files them beside
+inductor's cache (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>): a later
+start reads them back (ahead_graphs.py). If compiling fails (no C++ compiler, an
+unsupported model), the step runs eagerly and a warning names the cause. A step of one
+decoding row in a bfloat16 pool runs instead one graph of the whole forward and the head,
+its wrapper C++ (one_row_step.py), compiled after the others. `--enforce-eager` skips
+compiling altogether. GPUs run the step eagerly, their decode steps replayed from CUDA/HIP
+graphs (decode_graphs.py).
 """
 
 from __future__ import annotations
@@ -81,9 +82,12 @@ class ModelStep:
         if compiled:
             hash_compiler_versions_in_the_background()
             trust_cpu_flags_for_vector_code()
-            self._layers = LayerDispatch(model.layers, _compile(type(model.layers[0]).forward))
+            layer_forward = type(model.layers[0]).forward
+            self._layers = LayerDispatch(model.layers, layer_forward, _compile(layer_forward))
             self._layers.install()
-            self._logits = _compile(model.compute_logits)
+            head = type(model).compute_logits
+            self._head = LayerDispatch([model], head, _compile(head))
+            self._logits = functools.partial(self._head.call, 0)
         self._one_row = OneRowStep(model, dtype, self._layers.uninstalled) if compiled else None
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
@@ -145,15 +149,16 @@ class ModelStep:
             # from which inductor decides which loops run on both cores: compiled at 2
             # tokens, the rotary and norm loops of 64- and 2,048-token steps ran on one
             # (a 64-row step's rotary took 48 us a layer against 20 compiled at 129).
-            for num_tokens in (1, SMALL_BATCH_ROWS + 1, 2):
-                ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-                positions = torch.zeros_like(ids)  # not `ids` itself: dynamo would guard on that
-                with step_context(
-                    AttentionMetadata.without_kv_writes(num_tokens, device), kv_caches
-                ):
-                    hidden = self.forward(ids, positions)
-                self.logits(hidden[:1])
-                self.logits(hidden[:2])
+            with self._layers.compiling_ahead(), self._head.compiling_ahead():
+                for num_tokens in (1, SMALL_BATCH_ROWS + 1, 2):
+                    ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+                    positions = torch.zeros_like(ids)  # not `ids`: dynamo would guard on that
+                    with step_context(
+                        AttentionMetadata.without_kv_writes(num_tokens, device), kv_caches
+                    ):
+                        hidden = self.forward(ids, positions)
+                    self.logits(hidden[:1])
+                    self.logits(hidden[:2])
         except Exception as error:  # noqa: BLE001 - any compile failure means: run eagerly
             logger.warning(
                 "compiling the model step failed, running it eagerly: %s: %s",
@@ -162,7 +167,13 @@ class ModelStep:
             )
             self.run_eagerly()
             return
-        logger.info("compiled the model step in %.1f s", time.monotonic() - started)
+        dispatches = (self._layers, self._head)
+        logger.info(
+            "compiled the model step in %.1f s (graphs: %d read back, %d compiled)",
+            time.monotonic() - started,
+            sum(dispatch.graphs_read for dispatch in dispatches),
+            sum(dispatch.graphs_compiled for dispatch in dispatches),
+        )
         if self._one_row is not None:
             self._one_row.warm_up(kv_caches, max_model_len)
 
@@ -199,14 +210,14 @@ def hash_compiler_versions_in_the_background() -> None:
 
 
 def _compile(fn):
-    """torch.compile with a size symbolic only where it changed between calls; call it
-    under _one_graph_for_every_layer().
+    """torch.compile, for the calls no graph compiled ahead of time accepts
+    (layer_dispatch.py), a size symbolic only where it changed between calls; call it under
+    _one_graph_for_every_layer().
 
-    Warm-up calls each graph with 1, then more tokens (or rows), so dynamo's automatic dynamic
-    shapes make the token count symbolic and nothing else: the hidden size, the head counts
-    and the weights' shapes stay constants. With every size symbolic (`dynamic=True`),
-    tracing spent most of its time in sympy reasoning about them: compiling the default
-    model took 22.7 s against 5.0 s, inductor's cache warm in both."""
+    Only the sizes that changed become symbolic: the hidden size, the head counts and the
+    weights' shapes stay constants. With every size symbolic (`dynamic=True`), tracing
+    spent most of its time in sympy reasoning about them: compiling the default model took
+    22.7 s against 5.0 s, inductor's cache warm in both."""
     return torch.compile(fn, dynamic=None)
 
 

@@ -28,12 +28,15 @@ import os
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch._dynamo.guards import CheckFunctionManager
+
+from aioserve.kernels import dispatch
 
 logger = logging.getLogger("aioserve")
 
@@ -84,6 +87,34 @@ def archive_path(name: str, parts: dict[str, Any]) -> Path:
     return Path(cache_dir()) / "aioserve_graphs" / f"{name}-{digest[:32]}.bin"
 
 
+def trace_settings() -> tuple:
+    """The global settings a trace of a step reads, which its guards check: part of a
+    graph's key, and what a caller that skips the guards watches for a change."""
+    return (
+        dispatch.kernel_backend(),
+        dispatch.batch_invariant(),
+        torch.is_inference_mode_enabled(),
+        torch.is_grad_enabled(),
+    )
+
+
+def read_or_compile(
+    path: Path,
+    f_globals: dict[str, Any],
+    accepts: Callable[[Any], bool],
+    compile_graph: Callable[[], Any],
+) -> tuple[Any, bool]:
+    """The graph filed at `path` where `accepts` takes it, and True; else the graph
+    `compile_graph()` returns (torch's ahead-of-time compile), filed at `path`, and False.
+    `f_globals` are the traced function's globals (see load_graph)."""
+    graph = load_graph(path, f_globals)
+    if graph is not None and accepts(graph):
+        return graph, True
+    graph = compile_graph()
+    save_graph(path, graph)
+    return graph, False
+
+
 def load_graph(path: Path, f_globals: dict[str, Any]) -> Any | None:
     """The graph filed at `path`, or None where there is none or its traced sources changed.
 
@@ -129,13 +160,16 @@ def save_graph(path: Path, graph: Any) -> None:
         )
 
 
-def module_structure(model: nn.Module) -> str:
-    """A digest of `model`'s modules, their plain attributes, and its tensors' names,
-    shapes, strides and dtypes: what sets one model's graph apart from another's."""
+def module_structure(model: nn.Module, leave_out: tuple[str, ...] = ()) -> str:
+    """A digest of `model`'s modules, their plain attributes (but those named in
+    `leave_out`), and its tensors' names, shapes, strides and dtypes: what sets one model's
+    graph apart from another's."""
     lines = []
     for name, module in model.named_modules():
         lines.append(f"{name} {type(module).__module__}.{type(module).__qualname__}")
         for attribute, value in sorted(vars(module).items()):
+            if attribute in leave_out:
+                continue
             if isinstance(value, torch.Tensor):
                 lines.append(f"  {attribute} {_tensor_form(value)}")
             elif _is_plain(value):

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aioserve.kernels import decode_in_pool, dispatch
+from aioserve.kernels import decode_in_pool
 from aioserve.kernels.decode_gathered_traced import gathered_blocks
 from aioserve.kernels.decode_in_pool_traced import rows_in_pool
 from aioserve.models.attention_metadata import AttentionMetadata
@@ -44,10 +44,10 @@ from aioserve.models.step_context import KVCache, StepContext, current_step, ste
 from aioserve.runner.graph_archive import (
     archive_path,
     compile_ahead_of_time,
-    load_graph,
     module_structure,
     portable_guards,
-    save_graph,
+    read_or_compile,
+    trace_settings,
 )
 
 logger = logging.getLogger("aioserve")
@@ -99,7 +99,7 @@ class OneRowStep:
         self._own_layer_forward = own_layer_forward
         self.ready = False
         self._graph: Any = None  # what torch's ahead-of-time compile made, or read back
-        self._settings: tuple | None = None  # _settings() when the guards last accepted
+        self._settings: tuple | None = None  # trace_settings() when the guards last accepted
 
     def serves(self, step: StepContext, num_rows: int, num_sampled: int) -> bool:
         """Whether the step is one row of one sequence writing its slot and sampling, its
@@ -123,12 +123,12 @@ class OneRowStep:
 
         The guards (every layer's modules and weights, ~1 ms on a Zen 5 EPYC, an eighth of
         the token) are checked on the first step and whenever the settings a trace reads
-        change (`_settings`); other steps call the graph's bytecode directly, as
+        change (graph_archive.trace_settings); other steps call the graph's bytecode directly, as
         layer_dispatch.py does. Its inputs are `step`'s tensors (the current step's), with
         fixed dtypes and shapes but for the block count, which the graph takes as
         dynamic."""
         args = (self._model, input_ids, positions, self._num_q_heads, self._in_pool)
-        if self._settings != _settings():
+        if self._settings != trace_settings():
             if not self._accepts(args):
                 logger.warning(
                     "the one-row step's graph no longer fits (its guards refuse the step), "
@@ -136,7 +136,7 @@ class OneRowStep:
                 )
                 self.ready = False
                 return None
-            self._settings = _settings()
+            self._settings = trace_settings()
         return self._graph.fn(*args)
 
     def _accepts(self, args: tuple) -> bool:
@@ -190,10 +190,8 @@ class OneRowStep:
         block_size = kv_caches[0][0].shape[1]
         meta = _decode_at(length, block_size, kv_caches[0][0].device)
         args = self._decode_args(length, kv_caches[0][0].device)
-        with step_context(meta, kv_caches):
-            self._graph = load_graph(path, forward_and_logits.__globals__)
-            if self._graph is not None and self._graph.guard_check(*args):
-                return True
+
+        def compile_graph() -> Any:
             # Every size static but the block count: with dynamo's automatic dynamic
             # shapes, an engine built after one of another block size in this process took
             # the pool's block size as symbolic, and compiling the graph failed.
@@ -204,9 +202,16 @@ class OneRowStep:
                 dynamic=False,
                 options={**COMPILE_OPTIONS, "guard_filter_fn": portable_guards},
             )
-            self._graph = compile_ahead_of_time(compiled, args)
-        save_graph(path, self._graph)
-        return False
+            return compile_ahead_of_time(compiled, args)
+
+        with step_context(meta, kv_caches):
+            self._graph, read = read_or_compile(
+                path,
+                forward_and_logits.__globals__,
+                lambda graph: graph.guard_check(*args),
+                compile_graph,
+            )
+        return read
 
     def _decode_args(self, length: int, device: torch.device) -> tuple:
         """forward_and_logits's arguments for a decode at position `length - 1`."""
@@ -225,7 +230,7 @@ class OneRowStep:
             "pool_layers": len(kv_caches),
             "in_pool": self._in_pool,
             "num_q_heads": self._num_q_heads,
-            "settings": _settings(),
+            "settings": trace_settings(),
             "options": COMPILE_OPTIONS,
         }
 
@@ -240,16 +245,6 @@ def attends_in_graph(key_cache: Tensor, value_cache: Tensor, dtype: torch.dtype)
     if decode_in_pool.reads_in_place(key_cache, value_cache, dtype):
         return True
     return dtype == torch.float32 and key_cache.dtype == value_cache.dtype == dtype
-
-
-def _settings() -> tuple:
-    """The global settings a trace of the step reads, which its guards check."""
-    return (
-        dispatch.kernel_backend(),
-        dispatch.batch_invariant(),
-        torch.is_inference_mode_enabled(),
-        torch.is_grad_enabled(),
-    )
 
 
 def _decode_at(length: int, block_size: int, device: torch.device) -> AttentionMetadata:

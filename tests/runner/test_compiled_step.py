@@ -3,8 +3,10 @@
 Each tiny architecture runs the same chunked, mixed prefill/decode schedule on a compiled
 and an eager runner with the same weights (float32); the greedy tokens must be equal. With
 bfloat16 row weights (dtype auto on a float32 CPU) a lone decode reads the bfloat16 copies:
-its logits must be those of the eager step on the rounded weights. A compile failure must
-leave a working eager step and a warning naming the cause.
+its logits must be those of the eager step on the rounded weights. Warm-up's graphs
+(compiled ahead of time, and read back by a later runner) serve steps of any size, one
+graph for every layer, their guards checked once a step. A compile failure must leave a
+working eager step and a warning naming the cause.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from torch._dynamo.utils import counters
 
 from aioserve.kernels import dispatch
 from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, onednn_packs
-from aioserve.runner import compiled_step
+from aioserve.runner import ahead_graphs, compiled_step, layer_dispatch
+from aioserve.runner.ahead_graphs import AheadGraph
+from aioserve.runner.graph_archive import archive_path
 from tests.runner.call_counts import count_calls
 from tests.runner.plans import GREEDY, PlanMaker, run_step, tiny_runner
 from tests.runner.test_model_runner import greedy_run
@@ -109,21 +113,44 @@ def test_after_warm_up_no_step_compiles_again():
 
 
 def test_one_graph_of_a_decoder_layer_serves_every_layer():
-    """A layer's index is data to the graph, not a constant: warm-up compiles as many
-    graphs for six layers as for two. (The attention op's schema once took the index as a
+    """A layer's index is data to the graph, not a constant: each step of warm-up runs all
+    six layers through one graph. (The attention op's schema once took the index as a
     plain int; dynamo then guarded on it, compiled a graph per layer, and past its limit of
-    8 graphs ran SmolLM2's other layers eagerly.) The one-row step is left out: its graph,
-    of the whole model, is read back from disk where an earlier run filed it."""
-    graphs = {}
-    for num_layers in (2, 6):
-        torch._dynamo.reset()
-        counters.clear()
-        _, runner = tiny_runner(num_layers=num_layers, compile_model=True)
+    8 graphs ran SmolLM2's other layers eagerly.)"""
+    _, runner = tiny_runner(num_layers=6, compile_model=True)
+    runner.model_step._one_row = None
+    runner.warm_up()
+    layers = runner.model_step._layers
+    assert runner.model_step.compiled and len(layers._graphs) == 3
+    for graphs in layers._graphs.values():
+        assert len(graphs) == 6
+        assert len({id(graph) for graph in graphs}) == 1
+    assert len(layers._ahead) <= 3
+
+
+def test_a_later_runner_reads_the_layer_and_head_graphs_back(monkeypatch, tmp_path):
+    # Filed in this test's folder: the first runner compiles every graph, the second
+    # reads each back and gives the eager step's tokens.
+    def path_in_tmp(name, parts):
+        return tmp_path / archive_path(name, parts).name
+
+    monkeypatch.setattr(ahead_graphs, "archive_path", path_in_tmp)
+    counts = []
+    for _ in range(2):
+        _, runner = tiny_runner(compile_model=True)
         runner.model_step._one_row = None
         runner.warm_up()
-        assert runner.model_step.compiled
-        graphs[num_layers] = counters["stats"]["unique_graphs"]
-    assert graphs[6] == graphs[2], graphs
+        step = runner.model_step
+        counts.append(
+            [(part.graphs_read, part.graphs_compiled) for part in (step._layers, step._head)]
+        )
+    (_, layers), (_, head) = counts[0]
+    assert counts == [[(0, layers), (0, head)], [(layers, 0), (head, 0)]]
+    assert layers > 0 and head > 0
+    _, eager = tiny_runner()
+    assert _greedy_tokens(runner, PlanMaker(4, 64), "r") == _greedy_tokens(
+        eager, PlanMaker(4, 64), "e"
+    )
 
 
 def _count_compiled_calls(runner, monkeypatch) -> list[int]:
@@ -150,25 +177,24 @@ def _greedy_tokens(runner, maker, prefix: str, calls: list[int] | None = None):
     return tokens if calls is None else (tokens, entered)
 
 
-def test_a_step_of_a_size_seen_before_checks_the_guards_once_and_gives_the_same_tokens(
+def test_steps_of_any_size_run_warm_ups_graphs_checking_their_guards_once_a_step(
     monkeypatch,
 ):
-    # dynamo keeps at most 8 graphs of a code object, and every runner of this process
-    # compiled DecoderLayer.forward: past that limit it runs the layer eagerly, which
-    # the dispatch then leaves to torch.compile.
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # as below: a clean record of what torch.compile compiled
     _, eager = tiny_runner()
     _, runner = tiny_runner(compile_model=True)
     runner.warm_up()
-    num_layers = len(runner.model.layers)
     calls = _count_compiled_calls(runner, monkeypatch)
+    checks = count_calls(monkeypatch, AheadGraph, "accepts")
     maker = PlanMaker(4, 64)
+    # 8 tokens, a size warm-up did not run, then 2 (warm-up's): neither enters torch.compile.
     first, entered = _greedy_tokens(runner, maker, "first", calls)
-    # 8 tokens, a size warm-up did not run: through torch.compile; 2 tokens (warm-up's):
-    # each layer's graph called directly.
-    assert entered == [num_layers, 0, 0, 0, 0]
+    assert entered == [0, 0, 0, 0, 0]
+    before = checks[0]
     again, entered = _greedy_tokens(runner, maker, "again", calls)
     assert entered == [0, 0, 0, 0, 0]
+    # Sizes seen before: the layers' guards checked once a step, the head's once a step.
+    assert checks[0] - before == 2 * 5
     assert first == again == _greedy_tokens(eager, PlanMaker(4, 64), "eager")
 
 
@@ -191,21 +217,24 @@ def test_a_change_the_guards_see_sends_the_step_back_through_torch_compile(monke
 
 
 def test_a_failed_compile_leaves_an_eager_step_and_says_why(monkeypatch, caplog):
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
     def broken(fn):
-        def run(*args, **kwargs):
-            raise RuntimeError("no C++ compiler found")
+        return no_compiler
 
-        return run
-
+    # Both ways of compiling fail, as they would with no compiler and no graph filed.
+    monkeypatch.setattr(layer_dispatch, "ahead_graph", no_compiler)
     monkeypatch.setattr(compiled_step, "_compile", broken)
     _, runner = tiny_runner(compile_model=True)
-    with caplog.at_level(logging.WARNING, logger="aioserve"):
+    with caplog.at_level(logging.INFO, logger="aioserve"):
         runner.warm_up()
     assert not runner.model_step.compiled
     assert (
         "compiling the model step failed, running it eagerly: RuntimeError: no C++ compiler found"
         in caplog.text
     )
+    assert "is not compiled ahead of time" in caplog.text
     maker = PlanMaker(4, 64)
     maker.admit("s", [5, 6, 7, 8])
     assert len(run_step(runner, maker.plan([("s", 4)])).sampled["s"]) == 1
