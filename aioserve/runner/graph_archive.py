@@ -46,13 +46,23 @@ _FORMAT = 1  # of the files this module writes
 def portable_guards(entries: list[Any]) -> list[bool]:
     """torch.compile's `guard_filter_fn`: keep every guard a graph read back can check,
     the module globals the trace read included (settings, constants, the step's tensors).
-    Dropped: those torch cannot write (object identities), and those on dynamo's own alias
-    of the builtins, missing from the globals a loaded graph runs with."""
+    Dropped: those torch cannot write (object identities), those on dynamo's own alias of
+    the builtins, missing from the globals a loaded graph runs with, and those on oneDNN's
+    packed weights (models/linear.py `pack_weights`): torch files each guarded tensor as an
+    empty copy on the meta device, which their layout cannot have. A packed weight's dtype
+    and shape are in the graph's key (module_structure), and a graph serves only the
+    model it was compiled or read back for."""
     unwritable = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     return [
-        entry.guard_type not in unwritable and not entry.name.startswith("G['__builtins_dict___")
+        entry.guard_type not in unwritable
+        and not entry.name.startswith("G['__builtins_dict___")
+        and not _is_packed(getattr(entry, "value", None))
         for entry in entries
     ]
+
+
+def _is_packed(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.layout == torch._mkldnn
 
 
 def compile_ahead_of_time(compiled: Any, args: tuple) -> Any:

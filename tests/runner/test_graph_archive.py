@@ -49,6 +49,38 @@ def test_a_filed_graph_reads_back_and_computes_what_it_did(tmp_path):
     torch.testing.assert_close(read.fn(x, 2.0), scaled_sum(x, 2.0))
 
 
+class _PackedLinear(nn.Module):
+    """A product on a weight oneDNN packed (models/linear.py), a layout of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.randn(4, 8)
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aioserve.packed_dense(x, self.packed_weight, None, None, None)
+
+
+def call_module(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
+def test_a_graph_reading_a_packed_weight_is_filed_and_reads_back(tmp_path):
+    import aioserve.models.linear  # noqa: F401 - registers aioserve::packed_dense
+
+    module, x = _PackedLinear(), torch.randn(1, 8)
+    assert module.packed_weight.layout == torch._mkldnn
+    compiled = torch.compile(
+        call_module, fullgraph=True, dynamic=False, options={"guard_filter_fn": portable_guards}
+    )
+    path = tmp_path / "packed.bin"
+    save_graph(path, compile_ahead_of_time(compiled, (module, x)))
+    read = load_graph(path, globals())
+    assert read is not None and read.guard_check(module, x)
+    assert not read.guard_check(module, x.double())
+    torch.testing.assert_close(read.fn(module, x), x @ module.weight.t())
+
+
 def test_with_torchs_caches_off_graphs_compile_and_are_neither_filed_nor_read(tmp_path):
     x = torch.randn(2, 4)
     compiled = torch.compile(scaled_sum, fullgraph=True, dynamic=False)

@@ -24,6 +24,7 @@ import torch
 
 from aioserve.kernels import dispatch, kv_cache
 from aioserve.kernels.kv_cache import empty_kv_cache, torch_path_layouts
+from aioserve.models.linear import onednn_packs
 from aioserve.runner import one_row_step
 from aioserve.runner.one_row_step import attends_in_graph
 from tests.runner.call_counts import count_calls
@@ -50,6 +51,7 @@ def _runner(
     dtype: torch.dtype = torch.bfloat16,
     config: str = "llama-gqa4-llama3-rope",
     block_size: int = BLOCK_SIZE,
+    packed: bool = False,
 ):
     # A float32 model keeps bfloat16 row weights, as `--dtype auto` serves it on a CPU
     # without bfloat16 arithmetic (models/linear.py keep_row_weights).
@@ -60,6 +62,7 @@ def _runner(
         compile_model=True,
         block_size=block_size,
         row_weight_dtype=row_weights,
+        packed_weights=packed,
     )
     if not one_row:
         runner.model_step._one_row = None
@@ -98,23 +101,35 @@ def _lone_sequence(
 
 # avx512: whether the CPU is taken to have AVX-512, under which a float32 pool is gathered
 # rather than weighed in place (kv_cache.decodes_weigh_in_place): each float32 case takes
-# one of the two ways on any host.
+# one of the two ways on any host. packed: the dense weights packed for oneDNN, as a CPU
+# with bfloat16 arithmetic serves a bfloat16 model (engine/resolution.py).
 @pytest.mark.parametrize(
-    ("config", "dtype", "avx512"),
+    ("config", "dtype", "avx512", "packed"),
     [
-        ("llama-gqa4-llama3-rope", torch.bfloat16, False),
-        ("qwen2-tied", torch.bfloat16, False),
-        ("qwen3", torch.bfloat16, False),
-        ("llama-gqa4-llama3-rope", torch.float32, False),  # weighed in place
-        ("qwen2-tied", torch.float32, True),  # gathered, over one kv head
+        ("llama-gqa4-llama3-rope", torch.bfloat16, False, False),
+        ("qwen2-tied", torch.bfloat16, False, False),
+        ("qwen3", torch.bfloat16, False, False),
+        pytest.param(
+            "qwen2-tied",  # the tied head gets a packed copy
+            torch.bfloat16,
+            False,
+            True,
+            marks=pytest.mark.skipif(
+                not onednn_packs(torch.bfloat16), reason="this CPU has no bfloat16 packing"
+            ),
+        ),
+        ("llama-gqa4-llama3-rope", torch.float32, False, False),  # weighed in place
+        ("qwen2-tied", torch.float32, True, False),  # gathered, over one kv head
     ],
 )
 def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(
-    config, dtype, avx512, monkeypatch
+    config, dtype, avx512, packed, monkeypatch
 ):
     monkeypatch.setattr(kv_cache, "_has_avx512", lambda: avx512)
-    whole = _runner(one_row=True, config=config, dtype=dtype)
+    whole = _runner(one_row=True, config=config, dtype=dtype, packed=packed)
     assert whole.model_step._one_row.ready
+    layers = whole.model_step._layers  # compiled ahead of time too, not traced each start
+    assert layers.graphs_read + layers.graphs_compiled > 0
     calls, guarded = _calls(whole, monkeypatch), _guarded_calls(whole, monkeypatch)
     head = count_calls(monkeypatch, whole.model_step, "logits")
     decodes = 5 * BLOCK_SIZE  # across five block boundaries
@@ -123,7 +138,8 @@ def test_one_row_decodes_run_the_whole_graph_and_give_the_layer_graphs_tokens(
     assert guarded[0] == 1  # the first; the others call the graph directly
     assert head[0] == 1  # the prefill's: the graph computes the decodes' logits itself
     assert whole.model_step._one_row.ready
-    expected = _lone_sequence(_runner(one_row=False, config=config, dtype=dtype), decodes)
+    layer_graphs = _runner(one_row=False, config=config, dtype=dtype, packed=packed)
+    expected = _lone_sequence(layer_graphs, decodes)
     for (token, ids, values), (token_0, ids_0, values_0) in zip(got, expected, strict=True):
         assert token == token_0
         # The top logprobs agree; below the first, two near-tied tokens may swap places.
