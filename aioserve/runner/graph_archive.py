@@ -56,7 +56,7 @@ def portable_guards(entries: list[Any]) -> list[bool]:
     return [
         entry.guard_type not in unwritable
         and not entry.name.startswith("G['__builtins_dict___")
-        and not _is_packed(getattr(entry, "value", None))
+        and not _is_packed(entry.value)
         for entry in entries
     ]
 

@@ -180,5 +180,5 @@ def test_archive_paths_differ_by_their_parts_under_inductors_cache(monkeypatch, 
     ],
 )
 def test_guards_kept_with_a_filed_graph(guard_type, name, kept):
-    entry = SimpleNamespace(guard_type=guard_type, name=name)
+    entry = SimpleNamespace(guard_type=guard_type, name=name, value=None)
     assert portable_guards([entry]) == [kept]
