@@ -36,10 +36,13 @@ class DecodeGroup:
     # [n, b] int64: the blocks each sequence reads, b its longest's (padded with the first)
     table: np.ndarray
     host_lengths: np.ndarray  # [n] int64: each sequence's length
-    # [p, 2] int64: the (sequence, slot) pairs past their sequence's length (None: none is).
+    # [p, 2] int64: the (sequence, slot) pairs past their sequence's length, or before its
+    # sliding window, among the `width` slots (the whole blocks where weighed in the pool,
+    # as its scores are); None: none is.
     host_padding: np.ndarray | None
     # Slots each sequence's attention covers: the longest member's length where weighed in
-    # the pool, or a gathered group of one (cut to its length); else the whole blocks.
+    # the pool (its values) or a gathered group of one (cut to its length); else the
+    # whole blocks.
     width: int
     first_row: int | None  # rows[0] when the rows are consecutive, else None
     device: torch.device
@@ -194,12 +197,14 @@ class DecodeSequences:
             width = int(lengths.max())
         else:
             width = width_blocks * self.block_size
-        past = np.arange(width) >= lengths[:, None]
+        # Weighed in the pool, the scores cover whole blocks (decode_in_pool.attend_in_pool).
+        scored = np.arange(width_blocks * self.block_size if in_pool else width)
+        past = scored >= lengths[:, None]
         first_slot = 0
         if self.window:
             before = np.maximum(lengths - self.window, 0)  # slots before each window
             if in_pool or len(seqs) > 1:
-                past |= np.arange(width) < before[:, None]
+                past |= scored < before[:, None]
             else:  # a gathered group of one is cut to its window (_attend_decode_group)
                 first_slot = int(before[0])
         return DecodeGroup(

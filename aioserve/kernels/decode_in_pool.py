@@ -201,10 +201,14 @@ def attend_in_pool(
         # A few positions, where masked_fill_ would pass over every score.
         scores.view(-1).index_fill_(0, bags.masked, float("-inf"))
     scores = scores.view(n, num_q_heads, bags.blocks * block_size)
-    if bags.width < scores.shape[-1]:
-        # Contiguous first: softmax over a strided slice took twice as long at one row.
-        scores = scores.narrow(-1, 0, bags.width).contiguous()
+    # Over whole blocks, not cut to the longest length, as the one-row graph's softmax
+    # runs (decode_in_pool_traced.py): torch's CPU softmax takes another way through a row
+    # shorter than one vector (8 or 16 float32 lanes) and gets other float32 bits, so a
+    # sequence of a few slots came out otherwise alone and beside a longer one.
     probs = torch.softmax(scores, dim=-1)  # float32 inside, rounded to the pool's dtype
+    if bags.width < probs.shape[-1]:
+        # The value bags' weights: contiguous, past the longest length all zero.
+        probs = probs.narrow(-1, 0, bags.width).contiguous()
     out = _weighted_sums(
         stored_rows(value_cache, head_size), bags.value_rows, bags.value_offsets, probs
     )

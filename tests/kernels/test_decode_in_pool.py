@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from aioserve.kernels import decode_in_pool, kv_cache
+from aioserve.kernels.attention_reference import paged_attention_reference
 from aioserve.kernels.decode_groups import padded_positions
 from aioserve.kernels.decode_in_pool import (
     MAX_PADDING_SLOTS,
@@ -138,3 +139,44 @@ def test_only_the_cpu_layouts_in_the_compute_dtype_are_read_in_place(monkeypatch
     assert not reads_in_place(*half, torch.float16)
     # A view that skips blocks is not dense: its rows are not the pool's rows.
     assert not reads_in_place(pool(keys)[::2], pool(values)[::2], torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_decode_weighed_in_the_pool_gets_the_same_bits_beside_a_longer_one(monkeypatch, dtype):
+    # Its softmax runs over whole blocks, whatever the group's longest: a sequence's
+    # attention alone is bit for bit its attention in one group with a longer one, whose
+    # blocks its scores are padded to (and its value bags to the longer length). Five
+    # slots: torch's softmax takes another way through a row shorter than a vector.
+    monkeypatch.setattr(kv_cache, "_has_avx512", lambda: False)  # float32 read in place
+    block_size, num_blocks, lengths = 16, 16, [5, 150]
+    keys, values = torch_path_layouts(dtype)
+    generator = torch.Generator().manual_seed(3)
+    shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_SIZE)
+    pools = [
+        empty_kv_cache(*shape, dtype, torch.device("cpu"), layout).copy_(
+            torch.randn(shape, generator=generator)
+        )
+        for layout in (keys, values)
+    ]
+    assert reads_in_place(*pools, dtype)
+    tables = torch.tensor([[3] + [0] * 9, [5, 1, 2, 8, 9, 10, 11, 12, 13, 14]])
+    query = torch.randn(2, NUM_Q_HEADS, HEAD_SIZE, generator=generator).to(dtype)
+
+    def attend(rows: list[int]) -> torch.Tensor:
+        seq_lens = torch.tensor([lengths[r] for r in rows])
+        return paged_attention_reference(
+            query[rows],
+            *pools,
+            torch.arange(len(rows) + 1),
+            seq_lens,
+            tables[rows],
+            HEAD_SIZE**-0.5,
+            1,
+            int(seq_lens.max()),
+        )
+
+    assert len(group_decodes(np.array(lengths), block_size, NUM_Q_HEADS, HEAD_SIZE)) == 1
+    alone, beside, after = attend([0]), attend([0, 1]), attend([1, 0])
+    assert torch.isfinite(alone).all()
+    assert torch.equal(beside[0], alone[0]) and torch.equal(after[1], alone[0])
+    assert torch.equal(beside[1], after[0])
