@@ -4,6 +4,7 @@ over the same paged caches (NaN in every free slot, each pool layout)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aioserve.kernels import attention_reference, prefill_products
@@ -71,6 +72,8 @@ def test_products_only_for_long_enough_bfloat16_prefills_within_the_key_cap(monk
     assert not uses_products(torch.bfloat16, MIN_ROWS, MAX_KEYS + 1)
 
 
-def test_no_products_on_a_cpu_without_bfloat16_arithmetic(monkeypatch):
-    monkeypatch.setattr(prefill_products, "cpu_fast_bf16_flag", lambda: None)
+@pytest.mark.parametrize("flag", [None, "amx_bf16"])
+def test_no_products_without_bfloat16_arithmetic_nor_with_amx(monkeypatch, flag):
+    # With AMX, torch's flash kernel (SDPA) multiplies its blocks on the tiles and is faster.
+    monkeypatch.setattr(prefill_products, "cpu_fast_bf16_flag", lambda: flag)
     assert not uses_products(torch.bfloat16, 1000, 1000)
