@@ -47,6 +47,24 @@ def test_greedy_is_the_first_argmax(dtype, device, triton_backend):
         assert torch.equal(out.token_ids, expected)
 
 
+@pytest.mark.parametrize("vocab_size", [100, 3 * 1024, 3 * 1024 + 17])
+def test_the_first_argmax_in_chunks_is_argmaxs_first_index(vocab_size):
+    # Maxima in a chunk, in the tail, tied across chunks or with the tail, NaN and all -inf.
+    x = torch.randn(9, vocab_size, generator=torch.Generator().manual_seed(vocab_size))
+    last = vocab_size - 1
+    x[1, 1500 % vocab_size] = 9.0
+    x[2, last] = 9.0
+    x[3, 5] = x[3, last] = 9.0
+    x[4, last] = x[4, 2100 % vocab_size] = 9.0
+    x[5, 1030 % vocab_size] = float("nan")
+    x[6, 3] = x[6, last] = float("nan")
+    x[7] = float("-inf")
+    x[8, last] = float("nan")
+    expected = [torch.argmax(torch.nan_to_num(row, nan=float("inf"))).item() for row in x]
+    assert sampler._first_argmax(x).tolist() == expected
+    assert sampler._first_argmax(x.t().contiguous().t()).tolist() == expected  # strided rows
+
+
 def test_paths_draw_identical_tokens(device, triton_backend):
     num_rows = 2 * len(MIXED_ROWS)
     logits = random_logits(num_rows, 300, device, seed=11)
