@@ -30,7 +30,8 @@ model and in float32 otherwise, the softmax always in float32 inside:
   runs oneDNN kernels built for the exact tails of its query and key blocks and cached for
   good: on a Xeon with AMX every new prompt length kept ~0.6 MiB (302 MiB over lengths 1
   to 512, 861 MiB more for chunks over cached prefixes), against 78 MiB for every length
-  up to 4,096 once padded to 16.
+  up to 4,096 once padded to 16. A run of fresh prompts of one length that needs no
+  padding goes through SDPA as one batch (prefill_sequences.py).
 
 A layer with a sliding window reads its own plan of the step (`ReferencePlan.for_window`,
 made once a step for each window): each sequence's blocks wholly before its window are
@@ -63,81 +64,18 @@ from aioserve.kernels.decode_groups import DecodeGroup, DecodeSequences, pool_he
 from aioserve.kernels.decode_in_pool import on_device
 from aioserve.kernels.kv_cache import is_fp8, slot_blocks_and_offsets, stored_order
 from aioserve.kernels.prefill_products import (
-    ProductChunk,
     attend_by_products,
     padded_key_count,
-    plan_chunks,
     round_up,
     uses_products,
 )
-
-PREFILL_ALIGN = 16
-
-
-@dataclass
-class PrefillSequence:
-    """One sequence with several query rows: a prompt or a chunk of one."""
-
-    start: int  # its query rows are start:end
-    end: int
-    blocks: Tensor  # [ceil(seq_len / block_size)] int64
-    seq_len: int
-    # Padded to PREFILL_ALIGN: query rows (rows past end are dropped) and keys (keys past
-    # seq_len are zeroed, never attended by a real row).
-    padded_query_len: int
-    padded_seq_len: int
-    # A sliding window W > 0: each row sees only the last W positions through its own.
-    window: int = 0
-    # Worked out in the step's first layer that needs them: SDPA's mask, or the chunks of
-    # the products (prefill_products.py).
-    _mask: Tensor | None = None
-    _chunks: list[ProductChunk] | None = None
-
-    def sdpa_mask(self, device: torch.device) -> Tensor | None:
-        """[padded_query_len, padded_seq_len] bool over a cached prefix or through a
-        sliding window (a padding row attends key 0, so that no row is empty); None: plain
-        causal."""
-        query_len = self.end - self.start
-        context_len = self.seq_len - query_len
-        if (context_len == 0 and not self.window) or self._mask is not None:
-            return self._mask
-        # Query row i sits at position context_len + i.
-        positions = context_len + torch.arange(query_len, device=device)
-        mask = torch.zeros(
-            (self.padded_query_len, self.padded_seq_len), dtype=torch.bool, device=device
-        )
-        keys = torch.arange(self.seq_len, device=device)
-        attended = keys[None, :] <= positions[:, None]
-        if self.window:
-            attended &= keys[None, :] > positions[:, None] - self.window
-        mask[:query_len, : self.seq_len] = attended
-        mask[query_len:, 0] = True
-        self._mask = mask
-        return mask
-
-    def product_chunks(self, group_size: int, device: torch.device) -> list[ProductChunk]:
-        if self._chunks is None:
-            self._chunks = plan_chunks(
-                self.end - self.start, self.seq_len, group_size, device, self.window
-            )
-        return self._chunks
-
-    def windowed(self, window: int, block_size: int) -> PrefillSequence:
-        """The same rows through a sliding window: the blocks wholly before the first
-        row's window left out (positions then count from the first block kept, which moves
-        every row and key alike)."""
-        context_len = self.seq_len - (self.end - self.start)
-        skipped = max(0, context_len + 1 - window) // block_size
-        seq_len = self.seq_len - skipped * block_size
-        return PrefillSequence(
-            start=self.start,
-            end=self.end,
-            blocks=self.blocks[skipped:],
-            seq_len=seq_len,
-            padded_query_len=self.padded_query_len,
-            padded_seq_len=round_up(seq_len, PREFILL_ALIGN),
-            window=window,
-        )
+from aioserve.kernels.prefill_sequences import (
+    PREFILL_ALIGN,
+    PrefillSequence,
+    PromptBatch,
+    attend_prompt_batch,
+    batch_prompts,
+)
 
 
 @dataclass
@@ -156,6 +94,22 @@ class ReferencePlan:
     _every_row_bags: decode_in_pool.PoolBags | None = None
     # The same step through each sliding window its layers have (`for_window`).
     _windowed: dict[int, ReferencePlan] = field(default_factory=dict)
+    _prompt_batches: list[PromptBatch] | None = None
+
+    def prompt_batches(
+        self, dtype: torch.dtype, cache_dtype: torch.dtype, new_kv: tuple[Tensor, Tensor] | None
+    ) -> list[PromptBatch]:
+        """The step's fresh prompts attended together (prompt_batches.py), worked out in its
+        first layer: where the step's new keys and values are what the pool stores and are
+        attended as they are (`dtype` is the compute dtype)."""
+        if self._prompt_batches is None:
+            as_stored = new_kv is not None and new_kv[0].dtype == cache_dtype == dtype
+            self._prompt_batches = (
+                batch_prompts(self.prefills, dtype)
+                if as_stored and _compute_dtype(dtype) == dtype
+                else []
+            )
+        return self._prompt_batches
 
     def for_window(self, window: int, block_size: int) -> ReferencePlan:
         """The plan of the layers whose rows see only the last `window` positions through
@@ -588,6 +542,11 @@ def paged_attention_reference(
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if plan.decodes is not None:
         _attend_decodes(query, key_cache, value_cache, plan.decodes, plan, scale, kv_scales, out)
-    for seq in plan.prefills:
-        _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales, out, new_kv)
+    batches = plan.prompt_batches(query.dtype, key_cache.dtype, new_kv)
+    for batch in batches:
+        attend_prompt_batch(query, new_kv, batch, scale, out)
+    batched = {index for batch in batches for index in batch.members}
+    for index, seq in enumerate(plan.prefills):
+        if index not in batched:
+            _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales, out, new_kv)
     return out
