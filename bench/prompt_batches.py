@@ -3,11 +3,12 @@ for them all (kernels/prefill_sequences.py), in milliseconds.
 
 SmolLM2-135M's attention shapes (9 query heads, 3 kv heads, head size 64) by default, the
 prompts' keys and values read from the step's new rows as a fresh prompt's are. Each
-round times both ways in turn; the medians of --rounds rounds are printed, and whether the
-two gave the same bits.
+round times both ways in turn (one by one in batch-invariant mode, which batches none);
+the medians of --rounds rounds are printed, and whether the two gave the same bits. Only
+a length that is a multiple of 16 is batched: others take the same way both times.
 
     python bench/prompt_batches.py --prompts 16 --length 256
-    python bench/prompt_batches.py --prompts 16 --length 250 --dtype float32
+    python bench/prompt_batches.py --prompts 64 --length 64 --dtype float32
 """
 
 from __future__ import annotations

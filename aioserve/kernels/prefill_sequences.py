@@ -12,9 +12,9 @@ operand a view of the step's rows, nothing copied in. torch's CPU flash kernel w
 each (prompt, head) pair apart, in blocks that depend on L only, so a prompt gets the bits
 its own call gives. On a Xeon with AMX (2 cores, bfloat16, SmolLM2's 9 query and 3 kv
 heads; `python bench/prompt_batches.py --prompts P --length L`), one layer of 16 prompts
-of 256 tokens took 4.8 ms against 5.7 one by one, 32 of 128 3.2 against 5.5, 64 of 64 2.4
-against 6.7. Prompts that would need padding are left alone: copied into a padded batch,
-16 of 250 took 7.4 ms against 5.8.
+of 256 tokens took 4.4 ms against 5.4 one by one, 32 of 128 3.1 against 5.0, 64 of 64 2.4
+against 5.8 (bench/RESULTS.md). Prompts that would need padding are left alone: copied
+into a padded batch, 16 of 250 took 7.4 ms against 5.8.
 
 Not batched either: prompts with a cached prefix or through a sliding window (each has a
 mask of its own), the products' prompts, and any in batch-invariant mode, where each
