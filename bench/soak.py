@@ -20,8 +20,9 @@ empty within `--settle` seconds, no 5xx, every invalid request answered with an
 OpenAI-shaped 4xx, every finished request with its whole output (finish_reason "length",
 n * max_tokens tokens), no other client failure, no "error" or "stop" finish in
 vllm:request_success_total and as many "length" finishes as answers the clients read in
-full (a request whose client left must end as "abort": the timeouts are 0.1 to 1 s, far
-shorter than max_tokens' generation on a CPU), and a preemption at least. A summary is
+full (a request whose client left must be aborted, which vLLM counts under no finish
+reason: the timeouts are 0.1 to 1 s, far shorter than max_tokens' generation on a CPU),
+and a preemption at least. A summary is
 printed (and written with `--json`); the exit status is 1 if a check failed.
 
     python bench/soak.py --requests 2000 --concurrency 16 --json bench/results/soak.json
