@@ -38,7 +38,7 @@ def _plan(batch):
 # (query_len, seq_len): fresh prompts (query_len == seq_len) among decodes, a chunk over a
 # cached prefix and prompts that need padding. The plan puts the decodes first.
 ONE_RUN = [(32, 32), (32, 32), (32, 32), (1, 20)]
-RUNS_APART = [(48, 48), (48, 48), (1, 37), (16, 16), (20, 50), (48, 48), (48, 48), (9, 9)]
+RUNS_APART = [(48, 48), (48, 48), (1, 37), (16, 16), (20, 50), (48, 48), (48, 48), (9, 9), (9, 9)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -90,13 +90,13 @@ def test_runs_of_fresh_unpadded_prompts_of_one_length_are_batched(monkeypatch):
         _prefill(512, 256),
         _prefill(768, 128),  # another length: a run of its own
         _prefill(896, 128),
-        _prefill(1024, 250),  # would need padding
-        _prefill(1274, 256),
-        _prefill(1536, 256, seq_len=300),  # a chunk over a cached prefix
-        _prefill(1792, 256),  # does not start where a prompt of the run ended
-        _prefill(2048, 256, window=64),  # through a sliding window
-        _prefill(2304, 256),
-        _prefill(2600, 256),  # rows 2560-2599 are other sequences' decodes
+        _prefill(1024, 250),  # would need padding, as would the next
+        _prefill(1274, 250),
+        _prefill(1524, 256, seq_len=300),  # a chunk over a cached prefix
+        _prefill(1780, 256),  # does not start where a prompt of the run ended
+        _prefill(2036, 256, window=64),  # through a sliding window
+        _prefill(2292, 256),
+        _prefill(2588, 256),  # rows 2548-2587 are other sequences' decodes
     ]
     batches = batch_prompts(prefills, torch.bfloat16)
     assert [(b.members, b.first_row, b.length) for b in batches] == [
