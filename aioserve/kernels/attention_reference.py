@@ -94,14 +94,17 @@ class ReferencePlan:
     _every_row_bags: decode_in_pool.PoolBags | None = None
     # The same step through each sliding window its layers have (`for_window`).
     _windowed: dict[int, ReferencePlan] = field(default_factory=dict)
+    # The step's fresh prompts attended together, and the prefills attended one by one
+    # (`prompt_batches`): worked out in its first layer.
     _prompt_batches: list[PromptBatch] | None = None
+    _prefills_alone: list[PrefillSequence] = field(default_factory=list)
 
     def prompt_batches(
         self, dtype: torch.dtype, cache_dtype: torch.dtype, new_kv: tuple[Tensor, Tensor] | None
     ) -> list[PromptBatch]:
-        """The step's fresh prompts attended together (prompt_batches.py), worked out in its
-        first layer: where the step's new keys and values are what the pool stores and are
-        attended as they are (`dtype` is the compute dtype)."""
+        """The step's fresh prompts attended together (prefill_sequences.py): where the
+        step's new keys and values are what the pool stores and are attended as they are
+        (`dtype` is the compute dtype). The other prefills are then `prefills_alone`."""
         if self._prompt_batches is None:
             as_stored = new_kv is not None and new_kv[0].dtype == cache_dtype == dtype
             self._prompt_batches = (
@@ -109,7 +112,15 @@ class ReferencePlan:
                 if as_stored and _compute_dtype(dtype) == dtype
                 else []
             )
+            batched = {index for batch in self._prompt_batches for index in batch.members}
+            self._prefills_alone = [
+                seq for index, seq in enumerate(self.prefills) if index not in batched
+            ]
         return self._prompt_batches
+
+    def prefills_alone(self) -> list[PrefillSequence]:
+        """The prefills no batch of `prompt_batches` (asked first) attends."""
+        return self._prefills_alone
 
     def for_window(self, window: int, block_size: int) -> ReferencePlan:
         """The plan of the layers whose rows see only the last `window` positions through
@@ -542,11 +553,8 @@ def paged_attention_reference(
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if plan.decodes is not None:
         _attend_decodes(query, key_cache, value_cache, plan.decodes, plan, scale, kv_scales, out)
-    batches = plan.prompt_batches(query.dtype, key_cache.dtype, new_kv)
-    for batch in batches:
+    for batch in plan.prompt_batches(query.dtype, key_cache.dtype, new_kv):
         attend_prompt_batch(query, new_kv, batch, scale, out)
-    batched = {index for batch in batches for index in batch.members}
-    for index, seq in enumerate(plan.prefills):
-        if index not in batched:
-            _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales, out, new_kv)
+    for seq in plan.prefills_alone():
+        _attend_prefill(query, key_cache, value_cache, seq, scale, kv_scales, out, new_kv)
     return out
