@@ -43,6 +43,7 @@ from aioserve.runner.prompt_logprobs import (
     compute_prompt_logprobs,
     plan_prompt_logprobs,
 )
+from aioserve.runner.sampler_graphs import CompiledRace, compile_race
 from aioserve.runner.sampling_inputs import HostSampling, build_host_sampling
 from aioserve.runner.sequence_slots import SequenceSlots, SlotAdmission, SlotTensors
 from aioserve.runner.speculative_rows import (
@@ -143,6 +144,8 @@ class ModelRunner:
             packed_weights=packed_weights,
         )
         self.device = device
+        # The sampler's race compiled at warm-up (sampler_graphs.py), where the step is.
+        self.race: CompiledRace | None = None
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -172,6 +175,8 @@ class ModelRunner:
         """Compile what the model step needs before the first request (see compiled_step.py)
         and capture the decode graphs; return once the KV pool is zeroed too."""
         self.model_step.warm_up(self.kv_caches, self.max_model_len)
+        if self.device.type == "cpu" and self.model_step.compiled:
+            self.race = compile_race(self.vocab_size)
         self._wait_for_kv_zeros()
         if self.decode_graphs is not None:
             self.decode_graphs.capture()
@@ -297,7 +302,7 @@ class ModelRunner:
         batch = step.sampling.to_batch(
             state, slots, self.device, step.token_bitmask, self.logprobs_mode
         )
-        out = sample(logits, batch)
+        out = sample(logits, batch, self.race)
         penalty_rows = step.sampling.penalty_rows
         if penalty_rows is not None:
             penalty_rows = host_to_device(penalty_rows, self.device)

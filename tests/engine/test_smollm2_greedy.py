@@ -4,7 +4,8 @@ The same prompts run one at a time, all in one batch, with chunked prefill (64-t
 budget), with a KV pool small enough to force preemption, and with prefix caching over
 prompts that share a long prefix. Each configuration must reproduce transformers exactly.
 The first two run the model step compiled (the default on the CPU), the others eagerly
-(--enforce-eager), so both give transformers' tokens.
+(--enforce-eager), so both give transformers' tokens. On the compiled engine, seeded random
+requests also draw the same tokens by the sampler's compiled race as by its eager one.
 """
 
 from __future__ import annotations
@@ -55,6 +56,43 @@ def test_one_at_a_time(llm, cases):
 def test_all_in_one_batch(llm, cases):
     names = list(cases)
     assert_all_match(names, generate_ids(llm, [cases[n][0] for n in names]), cases)
+
+
+def test_the_compiled_race_draws_the_eager_samplers_tokens(llm, cases):
+    runner = llm.engine.runner
+    race = runner.race
+    assert race is not None, "a compiled CPU engine draws random rows by the compiled race"
+    requests = [{"prompt_token_ids": prompt} for prompt, _ in list(cases.values())[:3]]
+    # Rows with no mask, then rows whose min-p keeps nearly every token (the masked graph).
+    settings = [{"temperature": 1.0}, {"temperature": 1.5, "min_p": 1e-9}]
+
+    def draws() -> list[list[int]]:
+        tokens = []
+        for extra in settings:
+            params = [
+                SamplingParams(seed=seed, max_tokens=16, ignore_eos=True, **extra)
+                for seed in range(len(requests))
+            ]
+            outputs = llm.generate(requests, params, use_tqdm=False)
+            tokens += [output.outputs[0].token_ids for output in outputs]
+        return tokens
+
+    taken = []  # for each call, whether it had a keep mask and the compiled graph took it
+
+    def recording(s, row_max, keep, keys):
+        graph = race.graphs[keep is not None]
+        taken.append((keep is not None, graph.guard_check(s, row_max, keep, keys)))
+        return race(s, row_max, keep, keys)
+
+    runner.race = recording
+    try:
+        compiled = draws()
+        runner.race = None
+        eager = draws()
+    finally:
+        runner.race = race
+    assert set(taken) == {(False, True), (True, True)}
+    assert compiled == eager
 
 
 def test_chunked_prefill_with_a_64_token_budget(smollm2_gguf, cases):

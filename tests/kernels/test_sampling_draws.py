@@ -10,6 +10,7 @@ import torch
 from aioserve.kernels.sampling import (
     make_sampling_batch,
     masks,
+    race,
     sample,
     sampler,
     uniform,
@@ -61,8 +62,8 @@ def test_the_first_argmax_in_chunks_is_argmaxs_first_index(vocab_size):
     x[7] = float("-inf")
     x[8, last] = float("nan")
     expected = [torch.argmax(torch.nan_to_num(row, nan=float("inf"))).item() for row in x]
-    assert sampler._first_argmax(x).tolist() == expected
-    assert sampler._first_argmax(x.t().contiguous().t()).tolist() == expected  # strided rows
+    assert race.first_argmax(x).tolist() == expected
+    assert race.first_argmax(x.t().contiguous().t()).tolist() == expected  # strided rows
 
 
 def test_paths_draw_identical_tokens(device, triton_backend):
@@ -154,7 +155,7 @@ def _general_and_top_k_draws(s, top_k, top_p, min_p, device):
         torch.arange(num_rows, device=device), torch.full((num_rows,), 2, device=device)
     )
     keep = masks._keep_mask_reference(s, row_max, top_k, top_p, min_p)
-    general = sampler._race_reference(s, row_max, keep, keys)
+    general = race.race_reference(s, row_max, keep, keys, None)
     within = sampler._sample_within_top_k_reference(s, row_max, top_k, top_p, min_p, keys)
     return general, within
 
@@ -186,12 +187,12 @@ def test_dense_and_sparse_races_agree(device):
     keys = uniform._row_key_reference(
         torch.arange(8, device=device), torch.full((8,), 3, device=device)
     )
-    candidates = s > row_max - sampler._RACE_CUTOFF
+    candidates = s > row_max - race.RACE_CUTOFF
     candidates[0, :] = False
     candidates[0, logits[0].argmax()] = True  # a row with one candidate
     candidates[1] &= torch.rand(3000, generator=torch.Generator().manual_seed(0)) < 0.5
-    dense = sampler._race_dense_reference(s, row_max, candidates, keys)
-    sparse = sampler._race_sparse_reference(s, row_max, candidates, keys)
+    dense = race.race_dense_reference(s, row_max, candidates, keys)
+    sparse = race.race_sparse_reference(s, row_max, candidates, keys)
     assert torch.equal(dense, sparse)
     assert dense[0] == logits[0].argmax()
 
@@ -203,12 +204,12 @@ def test_the_race_cutoff_skips_only_tokens_that_cannot_win(device):
     row_max = s.amax(-1, keepdim=True)
     rows = torch.arange(16, device=device)
     keys = uniform._row_key_reference(rows, torch.zeros_like(rows))
-    candidates = s > row_max - sampler._RACE_CUTOFF
+    candidates = s > row_max - race.RACE_CUTOFF
     assert not candidates.all()  # the cutoff does drop tokens here
     everything = torch.ones_like(candidates)
     assert torch.equal(
-        sampler._race_dense_reference(s, row_max, everything, keys),
-        sampler._race_dense_reference(s, row_max, candidates, keys),
+        race.race_dense_reference(s, row_max, everything, keys),
+        race.race_dense_reference(s, row_max, candidates, keys),
     )
 
 

@@ -113,7 +113,7 @@ def capture_sampler(monkeypatch) -> list:
     calls = []
     real = model_runner.sample
 
-    def sample(logits, batch):
+    def sample(logits, batch, race=None):
         snapshot = batch
         if batch.state_rows is not None:
             snapshot = dataclasses.replace(
@@ -122,7 +122,7 @@ def capture_sampler(monkeypatch) -> list:
                 prompt_token_mask=batch.prompt_token_mask[batch.state_rows].clone(),
                 state_rows=None,
             )
-        out = real(logits, batch)
+        out = real(logits, batch, race)
         calls.append((logits.clone(), snapshot, out.token_ids.clone()))
         return out
 

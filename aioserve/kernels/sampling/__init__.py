@@ -49,7 +49,8 @@ of float32 values) and a plain-torch reference, which is the execution path on t
 `sample` picks one with `dispatch.use_triton()`.
 
 Modules, one stage each: `penalties` (steps 2-3), `masks` (step 5 without the draw),
-`uniform` (the hash), `sampler` (the draw and the whole pipeline), `logprobs` (step 6),
+`uniform` (the hash), `race` (the torch path's draw: the race, greedy's argmax),
+`sampler` (the Triton draw and the whole pipeline), `logprobs` (step 6),
 `token_bitmask` (the bitmasks of step 2), `common` (the batch and result types).
 """
 

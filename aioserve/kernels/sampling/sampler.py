@@ -1,5 +1,5 @@
 """The sampler: steps 1-6 put together, and the draw itself (greedy argmax or the
-exponential race over the kept tokens)."""
+exponential race over the kept tokens; the torch path's in race.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ from aioserve.kernels.sampling.penalties import (
     apply_bias_and_penalties_reference,
     apply_bias_and_penalties_triton,
 )
+from aioserve.kernels.sampling.race import (
+    RACE_CUTOFF,
+    RaceWinners,
+    first_argmax,
+    race_among,
+    race_reference,
+)
 from aioserve.kernels.sampling.token_bitmask import (
     apply_token_bitmask_reference,
     apply_token_bitmask_triton,
@@ -38,25 +45,12 @@ from aioserve.kernels.sampling.uniform import (
     _row_key,
     _row_key_reference,
     _uniform,
-    _uniform_reference,
 )
 from aioserve.kernels.triton_compat import tl, triton
-
-# The reference only hashes tokens within this much of the row's largest scaled logit. A token further below has e < exp(-20) ~ 2.1e-9, and E >= -log(1 - 2**-24)
-# ~ 6e-8, so its race score e/E < 0.035; the best token (e = 1) scores at least
-# 1 / -log(2**-24) ~ 0.06. Such a token can never win, so skipping it changes nothing.
-_RACE_CUTOFF = 20.0
-
-# The dense race walks this many (row, token) pairs at a time, so its temporaries stay in
-# the CPU's cache.
-_DENSE_CHUNK_ELEMENTS = 2**18
 
 # When every random row has a top-k of at most this, the reference works on the top-k
 # tokens alone.
 _SMALL_TOP_K = 1024
-
-# The first argmax of a row takes the maxima of chunks this long first (`_first_argmax`).
-_ARGMAX_CHUNK = 1024
 
 
 @triton.jit
@@ -162,41 +156,6 @@ def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
     return _with_logprobs(token_ids, logits, masked, batch, compute_logprobs_triton)
 
 
-def _race_reference(s: Tensor, row_max: Tensor, keep: Tensor | None, keys: Tensor) -> Tensor:
-    """The exponential race over the kept tokens of each row of `s`; the winners' ids.
-
-    Only tokens that can win are hashed (see _RACE_CUTOFF). When they are few (top-p,
-    min-p, peaked distributions) they are gathered; otherwise the rows are walked densely
-    in cache-sized chunks. Both give the Triton kernel's answer.
-    """
-    candidates = s > row_max - _RACE_CUTOFF
-    if keep is not None:
-        candidates &= keep
-    if int(candidates.count_nonzero()) * 4 < candidates.numel():
-        return _race_sparse_reference(s, row_max, candidates, keys)
-    return _race_dense_reference(s, row_max, candidates, keys)
-
-
-def _race_sparse_reference(s: Tensor, row_max: Tensor, candidates: Tensor, keys: Tensor) -> Tensor:
-    rows, cols = candidates.nonzero(as_tuple=True)
-    return _race_among(rows, cols, s[rows, cols], row_max, keys)
-
-
-def _race_among(
-    rows: Tensor, cols: Tensor, s_values: Tensor, row_max: Tensor, keys: Tensor
-) -> Tensor:
-    """The race over the listed (row, token id, scaled logit) triples; a winner per row."""
-    u = _uniform_reference(keys[rows], cols)
-    score = torch.exp(s_values - row_max[rows, 0]) / u.log_().neg_()
-    num_rows = row_max.shape[0]
-    best = torch.zeros(num_rows, dtype=torch.float32, device=score.device)
-    best = best.scatter_reduce(0, rows, score, "amax", include_self=False)
-    winners = torch.where(score == best[rows], cols, torch.iinfo(torch.int64).max)
-    # A row without candidates (all -inf) gets token 0, as in the kernel.
-    token_ids = torch.zeros(num_rows, dtype=torch.int64, device=score.device)
-    return token_ids.scatter_reduce(0, rows, winners, "amin", include_self=False)
-
-
 def _sample_within_top_k_reference(
     s: Tensor, row_max: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, keys: Tensor
 ) -> Tensor | None:
@@ -220,49 +179,13 @@ def _sample_within_top_k_reference(
     if bool(uses_top_p.any()):
         rows = _rows_where(uses_top_p)
         keep[rows] &= _top_p_keep_reference(e[rows], keep[rows], top_p[rows])
-    rows, slots = (keep & (values > row_max - _RACE_CUTOFF)).nonzero(as_tuple=True)
-    return _race_among(rows, ids[rows, slots], values[rows, slots], row_max, keys)
+    rows, slots = (keep & (values > row_max - RACE_CUTOFF)).nonzero(as_tuple=True)
+    return race_among(rows, ids[rows, slots], values[rows, slots], row_max, keys)
 
 
-def _first_argmax(x: Tensor) -> Tensor:
-    """x.argmax(-1): the first index of each row's maximum (NaN counting as the maximum).
-
-    torch.max's indices are the same, and on the CPU 2.5x faster than argmax's; faster
-    still in two passes: each chunk's maximum without its index (amax, a plain vector
-    reduction), then the index within each row's first best chunk, and a tail shorter
-    than a chunk on its own. 64 rows of a 49,152-token vocabulary on a Xeon with AMX: 0.91
-    → 0.35 ms, 256 rows 5.0 → 1.2 ms."""
-    num_rows, vocab_size = x.shape
-    chunks = vocab_size // _ARGMAX_CHUNK
-    if chunks < 2 or x.stride(-1) != 1:
-        return x.max(dim=-1).indices
-    whole = chunks * _ARGMAX_CHUNK
-    blocks = x[:, :whole].view(num_rows, chunks, _ARGMAX_CHUNK)
-    best, chunk = blocks.amax(-1).max(-1)  # a NaN chunk is the best, the first of ties
-    rows = torch.arange(num_rows, device=x.device)
-    index = chunk * _ARGMAX_CHUNK + blocks[rows, chunk].max(-1).indices
-    if whole < vocab_size:
-        tail_best, tail_index = x[:, whole:].max(-1)
-        # The tail, after every chunk, wins only where strictly better (NaN over a number).
-        later = (tail_best > best) | (tail_best.isnan() & ~best.isnan())
-        index = torch.where(later, whole + tail_index, index)
-    return index
-
-
-def _race_dense_reference(s: Tensor, row_max: Tensor, candidates: Tensor, keys: Tensor) -> Tensor:
-    num_rows, vocab_size = s.shape
-    cols = torch.arange(vocab_size, dtype=torch.int64, device=s.device)
-    token_ids = torch.empty(num_rows, dtype=torch.int64, device=s.device)
-    chunk = max(1, _DENSE_CHUNK_ELEMENTS // vocab_size)
-    for start in range(0, num_rows, chunk):
-        rows = slice(start, start + chunk)
-        u = _uniform_reference(keys[rows, None], cols)
-        e = torch.exp(s[rows] - row_max[rows]).masked_fill_(~candidates[rows], 0.0)
-        token_ids[rows] = _first_argmax(e.div_(u.log_().neg_()))
-    return token_ids
-
-
-def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+def sample_reference(
+    logits: Tensor, batch: SamplingBatch, race: RaceWinners | None = None
+) -> SamplerOutput:
     """The torch path of `sample`."""
     num_rows = logits.shape[0]
     if num_rows == 0:
@@ -276,7 +199,7 @@ def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
     if batch.all_random:
         token_ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     else:
-        token_ids = _first_argmax(x)
+        token_ids = first_argmax(x)
     processed = x  # every row's processed logits, for the processed logprobs modes
     if not batch.all_greedy:
         rows = _rows_where(batch.temperature >= SAMPLING_EPS)
@@ -289,7 +212,7 @@ def sample_reference(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         if drawn is None or (batch.reports_processed and batch.num_logprobs >= 0):
             keep = _keep_mask_reference(s, row_max, top_k, top_p, min_p)
         if drawn is None:
-            drawn = _race_reference(s, row_max, keep, keys)
+            drawn = race_reference(s, row_max, keep, keys, race)
         token_ids[rows] = drawn
         if batch.reports_processed and batch.num_logprobs >= 0:
             processed = x.clone()  # x may be the caller's logits
@@ -312,14 +235,16 @@ def _with_logprobs(
     return SamplerOutput(token_ids, logprobs, kept)
 
 
-def sample(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+def sample(logits: Tensor, batch: SamplingBatch, race: RaceWinners | None = None) -> SamplerOutput:
     """Pick one token per row of `logits` [B, V] (any float dtype) as `batch` says.
 
     Returns the token ids and, when `batch.num_logprobs >= 0`, their logprobs, rank and
     the top `num_logprobs` alternatives, as `batch.logprobs_mode` says (raw logprobs by
     default; the processed modes report the values the draw saw, and never change which
-    token is drawn). `logits` is left untouched.
+    token is drawn). `logits` is left untouched. `race`, a compiled
+    race.race_winners (runner/sampler_graphs.py), draws the torch path's random rows
+    whose top-k does not narrow them first; the Triton path has its own kernel.
     """
     if dispatch.use_triton():
         return sample_triton(logits, batch)
-    return sample_reference(logits, batch)
+    return sample_reference(logits, batch, race)
