@@ -14,6 +14,7 @@ import torch
 from aioserve.kernels.sampling import (
     SAMPLING_EPS,
     make_sampling_batch,
+    masks,
 )
 from aioserve.kernels.sampling.logprobs import compute_logprobs_reference, compute_logprobs_triton
 from aioserve.kernels.sampling.masks import (
@@ -80,6 +81,37 @@ def test_mask_ties_at_the_boundary_are_kept(device, triton_backend):
     # top_p 0.7: mass above 2.0 is ~0.41 < 0.7, so every 2.0 stays; above 1.0 it's ~0.97.
     assert torch.equal(kept[2], expected_top_k)
     assert torch.equal(kept[2], expected_keep(row.cpu(), 1.0, -1, 0.7, 0.0))
+
+
+def test_top_p_where_a_limit_equals_the_mass_above_a_value_exactly():
+    # Values that are powers of two have masses (2**40 e) that add up exactly, so a limit
+    # can equal the mass above a value: a token whose mass above is the limit is dropped,
+    # one below it kept. Two rows built so, then random ones, against the definition in
+    # Python's integers.
+    gen = torch.Generator().manual_seed(3)
+    num_rows, vocab_size = 64, 40
+    e = 2.0 ** -torch.randint(0, 5, (num_rows, vocab_size), generator=gen).float()
+    e[:, 0] = 1.0
+    keep = torch.rand((num_rows, vocab_size), generator=gen) < 0.8
+    keep[:, 0] = True
+    top_p = torch.randint(1, 16, (num_rows,), generator=gen).float() / 16
+    keep[:2, 4:] = False
+    e[0, :4], top_p[0] = torch.tensor([1.0, 0.5, 0.5, 0.125]), 0.5  # limit: the mass above 0.5
+    e[1, :4], top_p[1] = torch.tensor([1.0, 0.5, 0.25, 0.25]), 0.75  # and above 0.25
+    keep[:2, :4] = True
+    keep[0, 3] = False
+    kept = masks._top_p_keep_reference(e, keep, top_p)
+    assert kept[0, :4].tolist() == [True, False, False, False]
+    assert kept[1, :4].tolist() == [True, True, False, False]
+    for row in range(num_rows):
+        values = torch.where(keep[row], e[row], 0.0).tolist()
+        mass = [int(value * 2**40) for value in values]
+        limit = float(sum(mass)) * float(top_p[row])
+        expected = [
+            k and float(sum(m for m, v in zip(mass, values, strict=True) if v > value)) < limit
+            for value, k in zip(values, keep[row].tolist(), strict=True)
+        ]
+        assert (kept[row] & keep[row]).tolist() == expected, f"row {row}"
 
 
 @pytest.mark.parametrize("splits", [None, 7])

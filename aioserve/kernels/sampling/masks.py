@@ -37,9 +37,11 @@ _RADIX_BINS = 16
 _ROW_PROGRAMS = {"cuda": 128, "rocm": 128, "cpu": 3}
 
 
-# The reference's top-p sorts only the tokens with e >= this floor, lowering it (2**-20,
-# 2**-30, ..., then 0) until they hold the top_p mass; most rows need only the first.
-_TOP_P_FIRST_FLOOR = 2.0**-10
+# The reference's top-p bins a row's values by their float32 bits shifted right by this:
+# the exponent and the first four mantissa bits, 16 bins an octave; e <= 1.0 (0x3F800000)
+# fits in _TOP_P_BINS.
+_TOP_P_BIN_SHIFT = 19
+_TOP_P_BINS = (0x3F800000 >> _TOP_P_BIN_SHIFT) + 1
 
 
 @triton.jit
@@ -422,33 +424,48 @@ def apply_sampling_masks_triton(
 def _top_p_keep_reference(e: Tensor, keep: Tensor, top_p: Tensor) -> Tensor:
     """Which tokens top-p keeps, given e = exp(s - max) and the tokens still in play.
 
-    Only the likely tokens are sorted: those with e above a floor low enough for them to
-    hold the top_p mass (the floor drops until they do). Sorting whole rows of a large
-    vocabulary is far slower on the CPU.
+    Token i is kept iff the mass of the tokens with e above its own is below the limit;
+    the kept tokens are those with e at least a threshold v, which lies in one bin of the
+    row's values by the high bits of their float32 image (exponent and first mantissa
+    bits, an order-preserving bucketing of e in [0, 1]). One pass adds each bin's mass up;
+    the bins whose mass, with everything above them, reaches the limit end at v's bin;
+    only that bin's tokens are sorted to find v. For 64 rows of SmolLM2's logits on a
+    2-core Xeon with AMX (temperatures 0.3-1.5, top-p 0.5-0.999) this took 17-39 ms, where
+    sorting every token above a floor of e took up to 0.1-0.27 s: real distributions' long
+    tails left thousands of candidates a row.
     """
     num_rows = e.shape[0]
     e = torch.where(keep, e, 0.0)
     mass = (e * _MASS_SCALE).to(torch.int64)
     limit = mass.sum(-1).double() * top_p.double()
-    floor = _TOP_P_FIRST_FLOOR
-    while True:
-        rows, cols = (e >= floor).nonzero(as_tuple=True)
-        held = torch.zeros_like(limit, dtype=torch.int64).index_add_(0, rows, mass[rows, cols])
-        if floor == 0.0 or bool((held.double() >= limit).all()):
-            break
-        floor = floor * _TOP_P_FIRST_FLOOR if floor > 2.0**-60 else 0.0
-    # Lay the candidates out one row each, padded with zeros, and sort each row.
+    # e >= 0: its bits order it (a NaN, from infinite logits, goes to the top bin). In
+    # int32 throughout: int64 copies of [rows, vocab] doubled this function's time.
+    bins = (e.view(torch.int32) >> _TOP_P_BIN_SHIFT).clamp_(max=_TOP_P_BINS - 1)
+    row_bins = torch.arange(0, num_rows * _TOP_P_BINS, _TOP_P_BINS, dtype=torch.int32)
+    bin_mass = torch.zeros(num_rows * _TOP_P_BINS, dtype=torch.int64, device=e.device)
+    bin_mass.index_add_(0, (bins + row_bins.to(e.device)[:, None]).view(-1), mass.view(-1))
+    # from_top[:, b]: the mass in bin b and above; a last column of zeros (above the top).
+    from_top = bin_mass.view(num_rows, _TOP_P_BINS).flip(-1).cumsum(-1).flip(-1)
+    from_top = torch.cat([from_top, from_top.new_zeros(num_rows, 1)], dim=-1)
+    # v's bin: the highest whose mass and everything above reach the limit. The bins
+    # above it hold less than the limit together, so all their tokens are kept; the bins
+    # below, at least the limit above each token, so none of theirs.
+    boundary = (from_top.double() >= limit[:, None]).sum(-1, keepdim=True) - 1
+    above_boundary = from_top.gather(1, boundary + 1)
+    rows, cols = (bins == boundary.to(torch.int32)).nonzero(as_tuple=True)
+    # The boundary bin's tokens laid out one row each, padded with zeros, each row sorted.
     counts = torch.bincount(rows, minlength=num_rows)
     position = torch.arange(rows.numel(), device=e.device) - (counts.cumsum(0) - counts)[rows]
     candidates = e.new_zeros((num_rows, int(counts.max())))
     candidates.index_put_((rows, position), e[rows, cols])
     sorted_values = torch.sort(candidates, dim=-1, descending=True).values
     sorted_mass = (sorted_values * _MASS_SCALE).to(torch.int64)
-    # mass_above[j]: the mass sorted before position j. It only grows along the row (the
-    # padding sees all of the candidates' mass, which reaches the limit), so the positions
-    # below the limit are a prefix; the value at its end is the threshold (tokens equal
-    # to it are kept with it).
-    mass_above = (sorted_mass.cumsum(-1) - sorted_mass).double()
+    # mass_above[j]: the mass sorted before position j, the bins above included. It only
+    # grows along the row (the padding sees the whole bin's mass, which reaches the
+    # limit), so the positions below the limit are a prefix, never empty (the bin's first
+    # token has only the bins above before it); the value at its end is the threshold
+    # (tokens equal to it are kept with it).
+    mass_above = (above_boundary + sorted_mass.cumsum(-1) - sorted_mass).double()
     last = (mass_above < limit[:, None]).sum(-1, keepdim=True) - 1
     return e >= sorted_values.gather(1, last)
 
