@@ -171,13 +171,16 @@ def test_the_top_k_shortcut_matches_the_general_path(device):
     assert torch.equal(within, general)
 
 
-def test_the_top_k_shortcut_steps_aside_for_ties_past_k(device):
+def test_the_top_k_shortcut_keeps_ties_past_k_and_steps_aside_for_too_many(device):
     s = torch.tensor([[4.0, 3.0, 2.0, 2.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
     # k = 3 in row 0 ends inside a three-way tie: all of it is kept, not just 3 tokens.
-    _, within = _general_and_top_k_draws(s.to(device), [3, 3], [1.0, 1.0], [0.0, 0.0], device)
+    general, within = _general_and_top_k_draws(s.to(device), [3, 3], [1.0, 1.0], [0.0, 0.0], device)
+    assert within is not None and torch.equal(within, general)
+    # A tie at the k-th value wider than the room topk takes past k: the general path.
+    wide = torch.zeros(1, 200)
+    wide[0, 0] = 1.0
+    _, within = _general_and_top_k_draws(wide.to(device), [3], [1.0], [0.0], device)
     assert within is None
-    _, within = _general_and_top_k_draws(s[1:].to(device), [3], [1.0], [0.0], device)
-    assert within is not None
 
 
 def test_dense_and_sparse_races_agree(device):

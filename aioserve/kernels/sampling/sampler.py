@@ -51,6 +51,8 @@ from aioserve.kernels.triton_compat import tl, triton
 # When every random row has a top-k of at most this, the reference works on the top-k
 # tokens alone.
 _SMALL_TOP_K = 1024
+# How many tokens past the largest k it takes, for ties at the k-th value.
+_TOP_K_TIE_ROOM = 64
 
 
 @triton.jit
@@ -162,19 +164,20 @@ def _sample_within_top_k_reference(
     """The draw when every row has a top-k of at most _SMALL_TOP_K; None otherwise.
 
     Min-p, top-p and the race then only concern the top-k tokens, so they run on those
-    alone instead of the whole vocabulary. Also None when a tie at a row's k-th value
-    reaches past the k tokens torch.topk picked (they would all be kept).
+    alone instead of the whole vocabulary. Top-k keeps every token tied with the k-th
+    value, so torch.topk picks _TOP_K_TIE_ROOM more than the largest k: the logits of a
+    bfloat16 model tie often. Also None when a row's ties reach past those.
     """
     vocab_size = s.shape[1]
     if not bool(((top_k > 0) & (top_k <= _SMALL_TOP_K) & (top_k < vocab_size)).all()):
         return None
-    # One more than the largest k, to see whether a row's (k+1)-th value ties its k-th.
     k = top_k.long()[:, None]
-    values, ids = torch.topk(s, int(k.max()) + 1, dim=-1)
-    if not bool((values.gather(1, k) < values.gather(1, k - 1)).all()):
+    values, ids = torch.topk(s, min(vocab_size, int(k.max()) + _TOP_K_TIE_ROOM), dim=-1)
+    kth = values.gather(1, k - 1)
+    if values.shape[1] < vocab_size and not bool((values[:, -1:] < kth).all()):
         return None
     e = torch.exp(values - row_max)
-    keep = (torch.arange(values.shape[1], device=s.device) < k) & (e >= min_p[:, None])
+    keep = (values >= kth) & (e >= min_p[:, None])
     uses_top_p = top_p < 1.0
     if bool(uses_top_p.any()):
         rows = _rows_where(uses_top_p)
