@@ -438,14 +438,14 @@ def _top_p_keep_reference(e: Tensor, keep: Tensor, top_p: Tensor) -> Tensor:
     e = torch.where(keep, e, 0.0)
     mass = (e * _MASS_SCALE).to(torch.int64)
     limit = mass.sum(-1).double() * top_p.double()
-    # e >= 0: its bits order it (a NaN, from infinite logits, goes to the top bin). In
-    # int32 throughout: int64 copies of [rows, vocab] doubled this function's time.
+    # e >= 0: its bits order it (a NaN, from infinite logits, goes to the top bin).
     bins = (e.view(torch.int32) >> _TOP_P_BIN_SHIFT).clamp_(max=_TOP_P_BINS - 1)
-    row_bins = torch.arange(0, num_rows * _TOP_P_BINS, _TOP_P_BINS, dtype=torch.int32)
-    bin_mass = torch.zeros(num_rows * _TOP_P_BINS, dtype=torch.int64, device=e.device)
-    bin_mass.index_add_(0, (bins + row_bins.to(e.device)[:, None]).view(-1), mass.view(-1))
+    # Added up row by row (scatter_add_ along the rows runs them in parallel: 1.9-3.9 ms
+    # for 64 rows of 49,152 tokens against 7.8-10 for one index_add_ over them all).
+    bin_mass = torch.zeros((num_rows, _TOP_P_BINS), dtype=torch.int64, device=e.device)
+    bin_mass.scatter_add_(1, bins.long(), mass)
     # from_top[:, b]: the mass in bin b and above; a last column of zeros (above the top).
-    from_top = bin_mass.view(num_rows, _TOP_P_BINS).flip(-1).cumsum(-1).flip(-1)
+    from_top = bin_mass.flip(-1).cumsum(-1).flip(-1)
     from_top = torch.cat([from_top, from_top.new_zeros(num_rows, 1)], dim=-1)
     # v's bin: the highest whose mass and everything above reach the limit. The bins
     # above it hold less than the limit together, so all their tokens are kept; the bins
