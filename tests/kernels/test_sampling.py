@@ -83,11 +83,14 @@ def test_mask_ties_at_the_boundary_are_kept(device, triton_backend):
     assert torch.equal(kept[2], expected_keep(row.cpu(), 1.0, -1, 0.7, 0.0))
 
 
-def test_top_p_where_a_limit_equals_the_mass_above_a_value_exactly():
+@pytest.mark.parametrize("first_tokens", [1, 8, 256])
+def test_top_p_where_a_limit_equals_the_mass_above_a_value_exactly(first_tokens, monkeypatch):
     # Values that are powers of two have masses (2**40 e) that add up exactly, so a limit
     # can equal the mass above a value: a token whose mass above is the limit is dropped,
     # one below it kept. Two rows built so, then random ones, against the definition in
-    # Python's integers.
+    # Python's integers; the thresholds found among each row's largest values, by bins
+    # (one value looked at first: none found there), or some each way.
+    monkeypatch.setattr(masks, "_TOP_P_FIRST_TOKENS", first_tokens)
     gen = torch.Generator().manual_seed(3)
     num_rows, vocab_size = 64, 40
     e = 2.0 ** -torch.randint(0, 5, (num_rows, vocab_size), generator=gen).float()

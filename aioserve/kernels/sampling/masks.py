@@ -42,6 +42,8 @@ _ROW_PROGRAMS = {"cuda": 128, "rocm": 128, "cpu": 3}
 # fits in _TOP_P_BINS.
 _TOP_P_BIN_SHIFT = 19
 _TOP_P_BINS = (0x3F800000 >> _TOP_P_BIN_SHIFT) + 1
+# Where a row's top-p threshold is first looked for: among its largest values.
+_TOP_P_FIRST_TOKENS = 256
 
 
 @triton.jit
@@ -424,20 +426,50 @@ def apply_sampling_masks_triton(
 def _top_p_keep_reference(e: Tensor, keep: Tensor, top_p: Tensor) -> Tensor:
     """Which tokens top-p keeps, given e = exp(s - max) and the tokens still in play.
 
-    Token i is kept iff the mass of the tokens with e above its own is below the limit;
-    the kept tokens are those with e at least a threshold v, which lies in one bin of the
-    row's values by the high bits of their float32 image (exponent and first mantissa
-    bits, an order-preserving bucketing of e in [0, 1]). One pass adds each bin's mass up;
-    the bins whose mass, with everything above them, reaches the limit end at v's bin;
-    only that bin's tokens are sorted to find v. For 64 rows of SmolLM2's logits on a
-    2-core Xeon with AMX (temperatures 0.3-1.5, top-p 0.5-0.999) this took 17-39 ms, where
-    sorting every token above a floor of e took up to 0.1-0.27 s: real distributions' long
-    tails left thousands of candidates a row.
+    Token i is kept iff the mass of the tokens with e above its own is below the limit:
+    the kept tokens are those with e at least a threshold v. Most rows of a peaked
+    distribution find v among their _TOP_P_FIRST_TOKENS largest values
+    (`_threshold_in_top`); the others in one bin of their values (`_threshold_by_bins`).
+    For 64 rows of SmolLM2's logits on a 2-core Xeon with AMX (temperatures 0.3-1.5,
+    top-p 0.5-0.999) the bins alone took 17-39 ms, where sorting every token above a floor
+    of e took up to 0.1-0.27 s: real distributions' long tails left thousands of
+    candidates a row.
     """
-    num_rows = e.shape[0]
     e = torch.where(keep, e, 0.0)
     mass = (e * _MASS_SCALE).to(torch.int64)
-    limit = mass.sum(-1).double() * top_p.double()
+    limit = mass.sum(-1, keepdim=True).double() * top_p.double()[:, None]
+    threshold, found = _threshold_in_top(e, limit)
+    num_found = int(found.sum())
+    if num_found * 2 < len(found):
+        # Most rows left: binned whole, which costs less than copying them out.
+        threshold = _threshold_by_bins(e, mass, limit)
+    elif num_found < len(found):
+        rows = _rows_where(~found)
+        threshold[rows] = _threshold_by_bins(e[rows], mass[rows], limit[rows])
+    return e >= threshold
+
+
+def _threshold_in_top(e: Tensor, limit: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's threshold [R, 1] where its largest values hold it, and [R] whether they
+    do: the tokens sorted down to the first whose mass above reaches the limit, as torch's
+    topk returns them (ties in any order: the masses above a tie add up alike)."""
+    vocab_size = e.shape[1]
+    values = torch.topk(e, min(_TOP_P_FIRST_TOKENS, vocab_size), dim=-1).values
+    mass = (values * _MASS_SCALE).to(torch.int64)
+    mass_above = (mass.cumsum(-1) - mass).double()
+    last = (mass_above < limit).sum(-1, keepdim=True) - 1
+    # Found where a value past the last one kept was seen, or the row was taken whole.
+    found = (last[:, 0] < values.shape[1] - 1) | (values.shape[1] == vocab_size)
+    return values.gather(1, last), found
+
+
+def _threshold_by_bins(e: Tensor, mass: Tensor, limit: Tensor) -> Tensor:
+    """Each row's threshold [R, 1], found in one bin of the row's values by the high bits
+    of their float32 image (exponent and first mantissa bits, an order-preserving bucketing
+    of e in [0, 1]): one pass adds each bin's mass up; the bins whose mass, with everything
+    above them, reaches the limit end at the threshold's bin; only that bin's tokens are
+    sorted."""
+    num_rows = e.shape[0]
     # e >= 0: its bits order it (a NaN, from infinite logits, goes to the top bin).
     bins = (e.view(torch.int32) >> _TOP_P_BIN_SHIFT).clamp_(max=_TOP_P_BINS - 1)
     # Added up row by row (scatter_add_ along the rows runs them in parallel: 1.9-3.9 ms
@@ -447,10 +479,10 @@ def _top_p_keep_reference(e: Tensor, keep: Tensor, top_p: Tensor) -> Tensor:
     # from_top[:, b]: the mass in bin b and above; a last column of zeros (above the top).
     from_top = bin_mass.flip(-1).cumsum(-1).flip(-1)
     from_top = torch.cat([from_top, from_top.new_zeros(num_rows, 1)], dim=-1)
-    # v's bin: the highest whose mass and everything above reach the limit. The bins
-    # above it hold less than the limit together, so all their tokens are kept; the bins
-    # below, at least the limit above each token, so none of theirs.
-    boundary = (from_top.double() >= limit[:, None]).sum(-1, keepdim=True) - 1
+    # The threshold's bin: the highest whose mass and everything above reach the limit.
+    # The bins above it hold less than the limit together, so all their tokens are kept;
+    # the bins below, at least the limit above each token, so none of theirs.
+    boundary = (from_top.double() >= limit).sum(-1, keepdim=True) - 1
     above_boundary = from_top.gather(1, boundary + 1)
     rows, cols = (bins == boundary.to(torch.int32)).nonzero(as_tuple=True)
     # The boundary bin's tokens laid out one row each, padded with zeros, each row sorted.
@@ -466,8 +498,8 @@ def _top_p_keep_reference(e: Tensor, keep: Tensor, top_p: Tensor) -> Tensor:
     # token has only the bins above before it); the value at its end is the threshold
     # (tokens equal to it are kept with it).
     mass_above = (above_boundary + sorted_mass.cumsum(-1) - sorted_mass).double()
-    last = (mass_above < limit[:, None]).sum(-1, keepdim=True) - 1
-    return e >= sorted_values.gather(1, last)
+    last = (mass_above < limit).sum(-1, keepdim=True) - 1
+    return sorted_values.gather(1, last)
 
 
 def _keep_mask_reference(
