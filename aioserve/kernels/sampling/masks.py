@@ -436,7 +436,7 @@ def _top_p_keep_reference(e: Tensor, keep: Tensor, top_p: Tensor) -> Tensor:
     candidates a row.
     """
     e = torch.where(keep, e, 0.0)
-    mass = (e * _MASS_SCALE).to(torch.int64)
+    mass = _masses(e)
     limit = mass.sum(-1, keepdim=True).double() * top_p.double()[:, None]
     threshold, found = _threshold_in_top(e, limit)
     num_found = int(found.sum())
@@ -455,9 +455,7 @@ def _threshold_in_top(e: Tensor, limit: Tensor) -> tuple[Tensor, Tensor]:
     topk returns them (ties in any order: the masses above a tie add up alike)."""
     vocab_size = e.shape[1]
     values = torch.topk(e, min(_TOP_P_FIRST_TOKENS, vocab_size), dim=-1).values
-    mass = (values * _MASS_SCALE).to(torch.int64)
-    mass_above = (mass.cumsum(-1) - mass).double()
-    last = (mass_above < limit).sum(-1, keepdim=True) - 1
+    last = _last_below_limit(values, limit, 0)
     # Found where a value past the last one kept was seen, or the row was taken whole.
     found = (last[:, 0] < values.shape[1] - 1) | (values.shape[1] == vocab_size)
     return values.gather(1, last), found
@@ -491,15 +489,24 @@ def _threshold_by_bins(e: Tensor, mass: Tensor, limit: Tensor) -> Tensor:
     candidates = e.new_zeros((num_rows, int(counts.max())))
     candidates.index_put_((rows, position), e[rows, cols])
     sorted_values = torch.sort(candidates, dim=-1, descending=True).values
-    sorted_mass = (sorted_values * _MASS_SCALE).to(torch.int64)
-    # mass_above[j]: the mass sorted before position j, the bins above included. It only
-    # grows along the row (the padding sees the whole bin's mass, which reaches the
-    # limit), so the positions below the limit are a prefix, never empty (the bin's first
-    # token has only the bins above before it); the value at its end is the threshold
-    # (tokens equal to it are kept with it).
-    mass_above = (above_boundary + sorted_mass.cumsum(-1) - sorted_mass).double()
-    last = (mass_above < limit).sum(-1, keepdim=True) - 1
-    return sorted_values.gather(1, last)
+    # The padding sees the whole bin's mass above it, which reaches the limit; the bin's
+    # first token has only the bins above before it, so its position always counts.
+    return sorted_values.gather(1, _last_below_limit(sorted_values, limit, above_boundary))
+
+
+def _last_below_limit(sorted_values: Tensor, limit: Tensor, above: Tensor | int) -> Tensor:
+    """[R, 1]: in rows of values sorted down, the last position whose mass above (the mass
+    sorted before it, plus `above`, what lies above the values given) is below the limit.
+    That mass only grows along a row, so the positions below the limit are a prefix; the
+    value at its end is the threshold (tokens equal to it are kept with it)."""
+    mass = _masses(sorted_values)
+    mass_above = (above + mass.cumsum(-1) - mass).double()
+    return (mass_above < limit).sum(-1, keepdim=True) - 1
+
+
+def _masses(e: Tensor) -> Tensor:
+    """e's probability mass, in int64 multiples of 2**-40 (truncated)."""
+    return (e * _MASS_SCALE).to(torch.int64)
 
 
 def _keep_mask_reference(

@@ -2,7 +2,7 @@
 
 Token i of a row scores e_i / E_i, with e_i = exp(s_i - max) and E_i = -log(U_i) from the
 counter-based uniform of (seed, step, i) (uniform.py); the highest score wins, ties to
-the lower id (the package's step 5). Only tokens within _RACE_CUTOFF of the row's largest
+the lower id (the package's step 5). Only tokens within RACE_CUTOFF of the row's largest
 scaled logit can win, so only those are hashed.
 
 Eagerly, `race_reference` gathers the candidates where they are few and otherwise walks
