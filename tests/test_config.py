@@ -10,6 +10,7 @@ import re
 import pytest
 
 from aioserve.config.arguments import ARGUMENTS
+from aioserve.config.compilation import CompilationSettings
 from aioserve.config.declaration import FRONTEND, ConfigError
 from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
 from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, add_engine_arguments
@@ -153,6 +154,7 @@ SUPPORTED_FLAGS = [
     (["--guided-decoding-disable-additional-properties"], "decoding.guided_decoding_disable_additional_properties", True),
     (["--structured-outputs-config", '{"backend": "outlines"}'], "decoding.structured_outputs_config", {"backend": "outlines"}),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative.speculative_config", NgramSpeculation(3, 5, 5)),
+    (["--compilation-config", "0"], "compilation.compilation_config", CompilationSettings(level=0)),
 ]  # fmt: skip
 
 
@@ -178,6 +180,7 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
         config.decoding,
         config.lora,
         config.speculative,
+        config.compilation,
     )
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
     assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}
@@ -324,7 +327,6 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
         (["--enable-lora-bias"], "--enable-lora-bias"),
         (["--fully-sharded-loras"], "--fully-sharded-loras"),
         (["--num-speculative-tokens", "4"], "--num-speculative-tokens"),
-        (["-O3"], "--compilation-config (-O)"),
         (["--device", "cpu"], "--device"),
         (["--use-v2-block-manager"], "--use-v2-block-manager"),
         (["--hf-token"], "--hf-token"),

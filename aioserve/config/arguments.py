@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from aioserve.config import values
+from aioserve.config.compilation import CompilationSettings, compilation_config
 from aioserve.config.declaration import (
     CACHE,
     DECODING,
@@ -569,8 +570,14 @@ ARGUMENTS: tuple[Argument, ...] = (
              "and model share the cores.", "bool",
              convert=values.boolean),
     # --- VllmConfig ------------------------------------------------------------------------
-    _vllm("compilation-config", VLLM, {},
-          "torch.compile and CUDA-graph settings: a level 0-3 (-O3) or JSON.", "json", aliases=("-O",)),
+    Argument("compilation-config", VLLM, CompilationSettings(),
+             "torch.compile and CUDA-graph settings: a level 0-3 (-O3, -O 0) or JSON. Level 0 "
+             "runs the CPU's model step eagerly (CUDA/HIP graphs kept); 1-3 compile it. JSON "
+             "keys: level (or mode), cudagraph_mode (FULL_DECODE_ONLY, or NONE: no graphs and "
+             "no padded decodes), use_cudagraph, cudagraph_capture_sizes (exactly these "
+             "sizes), max_capture_size (or max_cudagraph_capture_size: the largest of the "
+             "default sizes); -O.level=0 sets one key. Other keys are refused by name.",
+             "json", convert=compilation_config, aliases=("-O", "-cc")),
     _vllm("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
     _vllm("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
     _vllm("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),

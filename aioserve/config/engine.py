@@ -1,8 +1,8 @@
 """The engine's configuration, built from the declarations in `aioserve.config.arguments`.
 
 `EngineConfig` groups the values as vLLM groups them (ModelConfig, LoadConfig, CacheConfig,
-SchedulerConfig, DecodingConfig); each field is one supported argument of that group, named by its `dest`
-(a test checks that fields and declarations match). The command line
+SchedulerConfig, DecodingConfig, ...); each field is one supported argument of that group,
+named by its `dest` (a test checks that fields and declarations match). The command line
 (`engine_config_from_args`) and the Python API (`engine_config_from_kwargs`, behind
 `LLM(**kwargs)`) go through the same checks, so both give the same error for the same bad
 value: a `ConfigError` naming the flag (`--max-num-seqs must be at least 1, got 0`) or the
@@ -35,6 +35,7 @@ from aioserve.config.arguments import (
     DEFAULT_CPU_KVCACHE_SPACE_GIB,
     argument,
 )
+from aioserve.config.compilation import CompilationSettings
 from aioserve.config.declaration import ConfigError, checked_values
 from aioserve.config.speculative import NgramSpeculation
 
@@ -114,6 +115,11 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class CompilationConfig:
+    compilation_config: CompilationSettings
+
+
+@dataclass(frozen=True)
 class LoRAConfig:
     enable_lora: bool
     max_loras: int
@@ -131,6 +137,7 @@ class EngineConfig:
     decoding: DecodingConfig
     lora: LoRAConfig
     speculative: SpeculativeConfig = SpeculativeConfig(None)
+    compilation: CompilationConfig = CompilationConfig(CompilationSettings())
     # For `serve` (vLLM's OPENAI_API_SERVER usage context), not the offline engine: some
     # platform defaults differ between the two (PlatformDefault.cpu_server).
     serving: bool = False
@@ -176,6 +183,7 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         decoding=section(DecodingConfig),
         lora=_checked_lora(section(LoRAConfig)),
         speculative=_checked_speculative(section(SpeculativeConfig), section(SchedulerConfig)),
+        compilation=_checked_compilation(section(CompilationConfig), section(SchedulerConfig)),
         serving=serving,
     )
 
@@ -191,6 +199,20 @@ def _checked_speculative(
             "drafts are looked up in the tokens the step before it sampled"
         )
     return speculative
+
+
+def _checked_compilation(
+    compilation: CompilationConfig, scheduler: SchedulerConfig
+) -> CompilationConfig:
+    """The decode sizes are given once: by --cuda-graph-sizes or in --compilation-config."""
+    settings = compilation.compilation_config
+    given = settings.cudagraph_capture_sizes is not None or settings.max_capture_size is not None
+    if given and scheduler.cuda_graph_sizes:
+        raise ConfigError(
+            "--cuda-graph-sizes and --compilation-config's cudagraph_capture_sizes or "
+            "max_capture_size both set the decode sizes: give one"
+        )
+    return compilation
 
 
 def _checked_lora(lora: LoRAConfig) -> LoRAConfig:

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from aioserve.config.compilation import CompilationSettings
 from aioserve.config.engine import DecodingConfig, EngineConfig
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
 from aioserve.engine.lora_requests import LoRAAdapterCache
@@ -231,11 +232,23 @@ def check_moe_weights(checkpoint: Checkpoint) -> None:
 
 
 def resolve_decode_graph_sizes(
-    requested: list[int], max_num_seqs: int, enforce_eager: bool
+    requested: list[int],
+    max_num_seqs: int,
+    enforce_eager: bool,
+    compilation: CompilationSettings,
 ) -> list[int]:
-    """The batch sizes decode steps are padded to (runner/decode_graphs.py): none under
-    --enforce-eager; on the CPU, which captures no graph, only those asked for."""
-    if enforce_eager or (current_platform() == "cpu" and not requested):
+    """The batch sizes decode steps are padded to (runner/decode_graphs.py), from
+    --cuda-graph-sizes (`requested`) or --compilation-config's sizes: none under
+    --enforce-eager or cudagraph_mode NONE; on the CPU, which captures no graph, only
+    those asked for."""
+    if enforce_eager or not compilation.captures_graphs:
+        return []
+    if compilation.cudagraph_capture_sizes is not None:
+        # Exactly these, where one --cuda-graph-sizes value N stands for several.
+        return [size for size in compilation.cudagraph_capture_sizes if size <= max_num_seqs]
+    if compilation.max_capture_size is not None:
+        requested = [compilation.max_capture_size]
+    if current_platform() == "cpu" and not requested:
         return []
     return capture_sizes(requested, max_num_seqs)
 
@@ -392,7 +405,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "or lower --max-model-len"
         )
     lora_cfg = config.lora
-    compiled = platform == "cpu" and not model_cfg.enforce_eager
+    compilation = config.compilation.compilation_config
+    compiled = platform == "cpu" and not model_cfg.enforce_eager and compilation.compiles
     if dispatch.batch_invariant():
         compiled = _batch_invariant_step(compiled)
     lora_dtype = dtype if lora_cfg.lora_dtype == "auto" else getattr(torch, lora_cfg.lora_dtype)
@@ -412,6 +426,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             sched_cfg.cuda_graph_sizes,
             max_num_seqs,
             model_cfg.enforce_eager or lora_cfg.enable_lora,
+            compilation,
         ),
         max_seq_len_to_capture=model_cfg.max_seq_len_to_capture,
         kv_cache_dtype=kv_dtype,

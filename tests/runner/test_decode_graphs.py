@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from aioserve.config.compilation import CompilationSettings
 from aioserve.runner.decode_graphs import capture_sizes
 from aioserve.runner.step_plan import SamplingSettings
 from tests.runner.plans import PlanMaker, record_padded_sizes, run_step, tiny_runner
@@ -154,4 +155,5 @@ def test_the_engine_pads_where_graphs_are_captured_or_sizes_given(
     from aioserve.engine import build
 
     monkeypatch.setattr(build, "current_platform", lambda: platform)
-    assert build.resolve_decode_graph_sizes(requested, 8, enforce_eager) == expected
+    sizes = build.resolve_decode_graph_sizes(requested, 8, enforce_eager, CompilationSettings())
+    assert sizes == expected
