@@ -155,6 +155,7 @@ SUPPORTED_FLAGS = [
     (["--structured-outputs-config", '{"backend": "outlines"}'], "decoding.structured_outputs_config", {"backend": "outlines"}),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative.speculative_config", NgramSpeculation(3, 5, 5)),
     (["--compilation-config", "0"], "compilation.compilation_config", CompilationSettings(level=0)),
+    (["--device", "cpu"], "device.device", "cpu"),
 ]  # fmt: skip
 
 
@@ -181,6 +182,7 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
         config.lora,
         config.speculative,
         config.compilation,
+        config.device,
     )
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
     assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}
@@ -327,7 +329,6 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
         (["--enable-lora-bias"], "--enable-lora-bias"),
         (["--fully-sharded-loras"], "--fully-sharded-loras"),
         (["--num-speculative-tokens", "4"], "--num-speculative-tokens"),
-        (["--device", "cpu"], "--device"),
         (["--use-v2-block-manager"], "--use-v2-block-manager"),
         (["--hf-token"], "--hf-token"),
         (["--lora-extra-vocab-size", "256"], "--lora-extra-vocab-size"),
@@ -418,7 +419,6 @@ def test_help_lists_supported_groups_then_the_unsupported_ones():
         "--tensor-parallel-size",
         "--headless",
         "--kv-sharing-fast-prefill",
-        "--device",
         "--speculative-model",
     ):
         assert flag in unsupported_part

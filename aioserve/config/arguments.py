@@ -587,8 +587,12 @@ ARGUMENTS: tuple[Argument, ...] = (
     _vllm("tokenizer-pool-extra-config", TOKENIZER_POOL, {},
           "Deprecated in vLLM: tokenizer-pool settings.", "json"),
     # --- DeviceConfig ----------------------------------------------------------------------
-    _vllm("device", DEVICE, "auto", "Deprecated in vLLM: the execution device.",
-          choices=("auto", "cuda", "neuron", "cpu", "openvino", "tpu", "xpu", "hpu")),
+    Argument("device", DEVICE, "auto",
+             "Deprecated in vLLM, which finds the device itself, as aioserve does: auto, or "
+             "the device this machine computes on, checked at start (cpu; cuda for an NVIDIA "
+             "or AMD GPU, as torch names both).", convert=values.string,
+             choices=("auto", "cuda", "cpu"),
+             vllm_choices=("neuron", "openvino", "tpu", "xpu", "hpu"), choice_noun="device"),
 )
 # fmt: on
 

@@ -115,6 +115,11 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class DeviceConfig:
+    device: str  # auto, or the device the machine computes on (checked by engine/build.py)
+
+
+@dataclass(frozen=True)
 class CompilationConfig:
     compilation_config: CompilationSettings
 
@@ -138,6 +143,7 @@ class EngineConfig:
     lora: LoRAConfig
     speculative: SpeculativeConfig = SpeculativeConfig(None)
     compilation: CompilationConfig = CompilationConfig(CompilationSettings())
+    device: DeviceConfig = DeviceConfig("auto")
     # For `serve` (vLLM's OPENAI_API_SERVER usage context), not the offline engine: some
     # platform defaults differ between the two (PlatformDefault.cpu_server).
     serving: bool = False
@@ -184,6 +190,7 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         lora=_checked_lora(section(LoRAConfig)),
         speculative=_checked_speculative(section(SpeculativeConfig), section(SchedulerConfig)),
         compilation=_checked_compilation(section(CompilationConfig), section(SchedulerConfig)),
+        device=section(DeviceConfig),
         serving=serving,
     )
 

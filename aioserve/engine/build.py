@@ -184,6 +184,19 @@ def check_long_prefill_token_threshold(threshold: int, max_model_len: int) -> No
         )
 
 
+def check_device(requested: str) -> None:
+    """--device: auto, or the device this machine computes on (torch's name for it: cuda
+    on an NVIDIA or AMD GPU), which aioserve finds itself as vLLM now does."""
+    if requested == "auto":
+        return
+    found = "cpu" if current_platform() == "cpu" else "cuda"
+    if requested != found:
+        raise ValueError(
+            f"--device {requested}: this machine computes on {found}, which aioserve finds "
+            f"itself; leave --device out (or give auto or {found})"
+        )
+
+
 def check_quantize_to_fp8(checkpoint: Checkpoint) -> None:
     """`--quantization fp8` on a 16-bit checkpoint needs the GPU's FP8 kernels."""
     if checkpoint.quantize_to_fp8 and not is_gpu():
@@ -286,6 +299,7 @@ def _eos_token_ids(
 
 def build_engine(config: EngineConfig) -> EngineParts:
     model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
+    check_device(config.device.device)
     checkpoint = open_checkpoint(
         model_cfg.model,
         load_format=config.load.load_format,
