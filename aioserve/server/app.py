@@ -3,7 +3,8 @@
 `build_app(state)` is the one place where the server's parts meet: the middlewares
 (middlewares.py, in the order described there), this module's routes (routes.py), the
 OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes of
-its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), the metrics
+its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), SageMaker's
+/invocations in front of those (invocations.py), the metrics
 (metrics.py) and the schema and docs pages (openapi.py). `serve.py` runs the app; tests
 run it in-process.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from aioserve.server.errors import error_middleware
+from aioserve.server.invocations import add_invocations_route
 from aioserve.server.lora_routes import add_lora_routes
 from aioserve.server.metrics import add_metrics
 from aioserve.server.middlewares import (
@@ -82,6 +84,7 @@ def build_app(state: ServerState) -> web.Application:
     else:
         add_openai_routes(app)
         add_lora_routes(app)
+    add_invocations_route(app)
     add_metrics(app, state, log_stats=not frontend.disable_log_stats)
     if not frontend.disable_fastapi_docs:
         add_docs_routes(app, root_path)

@@ -234,9 +234,11 @@ def configured_api_keys(frontend: FrontendConfig) -> list[str]:
 
 
 def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware:
-    """401 for a /v1/* request without `Authorization: Bearer <key>`, one of `api_keys`.
+    """401 for a request to a protected route without `Authorization: Bearer <key>`, one
+    of `api_keys`.
 
-    Only the /v1 routes are protected, as in vLLM; /health, /metrics, /tokenize ... are
+    The /v1 and /v2 routes are protected, as in vLLM 0.32, and /invocations, which vLLM
+    leaves open although it answers what /v1 does; /health, /metrics, /tokenize ... are
     not. Keys are compared as SHA-256 digests with hmac.compare_digest, every one of them,
     so neither a key's content nor its length shows in the time a refusal takes. The key
     is what follows "Bearer " exactly, as vLLM reads it.
@@ -245,7 +247,7 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
 
     @web.middleware
     async def check_api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method != "OPTIONS" and route_path(request, root_path).startswith("/v1"):
+        if request.method != "OPTIONS" and _is_protected(route_path(request, root_path)):
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             digest = hashlib.sha256(given.encode()).digest()
             matched = False
@@ -260,6 +262,10 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
         return await handler(request)
 
     return check_api_key
+
+
+def _is_protected(path: str) -> bool:
+    return path.startswith(("/v1", "/v2")) or path == "/invocations"
 
 
 # --- route errors and body size ----------------------------------------------------------------

@@ -443,6 +443,35 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         }
         for path in ("/rerank", "/v1/rerank", "/v2/rerank")
     },
+    ("post", "/invocations"): {
+        "summary": "SageMaker's route: a body of any kind the model takes, answered by that "
+        "kind's route (chat or completion; embeddings, classify, rerank or score)",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            _ref(name)
+                            for name in (
+                                "ChatCompletionRequest",
+                                "CompletionRequest",
+                                "EmbeddingRequest",
+                                "ClassificationRequest",
+                                "RerankRequest",
+                                "ScoreRequest",
+                            )
+                        ]
+                    }
+                }
+            },
+        },  # fmt: skip
+        "responses": {
+            "200": {"description": "The answer of the kind's route (JSON, or its stream)"},
+            **_ERRORS,
+            **_AUTH_ERROR,
+        },
+    },
     ("get", "/metrics"): {
         "summary": "Prometheus metrics, with vLLM's names",
         "responses": {
