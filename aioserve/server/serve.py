@@ -32,7 +32,6 @@ import logging
 import os
 import signal
 import ssl
-import sys
 import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,6 +45,7 @@ from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.errors import APIError
+from aioserve.server.log_setup import ACCESS_LOGGER, configure_logging
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
 from aioserve.server.tls_refresh import TLSRefresher
@@ -59,10 +59,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aioserve")
 T = TypeVar("T")
 
-ACCESS_LOGGER = "aioserve.access"
-ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
-"""One line per request, as uvicorn writes them: client, request line, status, duration."""
-
 # Once draining has ended, how long aborted requests get to write their last bytes.
 CLOSE_GRACE_S = 5.0
 # vLLM's H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT and H11_MAX_HEADER_COUNT_DEFAULT.
@@ -72,27 +68,8 @@ ENGINE_DIED_EXIT_STATUS = 1
 _DEATH_POLL_S = 0.1
 _WARM_UP_PROMPT_TOKENS = 8
 _SECRET_ARGUMENTS = frozenset({"api_key", "hf_token"})
-_LOG_LEVELS = {
-    "trace": logging.DEBUG,
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
-
-
-def configure_logging(http_log_level: str) -> None:
-    """vLLM-style log lines on stdout; --uvicorn-log-level sets the HTTP layer's level."""
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(levelname)s %(asctime)s [%(name)s] %(message)s",
-        datefmt="%m-%d %H:%M:%S",
-        stream=sys.stdout,
-    )
-    logging.getLogger("aioserve").setLevel(logging.INFO)
-    for name in ("aiohttp", ACCESS_LOGGER):
-        logging.getLogger(name).setLevel(_LOG_LEVELS[http_log_level])
+ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
+"""One line per request, as uvicorn writes them: client, request line, status, duration."""
 
 
 def build_ssl_context(frontend: FrontendConfig) -> ssl.SSLContext | None:
