@@ -371,6 +371,12 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="Before the run, retry the first request (every 5 s) until it succeeds or this "
         "many seconds pass; 0 skips the check.",
     )
+    target.add_argument(
+        "--profile",
+        action="store_true",
+        help="Run the server's torch profiler over the timed requests: POST /start_profile "
+        "before them and /stop_profile after (the server needs VLLM_TORCH_PROFILER_DIR).",
+    )
     traffic = parser.add_argument_group("traffic options")
     traffic.add_argument(
         "--request-rate",

@@ -5,7 +5,8 @@
 when the first and every later chunk carrying a choice came, the text, and the token
 counts of the final usage chunk. Anything that goes wrong (an HTTP error, an error event,
 a malformed stream, a dropped connection) fails that request with a message; it never
-stops the benchmark.
+stops the benchmark. `call_profiler` starts or stops the server's profiler (--profile),
+and does stop the benchmark when the server cannot.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import aiohttp
 
 from aioserve.benchmarks.datasets import SampleRequest
 from aioserve.benchmarks.statistics import RequestResult
+from aioserve.config.declaration import ConfigError
 
 # Backend -> the endpoint it talks to when --endpoint is not given. "vllm" is vLLM's name
 # for the completions backend.
@@ -174,3 +176,17 @@ async def send_request(
     result.generated_text = "".join(text)
     result.latency = last - start
     return result
+
+
+async def call_profiler(
+    session: aiohttp.ClientSession, base_url: str, action: str, headers: dict[str, str]
+) -> None:
+    """POST /start_profile or /stop_profile (`action` "start" or "stop") to the server at
+    `base_url`; ConfigError saying what it answered unless 200."""
+    url = f"{base_url}/{action}_profile"
+    async with session.post(url, headers=headers) as response:
+        if response.status == 200:
+            return
+        text = (await response.text()).strip()
+    hint = " (start the server with VLLM_TORCH_PROFILER_DIR)" if response.status == 404 else ""
+    raise ConfigError(f"--profile: {url} answered {response.status}{hint}: {text[:300]}")

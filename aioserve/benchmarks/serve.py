@@ -36,6 +36,7 @@ from aioserve.benchmarks.endpoints import (
     CHAT_BACKENDS,
     TIMEOUT,
     Target,
+    call_profiler,
     send_request,
 )
 from aioserve.benchmarks.statistics import (
@@ -163,8 +164,12 @@ async def run_requests(
     rates: Sequence[float] | None = None,
     ready_check_timeout_s: int = 0,
     sent_at: list[datetime] | None = None,
+    profile_base_url: str | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send `requests` on their schedule; return their results (in order) and the duration.
+
+    `profile_base_url`, when given, is the server whose profiler runs over the timed
+    requests (--profile).
 
     `rates`: per-request rates of a ramp-up, instead of `request_rate`. Each result's
     client_queue_time is how long it waited for a --max-concurrency slot after its time
@@ -198,6 +203,10 @@ async def run_requests(
             ]
             await asyncio.gather(*warmups)
             print("Warmup run completed.")
+        if profile_base_url is not None:
+            print("Starting profiler...")
+            await call_profiler(session, profile_base_url, "start", target.headers)
+            print("Profiler started")
         print("Starting main benchmark run...")
         bar = tqdm(total=len(requests), disable=not show_progress)
         schedule = arrival_times(len(requests), request_rate, burstiness, rng, rates)
@@ -215,6 +224,10 @@ async def run_requests(
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         bar.close()
+        if profile_base_url is not None:
+            print("Stopping profiler...")
+            await call_profiler(session, profile_base_url, "stop", target.headers)
+            print("Profiler stopped")
     return list(results), duration
 
 
@@ -460,6 +473,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             rates=rates,
             ready_check_timeout_s=args.ready_check_timeout_sec,
             sent_at=sent_at,
+            profile_base_url=base_url if args.profile else None,
         )
     )
     queue_stats = queue_latencies(results, percentiles, args.request_rate, args.max_concurrency)

@@ -5,6 +5,7 @@ outputs; `encode()` runs a pooling request (a pooling model's engine) and return
 vector. Both check the request first (InvalidRequest with vLLM's messages), refuse it when
 a queue cap is reached (QueueFullError), and abort it when their caller goes away (the
 iterator closed, the task cancelled). The loop that runs them is `EngineLoop`'s.
+`start_profile` and `stop_profile` run torch's profiler over its steps (step_profiler.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aioserve.config.engine import EngineConfig
 from aioserve.engine.admission import (
@@ -42,11 +44,13 @@ from aioserve.engine.pooling_params import (
 from aioserve.engine.process_tuning import restore_process_settings, tune_process_for_serving
 from aioserve.engine.request import RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.step_profiler import ProfilerStateError, StepProfiler
 from aioserve.platform import is_gpu
 
 
 class AsyncEngine(EngineLoop):
     _tuned_process = False  # whether this engine has tuned the process and not yet restored it
+    _profiler: StepProfiler | None = None  # made by the first start_profile
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -244,3 +248,21 @@ class AsyncEngine(EngineLoop):
         assert self.settings.pooler is not None
         item.data = finish_vector(item.data, params, self.settings.pooler)
         return item
+
+    # -- profiling (the server's /start_profile and /stop_profile) ------------------------
+
+    async def start_profile(self, directory: Path) -> None:
+        """Start torch's profiler on the model thread, between two steps, for a trace in
+        `directory` (step_profiler.py). ProfilerStateError while a session runs."""
+        if self._profiler is None or self._profiler.directory != directory:
+            if self._profiler is not None and self._profiler.running:
+                raise ProfilerStateError("the profiler is already running: stop it first")
+            self._profiler = StepProfiler(directory)
+        await asyncio.wrap_future(self._model_thread.submit(self._profiler.start))
+
+    async def stop_profile(self) -> Path:
+        """Stop the profiler after the step running; the trace file written.
+        ProfilerStateError when no session runs."""
+        if self._profiler is None:
+            raise ProfilerStateError("the profiler is not running: start it first")
+        return await asyncio.wrap_future(self._model_thread.submit(self._profiler.stop))

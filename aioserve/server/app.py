@@ -4,7 +4,8 @@
 (middlewares.py, in the order described there), this module's routes (routes.py), the
 OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes of
 its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), SageMaker's
-/invocations in front of those (invocations.py), the metrics
+/invocations in front of those (invocations.py), the profiler's routes where
+VLLM_TORCH_PROFILER_DIR is set (profile_routes.py), the metrics
 (metrics.py) and the schema and docs pages (openapi.py). `serve.py` runs the app; tests
 run it in-process.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from aioserve.engine.step_profiler import profiler_dir
 from aioserve.server.errors import error_middleware
 from aioserve.server.invocations import add_invocations_route
 from aioserve.server.lora_routes import add_lora_routes
@@ -35,6 +37,7 @@ from aioserve.server.middlewares import (
 from aioserve.server.openai_routes import add_openai_routes
 from aioserve.server.openapi import add_docs_routes
 from aioserve.server.pooling_routes import add_pooling_routes
+from aioserve.server.profile_routes import add_profile_routes
 from aioserve.server.routes import add_routes
 from aioserve.server.state import STATE, ServerState
 
@@ -85,6 +88,8 @@ def build_app(state: ServerState) -> web.Application:
         add_openai_routes(app)
         add_lora_routes(app)
     add_invocations_route(app)
+    if (trace_dir := profiler_dir()) is not None:
+        add_profile_routes(app, trace_dir)
     add_metrics(app, state, log_stats=not frontend.disable_log_stats)
     if not frontend.disable_fastapi_docs:
         add_docs_routes(app, root_path)

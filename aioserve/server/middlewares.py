@@ -237,9 +237,9 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
     """401 for a request to a protected route without `Authorization: Bearer <key>`, one
     of `api_keys`.
 
-    The /v1 and /v2 routes are protected, as in vLLM 0.32, and /invocations, which vLLM
-    leaves open although it answers what /v1 does; /health, /metrics, /tokenize ... are
-    not. Keys are compared as SHA-256 digests with hmac.compare_digest, every one of them,
+    The /v1 and /v2 routes are protected, as in vLLM 0.32, and /invocations and the
+    profiler's routes, which vLLM leaves open although the first answers what /v1 does and
+    the others change the server's state; /health, /metrics, /tokenize ... are not. Keys are compared as SHA-256 digests with hmac.compare_digest, every one of them,
     so neither a key's content nor its length shows in the time a refusal takes. The key
     is what follows "Bearer " exactly, as vLLM reads it.
     """
@@ -264,8 +264,11 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
     return check_api_key
 
 
+_PROTECTED_ROUTES = frozenset({"/invocations", "/start_profile", "/stop_profile"})
+
+
 def _is_protected(path: str) -> bool:
-    return path.startswith(("/v1", "/v2")) or path == "/invocations"
+    return path.startswith(("/v1", "/v2")) or path in _PROTECTED_ROUTES
 
 
 # --- route errors and body size ----------------------------------------------------------------

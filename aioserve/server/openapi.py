@@ -472,6 +472,17 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             **_AUTH_ERROR,
         },
     },
+    **{
+        ("post", path): {
+            "summary": f"{verb} torch's profiler over the engine's steps "
+            "(VLLM_TORCH_PROFILER_DIR; local development only)",
+            "responses": {"200": {"description": "Done (empty body)"}, **_ERRORS, **_AUTH_ERROR},
+        }
+        for path, verb in (
+            ("/start_profile", "Start"),
+            ("/stop_profile", "Stop, writing the trace of"),
+        )
+    },
     ("get", "/metrics"): {
         "summary": "Prometheus metrics, with vLLM's names",
         "responses": {

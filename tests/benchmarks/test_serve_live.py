@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -40,14 +41,24 @@ def _wait_until_healthy(process: subprocess.Popen, url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def live_server(tiny_model):
-    """`aioserve serve` on the tiny model, on a free port; terminated (or killed) at the end."""
+def trace_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("traces")
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_model, trace_dir):
+    """`aioserve serve` on the tiny model, on a free port, its profiler's traces going to
+    `trace_dir`; terminated (or killed) at the end."""
     port = _free_port()
     command = [sys.executable, "-m", "aioserve", "serve", tiny_model,
                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512",
                "--enforce-eager"]  # fmt: skip
     process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "VLLM_TORCH_PROFILER_DIR": str(trace_dir)},
+        preexec_fn=die_with_parent,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -80,3 +91,27 @@ def test_bench_serve_against_aioserve(live_server, tiny_model, tmp_path, backend
     assert result["mean_ttft_ms"] > 0
     # vLLM's count: requests active within one second, so up to all three, not 2 at once.
     assert 1 <= result["max_concurrent_requests"] <= 3
+
+
+def _bench(base_url: str, tiny_model: str, *more: str) -> int:
+    argv = [
+        "bench", "serve", "--base-url", base_url, "--tokenizer", tiny_model,
+        "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "2",
+        "--num-prompts", "2", *more,
+    ]  # fmt: skip
+    return cli.main(argv)
+
+
+def test_profile_traces_the_timed_requests(live_server, tiny_model, trace_dir):
+    before = set(trace_dir.iterdir())
+    assert _bench(live_server, tiny_model, "--profile") == 0
+    [trace] = set(trace_dir.iterdir()) - before
+    assert trace.name.endswith(".pt.trace.json.gz") and trace.stat().st_size > 0
+
+
+def test_profile_stops_the_run_where_the_server_has_no_profiler(live_server, tiny_model, capsys):
+    argv = ("--profile", "--model", tiny_model)
+    assert _bench(live_server + "/elsewhere", tiny_model, *argv) == 2
+    error = capsys.readouterr().err
+    assert "--profile: " + live_server + "/elsewhere/start_profile answered 404" in error
+    assert "(start the server with VLLM_TORCH_PROFILER_DIR)" in error
