@@ -249,6 +249,11 @@ class AsyncEngine(EngineLoop):
         item.data = finish_vector(item.data, params, self.settings.pooler)
         return item
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing forgotten) while a request holds
+        blocks, a step in flight included."""
+        return self.kv_cache.reset_prefix_cache()
+
     # -- profiling (the server's /start_profile and /stop_profile) ------------------------
 
     async def start_profile(self, directory: Path) -> None:

@@ -5,7 +5,8 @@
 OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes of
 its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), SageMaker's
 /invocations in front of those (invocations.py), the profiler's routes where
-VLLM_TORCH_PROFILER_DIR is set (profile_routes.py), the metrics
+VLLM_TORCH_PROFILER_DIR is set (profile_routes.py), the development routes with
+VLLM_SERVER_DEV_MODE=1 (dev_routes.py), the metrics
 (metrics.py) and the schema and docs pages (openapi.py). `serve.py` runs the app; tests
 run it in-process.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from aioserve.engine.step_profiler import profiler_dir
+from aioserve.server.dev_routes import add_dev_routes, dev_mode
 from aioserve.server.errors import error_middleware
 from aioserve.server.invocations import add_invocations_route
 from aioserve.server.lora_routes import add_lora_routes
@@ -90,6 +92,8 @@ def build_app(state: ServerState) -> web.Application:
     add_invocations_route(app)
     if (trace_dir := profiler_dir()) is not None:
         add_profile_routes(app, trace_dir)
+    if dev_mode():
+        add_dev_routes(app)
     add_metrics(app, state, log_stats=not frontend.disable_log_stats)
     if not frontend.disable_fastapi_docs:
         add_docs_routes(app, root_path)

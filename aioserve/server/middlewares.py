@@ -237,9 +237,10 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
     """401 for a request to a protected route without `Authorization: Bearer <key>`, one
     of `api_keys`.
 
-    The /v1 and /v2 routes are protected, as in vLLM 0.32, and /invocations and the
-    profiler's routes, which vLLM leaves open although the first answers what /v1 does and
-    the others change the server's state; /health, /metrics, /tokenize ... are not. Keys are compared as SHA-256 digests with hmac.compare_digest, every one of them,
+    The /v1 and /v2 routes are protected, as in vLLM 0.32, and /invocations, the
+    profiler's and the development routes, which vLLM leaves open although the first
+    answers what /v1 does and the others change the server's state; /health, /metrics,
+    /tokenize ... are not. Keys are compared as SHA-256 digests with hmac.compare_digest, every one of them,
     so neither a key's content nor its length shows in the time a refusal takes. The key
     is what follows "Bearer " exactly, as vLLM reads it.
     """
@@ -264,7 +265,9 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
     return check_api_key
 
 
-_PROTECTED_ROUTES = frozenset({"/invocations", "/start_profile", "/stop_profile"})
+_PROTECTED_ROUTES = frozenset(
+    {"/invocations", "/start_profile", "/stop_profile", "/reset_prefix_cache"}
+)
 
 
 def _is_protected(path: str) -> bool:

@@ -483,6 +483,15 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             ("/stop_profile", "Stop, writing the trace of"),
         )
     },
+    ("post", "/reset_prefix_cache"): {
+        "summary": "Forget the cached prefix blocks (VLLM_SERVER_DEV_MODE=1): success false "
+        "while requests hold blocks",
+        "responses": {
+            "200": _json({"type": "object", "properties": {"success": {"type": "boolean"}}}),
+            **_ERRORS,
+            **_AUTH_ERROR,
+        },
+    },
     ("get", "/metrics"): {
         "summary": "Prometheus metrics, with vLLM's names",
         "responses": {
