@@ -22,6 +22,9 @@ from aiohttp import web
 from transformers import AutoTokenizer
 
 from aioserve import AsyncEngine
+from aioserve.config.frontend import frontend_config_from_args
+from aioserve.config.parser import build_engine_parser
+from aioserve.server.app import build_app
 from aioserve.server.errors import error_middleware
 from aioserve.server.openai_routes import add_openai_routes
 from aioserve.server.state import STATE, ServerState
@@ -88,6 +91,20 @@ def serve_app(server_loop: BackgroundLoop, app: web.Application) -> Iterator[str
         yield f"http://{host}:{port}"
     finally:
         server_loop.run(runner.cleanup())
+
+
+@contextmanager
+def serve_built(server_loop: BackgroundLoop, engine: AsyncEngine, *argv: str) -> Iterator[str]:
+    """The app `aioserve serve <argv>` builds for `engine`, on a free port: its base URL."""
+    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
+    with serve_app(server_loop, build_app(ServerState(engine, [MODEL], options))) as url:
+        yield url
+
+
+@pytest.fixture
+def no_api_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No VLLM_API_KEY from the environment the tests run in."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
 
 
 def openai_app(state: ServerState) -> web.Application:

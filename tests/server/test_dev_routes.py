@@ -7,38 +7,24 @@ cannot honour are 400s naming them; without the variable the route does not exis
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import openai
 import pytest
 
-from aioserve.config.frontend import frontend_config_from_args
-from aioserve.config.parser import build_engine_parser
-from aioserve.server.app import build_app
-from aioserve.server.state import ServerState
-from tests.server.conftest import MODEL, serve_app, wait_until_idle
+from tests.server.conftest import MODEL, serve_built, wait_until_idle
 from tests.server.openai_helpers import post
 from tests.server.serve_process import moved, read_metrics
 
 HITS = "vllm:prefix_cache_hits_total"
 
 
-@pytest.fixture(autouse=True)
-def _no_api_key_from_the_environment(monkeypatch):
-    monkeypatch.delenv("VLLM_API_KEY", raising=False)
-
-
-@contextmanager
-def _served(server_loop, engine, *argv: str) -> Iterator[str]:
-    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
-    with serve_app(server_loop, build_app(ServerState(engine, [MODEL], options))) as url:
-        yield url
+pytestmark = pytest.mark.usefixtures("no_api_key_env")
 
 
 @pytest.fixture
 def dev_server(server_loop, engine, monkeypatch) -> Iterator[str]:
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
-    with _served(server_loop, engine) as url:
+    with serve_built(server_loop, engine) as url:
         wait_until_idle(engine, server_loop)
         yield url
 
@@ -94,5 +80,5 @@ def test_what_aioserve_cannot_reset_is_a_400_naming_it(dev_server, query):
 
 def test_without_dev_mode_there_is_no_route(server_loop, engine, monkeypatch):
     monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
-    with _served(server_loop, engine) as url:
+    with serve_built(server_loop, engine) as url:
         assert post(url, "/reset_prefix_cache").status == 404

@@ -18,14 +18,11 @@ import pytest
 from aiohttp import web
 from transformers import AutoTokenizer
 
-from aioserve.config.frontend import frontend_config_from_args
-from aioserve.config.parser import build_engine_parser
-from aioserve.server.app import build_app
 from aioserve.server.errors import error_middleware
 from aioserve.server.invocations import add_invocations_route
 from aioserve.server.pooling_routes import add_pooling_routes
 from aioserve.server.state import STATE, ServerState
-from tests.server.conftest import MODEL, serve_app
+from tests.server.conftest import serve_app, serve_built
 from tests.server.openai_helpers import post
 from tests.server.serve_process import fetch
 from tests.server.test_classify_http import StubClassifier
@@ -35,22 +32,12 @@ S1 = "The quick brown fox jumps over the lazy dog."
 GENERATING = "['ChatCompletionRequest', 'CompletionRequest']"
 
 
-@pytest.fixture(autouse=True)
-def _no_api_key_from_the_environment(monkeypatch):
-    monkeypatch.delenv("VLLM_API_KEY", raising=False)
-
-
-@contextmanager
-def _served(server_loop, engine, *argv: str) -> Iterator[str]:
-    """The app `aioserve serve <argv>` builds for `engine`, on a free port."""
-    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
-    with serve_app(server_loop, build_app(ServerState(engine, [MODEL], options))) as url:
-        yield url
+pytestmark = pytest.mark.usefixtures("no_api_key_env")
 
 
 @pytest.fixture(scope="module")
 def generating(server_loop, engine) -> Iterator[str]:
-    with _served(server_loop, engine) as url:
+    with serve_built(server_loop, engine) as url:
         yield url
 
 
@@ -118,7 +105,7 @@ def test_only_json_objects_are_read(generating):
 
 def test_the_api_key_protects_it_as_it_protects_v1(server_loop, engine):
     body = {"prompt": "Hello", "max_tokens": 2}
-    with _served(server_loop, engine, "--api-key", "s3cret") as url:
+    with serve_built(server_loop, engine, "--api-key", "s3cret") as url:
         assert post(url, "/invocations", body).status == 401
         assert fetch("POST", url + "/v2/rerank", body={}).status == 401
         reply = fetch(

@@ -8,36 +8,20 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
-from aioserve.config.frontend import frontend_config_from_args
-from aioserve.config.parser import build_engine_parser
-from aioserve.server.app import build_app
-from aioserve.server.state import ServerState
-from tests.server.conftest import MODEL, serve_app
+from tests.server.conftest import serve_built
 from tests.server.openai_helpers import post
 from tests.server.serve_process import fetch
 
-
-@pytest.fixture(autouse=True)
-def _no_api_key_from_the_environment(monkeypatch):
-    monkeypatch.delenv("VLLM_API_KEY", raising=False)
-
-
-@contextmanager
-def _served(server_loop, engine, *argv: str) -> Iterator[str]:
-    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
-    with serve_app(server_loop, build_app(ServerState(engine, [MODEL], options))) as url:
-        yield url
+pytestmark = pytest.mark.usefixtures("no_api_key_env")
 
 
 def test_a_session_traces_the_steps_it_covers(server_loop, engine, tmp_path, monkeypatch):
     traces = tmp_path / "traces"
     monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(traces))
-    with _served(server_loop, engine) as url:
+    with serve_built(server_loop, engine) as url:
         assert post(url, "/start_profile").status == 200
         reply = post(url, "/v1/completions", {"prompt": "Hello", "max_tokens": 3})
         assert reply.status == 200
@@ -55,7 +39,7 @@ def test_starting_twice_or_stopping_a_stopped_profiler_is_a_400(
     server_loop, engine, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
-    with _served(server_loop, engine) as url:
+    with serve_built(server_loop, engine) as url:
         reply = post(url, "/stop_profile")
         assert reply.status == 400
         assert reply.json()["error"]["message"] == "the profiler is not running: start it first"
@@ -69,14 +53,14 @@ def test_starting_twice_or_stopping_a_stopped_profiler_is_a_400(
 
 def test_the_routes_exist_only_with_the_variable(server_loop, engine, monkeypatch):
     monkeypatch.delenv("VLLM_TORCH_PROFILER_DIR", raising=False)
-    with _served(server_loop, engine) as url:
+    with serve_built(server_loop, engine) as url:
         assert post(url, "/start_profile").status == 404
         assert post(url, "/stop_profile").status == 404
 
 
 def test_the_api_key_protects_them(server_loop, engine, tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
-    with _served(server_loop, engine, "--api-key", "k") as url:
+    with serve_built(server_loop, engine, "--api-key", "k") as url:
         assert post(url, "/start_profile").status == 401
         authorized = {"Authorization": "Bearer k"}
         assert fetch("POST", url + "/start_profile", headers=authorized).status == 200
