@@ -433,8 +433,13 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.integer_at_least(1)),
     Argument("enable-prefix-caching", CACHE, True,
              "Reuse the KV cache of shared prompt prefixes.", "bool", convert=values.boolean),
-    _vllm("prefix-caching-hash-algo", CACHE, "builtin", "Hash of prefix-cache blocks.",
-          choices=("builtin", "sha256", "sha256_cbor_64bit")),
+    Argument("prefix-caching-hash-algo", CACHE, "sha256",
+             "How prefix-cache blocks are keyed: sha256 (pickled, collision resistant), "
+             "sha256_cbor (canonical CBOR, the same keys from any language), xxhash and "
+             "xxhash_cbor (faster, not collision resistant; need the xxhash package), "
+             "builtin (Python's hash) and sha256_cbor_64bit (earlier vLLM's).",
+             convert=values.string, choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor",
+                                             "builtin", "sha256_cbor_64bit")),
     _vllm("cpu-offload-gb", CACHE, 0, "GiB of weights per GPU kept in CPU memory."),
     Argument("calculate-kv-scales", CACHE, False,
              "With an fp8 --kv-cache-dtype: compute each layer's scales from the keys and "

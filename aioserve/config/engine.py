@@ -84,6 +84,7 @@ class CacheConfig:
     cpu_kvcache_space_bytes: int  # from VLLM_CPU_KVCACHE_SPACE
     kv_cache_dtype: str = "auto"  # the model's dtype; or fp8 (= fp8_e4m3), fp8_e5m2
     calculate_kv_scales: bool = False  # an fp8 cache's scales from the first step
+    prefix_caching_hash_algo: str = "sha256"  # how full blocks are keyed (block_hashing.py)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from aioserve.config.compilation import CompilationSettings
 from aioserve.config.engine import DecodingConfig, EngineConfig
+from aioserve.engine.block_hashing import check_hash_algorithm
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
 from aioserve.engine.lora_requests import LoRAAdapterCache
 from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
@@ -300,6 +301,7 @@ def _eos_token_ids(
 def build_engine(config: EngineConfig) -> EngineParts:
     model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
     check_device(config.device.device)
+    check_hash_algorithm(cache_cfg.prefix_caching_hash_algo)
     checkpoint = open_checkpoint(
         model_cfg.model,
         load_format=config.load.load_format,
@@ -481,6 +483,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_num_batched_tokens=max_tokens,
         enable_chunked_prefill=chunked,
         enable_prefix_caching=cache_cfg.enable_prefix_caching,
+        prefix_caching_hash_algo=cache_cfg.prefix_caching_hash_algo,
         scheduling_policy=sched_cfg.scheduling_policy,
         async_scheduling=resolve_async_scheduling(
             sched_cfg.async_scheduling, platform, speculation is not None

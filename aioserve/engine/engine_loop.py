@@ -74,7 +74,9 @@ class EngineLoop:
         self.hf_config = parts.hf_config
         self.runner = parts.runner
         s = self.settings
-        self.kv_cache = KVCacheManager(s.num_blocks, s.block_size, s.enable_prefix_caching)
+        self.kv_cache = KVCacheManager(
+            s.num_blocks, s.block_size, s.enable_prefix_caching, s.prefix_caching_hash_algo
+        )
         self.scheduler = Scheduler(
             self.kv_cache,
             max_num_seqs=s.max_num_seqs,

@@ -6,9 +6,9 @@ The device memory itself lives in the model runner; this module only hands out b
   table lists it; more than one owner is possible only for a full block shared through the
   prefix cache.
 - Prefix caching: a full block is named by a hash chained over the token ids of that block
-  and of every block before it (and the request's cache salt and LoRA adapter, if any), so equal hashes mean
-  equal prefixes. When a sequence is admitted, its leading full blocks are looked up by
-  hash and shared instead of recomputed.
+  and of every block before it (and the request's cache salt and LoRA adapter, if any;
+  block_hashing.py), so equal hashes mean equal prefixes. When a sequence is admitted, its
+  leading full blocks are looked up by hash and shared instead of recomputed.
 - A block whose last owner finishes goes to the free queue but keeps its hash, so a later
   request can still hit it; when blocks are needed, the least recently freed one is taken
   and its hash forgotten (LRU eviction).
@@ -16,33 +16,17 @@ The device memory itself lives in the model runner; this module only hands out b
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from aioserve.engine.block_hashing import (
+    DEFAULT_HASH_ALGORITHM,
+    BlockHash,
+    BlockHasher,
+    block_extra_keys,
+)
 from aioserve.engine.request import Request
-
-# The parent of every first block: random per process, as vLLM's "builtin" hash does, so
-# that a prompt cannot be crafted offline to collide with another user's cached prefix.
-_ROOT_HASH = int.from_bytes(os.urandom(8), "little")
-
-
-def hash_block_tokens(
-    parent_hash: int | None,
-    token_ids: Sequence[int],
-    cache_salt: str | None = None,
-    lora_id: int = 0,
-) -> int:
-    """The prefix-cache key of a full block: its tokens, chained to the block before. A
-    request's `cache_salt` goes into its first block's key, and so through the chain into
-    every later one (vLLM's rule): requests with other salts, or none, share no block. So
-    does its LoRA adapter's id: an adapter's keys and values are its own."""
-    if parent_hash is None:
-        parent_hash = _ROOT_HASH
-        if cache_salt is not None or lora_id:
-            parent_hash = hash((_ROOT_HASH, cache_salt, lora_id))
-    return hash((parent_hash, tuple(token_ids)))
 
 
 @dataclass
@@ -57,7 +41,7 @@ class PrefixCacheStats:
 class _Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: BlockHash | None = None
 
 
 @dataclass
@@ -65,15 +49,17 @@ class KVCacheManager:
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool
+    hash_algorithm: str = DEFAULT_HASH_ALGORITHM  # --prefix-caching-hash-algo
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {self.num_blocks}")
+        self.hash_block = BlockHasher(self.hash_algorithm)
         self._blocks = [_Block(i) for i in range(self.num_blocks)]
         # Free blocks in eviction order: the front is taken first.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(self.num_blocks))
-        self._cached: dict[int, _Block] = {}
+        self._cached: dict[BlockHash, _Block] = {}
         self._block_tables: dict[str, list[int]] = {}
 
     # -- queries ---------------------------------------------------------------------------
@@ -106,7 +92,7 @@ class KVCacheManager:
             i = len(hashes)
             tokens = request.token_ids_range(i * self.block_size, (i + 1) * self.block_size)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, tokens, request.cache_salt, request.lora_id))
+            hashes.append(self.hash_block(parent, tokens, block_extra_keys(request, i == 0)))
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of the request's tokens.

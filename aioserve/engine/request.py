@@ -16,6 +16,7 @@ import numpy as np
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from aioserve.engine.block_hashing import BlockHash
     from aioserve.engine.lora_requests import LoRARequest
     from aioserve.engine.structured_outputs.matchers import Matcher
     from aioserve.engine.structured_outputs.step_masks import ReasoningGate
@@ -81,7 +82,7 @@ class Request:
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended the request, as vLLM reports it."""
     num_preemptions: int = 0
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[BlockHash] = field(default_factory=list)
     """Chained hashes of this sequence's full blocks, extended as tokens are appended."""
     num_pending_tokens: int = 0
     """Tokens sampled by scheduled steps whose results the host has not seen yet."""

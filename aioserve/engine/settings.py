@@ -51,6 +51,8 @@ class EngineSettings:
     """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
     long_prefill_token_threshold: int = 0
     """--long-prefill-token-threshold: most tokens of one sequence a step (scheduler.py)."""
+    prefix_caching_hash_algo: str = "sha256"
+    """--prefix-caching-hash-algo: how full blocks are keyed (block_hashing.py)."""
     reasoning_parser: str = ""
     """--reasoning-parser: how chat answers split into reasoning and content ("": none)."""
     structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()

@@ -160,6 +160,7 @@ def cache_config_labels(settings: EngineSettings) -> dict[str, str]:
     return {
         "block_size": str(settings.block_size),
         "enable_prefix_caching": str(settings.enable_prefix_caching),
+        "prefix_caching_hash_algo": settings.prefix_caching_hash_algo,
         "num_gpu_blocks": str(settings.num_blocks),
         "kv_cache_size_tokens": str(settings.num_blocks * settings.block_size),
         "kv_cache_max_concurrency": str(settings.num_blocks / blocks_per_request),

@@ -213,7 +213,11 @@ def test_every_series_carries_model_name_and_engine():
 def test_cache_config_info_matches_vllms_for_the_same_cache(vllm_families):
     # vLLM's capture: 1456 blocks of 128 tokens, max_model_len 2048, prefix caching on.
     settings = SimpleNamespace(
-        max_model_len=2048, block_size=128, num_blocks=1456, enable_prefix_caching=True
+        max_model_len=2048,
+        block_size=128,
+        num_blocks=1456,
+        enable_prefix_caching=True,
+        prefix_caching_hash_algo="sha256",
     )
     stat_logger = PrometheusStatLogger(
         MODEL, max_model_len=2048, cache_config=cache_config_labels(settings)
@@ -226,6 +230,7 @@ def test_cache_config_info_matches_vllms_for_the_same_cache(vllm_families):
         "engine",
         "block_size",
         "enable_prefix_caching",
+        "prefix_caching_hash_algo",
         "num_gpu_blocks",
         "kv_cache_size_tokens",
         "kv_cache_max_concurrency",
