@@ -63,6 +63,7 @@ class ModelConfig:
     disable_sliding_window: bool
     served_model_name: list[str] | None
     skip_tokenizer_init: bool
+    enable_prompt_embeds: bool = False  # prompts may come as embeddings (prompt_embeds.py)
     runner: str = "auto"  # generate, pooling, or auto: the architecture's
     convert: str = "auto"
     task: str = "auto"  # vLLM's deprecated spelling of the runner

@@ -51,6 +51,10 @@ class EngineSettings:
     """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
     long_prefill_token_threshold: int = 0
     """--long-prefill-token-threshold: most tokens of one sequence a step (scheduler.py)."""
+    enable_prompt_embeds: bool = False
+    """--enable-prompt-embeds: prompts may come as embeddings (prompt_embeds.py)."""
+    hidden_size: int = 0
+    """The model's hidden size: the width of a prompt's embeddings."""
     prefix_caching_hash_algo: str = "sha256"
     """--prefix-caching-hash-algo: how full blocks are keyed (block_hashing.py)."""
     reasoning_parser: str = ""
