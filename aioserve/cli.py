@@ -11,82 +11,14 @@ Nothing here imports torch or transformers at import time, so `--help` stays fas
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 from aioserve.benchmarks.cli import add_bench_parser
-from aioserve.config.arguments import CPU_KVCACHE_SPACE_ENV
 from aioserve.config.declaration import ConfigError
-from aioserve.config.engine import cpu_kvcache_space_bytes
 from aioserve.config.parser import EngineArgumentParser, build_engine_parser
+from aioserve.environment import environment_report, package_version
 from aioserve.host_memory import keep_host_memory
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-_ENV_ALWAYS_SHOWN = (
-    CPU_KVCACHE_SPACE_ENV,
-    "TRITON_INTERPRET",
-    "AIOSERVE_KERNEL_BACKEND",
-    "LRU_CACHE_CAPACITY",  # ideep's cache of oneDNN primitives (host_memory.py)
-    "THP_MEM_ALLOC_ENABLE",
-)
-_ENV_PREFIXES = (
-    "VLLM_",
-    "AIOSERVE_",
-    "TRITON_",
-    "HF_",
-    "CUDA_",
-    "HIP_",
-    "ROCR_",
-    "PYTORCH_",
-    "ONEDNN_",
-    "MALLOC_",
-)
-
-
-def environment_report() -> str:
-    """What `aioserve collect-env` prints: versions, device, CPUs, relevant variables."""
-    import torch
-
-    from aioserve.platform import current_arch, current_platform, gpu_name
-
-    lines = [f"aioserve: {_version('aioserve')}", f"python: {sys.version.split()[0]}"]
-    for name in ("torch", "transformers", "tokenizers", "safetensors", "gguf"):
-        lines.append(f"{name}: {_version(name) or 'not installed'}")
-    triton = _version("triton") or _version("pytorch-triton-rocm")
-    lines.append(f"triton: {triton or 'not installed'}")
-    lines.append(f"torch build: cuda {torch.version.cuda}, hip {torch.version.hip}")
-    lines.append(f"os: {platform.platform()}")
-    device = current_platform()
-    lines.append(f"platform: {device}")
-    if device != "cpu":
-        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        lines.append(f"gpus: {len(names)} x {', '.join(dict.fromkeys(names))}")
-        lines.append(f"gpu architecture: {gpu_name()} (launch tables: {current_arch()})")
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    lines.append(f"cpus: {os.cpu_count()} (usable by this process: {usable or 'unknown'})")
-    try:
-        lines.append(f"cpu kv cache: {cpu_kvcache_space_bytes() / 2**30:g} GiB")
-    except ConfigError as error:
-        lines.append(f"cpu kv cache: invalid ({error})")
-    lines.append("environment:")
-    names = sorted(set(_ENV_ALWAYS_SHOWN) | {n for n in os.environ if n.startswith(_ENV_PREFIXES)})
-    for name in names:
-        value = os.environ.get(name)
-        if value is not None and any(marker in name for marker in _SECRET_MARKERS):
-            value = "<hidden>"
-        lines.append(f"  {name}={'<unset>' if value is None else value}")
-    return "\n".join(lines)
 
 
 def _run_collect_env(args: argparse.Namespace) -> int:
@@ -138,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="aioserve",
         description="aioserve: an LLM inference server with vLLM's command line and HTTP API.",
     )
-    parser.add_argument("-v", "--version", action="version", version=_version("aioserve"))
+    parser.add_argument("-v", "--version", action="version", version=package_version("aioserve"))
     subparsers = parser.add_subparsers(
         title="subcommands", dest="subcommand", required=True, parser_class=EngineArgumentParser
     )

@@ -5,8 +5,8 @@ fields with their types (for completions and chat, the declarations protocol.py 
 bodies by: request_schema.py), and its response. `openapi_document` lists the operations of the
 routes the app has (GET /load only with --enable-server-load-tracking); the schema and
 docs pages themselves are not listed, as in FastAPI. Both pages are left out with
---disable-fastapi-docs. The docs page is self-contained (no CDN): it reads the schema and
-renders each operation with its fields.
+--disable-fastapi-docs. The docs page (docs_page.py) is self-contained (no CDN): it reads
+the schema and renders each operation with its fields.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from aiohttp import web
 
 from aioserve import __version__
 from aioserve.server.classify import CLASSIFY_BODY
+from aioserve.server.docs_page import docs_page
 from aioserve.server.embeddings import EMBEDDING_BODY, POOLING_BODY
 from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY, properties
 from aioserve.server.scoring import RERANK_BODY, SCORE_BODY
@@ -492,6 +493,31 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             **_AUTH_ERROR,
         },
     },
+    ("get", "/server_info"): {
+        "summary": "The server's configuration, its VLLM_* variables and its environment "
+        "(VLLM_SERVER_DEV_MODE=1; secrets left out)",
+        "parameters": [
+            {
+                "name": "config_format",
+                "in": "query",
+                "schema": {"enum": ["text", "json"], "default": "text"},
+            }
+        ],
+        "responses": {
+            "200": _json(
+                {
+                    "type": "object",
+                    "properties": {
+                        "vllm_config": {"type": ["string", "object"]},
+                        "vllm_env": {"type": "object"},
+                        "system_env": {"type": "object"},
+                    },
+                }
+            ),
+            **_ERRORS,
+            **_AUTH_ERROR,
+        },
+    },
     ("get", "/metrics"): {
         "summary": "Prometheus metrics, with vLLM's names",
         "responses": {
@@ -530,54 +556,6 @@ def openapi_document(app: web.Application, root_path: str | None) -> dict[str, A
     }
 
 
-_DOCS_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>aioserve API</title>
-<style>
-body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}
-code,pre{background:#f4f4f4;padding:.1rem .3rem}pre{padding:.5rem;overflow-x:auto}
-h2{margin-top:2rem;font-size:1.1rem}.method{text-transform:uppercase;font-weight:bold}
-</style></head>
-<body><h1>aioserve API</h1>
-<p>The machine-readable schema is at <a href="__SCHEMA__">__SCHEMA__</a>.</p>
-<div id="operations">Loading...</div>
-<script>
-const schemas = {};
-function resolve(schema) {
-  if (schema && schema.$ref) return schemas[schema.$ref.split("/").pop()];
-  return schema;
-}
-function fields(schema) {
-  schema = resolve(schema);
-  if (!schema || !schema.properties) return "";
-  const rows = Object.entries(schema.properties).map(([name, s]) =>
-    "<li><code>" + name + "</code> " + JSON.stringify(s.type || s.const || s.oneOf || s) + "</li>");
-  return "<ul>" + rows.join("") + "</ul>";
-}
-fetch("__SCHEMA__").then(r => r.json()).then(doc => {
-  Object.assign(schemas, doc.components.schemas);
-  let html = "";
-  for (const [path, operations] of Object.entries(doc.paths)) {
-    for (const [method, op] of Object.entries(operations)) {
-      html += "<h2><span class=method>" + method + "</span> <code>" + path + "</code></h2>";
-      html += "<p>" + op.summary + "</p>";
-      if (op.requestBody) {
-        const body = op.requestBody.content["application/json"].schema;
-        html += "<p>Request body:</p>" + fields(body);
-      }
-      const ok = op.responses["200"];
-      if (ok && ok.content && ok.content["application/json"]) {
-        html += "<p>Response:</p>" + fields(ok.content["application/json"].schema);
-      }
-      const errors = Object.keys(op.responses).filter(code => code !== "200");
-      if (errors.length) html += "<p>Errors: " + errors.join(", ") + "</p>";
-    }
-  }
-  document.getElementById("operations").innerHTML = html;
-});
-</script></body></html>
-"""
-
-
 def add_docs_routes(app: web.Application, root_path: str | None) -> None:
     """Register GET /openapi.json and GET /docs."""
 
@@ -585,7 +563,7 @@ def add_docs_routes(app: web.Application, root_path: str | None) -> None:
         return web.json_response(openapi_document(request.app, root_path))
 
     async def docs(request: web.Request) -> web.Response:
-        page = _DOCS_PAGE.replace("__SCHEMA__", f"{root_path or ''}/openapi.json")
+        page = docs_page(f"{root_path or ''}/openapi.json")
         return web.Response(text=page, content_type="text/html")
 
     app.router.add_get("/openapi.json", openapi_json)
