@@ -70,7 +70,7 @@ from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import read_lora_adapter
 from aioserve.models.moe import num_experts
 from aioserve.models.moe_fp8_weights import keep_fp8_experts
-from aioserve.models.rope_parameters import choose_longrope_factors
+from aioserve.models.rope_parameters import fit_rope_to_context
 from aioserve.models.sliding_windows import disable_sliding_window
 from aioserve.platform import (
     current_platform,
@@ -349,7 +349,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "or raise --max-num-batched-tokens"
         )
     check_long_prefill_token_threshold(sched_cfg.long_prefill_token_threshold, max_model_len)
-    choose_longrope_factors(hf_config, max_model_len)
+    fit_rope_to_context(hf_config, max_model_len)
     max_num_seqs = sched_cfg.max_num_seqs
     if max_num_seqs is None:
         max_num_seqs = platform_default("max_num_seqs", platform, config.serving)

@@ -8,7 +8,8 @@ encoder-only architecture (models/registry.py). What differs from a generative m
   normalization (modules.json, 1_Pooling/config.json), else vLLM's default for the
   architecture, then --override-pooler-config's keys;
 - max_model_len: the model's positions, capped by sentence-transformers' `max_seq_length`
-  (sentence_bert_config.json, or its RoBERTa, XLM-R ... sibling), as vLLM caps it;
+  (sentence_bert_config.json, or its RoBERTa, XLM-R ... sibling), as vLLM caps it; never
+  past the learned position table, even under VLLM_ALLOW_LONG_MAX_MODEL_LEN;
 - no chunked prefill and no prefix caching: an encoder attends to the whole prompt at
   once, so a prompt runs whole in one step, and the token budget is at least
   max_model_len;
@@ -26,6 +27,8 @@ from pathlib import Path
 from aioserve.config.engine import EngineConfig, ModelConfig
 from aioserve.engine.load_report import build_load_report
 from aioserve.engine.resolution import (
+    LONG_MAX_MODEL_LEN_ENV,
+    check_long_max_model_len,
     platform_default,
     resolve_async_scheduling,
     resolve_dtype,
@@ -101,22 +104,27 @@ def sentence_transformers_max_len(checkpoint: Checkpoint) -> int | None:
 
 def resolve_pooling_max_model_len(model_cfg: ModelConfig, checkpoint: Checkpoint) -> int:
     """The model's positions (RoBERTa's less their offset), capped by sentence-transformers'
-    max_seq_length; a larger --max-model-len is refused, as vLLM refuses it."""
+    max_seq_length; a larger --max-model-len is refused, as vLLM refuses it, unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN allows it, and never past the position table."""
     hf_config = checkpoint.hf_config
-    derived = min(
-        resolve_max_model_len(None, hf_config), model_class_for(hf_config).max_prompt_len(hf_config)
-    )
+    table = model_class_for(hf_config).max_prompt_len(hf_config)
+    derived = min(resolve_max_model_len(None, hf_config), table)
     capped = sentence_transformers_max_len(checkpoint)
     if capped is not None:
         derived = min(derived, capped)
     requested = model_cfg.max_model_len
     if requested is None:
         return derived
-    if requested > derived:
+    if requested > table:
+        # vLLM lets it through under VLLM_ALLOW_LONG_MAX_MODEL_LEN, then indexes past the
+        # table on the first long prompt.
         raise ValueError(
             f"--max-model-len {requested} is larger than the model's maximum context length "
-            f"{derived}"
+            f"{derived}: its position embeddings are a learned table of {table} positions, "
+            f"which no setting extends (not even {LONG_MAX_MODEL_LEN_ENV}=1)"
         )
+    if requested > derived:
+        check_long_max_model_len(requested, derived)
     return requested
 
 

@@ -6,9 +6,11 @@ the dense layers run on weights packed for oneDNN."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
+from transformers import PretrainedConfig
 
 from aioserve.config.arguments import argument
 from aioserve.config.declaration import PlatformDefault
@@ -20,6 +22,8 @@ from aioserve.models.sliding_windows import configured_window
 from aioserve.platform import FAST_BF16_CPU_FLAGS, cpu_fast_bf16_flag, current_platform
 
 logger = logging.getLogger("aioserve")
+
+LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 
 _DTYPES = {
     "half": torch.float16,
@@ -55,8 +59,10 @@ def resolve_dtype(requested: str, checkpoint: Checkpoint) -> torch.dtype:
 
 
 def resolve_max_model_len(
-    requested: int | None, hf_config, disable_sliding_window: bool = False
+    requested: int | None, hf_config: PretrainedConfig, disable_sliding_window: bool = False
 ) -> int:
+    """--max-model-len as given (checked against the model's maximum context length, which
+    --disable-sliding-window caps at the window), else that maximum."""
     derived = scaled_context_length(hf_config)
     # vLLM's meaning of --disable-sliding-window: the whole context attended, so the
     # context is capped at the window (models/sliding_windows.py).
@@ -73,10 +79,35 @@ def resolve_max_model_len(
             return min(derived, int(original or derived))
         return derived
     if requested > derived:
-        raise ValueError(
-            f"--max-model-len {requested} is larger than the model's maximum context length {derived}"
-        )
+        check_long_max_model_len(requested, derived)
     return requested
+
+
+def long_max_model_len_allowed() -> bool:
+    """vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: "1" or "true" (any case) lets --max-model-len
+    exceed the model's maximum context length."""
+    return os.environ.get(LONG_MAX_MODEL_LEN_ENV, "0").strip().lower() in ("1", "true")
+
+
+def check_long_max_model_len(requested: int, derived: int) -> None:
+    """A --max-model-len `requested` past the model's maximum context length `derived`: a
+    ValueError, as in vLLM, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN allows it; then a warning.
+    The RoPE tables then cover the longer context (rope_parameters.rotary_table_length)."""
+    message = (
+        f"--max-model-len {requested} is larger than the model's maximum context length {derived}."
+    )
+    caution = (
+        f"{LONG_MAX_MODEL_LEN_ENV} must be used with extreme caution. If the model uses "
+        "relative position encoding (RoPE), positions past that length are rotated by angles "
+        "it may not have been trained on, and its output there may degrade. A model with "
+        "learned absolute position embeddings cannot go past them and is refused."
+    )
+    if not long_max_model_len_allowed():
+        raise ValueError(
+            f"{message} To allow overriding this maximum, set the env var "
+            f"{LONG_MAX_MODEL_LEN_ENV}=1. {caution}"
+        )
+    logger.warning("%s %s", message, caution)
 
 
 def resolve_async_scheduling(

@@ -43,6 +43,7 @@ def build_cos_sin_cache(
     rope_scaling: dict | None,
     dtype: torch.dtype = torch.float32,
     device=None,
+    scaling_length: int | None = None,
 ) -> Tensor:
     """The [max_position, rotary_dim] table: cos in [:, :rotary_dim//2], sin after it.
 
@@ -52,11 +53,17 @@ def build_cos_sin_cache(
     "original_max_position_embeddings" and optionally "beta_fast", "beta_slow",
     "attention_factor", "mscale", "mscale_all_dim", "truncate") or "longrope" (its
     factor lists and "original_max_position_embeddings"); other types raise ValueError.
+
+    `scaling_length` is the model's own maximum context, which LongRoPE's attention factor
+    is computed for (`max_position` when None): a table longer than it (--max-model-len
+    past that maximum) rotates more positions by the same frequencies.
     """
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
     # Like transformers: the frequencies on the CPU, the angles on the target device.
-    inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, rope_scaling, max_position)
+    inv_freq, attention_factor = inverse_frequencies(
+        rotary_dim, base, rope_scaling, scaling_length or max_position
+    )
     positions = torch.arange(max_position, dtype=torch.float32, device=device)
     freqs = torch.outer(positions, inv_freq.to(device))
     cos, sin = freqs.cos(), freqs.sin()

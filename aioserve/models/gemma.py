@@ -39,7 +39,11 @@ from aioserve.kernels.activation import gelu_tanh_and_mul
 from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear
 from aioserve.models.llama import Attention, LlamaForCausalLM, RMSNorm, _head_dim
-from aioserve.models.rope_parameters import layer_type_rope, scaled_context_length
+from aioserve.models.rope_parameters import (
+    layer_type_rope,
+    rotary_table_length,
+    scaled_context_length,
+)
 
 GELU_TANH = "gelu_pytorch_tanh"
 
@@ -200,7 +204,12 @@ def _cos_sin_cache(config: PretrainedConfig, layer_type: str) -> torch.Tensor:
     """The float32 cos/sin table of the config's layers of `layer_type`."""
     theta, scaling = layer_type_rope(config, layer_type)
     return build_cos_sin_cache(
-        _head_dim(config), scaled_context_length(config), theta, scaling, dtype=torch.float32
+        _head_dim(config),
+        rotary_table_length(config),
+        theta,
+        scaling,
+        dtype=torch.float32,
+        scaling_length=scaled_context_length(config),
     )
 
 

@@ -38,7 +38,12 @@ from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear, dense
 from aioserve.models.moe import ExpertWeightCopy, SparseMoeBlock, is_sparse_layer
 from aioserve.models.paged_attention_op import rotate_and_attend
-from aioserve.models.rope_parameters import rope_scaling, rope_theta, scaled_context_length
+from aioserve.models.rope_parameters import (
+    rope_scaling,
+    rope_theta,
+    rotary_table_length,
+    scaled_context_length,
+)
 from aioserve.models.sliding_windows import layer_sliding_windows
 from aioserve.models.weight_copy import copy_hf_weights
 
@@ -201,10 +206,11 @@ class LlamaForCausalLM(nn.Module):
         # cannot round it.
         cos_sin_cache = build_cos_sin_cache(
             rotary_dim,
-            scaled_context_length(config),
+            rotary_table_length(config),
             rope_theta(config),
             rope_scaling(config),
             dtype=torch.float32,
+            scaling_length=scaled_context_length(config),
         )
         tables = [cos_sin_cache] * config.num_hidden_layers
         rotates = getattr(config, "no_rope_layers", None) or [1] * config.num_hidden_layers

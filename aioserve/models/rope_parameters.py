@@ -25,6 +25,9 @@ from aioserve.models.sliding_windows import LAYER_TYPES
 
 logger = logging.getLogger("aioserve")
 
+# Set on a config by `fit_rope_to_context`: the context served (--max-model-len).
+_SERVED_CONTEXT_KEY = "aioserve_served_context"
+
 # The scaling types aioserve implements (kernels/rope_scaling.py) and the keys each needs.
 _REQUIRED_KEYS = {
     "default": (),
@@ -163,6 +166,25 @@ def scaled_context_length(config: PretrainedConfig) -> int:
         original = scaling.get("original_max_position_embeddings", length)
         return max(length, int(original * scaling["factor"]))
     return length
+
+
+def fit_rope_to_context(config: PretrainedConfig, max_model_len: int) -> None:
+    """Ready the config's RoPE for a served context of `max_model_len`: LongRoPE's factor
+    set (`choose_longrope_factors`) and the length of the cos/sin tables
+    (`rotary_table_length`)."""
+    choose_longrope_factors(config, max_model_len)
+    setattr(config, _SERVED_CONTEXT_KEY, max_model_len)
+
+
+def rotary_table_length(config: PretrainedConfig) -> int:
+    """The positions the model's cos/sin tables hold: its maximum context
+    (`scaled_context_length`), or the served one where VLLM_ALLOW_LONG_MAX_MODEL_LEN let a
+    longer --max-model-len through (`fit_rope_to_context`).
+
+    Only the tables' length follows the served context: the scaling stays computed for the
+    model's maximum (models pass it as `scaling_length`), so that dynamic NTK's base stays
+    fixed at that longest context and LongRoPE's attention factor is the model's own."""
+    return max(scaled_context_length(config), getattr(config, _SERVED_CONTEXT_KEY, 0))
 
 
 def choose_longrope_factors(config: PretrainedConfig, max_model_len: int) -> None:
