@@ -286,7 +286,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("skip-tokenizer-init", MODEL, False,
              "Load no tokenizer: requests must send token ids and get token ids back.", "bool",
              convert=values.boolean),
-    _vllm("enable-prompt-embeds", MODEL, False, "Accept prompt embeddings as input.", "bool"),
+    Argument("enable-prompt-embeds", MODEL, False,
+             "Accept prompts as embeddings: /v1/completions' prompt_embeds (a base64 torch.save "
+             "of a [tokens, hidden size] tensor), the offline API's {\"prompt_embeds\": tensor}.",
+             "bool", convert=values.boolean),
     Argument("served-model-name", MODEL, None,
              "Name(s) the API answers to; the first one appears in responses and metrics. "
              "Default: the --model value.", "list", convert=values.names),

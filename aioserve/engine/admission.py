@@ -10,6 +10,7 @@ from aioserve.engine.request import Request
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
     from aioserve.engine.settings import EngineSettings
@@ -174,10 +175,11 @@ def new_sequences(
     arrival_time: float,
     arrival_index: int,
     cache_salt: str | None = None,
+    prompt_embeds: torch.Tensor | None = None,
 ) -> list[Request]:
     """One Request per sequence id, with its seed (the request's seed + index, else one
-    drawn from `seed_rng`), its output-token limit, the request's place in the queue and
-    its prefix-cache salt."""
+    drawn from `seed_rng`), its output-token limit, the request's place in the queue, its
+    prefix-cache salt and its prompt's embeddings (the siblings share them)."""
     max_tokens = max_new_tokens(settings, len(prompt_ids), params)
     return [
         Request(
@@ -192,6 +194,7 @@ def new_sequences(
             arrival_time=arrival_time,
             arrival_index=arrival_index,
             cache_salt=cache_salt,
+            prompt_embeds=prompt_embeds,
         )
         for i, sequence_id in enumerate(ids)
     ]

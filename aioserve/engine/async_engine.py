@@ -42,6 +42,11 @@ from aioserve.engine.pooling_params import (
     token_types_of,
 )
 from aioserve.engine.process_tuning import restore_process_settings, tune_process_for_serving
+from aioserve.engine.prompt_embeds import (
+    check_embeds_request,
+    placeholder_prompt,
+    prompt_embeds_of,
+)
 from aioserve.engine.request import RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.step_profiler import ProfilerStateError, StepProfiler
@@ -129,7 +134,12 @@ class AsyncEngine(EngineLoop):
                     "enabled: start the engine with --enable-lora (enable_lora=True)"
                 )
             lora_adapter = self.lora_adapters.read_now(lora_request)
-        text, prompt_ids = self.tokenize_prompt(prompt)
+        embeds = prompt_embeds_of(prompt, self.settings)
+        if embeds is None:
+            text, prompt_ids = self.tokenize_prompt(prompt)
+        else:
+            check_embeds_request(params)
+            text, prompt_ids = None, placeholder_prompt(embeds)
         cache_salt = cache_salt_of(prompt)
         token_types = None
         if pooling is None:
@@ -157,7 +167,7 @@ class AsyncEngine(EngineLoop):
         requests = new_sequences(
             self.settings, ids, prompt_ids, params, self._seed_rng,
             priority=priority, arrival_time=now, arrival_index=next(self._arrivals),
-            cache_salt=cache_salt,
+            cache_salt=cache_salt, prompt_embeds=embeds,
         )  # fmt: skip
         bad_words = bad_words_of(self.tokenizer, params, self.hf_config.vocab_size)
         try:

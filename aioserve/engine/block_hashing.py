@@ -14,9 +14,10 @@ from a seed. The algorithms are vLLM's:
   (with the optional `xxhash` package).
 - "builtin" (earlier vLLM's default): Python's `hash`, 64 bits, random root likewise.
 
-The extra keys are vLLM's too: a LoRA request's ("lora", name, path) in every block, and
-its cache salt's ("cache_salt", salt) in the first, which the chain carries into every later
-key; so requests with another adapter or salt share no block.
+The extra keys are vLLM's too: a LoRA request's ("lora", name, path) in every block, its
+cache salt's ("cache_salt", salt) in the first, which the chain carries into every later
+key, and, for a prompt given as embeddings, ("prompt_embeds", SHA-256 of the block's rows)
+in every block; so requests with another adapter, salt or embeddings share no block.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cbor2
+import torch
 
 if TYPE_CHECKING:
     from aioserve.engine.request import Request
@@ -123,11 +125,16 @@ class BlockHasher:
         return self._digest((parent, tuple(token_ids), extra_keys))
 
 
-def block_extra_keys(request: Request, first_block: bool) -> tuple[Any, ...] | None:
-    """The request's extra keys for one of its blocks (None when it has none)."""
-    keys: list[tuple[str, ...]] = []
+def block_extra_keys(request: Request, start: int, end: int) -> tuple[Any, ...] | None:
+    """The request's extra keys for its block of tokens start..end (None when it has none)."""
+    keys: list[tuple[Any, ...]] = []
     if request.lora is not None:
         keys.append(("lora", request.lora.lora_name, request.lora.lora_path))
-    if first_block and request.cache_salt:
+    if start == 0 and request.cache_salt:
         keys.append(("cache_salt", request.cache_salt))
+    if request.prompt_embeds is not None:
+        # The block's prompt rows stand for its tokens, which are placeholders.
+        # Its rows' bytes as uint8: bfloat16 has no numpy type.
+        rows = request.prompt_embeds[start:end].contiguous().view(torch.uint8).numpy()
+        keys.append(("prompt_embeds", hashlib.sha256(rows).digest()))
     return tuple(keys) if keys else None

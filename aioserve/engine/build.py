@@ -484,6 +484,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         enable_chunked_prefill=chunked,
         enable_prefix_caching=cache_cfg.enable_prefix_caching,
         prefix_caching_hash_algo=cache_cfg.prefix_caching_hash_algo,
+        enable_prompt_embeds=model_cfg.enable_prompt_embeds,
+        hidden_size=hf_config.hidden_size,
         scheduling_policy=sched_cfg.scheduling_policy,
         async_scheduling=resolve_async_scheduling(
             sched_cfg.async_scheduling, platform, speculation is not None

@@ -92,7 +92,8 @@ class KVCacheManager:
             i = len(hashes)
             tokens = request.token_ids_range(i * self.block_size, (i + 1) * self.block_size)
             parent = hashes[-1] if hashes else None
-            hashes.append(self.hash_block(parent, tokens, block_extra_keys(request, i == 0)))
+            extra_keys = block_extra_keys(request, i * self.block_size, (i + 1) * self.block_size)
+            hashes.append(self.hash_block(parent, tokens, extra_keys))
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of the request's tokens.

@@ -112,7 +112,8 @@ class OutputProcessor:
         if self.tokenizer is not None and params.detokenize:
             detokenizer = IncrementalDetokenizer(
                 self.tokenizer,
-                request.prompt_token_ids,
+                # A prompt of embeddings has no text to continue: its tokens are placeholders.
+                () if request.prompt_embeds is not None else request.prompt_token_ids,
                 skip_special_tokens=params.skip_special_tokens,
                 spaces_between_special_tokens=params.spaces_between_special_tokens,
             )

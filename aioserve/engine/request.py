@@ -16,6 +16,8 @@ import numpy as np
 from aioserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from aioserve.engine.block_hashing import BlockHash
     from aioserve.engine.lora_requests import LoRARequest
     from aioserve.engine.structured_outputs.matchers import Matcher
@@ -68,6 +70,9 @@ class Request:
     cache_salt: str | None = None
     """Salts the prefix cache's hashes of its blocks (kv_cache_manager.py): only requests
     with the same salt share cached blocks with it."""
+    prompt_embeds: torch.Tensor | None = None
+    """Its prompt as embeddings, one row a prompt token, whose tokens are then placeholders
+    (prompt_embeds.py); None: a prompt of tokens."""
     lora: LoRARequest | None = None
     """The LoRA adapter it runs with (lora_requests.py); None: the base model."""
     lora_adapter: LoRAAdapter | None = None

@@ -39,6 +39,7 @@ from aioserve.kernels.activation import gelu_tanh_and_mul
 from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear
 from aioserve.models.llama import Attention, LlamaForCausalLM, RMSNorm, _head_dim
+from aioserve.models.prompt_embeds import PromptEmbeds, with_prompt_embeds
 from aioserve.models.rope_parameters import (
     layer_type_rope,
     rotary_table_length,
@@ -170,10 +171,16 @@ class GemmaForCausalLM(LlamaForCausalLM):
         """The scaled embeddings of `input_ids`: the first layer's input."""
         return self.embed_tokens(input_ids) * self.embed_scale
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        embeds: PromptEmbeds | None = None,
+    ) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's flat batch of tokens, run inside
-        `step_context` (LlamaForCausalLM.forward)."""
-        hidden = self.embed(input_ids)
+        `step_context` (LlamaForCausalLM.forward); rows of `embeds` replace the scaled
+        embeddings, as vLLM's Gemma takes them."""
+        hidden = with_prompt_embeds(self.embed(input_ids), embeds)
         residual = torch.zeros_like(hidden)  # one code for every layer (llama.py)
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)

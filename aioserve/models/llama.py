@@ -38,6 +38,7 @@ from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear, dense
 from aioserve.models.moe import ExpertWeightCopy, SparseMoeBlock, is_sparse_layer
 from aioserve.models.paged_attention_op import rotate_and_attend
+from aioserve.models.prompt_embeds import PromptEmbeds, with_prompt_embeds
 from aioserve.models.rope_parameters import (
     rope_scaling,
     rope_theta,
@@ -240,13 +241,19 @@ class LlamaForCausalLM(nn.Module):
         self.kv_scales = torch.ones((config.num_hidden_layers, 2), dtype=torch.float32)
         self.kv_scales_loaded = False
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states [T, hidden] of the step's flat batch of tokens.
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        embeds: PromptEmbeds | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's flat batch of tokens, the rows of
+        `embeds` embedded as given (models/prompt_embeds.py).
 
         Run it inside `step_context(meta, kv_caches)`: each layer's attention writes to and
         reads from that step's KV caches.
         """
-        hidden = self.embed_tokens(input_ids)
+        hidden = with_prompt_embeds(self.embed_tokens(input_ids), embeds)
         if self.embedding_multiplier != 1.0:
             hidden = hidden * self.embedding_multiplier
         # Zeros, not None, so that every layer runs the same code: the first layer's

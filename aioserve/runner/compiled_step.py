@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from aioserve.models.attention_metadata import AttentionMetadata
 from aioserve.models.linear import SMALL_BATCH_ROWS, keep_row_weights, pack_weights
 from aioserve.models.moe import pack_expert_weights
+from aioserve.models.prompt_embeds import PromptEmbeds
 from aioserve.models.step_context import KVCache, current_step, step_context
 from aioserve.platform import current_platform
 from aioserve.runner.layer_dispatch import LayerDispatch
@@ -90,14 +91,18 @@ class ModelStep:
             self._logits = functools.partial(self._head.call, 0)
         self._one_row = OneRowStep(model, dtype, self._layers.uninstalled) if compiled else None
 
-    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
-        """The step's hidden rows."""
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, embeds: PromptEmbeds | None = None
+    ) -> Tensor:
+        """The step's hidden rows; rows given as `embeds` take those in place of their
+        tokens' embeddings."""
         with _one_graph_for_every_layer():
-            return self.model(input_ids, positions)
+            return self.model(input_ids, positions, embeds)
 
     def may_run_whole(self, plan: StepPlan) -> bool:
         """Whether the step of `plan` will likely run the graph of a one-row step: the
-        graph is ready, and the step is one token of one sequence that samples."""
+        graph is ready, and the step is one token (not an embedding) of one sequence that
+        samples."""
         chunks = plan.chunks
         return (
             self._one_row is not None
@@ -105,20 +110,25 @@ class ModelStep:
             and len(chunks) == 1
             and chunks[0].num_tokens == 1
             and chunks[0].samples
+            and chunks[0].embeds is None
         )
 
     def forward_and_logits(
-        self, input_ids: Tensor, positions: Tensor, logits_indices: Tensor
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        logits_indices: Tensor,
+        embeds: PromptEmbeds | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The step's hidden rows and the logits of its rows `logits_indices` (None where
         there are none)."""
-        if self._one_row is not None:
+        if self._one_row is not None and embeds is None:
             step = current_step()
             if self._one_row.serves(step, input_ids.shape[0], logits_indices.shape[0]):
                 out = self._one_row.forward(step, input_ids, positions)
                 if out is not None:
                     return out
-        hidden = self.forward(input_ids, positions)
+        hidden = self.forward(input_ids, positions, embeds)
         if not logits_indices.shape[0]:
             return hidden, None
         return hidden, self.logits(hidden[logits_indices])

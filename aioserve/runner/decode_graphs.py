@@ -103,6 +103,7 @@ class DecodeGraphs:
         num_seqs = inputs.seq_lens.size
         if (
             inputs.max_query_len != 1
+            or inputs.embeds is not None  # the graphs take tokens only
             or inputs.input_ids.size != num_seqs
             or inputs.max_seq_len > self.max_seq_len
             or num_seqs > self.sizes[-1]

@@ -280,7 +280,7 @@ class ModelRunner:
             inputs = step.inputs.to_device(self.device, state.last_sampled)
             with step_context(inputs.attention, self.kv_caches, lora_groups):
                 hidden, logits = self.model_step.forward_and_logits(
-                    inputs.input_ids, inputs.positions, inputs.logits_indices
+                    inputs.input_ids, inputs.positions, inputs.logits_indices, inputs.embeds
                 )
         prompt_logprobs = None
         if step.prompt_logprobs is not None:

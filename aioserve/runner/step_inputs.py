@@ -20,6 +20,7 @@ import torch
 
 from aioserve.kernels.attention import plan_attention
 from aioserve.models.attention_metadata import AttentionMetadata
+from aioserve.models.prompt_embeds import PromptEmbeds
 from aioserve.runner.sequence_slots import SequenceSlots
 from aioserve.runner.step_plan import SequenceChunk, StepPlan
 
@@ -38,6 +39,7 @@ class StepInputs:
     positions: torch.Tensor  # [T] int64
     attention: AttentionMetadata
     logits_indices: torch.Tensor  # [S] int64: rows of the step whose logits are sampled
+    embeds: PromptEmbeds | None = None  # rows given as embeddings instead of tokens
 
 
 @dataclass
@@ -55,6 +57,7 @@ class HostStepInputs:
     max_seq_len: int
     attention_plan: object | None  # the attention backend's own per-step plan
     graph_size: int = 0  # the decode batch size it is padded to (decode_graphs.py); 0: none
+    embeds: PromptEmbeds | None = None  # on the host
 
     def fill_placeholders(self, input_ids: torch.Tensor, last_sampled: torch.Tensor) -> None:
         """Write each placeholder row's token, its sequence's last sample, into `input_ids`
@@ -78,11 +81,18 @@ class HostStepInputs:
             plan=self.attention_plan,
             skips_kv_writes=bool((self.slot_mapping < 0).any()),
         )
+        embeds = None
+        if self.embeds is not None:
+            embeds = PromptEmbeds(
+                self.embeds.rows.to(device, non_blocking=True),
+                self.embeds.values.to(device, non_blocking=True),
+            )
         return StepInputs(
             input_ids=input_ids,
             positions=host_to_device(self.positions, device),
             attention=attention,
             logits_indices=host_to_device(self.logits_indices, device),
+            embeds=embeds,
         )
 
 
@@ -98,7 +108,7 @@ def build_host_inputs(
     Without `plans_attention` the step gets no attention plan: its layers then plan their
     attention each, where they need one."""
     chunks = plan.chunks
-    if len(chunks) == 1 and chunks[0].num_tokens == 1:
+    if len(chunks) == 1 and chunks[0].num_tokens == 1 and chunks[0].embeds is None:
         return one_token_inputs(chunks[0], slots, block_size, device, plans_attention)
     return chunks_inputs(chunks, slots, block_size, device, plans_attention)
 
@@ -151,6 +161,7 @@ def chunks_inputs(
                 )
             input_ids[begin : begin + chunk.num_tokens] = chunk.token_ids
     placeholder_rows = np.asarray(placeholders, dtype=np.int64)
+    embeds = _prompt_embeds(chunks, query_start_loc)
 
     sampled = [row for row, chunk in enumerate(chunks) if chunk.samples]
     query_start_loc = query_start_loc.astype(np.int32)
@@ -172,8 +183,22 @@ def chunks_inputs(
         )
         if plans_attention
         else None,
+        embeds=embeds,
     )
     return host, row_slots
+
+
+def _prompt_embeds(chunks: list[SequenceChunk], query_start_loc: np.ndarray) -> PromptEmbeds | None:
+    """The step's rows given as embeddings, each chunk's first rows where it has them."""
+    rows, values = [], []
+    for row, chunk in enumerate(chunks):
+        if chunk.embeds is not None:
+            begin = int(query_start_loc[row])
+            rows.append(torch.arange(begin, begin + chunk.embeds.shape[0]))
+            values.append(chunk.embeds)
+    if not rows:
+        return None
+    return PromptEmbeds(torch.cat(rows), torch.cat(values))
 
 
 def one_token_inputs(

@@ -65,7 +65,7 @@ class NewSequence:
     """A sequence entering the runner: everything about it that does not change per step."""
 
     seq_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # what penalties count: none for a prompt of embeddings
     output_token_ids: list[int]  # sampled before a preemption: penalties count them
     sampling: SamplingSettings
     token_type_ids: list[int] | None = None  # a pooling prompt's segments (a BERT pair)
@@ -86,6 +86,9 @@ class SequenceChunk:
     # Its last num_drafts tokens are drafts (speculative decoding): it samples at each of its
     # last 1 + num_drafts positions, and keeps the drafts its samples confirm.
     num_drafts: int = 0
+    # A prompt given as embeddings: the rows its first len(embeds) tokens take in place of
+    # their tokens' embeddings (those tokens are placeholders); None: tokens throughout.
+    embeds: torch.Tensor | None = None
 
 
 class TokenBitmask:

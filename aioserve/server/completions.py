@@ -13,14 +13,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import torch
 from aiohttp import web
 
+from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.outputs import CompletionOutput, PromptLogprobs, RequestOutput
+from aioserve.engine.prompt_embeds import (
+    check_prompt_embeds_taken,
+    placeholder_prompt,
+    prompt_embeds_of,
+)
 from aioserve.server import responses
 from aioserve.server.body_fields import read_json_body
-from aioserve.server.errors import APIError
+from aioserve.server.errors import APIError, refusal
 from aioserve.server.generation import engine_outputs, merge_outputs, reserve_places
+from aioserve.server.prompt_embeds_field import load_prompt_embeds
 from aioserve.server.prompt_truncation import PromptTruncation
 from aioserve.server.protocol import (
     CompletionRequest,
@@ -38,7 +46,13 @@ from aioserve.server.structured_output_fields import compile_structured_output
 @dataclass
 class _Prompt:
     text: str | None
-    token_ids: list[int]
+    token_ids: list[int]  # a prompt of embeddings: one placeholder a row
+    embeds: torch.Tensor | None = None  # its rows, for a prompt sent as embeddings
+
+    @property
+    def shown_token_ids(self) -> list[int] | None:
+        """Its token ids as a response shows them: none for a prompt of embeddings."""
+        return None if self.embeds is not None else self.token_ids
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -49,8 +63,12 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     parsed = parse_completion_request(state, body, request.headers)
     await compile_structured_output(state.engine, parsed.params, parsed.structured_output_field)
     engine = state.engine
-    with reserve_places(engine, len(parsed.prompts) * parsed.params.n) as reservation:
-        prompts = [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
+    num_prompts = len(parsed.prompt_embeds) + len(parsed.prompts)
+    with reserve_places(engine, num_prompts * parsed.params.n) as reservation:
+        prompts = [
+            await state.off_loop(_embedded, engine, encoded) for encoded in parsed.prompt_embeds
+        ]
+        prompts += [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
         if parsed.truncation is not None:
             prompts = [_truncated(prompt, parsed.truncation) for prompt in prompts]
         params = [check_prompt(engine, prompt.token_ids, parsed, "prompt") for prompt in prompts]
@@ -64,7 +82,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         streams = [
             engine_outputs(
                 engine,
-                parsed.engine_prompt(prompt.text, prompt.token_ids),
+                parsed.engine_prompt(prompt.text, prompt.token_ids, prompt.embeds),
                 params[i],
                 f"{head.id}-{i}",
                 parsed.priority,
@@ -89,11 +107,27 @@ def _tokenize(engine: AsyncEngine, prompt: PromptInput) -> _Prompt:
     return _Prompt(text, token_ids)
 
 
+def _embedded(engine: AsyncEngine, encoded: str) -> _Prompt:
+    """A prompt sent as embeddings, decoded and checked as the engine will take it."""
+    settings = engine.settings
+    try:
+        check_prompt_embeds_taken(settings)
+        tensor = load_prompt_embeds(encoded, settings.max_model_len, settings.hidden_size)
+        embeds = prompt_embeds_of({"prompt_embeds": tensor}, settings)
+    except InvalidRequest as error:
+        raise refusal(str(error), error.param) from None
+    return _Prompt(None, placeholder_prompt(embeds), embeds)
+
+
 def _truncated(prompt: _Prompt, truncation: PromptTruncation) -> _Prompt:
     """The prompt cut as the request asks; its text, if cut, is left to be decoded from
-    the kept tokens (for echo)."""
+    the kept tokens (for echo). A prompt of embeddings loses the same rows."""
     kept = truncation.apply(prompt.token_ids)
-    return prompt if kept is prompt.token_ids else _Prompt(None, kept)
+    if kept is prompt.token_ids:
+        return prompt
+    if prompt.embeds is not None:
+        return _Prompt(None, kept, truncation.apply(prompt.embeds))
+    return _Prompt(None, kept)
 
 
 def _decode(engine: AsyncEngine, token_ids: list[int]) -> str:
@@ -134,7 +168,7 @@ async def _full_response(
                     sample.finish_reason,
                     sample.stop_reason,
                     sample.token_ids if parsed.return_token_ids else None,
-                    prompt.token_ids if parsed.return_token_ids else None,
+                    prompt.shown_token_ids if parsed.return_token_ids else None,
                     final.prompt_logprobs,
                 )
             )
@@ -259,5 +293,5 @@ def _chunk_choice(
         sample.finish_reason,
         sample.stop_reason,
         sample.token_ids if parsed.return_token_ids else None,
-        prompt.token_ids if with_prompt_ids else None,
+        prompt.shown_token_ids if with_prompt_ids else None,
     )

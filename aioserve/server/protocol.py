@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
@@ -52,6 +52,7 @@ from aioserve.server.chat_template import (
 )
 from aioserve.server.chat_template import template_kwargs as template_kwargs_of
 from aioserve.server.errors import APIError, bad_parameter, refusal
+from aioserve.server.prompt_embeds_field import read_prompt_embeds
 from aioserve.server.prompt_truncation import PromptTruncation, read_truncation
 from aioserve.server.reasoning import THINK_END, thinks
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
@@ -66,12 +67,14 @@ from aioserve.server.state import ServerState
 from aioserve.server.structured_output_fields import body_field, read_structured_outputs
 from aioserve.server.tools import ToolUse, read_tool_use
 
+if TYPE_CHECKING:
+    import torch
+
 PromptInput = str | list[int]
 
 # Fields vLLM knows that aioserve cannot honour yet: refused when set to anything but "off".
 _UNSUPPORTED: dict[str, str] = {
     "suffix": "suffix is not supported",
-    "prompt_embeds": "prompt_embeds is not supported by aioserve",
     "use_beam_search": "beam search is not supported by aioserve",
     "functions": "function calling is not supported by aioserve yet",
     "logits_processors": "logits processors are not supported by aioserve",
@@ -128,9 +131,16 @@ class GenerationRequest:
     cache_salt: str | None = None
     """Only requests with the same salt share prefix-cache blocks with this one."""
 
-    def engine_prompt(self, text: str | None, token_ids: list[int]) -> dict[str, Any]:
-        """The prompt as the engine takes it, with the request's cache salt."""
-        prompt: dict[str, Any] = {"prompt": text, "prompt_token_ids": token_ids}
+    def engine_prompt(
+        self, text: str | None, token_ids: list[int], embeds: torch.Tensor | None = None
+    ) -> dict[str, Any]:
+        """The prompt as the engine takes it (its embeddings, if it was sent as such), with
+        the request's cache salt."""
+        prompt: dict[str, Any] = (
+            {"prompt": text, "prompt_token_ids": token_ids}
+            if embeds is None
+            else {"prompt_embeds": embeds}
+        )
         if self.cache_salt is not None:
             prompt["cache_salt"] = self.cache_salt
         return prompt
@@ -144,6 +154,8 @@ class GenerationRequest:
 @dataclass
 class CompletionRequest(GenerationRequest):
     prompts: list[PromptInput] = field(default_factory=list)
+    prompt_embeds: list[str] = field(default_factory=list)
+    """Prompts sent as embeddings, base64 (prompt_embeds_field.py); they come first."""
     echo: bool = False
     echo_only: bool = False
     """echo with max_tokens 0: the answer is the prompt alone (one token is generated and
@@ -229,8 +241,21 @@ def parse_completion_request(
         _prompt_logprobs(fields, logprobs if echo else None),
         structured_outputs,
     )
+    prompt_embeds = read_prompt_embeds(body.get("prompt_embeds"))
+    if prompt_embeds:
+        _refuse_with_prompt_embeds(echo, fields.get("prompt_logprobs"))
+    prompt = body.get("prompt")
+    if prompt is None or prompt == "":  # vLLM's "empty"
+        if not prompt_embeds:
+            raise refusal(
+                "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+            )
+        prompts = []
+    else:
+        prompts = _prompts(prompt)
     request = CompletionRequest(
-        prompts=_prompts(body.get("prompt")),
+        prompts=prompts,
+        prompt_embeds=prompt_embeds,
         echo=echo,
         echo_only=echo_only,
         structured_output_field=structured_output_field,
@@ -238,6 +263,14 @@ def parse_completion_request(
     )
     log_ignored_fields(body, COMPLETION_FIELDS)
     return request
+
+
+def _refuse_with_prompt_embeds(echo: bool, prompt_logprobs: int | None) -> None:
+    """What a request with prompt_embeds cannot ask for (vLLM's refusals)."""
+    if echo:
+        raise APIError("Echo is unsupported with prompt embeds.")
+    if prompt_logprobs is not None:
+        raise APIError("prompt_logprobs is not compatible with prompt embeds.")
 
 
 def parse_chat_request(
@@ -523,8 +556,6 @@ def read_cache_salt(fields: BodyFields) -> str | None:
 
 def _prompts(prompt: Any) -> list[PromptInput]:
     """A completions `prompt` as a list of prompts: strings or token id lists."""
-    if prompt is None:
-        raise APIError("the field `prompt` is required", param="prompt")
     if isinstance(prompt, str):
         prompt = [prompt]
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):

@@ -6,9 +6,9 @@ type checked is the declared one, and reading an undeclared field is a programmi
 and openapi.py lists the same declarations as the request schemas' properties, so what the
 server checks and what /openapi.json says cannot drift apart.
 
-`prompt` and `messages` are declared for the schema but read by protocol.py's own code, as
-their shapes are richer than one JSON type. Fields vLLM defines that aioserve refuses are
-not declared: protocol.py names them apart, with the reason.
+`prompt`, `prompt_embeds` and `messages` are declared for the schema but read by
+protocol.py's own code, as their shapes are richer than one JSON type. Fields vLLM defines
+that aioserve refuses are not declared: protocol.py names them apart, with the reason.
 """
 
 from __future__ import annotations
@@ -154,6 +154,8 @@ COMPLETION_BODY: dict[str, BodyField] = _declare(
         "prompt",
         {"oneOf": [_STRING, _STRINGS, _TOKEN_IDS, {"type": "array", "items": _TOKEN_IDS}]},
     ),
+    # Base64 torch.save tensors [tokens, hidden size], with --enable-prompt-embeds.
+    BodyField("prompt_embeds", {"oneOf": [_STRING, _STRINGS]}),
     BodyField("max_tokens", {"type": ["integer", "null"]}),
     BodyField("logprobs", {"type": ["integer", "null"]}),
     BodyField("prompt_logprobs", {"type": ["integer", "null"]}),

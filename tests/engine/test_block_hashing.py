@@ -169,10 +169,10 @@ def test_the_adapter_is_in_every_blocks_extra_keys_and_the_salt_in_the_first(tmp
         cache_salt="tenant",
     )
     lora_key = ("lora", "a", str(tmp_path / "a"))
-    assert block_extra_keys(request, first_block=True) == (lora_key, ("cache_salt", "tenant"))
-    assert block_extra_keys(request, first_block=False) == (lora_key,)
+    assert block_extra_keys(request, 0, 4) == (lora_key, ("cache_salt", "tenant"))
+    assert block_extra_keys(request, 4, 8) == (lora_key,)
     request.lora = None
-    assert block_extra_keys(request, first_block=False) is None
+    assert block_extra_keys(request, 4, 8) is None
 
 
 def test_xxhash_without_its_package_is_refused_naming_the_flag(monkeypatch):

@@ -373,7 +373,7 @@ def test_a_null_max_tokens_means_16_as_in_vllm(openai_server):
         ({"prompt": [[1, "a"]]}, "prompt", 'value=[1,"a"]'),
         ({"prompt": [49152]}, "prompt", "value=49152"),
         ({"prompt": [-1]}, "prompt", "value=-1"),
-        ({"prompt": None}, "prompt", "required"),
+        ({"prompt": None}, "prompt", "Either prompt or prompt_embeds must be provided"),
         ({"model": 7}, "model", "value=7"),
     ],
 )
