@@ -39,7 +39,6 @@ from aioserve.kernels.activation import gelu_tanh_and_mul
 from aioserve.kernels.rotary import build_cos_sin_cache
 from aioserve.models.linear import Embedding, Linear
 from aioserve.models.llama import Attention, LlamaForCausalLM, RMSNorm, _head_dim
-from aioserve.models.prompt_embeds import PromptEmbeds, with_prompt_embeds
 from aioserve.models.rope_parameters import (
     layer_type_rope,
     rotary_table_length,
@@ -155,6 +154,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.logits_scaling = 1.0
+        self.embedding_multiplier = 1.0  # the scale is in `embed`
         self.register_buffer("head_row_weight", None, persistent=False)
         self.register_buffer("head_packed_weight", None, persistent=False)
         self.kv_scales = torch.ones((config.num_hidden_layers, 2), dtype=torch.float32)
@@ -168,24 +168,9 @@ class GemmaForCausalLM(LlamaForCausalLM):
         )
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The scaled embeddings of `input_ids`: the first layer's input."""
+        """The scaled embeddings of `input_ids`: the first layer's input, and what rows
+        given as embeddings replace, as vLLM's Gemma takes them."""
         return self.embed_tokens(input_ids) * self.embed_scale
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        embeds: PromptEmbeds | None = None,
-    ) -> torch.Tensor:
-        """Hidden states [T, hidden] of the step's flat batch of tokens, run inside
-        `step_context` (LlamaForCausalLM.forward); rows of `embeds` replace the scaled
-        embeddings, as vLLM's Gemma takes them."""
-        hidden = with_prompt_embeds(self.embed(input_ids), embeds)
-        residual = torch.zeros_like(hidden)  # one code for every layer (llama.py)
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """LlamaForCausalLM's, each norm's weight w held as 1 + w in float32."""

@@ -241,6 +241,11 @@ class LlamaForCausalLM(nn.Module):
         self.kv_scales = torch.ones((config.num_hidden_layers, 2), dtype=torch.float32)
         self.kv_scales_loaded = False
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of `input_ids`, where rows given as embeddings go (before the
+        embedding multiplier, as vLLM's Granite takes them)."""
+        return self.embed_tokens(input_ids)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -253,7 +258,7 @@ class LlamaForCausalLM(nn.Module):
         Run it inside `step_context(meta, kv_caches)`: each layer's attention writes to and
         reads from that step's KV caches.
         """
-        hidden = with_prompt_embeds(self.embed_tokens(input_ids), embeds)
+        hidden = with_prompt_embeds(self.embed(input_ids), embeds)
         if self.embedding_multiplier != 1.0:
             hidden = hidden * self.embedding_multiplier
         # Zeros, not None, so that every layer runs the same code: the first layer's

@@ -12,6 +12,7 @@ them as vLLM does, at DEBUG: "The following fields were present in the request b
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import orjson
@@ -103,6 +104,18 @@ def optional_bool(body: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise bad_parameter(name, shown_value(value), f"{name} must be a boolean")
     return value
+
+
+def check_prompt_count(count: int, field: str) -> None:
+    """vLLM's cap on the prompts of one completions request (VLLM_MAX_COMPLETION_PROMPTS,
+    1024 by default), for `field`'s list: a 400 naming it past the cap."""
+    max_prompts = int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024"))
+    if count > max_prompts:
+        raise APIError(
+            f"{field} list length {count} exceeds the maximum allowed count of {max_prompts}. "
+            "To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+            param=field,
+        )
 
 
 def shown_value(value: Any, limit: int = 100) -> str:

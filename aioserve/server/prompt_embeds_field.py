@@ -12,12 +12,11 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import os
 from typing import Any
 
 import torch
 
-from aioserve.server.body_fields import shown_value
+from aioserve.server.body_fields import check_prompt_count, shown_value
 from aioserve.server.errors import bad_parameter, refusal
 
 _MAX_REASON_CHARS = 200  # how much of torch's own reason is repeated back
@@ -34,14 +33,7 @@ def read_prompt_embeds(value: Any) -> list[str]:
             shown_value(value),
             "prompt_embeds must be a base64 string or an array of base64 strings",
         )
-    max_prompts = int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024"))  # vLLM's cap
-    if len(items) > max_prompts:
-        raise refusal(
-            f"prompt_embeds list length {len(items)} exceeds the maximum allowed count of "
-            f"{max_prompts}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
-            "environment variable.",
-            "prompt_embeds",
-        )
+    check_prompt_count(len(items), "prompt_embeds")
     return items
 
 

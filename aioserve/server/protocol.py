@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,7 +43,13 @@ from aioserve.engine.sampling_params import (
     SamplingParams,
 )
 from aioserve.engine.structured_outputs import StructuredOutputsParams
-from aioserve.server.body_fields import BodyFields, log_ignored_fields, optional_bool, shown_value
+from aioserve.server.body_fields import (
+    BodyFields,
+    check_prompt_count,
+    log_ignored_fields,
+    optional_bool,
+    shown_value,
+)
 from aioserve.server.chat_template import (
     BOTH_GENERATION_FLAGS,
     refuse_request_mm_kwargs,
@@ -567,14 +572,7 @@ def _prompts(prompt: Any) -> list[PromptInput]:
             "prompt must be a string, an array of strings, an array of token ids or an array "
             "of token id arrays",
         )
-    max_prompts = int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024"))  # vLLM's cap
-    if len(prompt) > max_prompts:
-        raise APIError(
-            f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
-            f"{max_prompts}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
-            "environment variable.",
-            param="prompt",
-        )
+    check_prompt_count(len(prompt), "prompt")
     for item in prompt:
         ok = isinstance(item, str) or (isinstance(item, list) and all(_is_int(t) for t in item))
         if not ok:

@@ -108,8 +108,9 @@ def test_each_algorithm_chains_its_keys(algorithm):
     assert hasher(hasher(None, [9, 9, 9, 9]), TOKENS) != hasher(first, TOKENS)
 
 
-def _cached_request(kv: KVCacheManager, request_id: str, **fields) -> Request:
-    request = Request(
+def _request(request_id: str, **fields) -> Request:
+    """A request of three 4-token blocks, with `fields` (lora, cache_salt, ...)."""
+    return Request(
         request_id=request_id,
         prompt_token_ids=list(range(1, 13)),
         sampling_params=SamplingParams(max_tokens=4),
@@ -118,6 +119,10 @@ def _cached_request(kv: KVCacheManager, request_id: str, **fields) -> Request:
         max_tokens=4,
         **fields,
     )
+
+
+def _cached_request(kv: KVCacheManager, request_id: str, **fields) -> Request:
+    request = _request(request_id, **fields)
     assert kv.allocate(request, request.num_tokens)
     request.num_computed_tokens = request.num_tokens
     kv.cache_full_blocks(request, request.num_tokens)
@@ -137,16 +142,7 @@ def test_requests_share_blocks_only_with_the_same_adapter_and_salt(algorithm, tm
     }
 
     def hits(**fields) -> int:
-        probe = Request(
-            request_id="probe",
-            prompt_token_ids=list(range(1, 13)),
-            sampling_params=SamplingParams(max_tokens=4),
-            seed=0,
-            eos_token_ids=frozenset(),
-            max_tokens=4,
-            **fields,
-        )
-        return len(kv.find_cached_prefix(probe))
+        return len(kv.find_cached_prefix(_request("probe", **fields)))
 
     assert hits() == hits(lora=adapter) == hits(cache_salt="tenant") == 2
     assert hits(lora=moved) == 0, "an adapter name pointed at other weights shares nothing"
@@ -158,16 +154,7 @@ def test_requests_share_blocks_only_with_the_same_adapter_and_salt(algorithm, tm
 
 def test_the_adapter_is_in_every_blocks_extra_keys_and_the_salt_in_the_first(tmp_path):
     adapter = LoRARequest("a", 1, str(tmp_path / "a"))
-    request = Request(
-        request_id="r",
-        prompt_token_ids=list(range(1, 13)),
-        sampling_params=SamplingParams(max_tokens=4),
-        seed=0,
-        eos_token_ids=frozenset(),
-        max_tokens=4,
-        lora=adapter,
-        cache_salt="tenant",
-    )
+    request = _request("r", lora=adapter, cache_salt="tenant")
     lora_key = ("lora", "a", str(tmp_path / "a"))
     assert block_extra_keys(request, 0, 4) == (lora_key, ("cache_salt", "tenant"))
     assert block_extra_keys(request, 4, 8) == (lora_key,)
