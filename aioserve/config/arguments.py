@@ -333,7 +333,9 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.string),
     _vllm("model-loader-extra-config", LOAD, {}, "Options for the weight loader.", "json"),
     _vllm("ignore-patterns", LOAD, None, "Weight files to skip (globs).", "list"),
-    _vllm("use-tqdm-on-load", LOAD, True, "Show a progress bar while loading weights.", "bool"),
+    Argument("use-tqdm-on-load", LOAD, True,
+             "Show a progress bar while the weights load (on a terminal; a log gets one line).",
+             "bool", convert=values.boolean),
     _vllm("pt-load-map-location", LOAD, "cpu", "map_location for loading .pt checkpoints."),
     _vllm("qlora-adapter-name-or-path", LOAD, None, "Deprecated in vLLM; has no effect."),
     # --- DecodingConfig --------------------------------------------------------------------
@@ -543,8 +545,16 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Prompt tokens of the requests still in prefill (whole prompts) at which new "
              "requests are answered 503 with Retry-After at once; k/m/g and K/M/G suffixes "
              "as for --max-model-len. Default: no limit.", convert=values.token_count),
-    _vllm("max-num-partial-prefills", SCHEDULER, 1, "Most prompts prefilled in chunks at once."),
-    _vllm("max-long-partial-prefills", SCHEDULER, 1, "Most long prompts prefilled in chunks at once."),
+    Argument("max-num-partial-prefills", SCHEDULER, 1,
+             "With chunked prefill, most prompts left partly prefilled at once; each prefill "
+             "chunk of a step takes at most --max-num-batched-tokens divided by the step's "
+             "prefills, so that several prompts progress side by side.",
+             convert=values.integer),
+    Argument("max-long-partial-prefills", SCHEDULER, 1,
+             "Of those, most prompts longer than --long-prefill-token-threshold (with 0: 4% of "
+             "--max-model-len); a long prompt beyond it waits a step while shorter ones behind "
+             "it start. At most --max-num-partial-prefills.",
+             convert=values.integer),
     Argument("long-prefill-token-threshold", SCHEDULER, 0,
              "Most tokens one sequence computes in a step while others run or wait, so that "
              "a long prompt does not take the whole step; at most --max-model-len. 0: no "

@@ -74,6 +74,7 @@ class ModelConfig:
 class LoadConfig:
     load_format: str
     download_dir: str | None
+    use_tqdm_on_load: bool = True  # the weights' progress bar (models/loader.py)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class SchedulerConfig:
     max_num_queued_reqs: int | None  # None: no limit (load_shedding.py)
     max_num_queued_tokens: int | None
     long_prefill_token_threshold: int  # 0: no cap on one sequence's tokens a step
+    max_num_partial_prefills: int = 1  # prompts partly prefilled at once (partial_prefills.py)
+    max_long_partial_prefills: int = 1  # of them, long ones
 
 
 @dataclass(frozen=True)
@@ -183,18 +186,36 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
     def section(cls):
         return cls(**{field.name: fields[field.name] for field in dataclasses.fields(cls)})
 
+    scheduler = _checked_scheduler(section(SchedulerConfig))
     return EngineConfig(
         model=section(ModelConfig),
         load=section(LoadConfig),
         cache=section(CacheConfig),
-        scheduler=section(SchedulerConfig),
+        scheduler=scheduler,
         decoding=section(DecodingConfig),
         lora=_checked_lora(section(LoRAConfig)),
-        speculative=_checked_speculative(section(SpeculativeConfig), section(SchedulerConfig)),
-        compilation=_checked_compilation(section(CompilationConfig), section(SchedulerConfig)),
+        speculative=_checked_speculative(section(SpeculativeConfig), scheduler),
+        compilation=_checked_compilation(section(CompilationConfig), scheduler),
         device=section(DeviceConfig),
         serving=serving,
     )
+
+
+def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:
+    """vLLM's rules on the partial-prefill arguments, in its words with the flags named."""
+    num, long = scheduler.max_num_partial_prefills, scheduler.max_long_partial_prefills
+    if num < 1:
+        raise ConfigError(
+            f"--max-num-partial-prefills ({num}) must be greater than or equal to 1."
+        )
+    if num > 1 and not scheduler.enable_chunked_prefill:
+        raise ConfigError("Chunked prefill must be enabled to set --max-num-partial-prefills > 1.")
+    if not 1 <= long <= num:
+        raise ConfigError(
+            f"--max-long-partial-prefills ({long}) must be greater than or equal to 1 and less "
+            f"than or equal to --max-num-partial-prefills ({num})."
+        )
+    return scheduler
 
 
 def _checked_speculative(

@@ -47,6 +47,7 @@ from aioserve.config.engine import DecodingConfig, EngineConfig
 from aioserve.engine.block_hashing import check_hash_algorithm
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
 from aioserve.engine.lora_requests import LoRAAdapterCache
+from aioserve.engine.partial_prefills import partial_prefill_limits
 from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
 from aioserve.engine.resolution import (
     platform_default,
@@ -349,6 +350,20 @@ def build_engine(config: EngineConfig) -> EngineParts:
             "or raise --max-num-batched-tokens"
         )
     check_long_prefill_token_threshold(sched_cfg.long_prefill_token_threshold, max_model_len)
+    partial_prefills = partial_prefill_limits(
+        sched_cfg.max_num_partial_prefills,
+        sched_cfg.max_long_partial_prefills,
+        sched_cfg.long_prefill_token_threshold,
+        max_model_len,
+    )
+    if partial_prefills is not None:
+        logger.info(
+            "concurrent partial prefills: up to %d prompts at once, %d of them longer than "
+            "%d tokens",
+            partial_prefills.max_num_partial_prefills,
+            partial_prefills.max_long_partial_prefills,
+            partial_prefills.long_prompt_threshold,
+        )
     fit_rope_to_context(hf_config, max_model_len)
     max_num_seqs = sched_cfg.max_num_seqs
     if max_num_seqs is None:
@@ -360,6 +375,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         device=dev,
         dummy=config.load.load_format == "dummy",
         seed=model_cfg.seed,
+        use_tqdm=config.load.use_tqdm_on_load,
     )
     if resolve_gguf_blocks(checkpoint):
         kept = keep_gguf_blocks(model, checkpoint)
@@ -499,6 +515,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_new_tokens_cap=generation.get("max_new_tokens"),
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
+        partial_prefills=partial_prefills,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         reasoning_parser=config.decoding.reasoning_parser,
         structured_outputs=structured_outputs_config(config.decoding),

@@ -180,6 +180,7 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
         device=dev,
         dummy=config.load.load_format == "dummy",
         seed=model_cfg.seed,
+        use_tqdm=config.load.use_tqdm_on_load,
     )
     if resolve_packed_weights(dtype):
         pack_weights(model)
