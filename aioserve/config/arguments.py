@@ -176,6 +176,13 @@ ARGUMENTS: tuple[Argument, ...] = (
              "--enable-log-requests).",
              "bool", convert=values.boolean),
     Argument("enable-log-requests", FRONTEND, False, "Log each request.", "bool", convert=values.boolean),
+    # vLLM's ObservabilityConfig; a Frontend argument here, since the HTTP server makes the
+    # spans (server/tracing.py).
+    Argument("otlp-traces-endpoint", FRONTEND, None,
+             "Send one OpenTelemetry span per finished request to this OTLP endpoint "
+             "(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc, the default, or http/protobuf), "
+             "its parent the request's traceparent header. Needs the opentelemetry-sdk, "
+             "-api and -exporter-otlp packages.", convert=values.string),
     Argument("shutdown-timeout", FRONTEND, 30.0,
              "On SIGTERM or SIGINT, answer new requests with 503 and let the requests in flight "
              "finish for up to this many seconds before exiting; 0 aborts them at once "
@@ -524,7 +531,6 @@ ARGUMENTS: tuple[Argument, ...] = (
     # --- ObservabilityConfig ---------------------------------------------------------------
     _vllm("show-hidden-metrics-for-version", OBSERVABILITY, None,
           "Show metrics hidden since this version."),
-    _vllm("otlp-traces-endpoint", OBSERVABILITY, None, "OpenTelemetry endpoint for request traces."),
     _vllm("collect-detailed-traces", OBSERVABILITY, None,
           "Add per-module timings to traces (model, worker, all)."),
     # --- SchedulerConfig -------------------------------------------------------------------

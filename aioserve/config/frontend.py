@@ -54,6 +54,7 @@ class FrontendConfig:
     disable_log_stats: bool
     disable_log_requests: bool
     enable_log_requests: bool
+    otlp_traces_endpoint: str | None  # None: no tracing
     shutdown_timeout: float
 
 

@@ -6,9 +6,9 @@ OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling
 its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), SageMaker's
 /invocations in front of those (invocations.py), the profiler's routes where
 VLLM_TORCH_PROFILER_DIR is set (profile_routes.py), the development routes with
-VLLM_SERVER_DEV_MODE=1 (dev_routes.py), the metrics
-(metrics.py) and the schema and docs pages (openapi.py). `serve.py` runs the app; tests
-run it in-process.
+VLLM_SERVER_DEV_MODE=1 (dev_routes.py), the metrics (metrics.py), the request tracer
+with --otlp-traces-endpoint (tracing.py) and the schema and docs pages (openapi.py).
+`serve.py` runs the app; tests run it in-process.
 """
 
 from __future__ import annotations
@@ -42,16 +42,25 @@ from aioserve.server.pooling_routes import add_pooling_routes
 from aioserve.server.profile_routes import add_profile_routes
 from aioserve.server.routes import add_routes
 from aioserve.server.state import STATE, ServerState
+from aioserve.server.tracing import RequestTracer
 
 
 async def _stop_text_thread(app: web.Application) -> None:
     app[STATE].text_thread.shutdown(wait=False, cancel_futures=True)
 
 
+async def _stop_tracer(app: web.Application) -> None:
+    """Send the spans still waiting and stop the exporter (--otlp-traces-endpoint)."""
+    tracer = app[STATE].tracer
+    if tracer is not None:
+        await tracer.shutdown()
+
+
 def build_app(state: ServerState) -> web.Application:
     """The app serving `state.engine` as `state.frontend` configures it.
 
-    Raises ConfigError when a --middleware import path cannot be imported.
+    Raises ConfigError when a --middleware import path cannot be imported, or when
+    --otlp-traces-endpoint is set without the OpenTelemetry packages (tracing.py).
     """
     frontend = state.frontend
     root_path = frontend.root_path
@@ -78,6 +87,9 @@ def build_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=MAX_REQUEST_BODY_BYTES)
     app[STATE] = state
     app.on_cleanup.append(_stop_text_thread)
+    if frontend.otlp_traces_endpoint is not None:
+        state.tracer = RequestTracer(frontend.otlp_traces_endpoint)
+        app.on_cleanup.append(_stop_tracer)
     app[IN_FLIGHT] = in_flight
     app.on_response_prepare.append(cors_response_hook(cors))
     if frontend.enable_request_id_headers:

@@ -39,6 +39,7 @@ from aioserve.server.state import STATE, ServerState
 from aioserve.server.structured_output_fields import compile_structured_output
 from aioserve.server.tool_calls.streaming import ToolCallStream, tool_call_objects
 from aioserve.server.tools import ToolUse
+from aioserve.server.tracing import request_trace
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -84,6 +85,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             parsed.priority,
             reservation,
             lora,
+            request_trace(state.tracer, request.headers, head.model),
         )
         shown = rendered if parsed.return_prompt_text else None  # the prompt_text field
         if parsed.stream:

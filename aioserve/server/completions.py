@@ -41,6 +41,7 @@ from aioserve.server.responses import CompletionLogprobs, ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.structured_output_fields import compile_structured_output
+from aioserve.server.tracing import request_trace
 
 
 @dataclass
@@ -79,6 +80,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         head = ResponseHead.new(
             f"cmpl-{parsed.request_id}", "text_completion", state.response_model(lora)
         )
+        trace = request_trace(state.tracer, request.headers, head.model)
         streams = [
             engine_outputs(
                 engine,
@@ -88,6 +90,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                 parsed.priority,
                 reservation,
                 lora,
+                trace,
             )
             for i, prompt in enumerate(prompts)
         ]

@@ -8,6 +8,9 @@ yields their outputs as they come, tagged with the prompt's index.
 Both close what they run however they end (finished, error, client gone, handler
 cancelled): closing the engine's iterator aborts its request, which frees its KV blocks.
 
+With --otlp-traces-endpoint, a handler passes the HTTP request's `RequestTrace` and
+`engine_outputs` sends each finished request's span (tracing.py).
+
 Load shedding (engine/load_shedding.py): a handler calls `reserve_places` once it knows
 how many sequences it will start, before rendering or tokenizing anything, and passes the
 reservation to `engine_outputs`, which hands each prompt's places over to the engine as
@@ -29,6 +32,7 @@ from aioserve.engine.outputs import RequestOutput
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.body_fields import shown_value
 from aioserve.server.errors import APIError, bad_parameter
+from aioserve.server.tracing import RequestTrace, traced_outputs
 
 RETRY_AFTER_S = "1"
 """The Retry-After of a shed request, as of a draining server's 503."""
@@ -57,12 +61,16 @@ async def engine_outputs(
     priority: int = 0,
     reservation: Reservation | None = None,
     lora_request: LoRARequest | None = None,
+    trace: RequestTrace | None = None,
 ) -> AsyncGenerator[RequestOutput, None]:
     """`engine.generate`, with its errors as APIError (400 refused, 500 failed, 503 shed),
-    through the LoRA adapter `lora_request` if given."""
+    through the LoRA adapter `lora_request` if given; traced (a span once finished) with
+    a `trace` (--otlp-traces-endpoint)."""
     stream = engine.generate(
         prompt, params, request_id, priority=priority, lora_request=lora_request
     )
+    if trace is not None:
+        stream = traced_outputs(stream, trace, request_id, params, engine.settings)
     async with aclosing(stream):
         try:
             if reservation is not None:

@@ -52,6 +52,7 @@ from aioserve.server.protocol import read_cache_salt
 from aioserve.server.request_schema import BodyField
 from aioserve.server.responses import full_usage
 from aioserve.server.state import ServerState
+from aioserve.server.tracing import RequestTrace, request_trace
 
 _STRING = {"type": "string"}
 _INTEGER = {"type": "integer"}
@@ -100,6 +101,8 @@ class PoolingRequest:
     """Where the tokenizer cuts texts: N for truncate_prompt_tokens N without a side; else,
     without truncation, one token past the context (a longer text is refused all the same,
     as vLLM, which then says "at least"); None when the tokens are sliced instead."""
+    trace: RequestTrace | None = None
+    """With --otlp-traces-endpoint, the trace its engine requests' spans join (tracing.py)."""
 
 
 @dataclass
@@ -160,6 +163,7 @@ def read_pooling_request(
             if truncation is None
             else None
         ),
+        trace=request_trace(state.tracer, headers, state.model_name),
     )
 
 
@@ -259,6 +263,7 @@ async def encode_all(
                 f"{response_id}-{i}",
                 request.priority,
                 reservation,
+                request.trace,
             )
         )
         for i, prompt in enumerate(prompts)
@@ -278,14 +283,16 @@ async def _encode_one(
     request_id: str,
     priority: int,
     reservation: Reservation | None,
+    trace: RequestTrace | None,
 ) -> PoolingRequestOutput:
-    """`engine.encode`, its errors as APIError (400 refused, 500 failed, 503 shed)."""
+    """`engine.encode`, its errors as APIError (400 refused, 500 failed, 503 shed); its
+    span sent with a `trace`."""
     pending = engine.encode(prompt, params, request_id, priority=priority)
     if reservation is not None:
         # Released just before `encode` registers the request, with no await in between.
         reservation.release(1)
     try:
-        return await pending
+        output = await pending
     except QueueFullError as error:
         raise overloaded(error) from None
     except InvalidRequest as error:
@@ -294,6 +301,9 @@ async def _encode_one(
         raise APIError(str(error)) from None
     except RuntimeError as error:  # the model step or the engine failed
         raise APIError(str(error), HTTPStatus.INTERNAL_SERVER_ERROR) from None
+    if trace is not None:
+        trace.pooling_finished(request_id, output)
+    return output
 
 
 def pooling_usage(num_prompt_tokens: int) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from aioserve.server.responses_output import ResponseBuilder, response_events
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE
 from aioserve.server.structured_output_fields import compile_structured_output
+from aioserve.server.tracing import request_trace
 
 # Sampling fields a Responses request shares with chat completions, under the same names.
 # vLLM-only fields chat refuses (watermarking, kv_transfer_params, ...) go along to be
@@ -127,6 +128,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             parsed.priority,
             reservation,
             lora,
+            request_trace(state.tracer, request.headers, state.response_model(lora)),
         )
         if parsed.stream:
             return await stream_events(request, response_events(response, outputs), named=True)

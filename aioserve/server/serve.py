@@ -2,9 +2,10 @@
 
 Start-up, in order: the arguments are checked (an unsupported vLLM argument or a bad value
 stops here, before the model loads, with a message naming it), logging is set up, the TLS
-context, --middleware imports and --chat-template are checked, the engine loads the model
-(the default one, SmolLM2-135M-Instruct, when none is given), one warm-up request runs
-through it, and the app listens on --host/--port on a uvloop event loop. Then one line
+context, --middleware imports, the OpenTelemetry packages (with --otlp-traces-endpoint)
+and --chat-template are checked, the engine loads the model (the default one,
+SmolLM2-135M-Instruct, when none is given), one warm-up request runs through it, and the
+app listens on --host/--port on a uvloop event loop. Then one line
 (`ready_line`) says how long that took since the process started, the weights' stored form
 and the dtype they are held in, their bytes, the KV cache's bytes and blocks and the knob
 that sized it, and the process's resident memory, before vLLM's "Application startup
@@ -14,9 +15,10 @@ complete.". Under systemd (`Type=notify`) READY=1 follows, then status and watch
 Shutdown: the first SIGTERM or SIGINT starts draining (STOPPING=1 under systemd). New
 requests get 503 (/health too, so that load balancers move away; /metrics keeps
 answering), while the requests in flight run to their end for up to --shutdown-timeout
-seconds. Then whatever still runs is aborted, the listener closes, the engine stops and
-the process exits with status 0. A second signal skips the rest of the wait. A model step
-that hangs does not hold the exit up: the engine leaves it behind after a few seconds.
+seconds. Then whatever still runs is aborted, the listener closes, the engine stops, the
+spans still waiting (--otlp-traces-endpoint) are sent and the process exits with status 0.
+A second signal skips the rest of the wait. A model step that hangs does not hold the exit
+up: the engine leaves it behind after a few seconds.
 
 Engine death (engine/health.py says what kills the engine): /health turns 503 at once, the
 requests in flight end with a 500 (streams with an error event), new ones get 503, and
@@ -137,7 +139,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from aioserve.server.app import build_app
     from aioserve.server.chat_template import load_chat_template
     from aioserve.server.state import ServerState
+    from aioserve.server.tracing import check_tracing
 
+    if frontend.otlp_traces_endpoint is not None:
+        check_tracing()
     if frontend.chat_template is not None:
         try:
             load_chat_template(frontend.chat_template)

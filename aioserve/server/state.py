@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -18,6 +18,9 @@ from aioserve.config.frontend import FrontendConfig, frontend_config
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.server.lora_models import LoRAModels
+
+if TYPE_CHECKING:
+    from aioserve.server.tracing import RequestTracer
 
 T = TypeVar("T")
 
@@ -36,6 +39,9 @@ class ServerState:
         repr=False,
     )
     """Where prompts are tokenized and chat templates rendered (see `off_loop`)."""
+    tracer: RequestTracer | None = None
+    """With --otlp-traces-endpoint, what sends the requests' spans (tracing.py; build_app
+    makes it)."""
     loras: LoRAModels = field(init=False)
     """The LoRA adapters served under names of their own (lora_models.py)."""
 

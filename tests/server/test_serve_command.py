@@ -83,6 +83,11 @@ FRONTEND_FLAGS = [
     (["--disable-log-requests"], "disable_log_requests", True),
     (["--enable-log-requests"], "enable_log_requests", True),
     (["--no-enable-log-requests"], "enable_log_requests", False),
+    (
+        ["--otlp-traces-endpoint", "http://127.0.0.1:4317"],
+        "otlp_traces_endpoint",
+        "http://127.0.0.1:4317",
+    ),
     (["--shutdown-timeout", "2.5"], "shutdown_timeout", 2.5),
     (
         [
