@@ -16,6 +16,7 @@ from aioserve.config.engine import engine_config_from_args, engine_config_from_k
 from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, add_engine_arguments
 from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.build import check_long_prefill_token_threshold
+from aioserve.engine.partial_prefills import PartialPrefillLimits, partial_prefill_limits
 
 GiB = 2**30
 
@@ -150,6 +151,8 @@ SUPPORTED_FLAGS = [
     (["--cuda-graph-sizes", "1", "2", "128"], "scheduler.cuda_graph_sizes", [1, 2, 128]),
     (["--max-num-queued-tokens", "32k"], "scheduler.max_num_queued_tokens", 32000),
     (["--long-prefill-token-threshold", "256"], "scheduler.long_prefill_token_threshold", 256),
+    (["--max-num-partial-prefills", "4"], "scheduler.max_num_partial_prefills", 4),
+    (["--max-long-partial-prefills", "2", "--max-num-partial-prefills", "4"], "scheduler.max_long_partial_prefills", 2),
     (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
     (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
     (["--guided-decoding-backend", "guidance"], "decoding.guided_decoding_backend", "guidance"),
@@ -303,6 +306,11 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (["--max-lora-rank", "17"], "--max-lora-rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512; got 17"),
         (["--lora-dtype", "float32"], "--lora-dtype must be one of auto, float16, bfloat16; got 'float32'"),
         (["--max-loras", "2", "--max-cpu-loras", "1"], "--max-cpu-loras (1) must be at least --max-loras (2)"),
+        (["--max-num-partial-prefills", "two"], "--max-num-partial-prefills must be an integer, got 'two'"),
+        (["--max-num-partial-prefills", "0"], "--max-num-partial-prefills (0) must be greater than or equal to 1."),
+        (["--max-num-partial-prefills", "2", "--no-enable-chunked-prefill"], "Chunked prefill must be enabled to set --max-num-partial-prefills > 1."),
+        (["--max-long-partial-prefills", "0"], "--max-long-partial-prefills (0) must be greater than or equal to 1 and less than or equal to --max-num-partial-prefills (1)."),
+        (["--max-num-partial-prefills", "2", "--max-long-partial-prefills", "3"], "--max-long-partial-prefills (3) must be greater than or equal to 1 and less than or equal to --max-num-partial-prefills (2)."),
     ],
 )  # fmt: skip
 def test_invalid_values_are_refused_naming_the_flag(argv, message):
@@ -337,7 +345,6 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
         (["--hf-token"], "--hf-token"),
         (["--lora-extra-vocab-size", "256"], "--lora-extra-vocab-size"),
         (["--prompt-adapters", "a=/x"], "--prompt-adapters"),
-        (["--max-num-partial-prefills", "2"], "--max-num-partial-prefills"),
     ],
 )
 def test_unsupported_vllm_arguments_are_refused_by_name(argv, spelling):
@@ -590,3 +597,23 @@ def test_a_long_prefill_token_threshold_past_the_context_is_refused_naming_the_f
     check_long_prefill_token_threshold(2048, 2048)
     with pytest.raises(ValueError, match=r"--long-prefill-token-threshold \(2049\) cannot be"):
         check_long_prefill_token_threshold(2049, 2048)
+
+
+def test_partial_prefill_keywords_are_checked_as_the_flags_are():
+    scheduler = engine_config_from_kwargs(
+        max_num_partial_prefills=3, max_long_partial_prefills=2
+    ).scheduler
+    assert (scheduler.max_num_partial_prefills, scheduler.max_long_partial_prefills) == (3, 2)
+    with pytest.raises(ConfigError, match="Chunked prefill must be enabled"):
+        engine_config_from_kwargs(max_num_partial_prefills=2, enable_chunked_prefill=False)
+    # One partial prefill at a time needs no chunked prefill (vLLM's default).
+    scheduler = engine_config_from_kwargs(enable_chunked_prefill=False).scheduler
+    assert scheduler.max_num_partial_prefills == 1
+
+
+def test_partial_prefills_take_4_percent_of_the_context_as_long_without_a_threshold():
+    """vLLM: with --max-num-partial-prefills > 1 and no --long-prefill-token-threshold, a
+    prompt is long past int(max_model_len * 0.04) tokens; a given threshold stays."""
+    assert partial_prefill_limits(2, 1, 0, 2048) == PartialPrefillLimits(2, 1, 81)
+    assert partial_prefill_limits(4, 2, 300, 2048) == PartialPrefillLimits(4, 2, 300)
+    assert partial_prefill_limits(1, 1, 0, 2048) is None  # the default: scheduling as without

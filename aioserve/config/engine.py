@@ -205,9 +205,7 @@ def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:
     """vLLM's rules on the partial-prefill arguments, in its words with the flags named."""
     num, long = scheduler.max_num_partial_prefills, scheduler.max_long_partial_prefills
     if num < 1:
-        raise ConfigError(
-            f"--max-num-partial-prefills ({num}) must be greater than or equal to 1."
-        )
+        raise ConfigError(f"--max-num-partial-prefills ({num}) must be greater than or equal to 1.")
     if num > 1 and not scheduler.enable_chunked_prefill:
         raise ConfigError("Chunked prefill must be enabled to set --max-num-partial-prefills > 1.")
     if not 1 <= long <= num:

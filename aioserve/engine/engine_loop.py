@@ -87,6 +87,7 @@ class EngineLoop:
             long_prefill_token_threshold=s.long_prefill_token_threshold,
             max_loras=s.max_loras,
             speculation=s.speculation,
+            partial_prefills=s.partial_prefills,
         )
         self.lora_adapters = parts.lora_adapters
         self.load_shedder = LoadShedder(

@@ -22,6 +22,12 @@ computes more than that many tokens in one step, so that a long prompt cannot ta
 step's whole budget from the others; a sequence alone in the engine (running or waiting)
 is not held back, as in vLLM.
 
+With `partial_prefills` (vLLM's --max-num-partial-prefills N > 1 and
+--max-long-partial-prefills, partial_prefills.py), several prompts are prefilled side by
+side: each prefill chunk takes at most the budget divided by the step's prefills, at most N
+sequences are left mid-prefill by a step, and a long waiting prompt beyond the long ones'
+limit is passed over for the step (keeping its place) while shorter ones behind it start.
+
 A step may be scheduled before the previous one has returned (asynchronous scheduling):
 a sequence's progress (`num_computed_tokens`) advances when its chunk is scheduled, and a
 chunk that samples leaves a pending token, which the next step can already decode (the
@@ -51,6 +57,7 @@ from dataclasses import dataclass, field
 
 from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.partial_prefills import PartialPrefillLimits
 from aioserve.engine.plan_builder import new_sequence, sequence_chunk
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.speculation import propose_ngram_drafts
@@ -110,6 +117,7 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         max_loras: int = 0,
         speculation: NgramSpeculation | None = None,
+        partial_prefills: PartialPrefillLimits | None = None,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
@@ -122,6 +130,7 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = policy
         self.speculation = speculation
+        self.partial_prefills = partial_prefills  # None: one prompt's prefill at a time
         self.stats = SchedulerStats()
         if speculation is not None:
             self.stats.num_accepted_tokens_per_pos = [0] * speculation.num_speculative_tokens
@@ -214,10 +223,16 @@ class Scheduler:
             running.sort(key=self._rank)
             self._running_sorted = True
         allocate = self.kv_cache.allocate
+        step = None
+        share = self.max_num_batched_tokens  # most tokens of one chunk
+        if self.partial_prefills is not None:
+            waiting = (entry[2] for entry in self._waiting)
+            step = self.partial_prefills.begin_step(running, waiting, share)
+            share = step.share
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = self._tokens_to_compute(request, budget, cap)
+            num_new = self._tokens_to_compute(request, budget if budget < share else share, cap)
             if num_new == 0:
                 i += 1
                 continue
@@ -237,6 +252,8 @@ class Scheduler:
         # Waiting sequences, unless something had to be preempted this step.
         running_loras = {r.lora_id for r in self.running if r.lora_id} if self.max_loras else ()
         passed_over: list[tuple[tuple, int, Request]] = []
+        if step is not None:
+            step.count_partial(self.running)
         while (
             self._waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs
         ):
@@ -248,10 +265,17 @@ class Scheduler:
                 # Its adapter would be one too many: later requests may still fit (vLLM's rule).
                 passed_over.append(heapq.heappop(self._waiting))
                 continue
+            if step is not None and step.passes_over(request):
+                passed_over.append(heapq.heappop(self._waiting))  # a long prompt too many
+                continue
             cached = self.kv_cache.find_cached_prefix(request)
             request.num_computed_tokens = len(cached) * self.kv_cache.block_size
-            num_new = self._tokens_to_compute(request, budget, cap)
-            if num_new == 0 or not self.kv_cache.allocate(request, num_new, cached):
+            num_new = self._tokens_to_compute(request, budget if budget < share else share, cap)
+            if (
+                num_new == 0
+                or (step is not None and not step.may_start(request, num_new))
+                or not self.kv_cache.allocate(request, num_new, cached)
+            ):
                 request.num_computed_tokens = 0
                 break
             heapq.heappop(self._waiting)
@@ -266,6 +290,8 @@ class Scheduler:
             admitted.append(request)
             if lora_id:
                 running_loras.add(lora_id)
+            if step is not None:
+                step.start(request, num_new)
             chunks.append(self._schedule_chunk(request, num_new))
             budget -= num_new
         for entry in passed_over:

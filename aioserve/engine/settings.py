@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.load_report import LoadReport
+from aioserve.engine.partial_prefills import PartialPrefillLimits
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.runner.model_runner import ModelRunner
 
@@ -51,6 +52,9 @@ class EngineSettings:
     """--max-num-queued-tokens: the prefill backlog at which requests are refused."""
     long_prefill_token_threshold: int = 0
     """--long-prefill-token-threshold: most tokens of one sequence a step (scheduler.py)."""
+    partial_prefills: PartialPrefillLimits | None = None
+    """--max-num-partial-prefills and --max-long-partial-prefills, with the long-prompt
+    threshold resolved (partial_prefills.py); None: one partial prefill at a time."""
     enable_prompt_embeds: bool = False
     """--enable-prompt-embeds: prompts may come as embeddings (prompt_embeds.py)."""
     hidden_size: int = 0
