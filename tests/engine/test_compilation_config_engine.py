@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from aioserve import LLM, SamplingParams
+from tests.models.tiny_models import save_tiny_model, tiny_llama_config
 from tests.runner.plans import record_padded_sizes
 
 PROMPTS = [[5, 17, 99, 3, 42, 7], [8, 1, 200], [31, 64, 2, 2, 90, 11, 13]]
@@ -20,20 +21,7 @@ NEW_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        architectures=["LlamaForCausalLM"],
-    )
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+    return save_tiny_model(tiny_llama_config(), tmp_path_factory.mktemp("tiny_llama"))
 
 
 @pytest.fixture(scope="module")

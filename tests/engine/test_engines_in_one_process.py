@@ -22,10 +22,10 @@ import weakref
 import pytest
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from aioserve import LLM, SamplingParams
 from aioserve.runner.one_row_step import forward_and_logits
+from tests.models.tiny_models import save_tiny_model, tiny_llama_config
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +34,7 @@ PROMPT = {"prompt_token_ids": [5, 17, 99, 3, 42, 7]}
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        architectures=["LlamaForCausalLM"],
-    )
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+    return save_tiny_model(tiny_llama_config(), tmp_path_factory.mktemp("tiny_llama"))
 
 
 def _engine(folder, block_size: int) -> LLM:

@@ -18,7 +18,12 @@ from aioserve.engine.resolution import LONG_MAX_MODEL_LEN_ENV, resolve_max_model
 from aioserve.models.gemma import Gemma3ForCausalLM
 from aioserve.models.llama import LlamaForCausalLM
 from aioserve.models.rope_parameters import fit_rope_to_context, rotary_table_length
-from tests.models.tiny_models import tiny_bert_config, tiny_gemma_configs
+from tests.models.tiny_models import (
+    save_tiny_model,
+    tiny_bert_config,
+    tiny_gemma_configs,
+    tiny_llama_config,
+)
 
 POSITIONS = 64  # the tiny Llama's max_position_embeddings
 SERVED = 2 * POSITIONS
@@ -26,17 +31,7 @@ NEW_TOKENS = 16
 
 
 def _llama_config(**fields) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=POSITIONS,
-        architectures=["LlamaForCausalLM"],
-        **fields,
-    )
+    return tiny_llama_config(max_position_embeddings=POSITIONS, **fields)
 
 
 @pytest.mark.parametrize("value", [None, "0", "false", "yes", ""])
@@ -130,10 +125,7 @@ def test_gemma_3_tables_of_each_layer_type_grow_alike():
 
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory):
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("llama_64_positions")
-    AutoModelForCausalLM.from_config(_llama_config()).save_pretrained(folder)
-    return folder
+    return save_tiny_model(_llama_config(), tmp_path_factory.mktemp("llama_64_positions"))
 
 
 def test_a_tiny_llama_decodes_past_its_positions_as_transformers_does(llama_folder, monkeypatch):

@@ -7,10 +7,8 @@ A schedule is written one step a list, one chunk a string: "A8" is 8 tokens of A
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from aioserve import LLM, SamplingParams
 from aioserve.engine.kv_cache_manager import KVCacheManager
@@ -24,6 +22,7 @@ from aioserve.engine.sampling_params import SamplingParams as EngineSamplingPara
 from aioserve.engine.scheduler import Scheduler
 from aioserve.engine.settings import EngineSettings
 from tests.engine.test_kv_cache_manager import NUM_BLOCKS, BlockPoolMachine
+from tests.models.tiny_models import save_tiny_model, tiny_llama_config
 
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 64
@@ -245,20 +244,7 @@ NEW_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        architectures=["LlamaForCausalLM"],
-    )
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+    return save_tiny_model(tiny_llama_config(), tmp_path_factory.mktemp("tiny_llama"))
 
 
 def _greedy(folder, **options) -> tuple[list[list[int]], list[list[int]], EngineSettings]:

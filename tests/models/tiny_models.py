@@ -46,6 +46,32 @@ COMMON = dict(
     rms_norm_eps=1e-5,
 )
 
+# The engine tests' tiny Llama (`tiny_llama_config`): quick to build, load and compile.
+_TINY_LLAMA = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    architectures=["LlamaForCausalLM"],
+)
+
+
+def tiny_llama_config(**fields) -> LlamaConfig:
+    """A 2-layer Llama of width 64 (4 heads, 2 KV heads) over 256 tokens and 256 positions,
+    with `fields` changed."""
+    return LlamaConfig(**{**_TINY_LLAMA, **fields})
+
+
+def save_tiny_model(config: PretrainedConfig, folder, seed: int = 0):
+    """`config`'s model with seeded random weights, saved as a Hugging Face folder."""
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
 # Granite's four multipliers, none of them 1, so that each one's omission shows.
 GRANITE_MULTIPLIERS = dict(
     embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=4.0
