@@ -62,7 +62,8 @@ def resolve_max_model_len(
     requested: int | None, hf_config: PretrainedConfig, disable_sliding_window: bool = False
 ) -> int:
     """--max-model-len as given (checked against the model's maximum context length, which
-    --disable-sliding-window caps at the window), else that maximum."""
+    --disable-sliding-window caps at the window, or its config's `model_max_length`), else
+    that maximum."""
     derived = scaled_context_length(hf_config)
     # vLLM's meaning of --disable-sliding-window: the whole context attended, so the
     # context is capped at the window (models/sliding_windows.py).
@@ -78,7 +79,10 @@ def resolve_max_model_len(
             original = original or scaling.get("original_max_position_embeddings")
             return min(derived, int(original or derived))
         return derived
-    if requested > derived:
+    # vLLM's exception: a config's own `model_max_length`, where it says more than its
+    # positions, lets a --max-model-len up to it through.
+    model_max_length = getattr(hf_config, "model_max_length", None)
+    if requested > derived and (model_max_length is None or requested > model_max_length):
         check_long_max_model_len(requested, derived)
     return requested
 

@@ -63,6 +63,17 @@ def test_the_variable_lets_a_longer_context_through_with_a_warning(monkeypatch, 
     assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution" in warnings[0]
 
 
+def test_a_configs_model_max_length_lets_a_longer_context_through(monkeypatch):
+    # vLLM's exception: config.json's model_max_length, where it is above the positions.
+    monkeypatch.delenv(LONG_MAX_MODEL_LEN_ENV, raising=False)
+    config = _llama_config(model_max_length=SERVED)
+    assert resolve_max_model_len(SERVED, config) == SERVED
+    fit_rope_to_context(config, SERVED)
+    assert rotary_table_length(config) == SERVED
+    with pytest.raises(ValueError, match=LONG_MAX_MODEL_LEN_ENV):
+        resolve_max_model_len(SERVED + 1, config)
+
+
 def test_the_window_cap_of_disable_sliding_window_yields_to_the_variable(monkeypatch):
     config = MistralConfig(max_position_embeddings=4096, sliding_window=1024)
     monkeypatch.delenv(LONG_MAX_MODEL_LEN_ENV, raising=False)
