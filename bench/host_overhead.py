@@ -49,9 +49,9 @@ import time
 from dataclasses import dataclass
 
 from aioserve.engine.async_engine import AsyncEngine
-from aioserve.engine.build import engine_parts_around
 from aioserve.engine.process_tuning import tune_process_for_serving
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.engine.stand_in_parts import engine_parts_around
 from aioserve.engine.stats import StepStats
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.models.resolve import DEFAULT_MODEL, resolve_model

@@ -250,8 +250,9 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.positive_number),
     Argument("max-model-len", MODEL, None,
              "Longest context (prompt plus output), in tokens; k/m/g multiply by powers of 10 "
-             "and K/M/G by powers of 2 (1k = 1000, 1K = 1024, 25.6k = 25600). Default: the "
-             "model's own limit.", convert=values.token_count),
+             "and K/M/G by powers of 2 (1k = 1000, 1K = 1024, 25.6k = 25600); -1 or auto: the "
+             "model's own limit cut to what the KV cache holds. Default: the model's own limit.",
+             convert=values.context_length),
     Argument("quantization", MODEL, None,
              "Weight quantization method. Default: read from the model (a .gguf file means "
              "gguf, a folder's quantization_config awq or gptq (4 bits), fp8 or "

@@ -54,6 +54,17 @@ _DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
 
 
+AUTO_FIT = -1
+"""--max-model-len -1 or auto (vLLM's): the model's context, cut to what the KV cache holds."""
+
+
+def context_length(value: Any) -> int:
+    """--max-model-len: a token count (`token_count`), or -1 / "auto" for AUTO_FIT."""
+    if value == AUTO_FIT or (isinstance(value, str) and value.strip().lower() in ("-1", "auto")):
+        return AUTO_FIT
+    return token_count(value)
+
+
 def token_count(value: Any) -> int:
     """A positive token count, also in vLLM's human-readable forms.
 

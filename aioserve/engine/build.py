@@ -40,16 +40,18 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import PretrainedConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from aioserve.config.compilation import CompilationSettings
 from aioserve.config.engine import DecodingConfig, EngineConfig
+from aioserve.config.values import AUTO_FIT
 from aioserve.engine.block_hashing import check_hash_algorithm
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
 from aioserve.engine.lora_requests import LoRAAdapterCache
 from aioserve.engine.partial_prefills import partial_prefill_limits
 from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
 from aioserve.engine.resolution import (
+    fit_max_model_len,
     platform_default,
     resolve_async_scheduling,
     resolve_dtype,
@@ -429,6 +431,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_num_batched_tokens=max_tokens,
         max_logits_rows=max_num_seqs * (1 + num_speculative_tokens(config)),
     )
+    if model_cfg.max_model_len == AUTO_FIT:
+        max_model_len = fit_max_model_len(max_model_len, num_blocks, block_size)
     if num_blocks * block_size < max_model_len:
         raise ValueError(
             f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} tokens), "
@@ -568,48 +572,3 @@ def structured_outputs_config(decoding: DecodingConfig) -> StructuredOutputsConf
 def default_sampling_params(settings: EngineSettings) -> SamplingParams:
     """vLLM's `get_default_sampling_params`: the generation config's defaults, if any."""
     return SamplingParams(**settings.default_sampling)
-
-
-def engine_parts_around(
-    runner,
-    *,
-    vocab_size: int,
-    num_blocks: int,
-    max_model_len: int,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    block_size: int = 16,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 4096,
-    async_scheduling: bool = True,
-    enable_prefix_caching: bool = True,
-    eos_token_ids: frozenset[int] = frozenset(),
-    max_num_queued_reqs: int | None = None,
-    max_num_queued_tokens: int | None = None,
-) -> EngineParts:
-    """An engine's parts around a runner built elsewhere (a stand-in runner in tests and in
-    the host-overhead benchmark), with these settings and vLLM's defaults for the rest."""
-    settings = EngineSettings(
-        model_name="stand-in",
-        served_model_names=["stand-in"],
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        max_model_len=max_model_len,
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        enable_chunked_prefill=True,
-        enable_prefix_caching=enable_prefix_caching,
-        scheduling_policy="fcfs",
-        async_scheduling=async_scheduling,
-        max_logprobs=20,
-        seed=0,
-        eos_token_ids=eos_token_ids,
-        tokenizer_eos_token_id=None if tokenizer is None else tokenizer.eos_token_id,
-        default_sampling={},
-        max_new_tokens_cap=None,
-        max_num_queued_reqs=max_num_queued_reqs,
-        max_num_queued_tokens=max_num_queued_tokens,
-    )
-    hf_config = PretrainedConfig(vocab_size=vocab_size, max_position_embeddings=max_model_len)
-    return EngineParts(settings=settings, tokenizer=tokenizer, runner=runner, hf_config=hf_config)

@@ -25,6 +25,7 @@ import logging
 from pathlib import Path
 
 from aioserve.config.engine import EngineConfig, ModelConfig
+from aioserve.config.values import AUTO_FIT
 from aioserve.engine.load_report import build_load_report
 from aioserve.engine.resolution import (
     LONG_MAX_MODEL_LEN_ENV,
@@ -113,7 +114,7 @@ def resolve_pooling_max_model_len(model_cfg: ModelConfig, checkpoint: Checkpoint
     if capped is not None:
         derived = min(derived, capped)
     requested = model_cfg.max_model_len
-    if requested is None:
+    if requested is None or requested == AUTO_FIT:  # no KV cache to fit in
         return derived
     if requested > table:
         # vLLM lets it through under VLLM_ALLOW_LONG_MAX_MODEL_LEN, then indexes past the

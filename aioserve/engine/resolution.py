@@ -14,6 +14,7 @@ from transformers import PretrainedConfig
 
 from aioserve.config.arguments import argument
 from aioserve.config.declaration import PlatformDefault
+from aioserve.config.values import AUTO_FIT
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import onednn_packs
@@ -70,7 +71,7 @@ def resolve_max_model_len(
     window = configured_window(hf_config)
     if disable_sliding_window and window and window < derived:
         derived = window
-    if requested is None:
+    if requested is None or requested == AUTO_FIT:  # AUTO_FIT: cut to the KV cache later
         scaling = rope_scaling(hf_config)
         if scaling_type(scaling) == "longrope":
             # vLLM's default for LongRoPE: the original context, where the short factors
@@ -85,6 +86,25 @@ def resolve_max_model_len(
     if requested > derived and (model_max_length is None or requested > model_max_length):
         check_long_max_model_len(requested, derived)
     return requested
+
+
+def fit_max_model_len(max_model_len: int, num_blocks: int, block_size: int) -> int:
+    """--max-model-len auto (-1): the model's context `max_model_len`, or less where the KV
+    cache holds less, so that one sequence of it always fits (vLLM's auto-fit)."""
+    capacity = num_blocks * block_size
+    if capacity >= max_model_len:
+        logger.info(
+            "Auto-fit max_model_len: full model context length %d fits in the KV cache (%d tokens)",
+            max_model_len,
+            capacity,
+        )
+        return max_model_len
+    logger.info(
+        "Auto-fit max_model_len: reduced from %d to %d to fit in the KV cache",
+        max_model_len,
+        capacity,
+    )
+    return capacity
 
 
 def long_max_model_len_allowed() -> bool:

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aioserve.engine.async_engine import AsyncEngine
-from aioserve.engine.build import engine_parts_around
 from aioserve.engine.outputs import CompletionOutput
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.engine.stand_in_parts import engine_parts_around
 from aioserve.runner.stand_in_runner import StandInRunner, stand_in_token
 
 VOCAB = 300

@@ -13,9 +13,9 @@ import asyncio
 import pytest
 
 from aioserve.engine.async_engine import AsyncEngine
-from aioserve.engine.build import engine_parts_around
 from aioserve.engine.load_shedding import QueueFullError
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.stand_in_parts import engine_parts_around
 from aioserve.runner.stand_in_runner import StandInRunner
 
 VOCAB = 64

@@ -2,7 +2,9 @@
 is refused without it (the message names it, as vLLM's does) and taken with a warning with
 it; the RoPE tables then cover the longer context, their scaling unchanged, so a tiny Llama
 greedy-decodes past max_position_embeddings as transformers does; a model with learned
-position embeddings (BERT) is still refused past its table."""
+position embeddings (BERT) is still refused past its table. A config's model_max_length
+lets a longer context through by itself, and --max-model-len auto (-1) takes the model's
+context cut to what the KV cache holds."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, MistralConfig
 
 from aioserve import LLM, SamplingParams
+from aioserve.config.declaration import ConfigError
+from aioserve.config.engine import engine_config_from_kwargs
+from aioserve.config.values import AUTO_FIT
 from aioserve.engine.resolution import LONG_MAX_MODEL_LEN_ENV, resolve_max_model_len
 from aioserve.models.gemma import Gemma3ForCausalLM
 from aioserve.models.llama import LlamaForCausalLM
@@ -202,3 +207,38 @@ def test_a_bert_takes_the_variable_up_to_its_position_table(bert_folder, monkeyp
         assert llm.engine.settings.max_model_len == 128
         [out] = llm.embed([{"prompt_token_ids": list(range(2, 122))}], use_tqdm=False)
     assert out.outputs.embedding and len(out.prompt_token_ids) == 120
+
+
+@pytest.mark.parametrize("value", ["-1", "auto", " AUTO ", -1])
+def test_auto_and_minus_one_ask_for_the_context_that_fits(value):
+    assert engine_config_from_kwargs(max_model_len=value).model.max_model_len == AUTO_FIT
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "automatic"])
+def test_other_non_positive_lengths_are_refused(value):
+    with pytest.raises(ConfigError, match="max_model_len"):
+        engine_config_from_kwargs(max_model_len=value)
+
+
+@pytest.mark.parametrize(("blocks", "expected"), [(None, POSITIONS), (3, 48)])
+def test_auto_fit_cuts_the_context_to_the_kv_cache(llama_folder, blocks, expected, caplog):
+    caplog.set_level(logging.INFO, logger="aioserve")
+    engine = LLM(
+        model=str(llama_folder),
+        dtype="float32",
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        block_size=16,
+        max_model_len="auto",
+        num_gpu_blocks_override=blocks,
+    )
+    try:
+        assert engine.engine.settings.max_model_len == expected
+        (output,) = engine.generate(
+            {"prompt_token_ids": list(range(1, expected - 4))},
+            SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+        )
+        assert len(output.outputs[0].token_ids) == 5  # the context's end stops it
+    finally:
+        engine.close()
+    assert ("reduced from" in caplog.text) == (expected < POSITIONS)

@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 
 from aioserve.config.frontend import frontend_config
 from aioserve.engine.async_engine import AsyncEngine
-from aioserve.engine.build import engine_parts_around
+from aioserve.engine.stand_in_parts import engine_parts_around
 from aioserve.runner.stand_in_runner import StandInRunner
 from aioserve.server.app import build_app
 from aioserve.server.metrics import AdmissionRejections

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from aioserve.engine.build import engine_parts_around
 from aioserve.engine.load_report import build_load_report
+from aioserve.engine.stand_in_parts import engine_parts_around
 from aioserve.models.checkpoint import open_checkpoint
 from aioserve.server import serve
 from aioserve.server.serve import ready_line, seconds_since_start

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from aioserve.engine.async_engine import AsyncEngine, EngineDeadError
-from aioserve.engine.build import engine_parts_around
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.stand_in_parts import engine_parts_around
 from aioserve.runner.stand_in_runner import StandInRunner
 from aioserve.server.systemd_notify import (
     Notifier,
