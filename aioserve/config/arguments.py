@@ -1,6 +1,7 @@
 """Every `vllm serve` argument, declared once: name, group, default, help, spelling, checks.
 
-Each argument of vLLM's serving surface is one `Argument` below, in vLLM's config groups,
+Each argument of vLLM's serving surface is one `Argument` below (the HTTP server's, vLLM's
+Frontend group, in frontend_arguments.py, first in ARGUMENTS), in vLLM's config groups,
 with its real default: a value, None where the model decides (max_model_len, quantization)
 or a `PlatformDefault` where the device does. The arguments aioserve implements carry the
 function that checks and converts their value; the others are declared so that the parser
@@ -10,15 +11,12 @@ argparse options and `--help`; `engine.py` and `frontend.py` into the configurat
 
 from __future__ import annotations
 
-from typing import Any
-
 from aioserve.config import values
 from aioserve.config.compilation import CompilationSettings, compilation_config
 from aioserve.config.declaration import (
     CACHE,
     DECODING,
     DEVICE,
-    FRONTEND,
     LOAD,
     LORA,
     MODEL,
@@ -31,9 +29,10 @@ from aioserve.config.declaration import (
     TOKENIZER_POOL,
     VLLM,
     Argument,
-    Kind,
     PlatformDefault,
+    vllm_only,
 )
+from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
 from aioserve.config.speculative import speculative_config
 
 # The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
@@ -42,13 +41,6 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 4.0
-
-
-def _vllm(
-    name: str, group: str, default: Any, help: str, kind: Kind = "value", **more: Any
-) -> Argument:
-    """A vLLM argument that aioserve recognises but does not implement yet."""
-    return Argument(name, group, default, help, kind, **more)
 
 
 _STRUCTURED_OUTPUT_BACKENDS = ("auto", "outlines", "guidance")
@@ -76,120 +68,7 @@ _VLLM_REASONING_PARSERS = (
 
 # fmt: off
 ARGUMENTS: tuple[Argument, ...] = (
-    # --- Frontend (the HTTP server, aioserve.server) -----------------------------------------
-    Argument("host", FRONTEND, None, "Address the HTTP server binds to. Default: all interfaces.",
-             convert=values.string),
-    Argument("port", FRONTEND, 8000, "TCP port of the HTTP server (0: any free port).",
-             convert=values.port),
-    Argument("uvicorn-log-level", FRONTEND, "info",
-             "Log level of the HTTP layer (aiohttp and the access log); trace means debug.",
-             convert=values.string, choices=("debug", "info", "warning", "error", "critical", "trace")),
-    Argument("disable-uvicorn-access-log", FRONTEND, False,
-             "Do not log one line per HTTP request.", "flag", convert=values.boolean),
-    Argument("allow-credentials", FRONTEND, False,
-             "CORS: allow cookies and authorization headers.", "flag", convert=values.boolean),
-    Argument("allowed-origins", FRONTEND, [],
-             "CORS: allowed origins (a JSON list); none by default, as vLLM: cross-origin "
-             "browser access is off until origins are listed.", convert=values.json_names),
-    Argument("allowed-methods", FRONTEND, ["*"], "CORS: allowed HTTP methods (a JSON list).",
-             convert=values.json_names),
-    Argument("allowed-headers", FRONTEND, ["*"], "CORS: allowed request headers (a JSON list).",
-             convert=values.json_names),
-    Argument("api-key", FRONTEND, None,
-             "Require 'Authorization: Bearer <key>' with one of these keys on the /v1 routes "
-             "(the environment variable VLLM_API_KEY does the same when this is not given).",
-             "list", convert=values.names),
-    Argument("lora-modules", FRONTEND, None,
-             "LoRA adapters loaded at start (with --enable-lora), each served under its own "
-             "model name: name=path, or JSON {\"name\": ..., \"path\": ..., "
-             "\"base_model_name\": ...}.", "list", convert=values.lora_modules),
-    _vllm("prompt-adapters", FRONTEND, None, "Prompt adapters loaded at start, as name=path.", "list"),
-    Argument("chat-template", FRONTEND, None,
-             "Chat template file, or the template itself on one line. Default: the tokenizer's.",
-             convert=values.string),
-    Argument("chat-template-content-format", FRONTEND, "auto",
-             "Give message content to the template as a string or as a list of OpenAI parts.",
-             convert=values.string, choices=("auto", "string", "openai")),
-    Argument("default-chat-template-kwargs", FRONTEND, None,
-             "Variables for the chat template (JSON object), under each request's "
-             "chat_template_kwargs, e.g. {\"enable_thinking\": false}.", "json",
-             convert=values.json_object),
-    Argument("response-role", FRONTEND, "assistant",
-             "Role of the reply when the request sets add_generation_prompt.", convert=values.string),
-    Argument("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM).", convert=values.string),
-    Argument("ssl-certfile", FRONTEND, None,
-             "TLS certificate file (PEM); serves HTTPS when given.", convert=values.string),
-    Argument("ssl-ca-certs", FRONTEND, None,
-             "CA certificates for checking client certificates.", convert=values.string),
-    Argument("ssl-cert-reqs", FRONTEND, 0,
-             "Whether clients must present a certificate: 0 (CERT_NONE), 1 (CERT_OPTIONAL) or "
-             "2 (CERT_REQUIRED), as Python's ssl constants.", convert=values.cert_reqs),
-    Argument("enable-ssl-refresh", FRONTEND, False,
-             "Load the TLS certificate chain and CA certificates again when their files "
-             "change (checked every second): new connections get them, no restart.", "flag",
-             convert=values.boolean),
-    Argument("root-path", FRONTEND, None,
-             "URL prefix when served behind a path-routing proxy: every route answers with "
-             "and without it, and the OpenAPI schema names it.", convert=values.root_path),
-    Argument("middleware", FRONTEND, [],
-             "Extra HTTP middleware, as the import path of an aiohttp middleware "
-             "(async (request, handler) -> response); repeatable.", "append",
-             convert=values.import_paths),
-    Argument("return-tokens-as-token-ids", FRONTEND, False,
-             "Write logprob tokens as 'token_id:{id}' so that any token can be identified.", "flag",
-             convert=values.boolean),
-    Argument("disable-frontend-multiprocessing", FRONTEND, False,
-             "Run the API server in the engine's process; aioserve always does.", "flag",
-             convert=values.boolean),
-    Argument("enable-request-id-headers", FRONTEND, False,
-             "Add an X-Request-Id header to every response: the client's, or a new one.", "flag",
-             convert=values.boolean),
-    Argument("enable-auto-tool-choice", FRONTEND, False,
-             "Allow tool_choice 'auto': the output is read into tool calls by --tool-call-parser.",
-             "flag", convert=values.boolean),
-    Argument("tool-call-parser", FRONTEND, None,
-             "How outputs become tool calls with tool_choice 'auto': deepseek_v3, granite, "
-             "hermes, internlm, llama3_json, mistral, phi4_mini_json, pythonic, qwen3_coder or "
-             "xlam (vLLM's formats), or one a --tool-parser-plugin registers.",
-             convert=values.string),
-    Argument("tool-parser-plugin", FRONTEND, "",
-             "A Python file that registers more tool-call parsers "
-             "(aioserve.server.tool_calls.register_tool_parser).", convert=values.string),
-    Argument("exclude-tools-when-tool-choice-none", FRONTEND, False,
-             "Leave a request's tools out of the chat template when its tool_choice is 'none'.",
-             "flag", convert=values.boolean),
-    Argument("enable-prompt-tokens-details", FRONTEND, False,
-             "Report prompt_tokens_details in the usage block.", "flag", convert=values.boolean),
-    Argument("enable-server-load-tracking", FRONTEND, False,
-             "Count the requests in flight and report them at GET /load.", "flag",
-             convert=values.boolean),
-    Argument("disable-fastapi-docs", FRONTEND, False,
-             "Hide the OpenAPI schema (/openapi.json) and the documentation page (/docs).", "flag",
-             convert=values.boolean),
-    Argument("max-log-len", FRONTEND, None,
-             "Cut logged requests to this many characters. Default: no limit.",
-             convert=values.integer_at_least(0)),
-    Argument("disable-log-stats", FRONTEND, False,
-             "Do not log engine statistics periodically.", "flag", keyword=True, convert=values.boolean),
-    Argument("disable-log-requests", FRONTEND, False,
-             "Deprecated in vLLM: do not log requests (they are logged only with "
-             "--enable-log-requests).",
-             "bool", convert=values.boolean),
-    Argument("enable-log-requests", FRONTEND, False, "Log each request.", "bool", convert=values.boolean),
-    # vLLM's ObservabilityConfig; a Frontend argument here, since the HTTP server makes the
-    # spans (server/tracing.py).
-    Argument("otlp-traces-endpoint", FRONTEND, None,
-             "Send one OpenTelemetry span per finished request to this OTLP endpoint "
-             "(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc, the default, or http/protobuf), "
-             "its parent the request's traceparent header. Needs the opentelemetry-sdk, "
-             "-api and -exporter-otlp packages.", convert=values.string),
-    Argument("shutdown-timeout", FRONTEND, 30.0,
-             "On SIGTERM or SIGINT, answer new requests with 503 and let the requests in flight "
-             "finish for up to this many seconds before exiting; 0 aborts them at once "
-             "(vLLM's default). A second signal stops at once.", convert=values.seconds),
-    _vllm("headless", FRONTEND, False,
-          "Run the engine without an API server (secondary data-parallel node).", "flag"),
-    _vllm("use-v2-block-manager", FRONTEND, True, "Deprecated in vLLM; has no effect.", "flag"),
+    *FRONTEND_ARGUMENTS,
     # --- ModelConfig -----------------------------------------------------------------------
     Argument("model", MODEL, DEFAULT_MODEL,
              "Hugging Face model id, local folder or .gguf file to serve; also the name in "
@@ -231,11 +110,11 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Read the model's HF config (config.json) from this folder or id instead of the "
              "model's own; a GGUF file's metadata then gives only its weights.",
              convert=values.string),
-    _vllm("allowed-local-media-path", MODEL, "",
+    vllm_only("allowed-local-media-path", MODEL, "",
           "Folder from which requests may read local images and videos."),
-    _vllm("revision", MODEL, None, "Model revision (branch, tag or commit) to download."),
-    _vllm("code-revision", MODEL, None, "Revision of the model's remote code."),
-    _vllm("tokenizer-revision", MODEL, None, "Tokenizer revision (branch, tag or commit)."),
+    vllm_only("revision", MODEL, None, "Model revision (branch, tag or commit) to download."),
+    vllm_only("code-revision", MODEL, None, "Revision of the model's remote code."),
+    vllm_only("tokenizer-revision", MODEL, None, "Tokenizer revision (branch, tag or commit)."),
     Argument("rope-scaling", MODEL, {},
              "Replace the model's RoPE scaling (JSON object), e.g. "
              "{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32768}. "
@@ -290,7 +169,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Attend over the whole context of a model trained with a sliding window, and "
              "cap the context at the window.", "bool",
              convert=values.boolean),
-    _vllm("disable-cascade-attn", MODEL, False, "Turn cascade attention off.", "bool"),
+    vllm_only("disable-cascade-attn", MODEL, False, "Turn cascade attention off.", "bool"),
     Argument("skip-tokenizer-init", MODEL, False,
              "Load no tokenizer: requests must send token ids and get token ids back.", "bool",
              convert=values.boolean),
@@ -301,23 +180,23 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("served-model-name", MODEL, None,
              "Name(s) the API answers to; the first one appears in responses and metrics. "
              "Default: the --model value.", "list", convert=values.names),
-    _vllm("disable-async-output-proc", MODEL, False,
+    vllm_only("disable-async-output-proc", MODEL, False,
           "Do not overlap output processing with the model step.", "flag"),
-    _vllm("config-format", MODEL, "auto", "Format of the model config.", choices=("auto", "hf", "mistral")),
-    _vllm("hf-token", MODEL, None,
+    vllm_only("config-format", MODEL, "auto", "Format of the model config.", choices=("auto", "hf", "mistral")),
+    vllm_only("hf-token", MODEL, None,
           "Hugging Face token; the bare flag uses the token stored by huggingface-cli login.", "optional"),
     Argument("hf-overrides", MODEL, {}, "Keys forced into the model's HF config (JSON object).",
              "json", convert=values.json_object),
-    _vllm("override-neuron-config", MODEL, {}, "Overrides for AWS Neuron devices.", "json"),
+    vllm_only("override-neuron-config", MODEL, {}, "Overrides for AWS Neuron devices.", "json"),
     Argument("override-pooler-config", MODEL, {},
              "Override a pooling model's pooler (JSON object): pooling_type (MEAN, CLS or "
              "LAST) and use_activation (true/false: L2-normalize embeddings). Default: the model's sentence-transformers "
              "files (modules.json, 1_Pooling), else CLS with normalization. "
              "--pooler-config is vLLM 0.32's name for it.",
              "json", convert=values.json_object, aliases=("--pooler-config",)),
-    _vllm("logits-processor-pattern", MODEL, None,
+    vllm_only("logits-processor-pattern", MODEL, None,
           "Regex of the logits-processor names that requests may use."),
-    _vllm("logits-processors", MODEL, None, "Logits processors loaded at start-up.", "list"),
+    vllm_only("logits-processors", MODEL, None, "Logits processors loaded at start-up.", "list"),
     Argument("generation-config", MODEL, "auto",
              "Default sampling settings: auto reads the model's generation_config.json, vllm "
              "uses built-in defaults, a folder path reads that folder's file. A max_new_tokens "
@@ -325,11 +204,11 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("override-generation-config", MODEL, {},
              "Sampling defaults to add or override (JSON object), e.g. {\"temperature\": 0.5}.",
              "json", convert=values.json_object),
-    _vllm("enable-sleep-mode", MODEL, False, "Let the engine release and regain device memory.", "bool"),
-    _vllm("model-impl", MODEL, "auto", "Use vLLM's model code or the Transformers one.",
+    vllm_only("enable-sleep-mode", MODEL, False, "Let the engine release and regain device memory.", "bool"),
+    vllm_only("model-impl", MODEL, "auto", "Use vLLM's model code or the Transformers one.",
           choices=("auto", "vllm", "transformers")),
-    _vllm("override-attention-dtype", MODEL, None, "Run attention in another dtype."),
-    _vllm("quantization-param-path", MODEL, None, "JSON file of FP8 KV-cache scales."),
+    vllm_only("override-attention-dtype", MODEL, None, "Run attention in another dtype."),
+    vllm_only("quantization-param-path", MODEL, None, "JSON file of FP8 KV-cache scales."),
     # --- LoadConfig ------------------------------------------------------------------------
     Argument("load-format", LOAD, "auto",
              "Weight format: auto tries safetensors, then PyTorch .bin files (and a .gguf path "
@@ -339,13 +218,13 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("download-dir", LOAD, None,
              "Folder to download weights to and load them from. Default: the HF cache.",
              convert=values.string),
-    _vllm("model-loader-extra-config", LOAD, {}, "Options for the weight loader.", "json"),
-    _vllm("ignore-patterns", LOAD, None, "Weight files to skip (globs).", "list"),
+    vllm_only("model-loader-extra-config", LOAD, {}, "Options for the weight loader.", "json"),
+    vllm_only("ignore-patterns", LOAD, None, "Weight files to skip (globs).", "list"),
     Argument("use-tqdm-on-load", LOAD, True,
              "Show a progress bar while the weights load (on a terminal; a log gets one line).",
              "bool", convert=values.boolean),
-    _vllm("pt-load-map-location", LOAD, "cpu", "map_location for loading .pt checkpoints."),
-    _vllm("qlora-adapter-name-or-path", LOAD, None, "Deprecated in vLLM; has no effect."),
+    vllm_only("pt-load-map-location", LOAD, "cpu", "map_location for loading .pt checkpoints."),
+    vllm_only("qlora-adapter-name-or-path", LOAD, None, "Deprecated in vLLM; has no effect."),
     # --- DecodingConfig --------------------------------------------------------------------
     Argument("guided-decoding-backend", DECODING, "auto",
              "Default structured-output backend: auto (outlines where it enforces the whole "
@@ -374,7 +253,7 @@ ARGUMENTS: tuple[Argument, ...] = (
                  },
                  unsupported=("reasoning_parser", "reasoning_parser_plugin", "enable_in_reasoning"),
              )),
-    _vllm("enable-reasoning", DECODING, None,
+    vllm_only("enable-reasoning", DECODING, None,
           "Deprecated in vLLM (--reasoning-parser alone enables reasoning).", "bool"),
     Argument("reasoning-parser", DECODING, "",
              "Split a chat answer's <think>...</think> part into the message's `reasoning` "
@@ -382,43 +261,43 @@ ARGUMENTS: tuple[Argument, ...] = (
              choices=("", "deepseek_r1", "qwen3"), vllm_choices=_VLLM_REASONING_PARSERS,
              choice_noun="reasoning parser"),
     # --- ParallelConfig --------------------------------------------------------------------
-    _vllm("distributed-executor-backend", PARALLEL, None, "How worker processes are launched.",
+    vllm_only("distributed-executor-backend", PARALLEL, None, "How worker processes are launched.",
           choices=("ray", "mp", "uni", "external_launcher")),
-    _vllm("pipeline-parallel-size", PARALLEL, 1, "Pipeline stages.", aliases=("-pp",)),
-    _vllm("tensor-parallel-size", PARALLEL, 1, "Devices each layer is sharded across.", aliases=("-tp",)),
-    _vllm("data-parallel-size", PARALLEL, 1, "Data-parallel engine replicas.", aliases=("-dp",)),
-    _vllm("data-parallel-rank", PARALLEL, None, "Data-parallel rank of this instance.", aliases=("-dpn",)),
-    _vllm("data-parallel-start-rank", PARALLEL, None, "First data-parallel rank on a secondary node.",
+    vllm_only("pipeline-parallel-size", PARALLEL, 1, "Pipeline stages.", aliases=("-pp",)),
+    vllm_only("tensor-parallel-size", PARALLEL, 1, "Devices each layer is sharded across.", aliases=("-tp",)),
+    vllm_only("data-parallel-size", PARALLEL, 1, "Data-parallel engine replicas.", aliases=("-dp",)),
+    vllm_only("data-parallel-rank", PARALLEL, None, "Data-parallel rank of this instance.", aliases=("-dpn",)),
+    vllm_only("data-parallel-start-rank", PARALLEL, None, "First data-parallel rank on a secondary node.",
           aliases=("-dpr",)),
-    _vllm("data-parallel-size-local", PARALLEL, None, "Data-parallel replicas on this node.",
+    vllm_only("data-parallel-size-local", PARALLEL, None, "Data-parallel replicas on this node.",
           aliases=("-dpl",)),
-    _vllm("data-parallel-address", PARALLEL, None, "Address of the data-parallel head node.",
+    vllm_only("data-parallel-address", PARALLEL, None, "Address of the data-parallel head node.",
           aliases=("-dpa",)),
-    _vllm("data-parallel-rpc-port", PARALLEL, None, "RPC port for data-parallel coordination.",
+    vllm_only("data-parallel-rpc-port", PARALLEL, None, "RPC port for data-parallel coordination.",
           aliases=("-dpp",)),
-    _vllm("data-parallel-backend", PARALLEL, "mp", "How data-parallel replicas are launched.",
+    vllm_only("data-parallel-backend", PARALLEL, "mp", "How data-parallel replicas are launched.",
           choices=("mp", "ray"), aliases=("-dpb",)),
-    _vllm("data-parallel-hybrid-lb", PARALLEL, False,
+    vllm_only("data-parallel-hybrid-lb", PARALLEL, False,
           "Balance load inside each node, with an external balancer across nodes.", "bool"),
-    _vllm("enable-expert-parallel", PARALLEL, False, "Shard MoE experts with expert parallelism.", "bool"),
-    _vllm("enable-eplb", PARALLEL, False, "Balance MoE experts across ranks at run time.", "bool"),
-    _vllm("eplb-config", PARALLEL,
+    vllm_only("enable-expert-parallel", PARALLEL, False, "Shard MoE experts with expert parallelism.", "bool"),
+    vllm_only("enable-eplb", PARALLEL, False, "Balance MoE experts across ranks at run time.", "bool"),
+    vllm_only("eplb-config", PARALLEL,
           {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 0,
            "log_balancedness": False},
           "Expert load-balancing settings.", "json"),
-    _vllm("num-redundant-experts", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
-    _vllm("eplb-window-size", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
-    _vllm("eplb-step-interval", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
-    _vllm("eplb-log-balancedness", PARALLEL, None, "Deprecated in vLLM (use --eplb-config).", "bool"),
-    _vllm("max-parallel-loading-workers", PARALLEL, None,
+    vllm_only("num-redundant-experts", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
+    vllm_only("eplb-window-size", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
+    vllm_only("eplb-step-interval", PARALLEL, None, "Deprecated in vLLM (use --eplb-config)."),
+    vllm_only("eplb-log-balancedness", PARALLEL, None, "Deprecated in vLLM (use --eplb-config).", "bool"),
+    vllm_only("max-parallel-loading-workers", PARALLEL, None,
           "Load weights in this many sequential batches to save host memory."),
-    _vllm("ray-workers-use-nsight", PARALLEL, False, "Profile Ray workers with Nsight.", "bool"),
-    _vllm("disable-custom-all-reduce", PARALLEL, False, "Use the library all-reduce only.", "bool"),
-    _vllm("worker-cls", PARALLEL, "auto", "Worker class."),
-    _vllm("worker-extension-cls", PARALLEL, "", "Mixin class added to the worker."),
-    _vllm("enable-multimodal-encoder-data-parallel", PARALLEL, False,
+    vllm_only("ray-workers-use-nsight", PARALLEL, False, "Profile Ray workers with Nsight.", "bool"),
+    vllm_only("disable-custom-all-reduce", PARALLEL, False, "Use the library all-reduce only.", "bool"),
+    vllm_only("worker-cls", PARALLEL, "auto", "Worker class."),
+    vllm_only("worker-extension-cls", PARALLEL, "", "Mixin class added to the worker."),
+    vllm_only("enable-multimodal-encoder-data-parallel", PARALLEL, False,
           "Run the vision encoder data-parallel across tensor-parallel ranks.", "flag"),
-    _vllm("worker-use-ray", PARALLEL, False,
+    vllm_only("worker-use-ray", PARALLEL, False,
           "Deprecated in vLLM (use --distributed-executor-backend=ray).", "flag"),
     # --- CacheConfig -----------------------------------------------------------------------
     # The CPU's decodes weigh a key block's slots of one component as one row, and read a
@@ -432,7 +311,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              "weights, activations and KV cache. On the CPU the KV cache size comes from "
              f"{CPU_KVCACHE_SPACE_ENV} (GiB, default {DEFAULT_CPU_KVCACHE_SPACE_GIB:g}).",
              convert=values.fraction),
-    _vllm("swap-space", CACHE, 4, "CPU swap space per GPU, in GiB."),
+    vllm_only("swap-space", CACHE, 4, "CPU swap space per GPU, in GiB."),
     Argument("kv-cache-dtype", CACHE, "auto",
              "Storage type of the KV cache: auto (the model's dtype) or fp8 (= fp8_e4m3; "
              "float8_e4m3fnuz on ROCm's MI300) and fp8_e5m2, one byte an element, so twice the "
@@ -453,55 +332,55 @@ ARGUMENTS: tuple[Argument, ...] = (
              "builtin (Python's hash) and sha256_cbor_64bit (earlier vLLM's).",
              convert=values.string, choices=("sha256", "sha256_cbor", "xxhash", "xxhash_cbor",
                                              "builtin", "sha256_cbor_64bit")),
-    _vllm("cpu-offload-gb", CACHE, 0, "GiB of weights per GPU kept in CPU memory."),
+    vllm_only("cpu-offload-gb", CACHE, 0, "GiB of weights per GPU kept in CPU memory."),
     Argument("calculate-kv-scales", CACHE, False,
              "With an fp8 --kv-cache-dtype: compute each layer's scales from the keys and "
              "values of the first step that writes them (max |key| / 200, max |value| / 100, "
              "as vLLM), instead of taking the checkpoint's (else 1.0).", "bool",
              convert=values.boolean),
-    _vllm("kv-sharing-fast-prefill", CACHE, False, "Fast prefill for KV-sharing models.", "bool"),
-    _vllm("mamba-cache-dtype", CACHE, "auto", "dtype of the Mamba state cache.", choices=("auto", "float32")),
-    _vllm("mamba-ssm-cache-dtype", CACHE, "auto", "dtype of the Mamba SSM state.",
+    vllm_only("kv-sharing-fast-prefill", CACHE, False, "Fast prefill for KV-sharing models.", "bool"),
+    vllm_only("mamba-cache-dtype", CACHE, "auto", "dtype of the Mamba state cache.", choices=("auto", "float32")),
+    vllm_only("mamba-ssm-cache-dtype", CACHE, "auto", "dtype of the Mamba SSM state.",
           choices=("auto", "float32")),
     # --- MultiModalConfig ------------------------------------------------------------------
-    _vllm("limit-mm-per-prompt", MULTIMODAL, {}, "Most images, videos or audio clips per prompt.", "json"),
-    _vllm("media-io-kwargs", MULTIMODAL, {}, "Options for loading media, per modality.", "json"),
-    _vllm("mm-processor-kwargs", MULTIMODAL, None, "Overrides for the HF multimodal processor.", "json"),
-    _vllm("mm-processor-cache-gb", MULTIMODAL, 4, "Size of the multimodal processor cache, in GiB."),
-    _vllm("disable-mm-preprocessor-cache", MULTIMODAL, False,
+    vllm_only("limit-mm-per-prompt", MULTIMODAL, {}, "Most images, videos or audio clips per prompt.", "json"),
+    vllm_only("media-io-kwargs", MULTIMODAL, {}, "Options for loading media, per modality.", "json"),
+    vllm_only("mm-processor-kwargs", MULTIMODAL, None, "Overrides for the HF multimodal processor.", "json"),
+    vllm_only("mm-processor-cache-gb", MULTIMODAL, 4, "Size of the multimodal processor cache, in GiB."),
+    vllm_only("disable-mm-preprocessor-cache", MULTIMODAL, False,
           "Do not cache processed multimodal inputs.", "bool"),
-    _vllm("mm-cache-preprocessor", MULTIMODAL, False, "Cache processed multimodal inputs.", "flag"),
-    _vllm("mm-encoder-tp-mode", MULTIMODAL, "weights",
+    vllm_only("mm-cache-preprocessor", MULTIMODAL, False, "Cache processed multimodal inputs.", "flag"),
+    vllm_only("mm-encoder-tp-mode", MULTIMODAL, "weights",
           "With tensor parallelism, shard the vision encoder's weights or its batch.",
           choices=("weights", "data")),
-    _vllm("interleave-mm-strings", MULTIMODAL, False, "Allow interleaved text and media.", "bool"),
-    _vllm("skip-mm-profiling", MULTIMODAL, False, "Skip multimodal memory profiling.", "bool"),
+    vllm_only("interleave-mm-strings", MULTIMODAL, False, "Allow interleaved text and media.", "bool"),
+    vllm_only("skip-mm-profiling", MULTIMODAL, False, "Skip multimodal memory profiling.", "bool"),
     # --- LoRAConfig ------------------------------------------------------------------------
     Argument("enable-lora", LORA, False,
              "Serve LoRA adapters (PEFT folders): each is a model name of its own, given with "
              "--lora-modules or loaded at run time (/v1/load_lora_adapter, with "
              "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). On a GPU decode steps then run without "
              "CUDA/HIP graphs.", "bool", convert=values.boolean),
-    _vllm("enable-lora-bias", LORA, False, "Support bias terms in LoRA adapters.", "bool"),
+    vllm_only("enable-lora-bias", LORA, False, "Support bias terms in LoRA adapters.", "bool"),
     Argument("max-loras", LORA, 1, "Most distinct LoRA adapters in one batch.",
              convert=values.integer_at_least(1)),
     Argument("max-lora-rank", LORA, 16, "Largest LoRA rank an adapter may have.",
              convert=values.integer, choices=(1, 8, 16, 32, 64, 128, 256, 320, 512)),
-    _vllm("lora-extra-vocab-size", LORA, 256, "Most extra vocabulary tokens a LoRA may add."),
+    vllm_only("lora-extra-vocab-size", LORA, 256, "Most extra vocabulary tokens a LoRA may add."),
     Argument("lora-dtype", LORA, "auto",
              "dtype of the LoRA weights; auto: the model's.",
              convert=values.string, choices=("auto", "float16", "bfloat16")),
-    _vllm("long-lora-scaling-factors", LORA, None, "Extra RoPE scaling factors for Long-LoRA.", "list"),
+    vllm_only("long-lora-scaling-factors", LORA, None, "Extra RoPE scaling factors for Long-LoRA.", "list"),
     Argument("max-cpu-loras", LORA, None,
              "LoRA adapters kept loaded in host memory, the least recently used dropped "
              "first (at least --max-loras; default: --max-loras).",
              convert=values.integer_at_least(1)),
-    _vllm("fully-sharded-loras", LORA, False, "Shard all of the LoRA computation.", "bool"),
-    _vllm("default-mm-loras", LORA, None, "LoRA applied when a given modality is present.", "json"),
+    vllm_only("fully-sharded-loras", LORA, False, "Shard all of the LoRA computation.", "bool"),
+    vllm_only("default-mm-loras", LORA, None, "LoRA applied when a given modality is present.", "json"),
     # --- PromptAdapterConfig ---------------------------------------------------------------
-    _vllm("enable-prompt-adapter", PROMPT_ADAPTER, None, "Serve prompt adapters.", "bool"),
-    _vllm("max-prompt-adapters", PROMPT_ADAPTER, 1, "Most prompt adapters in a batch."),
-    _vllm("max-prompt-adapter-token", PROMPT_ADAPTER, 0, "Most virtual tokens in a prompt adapter."),
+    vllm_only("enable-prompt-adapter", PROMPT_ADAPTER, None, "Serve prompt adapters.", "bool"),
+    vllm_only("max-prompt-adapters", PROMPT_ADAPTER, 1, "Most prompt adapters in a batch."),
+    vllm_only("max-prompt-adapter-token", PROMPT_ADAPTER, 0, "Most virtual tokens in a prompt adapter."),
     # --- SpeculativeConfig -----------------------------------------------------------------
     Argument("speculative-config", SPECULATIVE, None,
              "Speculative decoding, as JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": "
@@ -509,30 +388,30 @@ ARGUMENTS: tuple[Argument, ...] = (
              "the output's last n-gram earlier in the sequence; a step checks them all at once "
              "(engine/speculation.py). Without --async-scheduling.", "json",
              convert=speculative_config),
-    _vllm("speculative-model", SPECULATIVE, None, "Draft model."),
-    _vllm("speculative-model-quantization", SPECULATIVE, None, "Quantization of the draft model."),
-    _vllm("num-speculative-tokens", SPECULATIVE, None, "Tokens the draft proposes per step."),
-    _vllm("speculative-disable-mqa-scorer", SPECULATIVE, False,
+    vllm_only("speculative-model", SPECULATIVE, None, "Draft model."),
+    vllm_only("speculative-model-quantization", SPECULATIVE, None, "Quantization of the draft model."),
+    vllm_only("num-speculative-tokens", SPECULATIVE, None, "Tokens the draft proposes per step."),
+    vllm_only("speculative-disable-mqa-scorer", SPECULATIVE, False,
           "Score drafts by batch expansion instead of MQA.", "flag"),
-    _vllm("speculative-draft-tensor-parallel-size", SPECULATIVE, None,
+    vllm_only("speculative-draft-tensor-parallel-size", SPECULATIVE, None,
           "Tensor-parallel size of the draft model.", aliases=("-spec-draft-tp",)),
-    _vllm("speculative-max-model-len", SPECULATIVE, None, "Longest sequence the draft handles."),
-    _vllm("speculative-disable-by-batch-size", SPECULATIVE, None,
+    vllm_only("speculative-max-model-len", SPECULATIVE, None, "Longest sequence the draft handles."),
+    vllm_only("speculative-disable-by-batch-size", SPECULATIVE, None,
           "Stop speculating when more requests than this are queued."),
-    _vllm("ngram-prompt-lookup-max", SPECULATIVE, None, "Largest n-gram for prompt lookup."),
-    _vllm("ngram-prompt-lookup-min", SPECULATIVE, None, "Smallest n-gram for prompt lookup."),
-    _vllm("spec-decoding-acceptance-method", SPECULATIVE, "rejection_sampler",
+    vllm_only("ngram-prompt-lookup-max", SPECULATIVE, None, "Largest n-gram for prompt lookup."),
+    vllm_only("ngram-prompt-lookup-min", SPECULATIVE, None, "Smallest n-gram for prompt lookup."),
+    vllm_only("spec-decoding-acceptance-method", SPECULATIVE, "rejection_sampler",
           "How draft tokens are accepted.", choices=("rejection_sampler", "typical_acceptance_sampler")),
-    _vllm("typical-acceptance-sampler-posterior-threshold", SPECULATIVE, 0.09,
+    vllm_only("typical-acceptance-sampler-posterior-threshold", SPECULATIVE, 0.09,
           "Lowest posterior probability typical acceptance accepts."),
-    _vllm("typical-acceptance-sampler-posterior-alpha", SPECULATIVE, 0.3,
+    vllm_only("typical-acceptance-sampler-posterior-alpha", SPECULATIVE, 0.3,
           "Entropy scaling of typical acceptance."),
-    _vllm("disable-logprobs-during-spec-decoding", SPECULATIVE, True,
+    vllm_only("disable-logprobs-during-spec-decoding", SPECULATIVE, True,
           "Skip logprobs while speculating.", "optional"),
     # --- ObservabilityConfig ---------------------------------------------------------------
-    _vllm("show-hidden-metrics-for-version", OBSERVABILITY, None,
+    vllm_only("show-hidden-metrics-for-version", OBSERVABILITY, None,
           "Show metrics hidden since this version."),
-    _vllm("collect-detailed-traces", OBSERVABILITY, None,
+    vllm_only("collect-detailed-traces", OBSERVABILITY, None,
           "Add per-module timings to traces (model, worker, all)."),
     # --- SchedulerConfig -------------------------------------------------------------------
     # vLLM-CPU's defaults by usage context: 2048 tokens and 128 sequences for its server,
@@ -572,22 +451,22 @@ ARGUMENTS: tuple[Argument, ...] = (
              "several: those. Default: N = min(2 * --max-num-seqs, 512) on a GPU; on the "
              "CPU none (given, the CPU pads to them from static buffers, without graphs).",
              "list", convert=values.positive_integers),
-    _vllm("num-lookahead-slots", SCHEDULER, 0, "Extra KV slots per sequence for speculation."),
-    _vllm("scheduler-delay-factor", SCHEDULER, 0.0,
+    vllm_only("num-lookahead-slots", SCHEDULER, 0, "Extra KV slots per sequence for speculation."),
+    vllm_only("scheduler-delay-factor", SCHEDULER, 0.0,
           "Delay the next prompt by this factor times the last prompt's latency."),
-    _vllm("preemption-mode", SCHEDULER, None, "How preempted sequences are evicted.",
+    vllm_only("preemption-mode", SCHEDULER, None, "How preempted sequences are evicted.",
           choices=("recompute", "swap")),
-    _vllm("num-scheduler-steps", SCHEDULER, 1, "Forward steps per scheduler call."),
-    _vllm("multi-step-stream-outputs", SCHEDULER, True, "With multi-step, stream after every step.", "bool"),
+    vllm_only("num-scheduler-steps", SCHEDULER, 1, "Forward steps per scheduler call."),
+    vllm_only("multi-step-stream-outputs", SCHEDULER, True, "With multi-step, stream after every step.", "bool"),
     Argument("scheduling-policy", SCHEDULER, "fcfs",
              "fcfs serves requests in arrival order; priority serves lower priority values "
              "first, ties in arrival order.", convert=values.string, choices=("fcfs", "priority")),
     Argument("enable-chunked-prefill", SCHEDULER, True,
              "Split long prompts into chunks batched with decodes.", "bool",
              convert=values.boolean),
-    _vllm("disable-chunked-mm-input", SCHEDULER, False, "Never split one multimodal item.", "bool"),
-    _vllm("scheduler-cls", SCHEDULER, "vllm.core.scheduler.Scheduler", "Scheduler class."),
-    _vllm("disable-hybrid-kv-cache-manager", SCHEDULER, False,
+    vllm_only("disable-chunked-mm-input", SCHEDULER, False, "Never split one multimodal item.", "bool"),
+    vllm_only("scheduler-cls", SCHEDULER, "vllm.core.scheduler.Scheduler", "Scheduler class."),
+    vllm_only("disable-hybrid-kv-cache-manager", SCHEDULER, False,
           "Same KV allocation for every layer type.", "bool"),
     Argument("async-scheduling", SCHEDULER, PlatformDefault(cpu=False, gpu=True),
              "Schedule and prepare step N+1 while step N runs, so that the device never waits "
@@ -603,13 +482,13 @@ ARGUMENTS: tuple[Argument, ...] = (
              "sizes), max_capture_size (or max_cudagraph_capture_size: the largest of the "
              "default sizes); -O.level=0 sets one key. Other keys are refused by name.",
              "json", convert=compilation_config, aliases=("-O", "-cc")),
-    _vllm("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
-    _vllm("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
-    _vllm("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),
+    vllm_only("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
+    vllm_only("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
+    vllm_only("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),
     # --- TokenizerPoolConfig ---------------------------------------------------------------
-    _vllm("tokenizer-pool-size", TOKENIZER_POOL, 0, "Deprecated in vLLM: size of the tokenizer pool."),
-    _vllm("tokenizer-pool-type", TOKENIZER_POOL, "ray", "Deprecated in vLLM: type of the tokenizer pool."),
-    _vllm("tokenizer-pool-extra-config", TOKENIZER_POOL, {},
+    vllm_only("tokenizer-pool-size", TOKENIZER_POOL, 0, "Deprecated in vLLM: size of the tokenizer pool."),
+    vllm_only("tokenizer-pool-type", TOKENIZER_POOL, "ray", "Deprecated in vLLM: type of the tokenizer pool."),
+    vllm_only("tokenizer-pool-extra-config", TOKENIZER_POOL, {},
           "Deprecated in vLLM: tokenizer-pool settings.", "json"),
     # --- DeviceConfig ----------------------------------------------------------------------
     Argument("device", DEVICE, "auto",

@@ -191,3 +191,11 @@ def checked_values(
     if problems:
         raise ConfigError("; ".join(problems))
     return checked
+
+
+def vllm_only(
+    name: str, group: str, default: Any, help: str, kind: Kind = "value", **more: Any
+) -> Argument:
+    """A vLLM argument that aioserve recognises but does not implement yet (no `convert`:
+    refused by name when set)."""
+    return Argument(name, group, default, help, kind, **more)

@@ -1,0 +1,125 @@
+"""The `vllm serve` arguments of the HTTP server (vLLM's Frontend group), declared as
+arguments.py declares the engine's: it puts them first in ARGUMENTS."""
+
+from __future__ import annotations
+
+from aioserve.config import values
+from aioserve.config.declaration import FRONTEND, Argument, vllm_only
+
+# fmt: off
+FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
+    Argument("host", FRONTEND, None, "Address the HTTP server binds to. Default: all interfaces.",
+             convert=values.string),
+    Argument("port", FRONTEND, 8000, "TCP port of the HTTP server (0: any free port).",
+             convert=values.port),
+    Argument("uvicorn-log-level", FRONTEND, "info",
+             "Log level of the HTTP layer (aiohttp and the access log); trace means debug.",
+             convert=values.string, choices=("debug", "info", "warning", "error", "critical", "trace")),
+    Argument("disable-uvicorn-access-log", FRONTEND, False,
+             "Do not log one line per HTTP request.", "flag", convert=values.boolean),
+    Argument("allow-credentials", FRONTEND, False,
+             "CORS: allow cookies and authorization headers.", "flag", convert=values.boolean),
+    Argument("allowed-origins", FRONTEND, [],
+             "CORS: allowed origins (a JSON list); none by default, as vLLM: cross-origin "
+             "browser access is off until origins are listed.", convert=values.json_names),
+    Argument("allowed-methods", FRONTEND, ["*"], "CORS: allowed HTTP methods (a JSON list).",
+             convert=values.json_names),
+    Argument("allowed-headers", FRONTEND, ["*"], "CORS: allowed request headers (a JSON list).",
+             convert=values.json_names),
+    Argument("api-key", FRONTEND, None,
+             "Require 'Authorization: Bearer <key>' with one of these keys on the /v1 routes "
+             "(the environment variable VLLM_API_KEY does the same when this is not given).",
+             "list", convert=values.names),
+    Argument("lora-modules", FRONTEND, None,
+             "LoRA adapters loaded at start (with --enable-lora), each served under its own "
+             "model name: name=path, or JSON {\"name\": ..., \"path\": ..., "
+             "\"base_model_name\": ...}.", "list", convert=values.lora_modules),
+    vllm_only("prompt-adapters", FRONTEND, None, "Prompt adapters loaded at start, as name=path.", "list"),
+    Argument("chat-template", FRONTEND, None,
+             "Chat template file, or the template itself on one line. Default: the tokenizer's.",
+             convert=values.string),
+    Argument("chat-template-content-format", FRONTEND, "auto",
+             "Give message content to the template as a string or as a list of OpenAI parts.",
+             convert=values.string, choices=("auto", "string", "openai")),
+    Argument("default-chat-template-kwargs", FRONTEND, None,
+             "Variables for the chat template (JSON object), under each request's "
+             "chat_template_kwargs, e.g. {\"enable_thinking\": false}.", "json",
+             convert=values.json_object),
+    Argument("response-role", FRONTEND, "assistant",
+             "Role of the reply when the request sets add_generation_prompt.", convert=values.string),
+    Argument("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM).", convert=values.string),
+    Argument("ssl-certfile", FRONTEND, None,
+             "TLS certificate file (PEM); serves HTTPS when given.", convert=values.string),
+    Argument("ssl-ca-certs", FRONTEND, None,
+             "CA certificates for checking client certificates.", convert=values.string),
+    Argument("ssl-cert-reqs", FRONTEND, 0,
+             "Whether clients must present a certificate: 0 (CERT_NONE), 1 (CERT_OPTIONAL) or "
+             "2 (CERT_REQUIRED), as Python's ssl constants.", convert=values.cert_reqs),
+    Argument("enable-ssl-refresh", FRONTEND, False,
+             "Load the TLS certificate chain and CA certificates again when their files "
+             "change (checked every second): new connections get them, no restart.", "flag",
+             convert=values.boolean),
+    Argument("root-path", FRONTEND, None,
+             "URL prefix when served behind a path-routing proxy: every route answers with "
+             "and without it, and the OpenAPI schema names it.", convert=values.root_path),
+    Argument("middleware", FRONTEND, [],
+             "Extra HTTP middleware, as the import path of an aiohttp middleware "
+             "(async (request, handler) -> response); repeatable.", "append",
+             convert=values.import_paths),
+    Argument("return-tokens-as-token-ids", FRONTEND, False,
+             "Write logprob tokens as 'token_id:{id}' so that any token can be identified.", "flag",
+             convert=values.boolean),
+    Argument("disable-frontend-multiprocessing", FRONTEND, False,
+             "Run the API server in the engine's process; aioserve always does.", "flag",
+             convert=values.boolean),
+    Argument("enable-request-id-headers", FRONTEND, False,
+             "Add an X-Request-Id header to every response: the client's, or a new one.", "flag",
+             convert=values.boolean),
+    Argument("enable-auto-tool-choice", FRONTEND, False,
+             "Allow tool_choice 'auto': the output is read into tool calls by --tool-call-parser.",
+             "flag", convert=values.boolean),
+    Argument("tool-call-parser", FRONTEND, None,
+             "How outputs become tool calls with tool_choice 'auto': deepseek_v3, granite, "
+             "hermes, internlm, llama3_json, mistral, phi4_mini_json, pythonic, qwen3_coder or "
+             "xlam (vLLM's formats), or one a --tool-parser-plugin registers.",
+             convert=values.string),
+    Argument("tool-parser-plugin", FRONTEND, "",
+             "A Python file that registers more tool-call parsers "
+             "(aioserve.server.tool_calls.register_tool_parser).", convert=values.string),
+    Argument("exclude-tools-when-tool-choice-none", FRONTEND, False,
+             "Leave a request's tools out of the chat template when its tool_choice is 'none'.",
+             "flag", convert=values.boolean),
+    Argument("enable-prompt-tokens-details", FRONTEND, False,
+             "Report prompt_tokens_details in the usage block.", "flag", convert=values.boolean),
+    Argument("enable-server-load-tracking", FRONTEND, False,
+             "Count the requests in flight and report them at GET /load.", "flag",
+             convert=values.boolean),
+    Argument("disable-fastapi-docs", FRONTEND, False,
+             "Hide the OpenAPI schema (/openapi.json) and the documentation page (/docs).", "flag",
+             convert=values.boolean),
+    Argument("max-log-len", FRONTEND, None,
+             "Cut logged requests to this many characters. Default: no limit.",
+             convert=values.integer_at_least(0)),
+    Argument("disable-log-stats", FRONTEND, False,
+             "Do not log engine statistics periodically.", "flag", keyword=True, convert=values.boolean),
+    Argument("disable-log-requests", FRONTEND, False,
+             "Deprecated in vLLM: do not log requests (they are logged only with "
+             "--enable-log-requests).",
+             "bool", convert=values.boolean),
+    Argument("enable-log-requests", FRONTEND, False, "Log each request.", "bool", convert=values.boolean),
+    # vLLM's ObservabilityConfig; a Frontend argument here, since the HTTP server makes the
+    # spans (server/tracing.py).
+    Argument("otlp-traces-endpoint", FRONTEND, None,
+             "Send one OpenTelemetry span per finished request to this OTLP endpoint "
+             "(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc, the default, or http/protobuf), "
+             "its parent the request's traceparent header. Needs the opentelemetry-sdk, "
+             "-api and -exporter-otlp packages.", convert=values.string),
+    Argument("shutdown-timeout", FRONTEND, 30.0,
+             "On SIGTERM or SIGINT, answer new requests with 503 and let the requests in flight "
+             "finish for up to this many seconds before exiting; 0 aborts them at once "
+             "(vLLM's default). A second signal stops at once.", convert=values.seconds),
+    vllm_only("headless", FRONTEND, False,
+          "Run the engine without an API server (secondary data-parallel node).", "flag"),
+    vllm_only("use-v2-block-manager", FRONTEND, True, "Deprecated in vLLM; has no effect.", "flag"),
+)
+# fmt: on
