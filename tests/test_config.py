@@ -116,6 +116,7 @@ SUPPORTED_FLAGS = [
     (["--served-model-name", "one", "two"], "model.served_model_name", ["one", "two"]),
     (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
     (["--enable-prompt-embeds"], "model.enable_prompt_embeds", True),
+    (["--logits-processors", "a.b:C", "d:E"], "model.logits_processors", ("a.b:C", "d:E")),
     (["--runner", "pooling"], "model.runner", "pooling"),
     (["--convert", "none"], "model.convert", "none"),
     (["--task", "embed"], "model.task", "embed"),

@@ -196,7 +196,12 @@ ARGUMENTS: tuple[Argument, ...] = (
              "json", convert=values.json_object, aliases=("--pooler-config",)),
     vllm_only("logits-processor-pattern", MODEL, None,
           "Regex of the logits-processor names that requests may use."),
-    vllm_only("logits-processors", MODEL, None, "Logits processors loaded at start-up.", "list"),
+    Argument("logits-processors", MODEL, None,
+             "Custom logits processors, each a class named module.path:ClassName, built at "
+             "start and run on every step's logits before aioserve's own sampling settings "
+             "(the interface: aioserve.logits_processor, vLLM v1's). A request passes them "
+             "arguments in vllm_xargs (SamplingParams.extra_args).",
+             "list", convert=values.logits_processors),
     Argument("generation-config", MODEL, "auto",
              "Default sampling settings: auto reads the model's generation_config.json, vllm "
              "uses built-in defaults, a folder path reads that folder's file. A max_new_tokens "

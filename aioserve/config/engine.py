@@ -68,6 +68,7 @@ class ModelConfig:
     convert: str = "auto"
     task: str = "auto"  # vLLM's deprecated spelling of the runner
     override_pooler_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    logits_processors: tuple[Any, ...] | None = None  # classes or 'module:Class' names
 
 
 @dataclass(frozen=True)
@@ -187,14 +188,15 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         return cls(**{field.name: fields[field.name] for field in dataclasses.fields(cls)})
 
     scheduler = _checked_scheduler(section(SchedulerConfig))
+    model = section(ModelConfig)
     return EngineConfig(
-        model=section(ModelConfig),
+        model=model,
         load=section(LoadConfig),
         cache=section(CacheConfig),
         scheduler=scheduler,
         decoding=section(DecodingConfig),
         lora=_checked_lora(section(LoRAConfig)),
-        speculative=_checked_speculative(section(SpeculativeConfig), scheduler),
+        speculative=_checked_speculative(section(SpeculativeConfig), scheduler, model),
         compilation=_checked_compilation(section(CompilationConfig), scheduler),
         device=section(DeviceConfig),
         serving=serving,
@@ -217,10 +219,16 @@ def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:
 
 
 def _checked_speculative(
-    speculative: SpeculativeConfig, scheduler: SchedulerConfig
+    speculative: SpeculativeConfig, scheduler: SchedulerConfig, model: ModelConfig
 ) -> SpeculativeConfig:
     """Speculation needs the host to know each step's tokens before it plans the next:
-    refused with --async-scheduling, before any model is loaded."""
+    refused with --async-scheduling, before any model is loaded; and custom logits
+    processors see one row a sequence (vLLM refuses them together too)."""
+    if speculative.speculative_config is not None and model.logits_processors:
+        raise ConfigError(
+            "--logits-processors: Custom logits processors are not supported when "
+            "speculative decoding is enabled (--speculative-config)."
+        )
     if speculative.speculative_config is not None and scheduler.async_scheduling:
         raise ConfigError(
             "--async-scheduling cannot be combined with --speculative-config: a step's "

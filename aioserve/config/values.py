@@ -140,6 +140,20 @@ def names(value: Any) -> list[str]:
     return list(names)
 
 
+def logits_processors(value: Any) -> tuple[Any, ...]:
+    """Logits-processor classes: 'module.path:ClassName' names (imported by the engine) or,
+    from Python, the classes themselves."""
+    entries = [value] if isinstance(value, (str, type)) else value
+    if not isinstance(entries, (list, tuple)):
+        raise ValueError(f"must be one or more 'module:Class' names, got {value!r}")
+    for entry in entries:
+        if isinstance(entry, type):
+            continue
+        if not isinstance(entry, str) or entry.count(":") != 1 or not all(entry.split(":")):
+            raise ValueError(f"{entry!r} is not '<module>:<class>' (e.g. my_pkg.procs:MyProcessor)")
+    return tuple(entries)
+
+
 def positive_integers(value: Any) -> list[int]:
     """One positive integer or several (the command line gives a list of strings)."""
     numbers = [value] if isinstance(value, (int, str)) else value

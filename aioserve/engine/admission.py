@@ -123,6 +123,11 @@ def validate_request(
         for token_id in getattr(params, field) or ():
             if not 0 <= token_id < vocab:
                 raise InvalidRequest(_out_of_vocabulary(token_id, vocab), field, token_id)
+    for processor in s.logits_processor_classes:  # --logits-processors
+        try:
+            processor.validate_params(params)
+        except ValueError as error:
+            raise InvalidRequest(str(error), "extra_args", params.extra_args) from error
 
 
 def _check_num_logprobs(kind: str, field: str, wanted: int | None, cap: int, vocab: int) -> None:

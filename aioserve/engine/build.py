@@ -63,6 +63,7 @@ from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
 from aioserve.kernels.int8_linear_reference import int8_gemm_exact
+from aioserve.logits_processor import ProcessorConfig, build_processors, load_processor_classes
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
 from aioserve.models.fp8_weights import keep_fp8_weights, quantize_to_fp8
 from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
@@ -328,6 +329,10 @@ def build_engine(config: EngineConfig) -> EngineParts:
             raise ValueError("--enable-lora: LoRA adapters on pooling models are not supported yet")
         if config.speculative.speculative_config is not None:
             raise ValueError("--speculative-config: a pooling model samples no tokens to draft")
+        if model_cfg.logits_processors:
+            raise ValueError(
+                "--logits-processors: Pooling models do not support custom logits processors."
+            )
         return build_pooling_engine(config, checkpoint, tokenizer)
 
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
@@ -446,6 +451,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     if dispatch.batch_invariant():
         compiled = _batch_invariant_step(compiled)
     lora_dtype = dtype if lora_cfg.lora_dtype == "auto" else getattr(torch, lora_cfg.lora_dtype)
+    processor_classes = load_processor_classes(model_cfg.logits_processors or ())
     runner = ModelRunner(
         model,
         num_blocks=num_blocks,
@@ -471,6 +477,13 @@ def build_engine(config: EngineConfig) -> EngineParts:
         lora_slots=(lora_cfg.max_loras, lora_cfg.max_lora_rank, lora_dtype)
         if lora_cfg.enable_lora
         else None,
+        logits_processors=build_processors(
+            processor_classes,
+            ProcessorConfig(
+                model_cfg.model, hf_config.vocab_size, max_num_seqs, max_model_len, config
+            ),
+            dev,
+        ),
     )
     runner.warm_up()
     lora_adapters = None
@@ -527,6 +540,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, platform)
         ),
         max_loras=lora_cfg.max_loras if lora_cfg.enable_lora else 0,
+        logits_processor_classes=tuple(processor_classes),
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "

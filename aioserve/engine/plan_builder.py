@@ -48,6 +48,7 @@ def new_sequence(request: Request) -> NewSequence:
         token_type_ids=request.token_type_ids,
         lora_id=request.lora_id,
         lora_adapter=request.lora_adapter,
+        params=request.sampling_params,
     )
 
 

@@ -106,6 +106,9 @@ class SamplingParams:
     reasoning_end: str | None = None
     """The text that ends the output's reasoning (`</think>`): structured outputs apply only
     after it. The server sets it for chat requests with --reasoning-parser."""
+    extra_args: dict[str, Any] | None = None
+    """Arguments for custom logits processors (--logits-processors), which read them; the
+    server takes them from the body's `vllm_xargs`. Nothing else reads them."""
 
     def __post_init__(self, guided_decoding: StructuredOutputsParams | None = None) -> None:
         if guided_decoding is not None:
@@ -230,6 +233,12 @@ class SamplingParams:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}.")
+        if self.extra_args is not None and not (
+            isinstance(self.extra_args, dict) and all(isinstance(k, str) for k in self.extra_args)
+        ):
+            raise ValueError(
+                f"extra_args must be a dict with string keys, got {self.extra_args!r}."
+            )
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
 

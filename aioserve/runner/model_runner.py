@@ -32,8 +32,10 @@ from aioserve.kernels.sampling import (
     make_sampling_batch,
     sample,
 )
+from aioserve.logits_processor import LogitsProcessor
 from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
+from aioserve.runner.custom_logits import CustomLogitsProcessors, ProcessorRows
 from aioserve.runner.decode_graphs import DecodeGraphs
 from aioserve.runner.kv_memory import allocate_kv_caches, layer_kv_scales
 from aioserve.runner.lora_slots import LoRASlots, SlotLoad
@@ -69,6 +71,7 @@ class PreparedStep:
     token_bitmask: TokenBitmask | None = None  # structured-output masks, filled late
     lora_loads: list[SlotLoad] | None = None  # adapters copied into their slots first
     lora_token_slots: list[int] | None = None  # each token's LoRA slot (-1: none)
+    processor_rows: ProcessorRows | None = None  # the rows as custom logits processors see them
 
 
 @dataclass
@@ -115,9 +118,11 @@ class ModelRunner:
         calculate_kv_scales: bool = False,
         logprobs_mode: str = "raw_logprobs",
         lora_slots: tuple[int, int, torch.dtype] | None = None,
+        logits_processors: list[LogitsProcessor] | None = None,
     ) -> None:
         """`lora_slots`: (max_loras, max_lora_rank, dtype) to serve LoRA adapters
-        (lora_slots.py); decode steps then run without decode graphs."""
+        (lora_slots.py); decode steps then run without decode graphs. `logits_processors`:
+        the custom ones (--logits-processors, custom_logits.py), built for this runner."""
         if lora_slots is not None and decode_graph_sizes:
             raise ValueError("LoRA adapters run without decode graphs (models/lora_op.py)")
         if logprobs_mode not in LOGPROBS_MODES:
@@ -153,6 +158,9 @@ class ModelRunner:
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.slots = SequenceSlots(max_num_seqs, max_blocks_per_seq, self.vocab_size)
         self.slot_tensors = SlotTensors(max_num_seqs, self.vocab_size, device)
+        self.custom_logits = (
+            CustomLogitsProcessors(logits_processors) if logits_processors else None
+        )
         self.lora = None
         if lora_slots is not None:
             max_loras, max_rank, lora_dtype = lora_slots
@@ -216,11 +224,17 @@ class ModelRunner:
     # -- host, while earlier steps may still run -----------------------------------------------
 
     def prepare(self, plan: StepPlan) -> PreparedStep:
+        custom = self.custom_logits
         for seq_id in plan.finished_seq_ids:
             self.slots.forget(seq_id)
             if self.lora is not None:
                 self.lora.forget(seq_id)
+            if custom is not None:
+                custom.forget(seq_id)
         admissions = [self.slots.admit(seq) for seq in plan.new_sequences]
+        if custom is not None:
+            for seq in plan.new_sequences:
+                custom.admit(seq)
         lora_loads = lora_token_slots = None
         if self.lora is not None:
             lora_loads = [load for seq in plan.new_sequences if (load := self.lora.admit(seq))]
@@ -247,15 +261,17 @@ class ModelRunner:
         )
         if self.decode_graphs is not None:
             inputs = self.decode_graphs.pad(inputs)
+        sampled_seq_ids = [plan.chunks[row].seq_id for row in sampled_rows]
         return PreparedStep(
             admissions=admissions,
             inputs=inputs,
             sampling=sampling,
-            sampled_seq_ids=[plan.chunks[row].seq_id for row in sampled_rows],
+            sampled_seq_ids=sampled_seq_ids,
             prompt_logprobs=prompt_logprobs,
             token_bitmask=plan.token_bitmask,
             lora_loads=lora_loads,
             lora_token_slots=lora_token_slots,
+            processor_rows=custom.plan_rows(sampled_seq_ids) if custom and sampled_rows else None,
         )
 
     # -- the model thread, in step order ------------------------------------------------------
@@ -302,7 +318,13 @@ class ModelRunner:
         batch = step.sampling.to_batch(
             state, slots, self.device, step.token_bitmask, self.logprobs_mode
         )
-        out = sample(logits, batch, self.race)
+        rows = step.processor_rows
+        if rows is None:
+            out = sample(logits, batch, self.race)
+        else:
+            processed = self.custom_logits.apply(rows, logits, batch.all_greedy)
+            out = sample(processed, batch, self.race, raw=logits)
+            self.custom_logits.record(rows, out.token_ids)
         penalty_rows = step.sampling.penalty_rows
         if penalty_rows is not None:
             penalty_rows = host_to_device(penalty_rows, self.device)

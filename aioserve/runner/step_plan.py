@@ -71,6 +71,9 @@ class NewSequence:
     token_type_ids: list[int] | None = None  # a pooling prompt's segments (a BERT pair)
     lora_id: int = 0  # its LoRA adapter's id (0: none), the same id for the same weights
     lora_adapter: LoRAAdapter | None = None  # that adapter's weights, on the host
+    # The request's SamplingParams as the caller gave them, for custom logits processors
+    # (runner/custom_logits.py), which read them (their extra_args); the runner does not.
+    params: object = None
 
 
 @dataclass

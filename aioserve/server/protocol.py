@@ -38,11 +38,8 @@ from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.sampling_params import (
-    FieldError,
-    RequestOutputKind,
     SamplingParams,
 )
-from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.server.body_fields import (
     BodyFields,
     check_prompt_count,
@@ -65,9 +62,9 @@ from aioserve.server.request_schema import (
     CHAT_BODY,
     COMPLETION_BODY,
     REASONING_EFFORTS,
-    SAMPLING_BODY_FIELDS,
     STREAM_OPTIONS_BODY,
 )
+from aioserve.server.sampling_fields import sampling_params_of
 from aioserve.server.state import ServerState
 from aioserve.server.structured_output_fields import body_field, read_structured_outputs
 from aioserve.server.tools import ToolUse, read_tool_use
@@ -89,7 +86,6 @@ _UNSUPPORTED: dict[str, str] = {
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
     "repetition_detection": "repetition_detection is not supported by aioserve",
     "watermarking": "watermarking is not supported by aioserve",
-    "vllm_xargs": "vllm_xargs (logits processor arguments) is not supported by aioserve",
     "kv_transfer_params": "KV transfer is not supported by aioserve",
     "ec_transfer_params": "encoder cache transfer is not supported by aioserve",
     "mm_payload": "multimodal input is not supported by aioserve",
@@ -235,7 +231,7 @@ def parse_completion_request(
                 "when using `logprob_token_ids`, `logprobs` must be set.", "logprob_token_ids"
             )
     structured_outputs, structured_output_field = read_structured_outputs(fields)
-    params = _sampling_params(
+    params = sampling_params_of(
         state,
         fields,
         1 if echo_only else max_tokens,
@@ -328,7 +324,7 @@ def parse_chat_request(
                 f"and so does {structured_output_field}: give one",
             )
         structured_outputs, structured_output_field = tool_use.constraint, "tool_choice"
-    params = _sampling_params(
+    params = sampling_params_of(
         state,
         fields,
         max_tokens,
@@ -414,7 +410,11 @@ def check_prompt(
     try:
         engine.check_request(token_ids, request.params)
     except InvalidRequest as error:
-        renamed = {"prompt": prompt_field, "logprobs": request.logprobs_field}
+        renamed = {
+            "prompt": prompt_field,
+            "logprobs": request.logprobs_field,
+            "extra_args": "vllm_xargs",
+        }
         param = renamed.get(error.param, error.param)
         if param.startswith("structured_outputs"):
             param = body_field(param, request.structured_output_field)
@@ -441,48 +441,6 @@ def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
                 f"only {name}={str(default).lower()} (vLLM's default here) is supported by "
                 "aioserve yet",
             )
-
-
-def _sampling_params(
-    state: ServerState,
-    fields: BodyFields,
-    max_tokens: int | None,
-    max_tokens_field: str,
-    logprobs: int | None,
-    logprobs_field: str,
-    prompt_logprobs: int | None,
-    structured_outputs: StructuredOutputsParams | None,
-) -> SamplingParams:
-    values: dict[str, Any] = dict(state.engine.settings.default_sampling)
-    request_names = {"max_tokens": max_tokens_field, "logprobs": logprobs_field}
-    for name in SAMPLING_BODY_FIELDS:
-        value = fields.get(name)
-        if value is not None:
-            values[name] = value
-    values["max_tokens"] = max_tokens
-    values["logprobs"] = logprobs
-    values["prompt_logprobs"] = prompt_logprobs
-    values["structured_outputs"] = structured_outputs
-    # A stream sends what is new after each step; a JSON answer only the final output.
-    stream = fields.get("stream", False)
-    output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
-    try:
-        params = SamplingParams(**values, output_kind=output_kind)
-    except FieldError as error:
-        raise bad_parameter(error.field, shown_value(error.value), str(error)) from None
-    except ValueError as error:
-        message = str(error)
-        # SamplingParams' other messages start with the field's name ("top_p must be ...").
-        name = message.split(" ", 1)[0]
-        if name in values:
-            raise bad_parameter(
-                request_names.get(name, name), shown_value(values[name]), message
-            ) from None
-        raise APIError(message) from None
-    max_num_seqs = state.engine.settings.max_num_seqs
-    if params.n > max_num_seqs:
-        raise bad_parameter("n", params.n, f"n must be at most --max-num-seqs ({max_num_seqs})")
-    return params
 
 
 def _prompt_logprobs(fields: BodyFields, echoed: int | None) -> int | None:

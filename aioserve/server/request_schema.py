@@ -149,6 +149,19 @@ _PROMPT_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("cache_salt", {"type": "string", "minLength": 1, "maxLength": 128}),
 )
 
+# Arguments for custom logits processors (--logits-processors): both routes. vLLM's type:
+# each value a string, a number, or a list of those.
+_XARG_SCALAR = {"oneOf": [_STRING, _NUMBER]}
+XARGS_BODY_FIELD = BodyField(
+    "vllm_xargs",
+    {
+        "type": "object",
+        "additionalProperties": {
+            "oneOf": [*_XARG_SCALAR["oneOf"], {"type": "array", "items": _XARG_SCALAR}]
+        },
+    },
+)
+
 COMPLETION_BODY: dict[str, BodyField] = _declare(
     BodyField(
         "prompt",
@@ -163,6 +176,7 @@ COMPLETION_BODY: dict[str, BodyField] = _declare(
     *_PROMPT_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
     *STRUCTURED_OUTPUT_BODY_FIELDS.values(),
+    XARGS_BODY_FIELD,
 )
 
 CHAT_BODY: dict[str, BodyField] = _declare(
@@ -222,6 +236,7 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     *_PROMPT_BODY_FIELDS.values(),
     *SAMPLING_BODY_FIELDS.values(),
     *STRUCTURED_OUTPUT_BODY_FIELDS.values(),
+    XARGS_BODY_FIELD,
 )
 
 

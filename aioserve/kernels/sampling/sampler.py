@@ -104,7 +104,7 @@ def _sample_kernel(
     tl.store(out_ptr + row, best_id.to(tl.int64))
 
 
-def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+def sample_triton(logits: Tensor, batch: SamplingBatch, raw: Tensor | None = None) -> SamplerOutput:
     """The Triton path of `sample`."""
     logits = _rows(logits)
     num_rows, vocab_size = logits.shape
@@ -155,7 +155,8 @@ def sample_triton(logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         BLOCK=block,
         num_warps=num_warps,
     )
-    return _with_logprobs(token_ids, logits, masked, batch, compute_logprobs_triton)
+    raw = logits if raw is None else raw
+    return _with_logprobs(token_ids, raw, masked, batch, compute_logprobs_triton)
 
 
 def _sample_within_top_k_reference(
@@ -187,7 +188,7 @@ def _sample_within_top_k_reference(
 
 
 def sample_reference(
-    logits: Tensor, batch: SamplingBatch, race: RaceWinners | None = None
+    logits: Tensor, batch: SamplingBatch, race: RaceWinners | None = None, raw: Tensor | None = None
 ) -> SamplerOutput:
     """The torch path of `sample`."""
     num_rows = logits.shape[0]
@@ -220,7 +221,8 @@ def sample_reference(
         if batch.reports_processed and batch.num_logprobs >= 0:
             processed = x.clone()  # x may be the caller's logits
             processed[rows] = s if keep is None else s.masked_fill(~keep, float("-inf"))
-    return _with_logprobs(token_ids, logits, processed, batch, compute_logprobs_reference)
+    raw = logits if raw is None else raw
+    return _with_logprobs(token_ids, raw, processed, batch, compute_logprobs_reference)
 
 
 def _with_logprobs(
@@ -238,7 +240,9 @@ def _with_logprobs(
     return SamplerOutput(token_ids, logprobs, kept)
 
 
-def sample(logits: Tensor, batch: SamplingBatch, race: RaceWinners | None = None) -> SamplerOutput:
+def sample(
+    logits: Tensor, batch: SamplingBatch, race: RaceWinners | None = None, raw: Tensor | None = None
+) -> SamplerOutput:
     """Pick one token per row of `logits` [B, V] (any float dtype) as `batch` says.
 
     Returns the token ids and, when `batch.num_logprobs >= 0`, their logprobs, rank and
@@ -246,8 +250,10 @@ def sample(logits: Tensor, batch: SamplingBatch, race: RaceWinners | None = None
     default; the processed modes report the values the draw saw, and never change which
     token is drawn). `logits` is left untouched. `race`, a compiled
     race.race_winners (runner/sampler_graphs.py), draws the torch path's random rows
-    whose top-k does not narrow them first; the Triton path has its own kernel.
+    whose top-k does not narrow them first; the Triton path has its own kernel. `raw`: the
+    logits the raw logprobs modes report when they are not `logits` (the model's, when
+    custom logits processors changed them into `logits`).
     """
     if dispatch.use_triton():
-        return sample_triton(logits, batch)
-    return sample_reference(logits, batch, race)
+        return sample_triton(logits, batch, raw)
+    return sample_reference(logits, batch, race, raw)
