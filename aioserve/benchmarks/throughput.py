@@ -254,6 +254,12 @@ def _check_options(args: argparse.Namespace, config: EngineConfig) -> None:
             )
         if config.load.load_format == "dummy":
             raise ConfigError("--backend hf needs real weights, not --load-format dummy")
+        load = config.load
+        if load.ignore_patterns != ["original/**/*"] or load.pt_load_map_location != "cpu":
+            raise ConfigError(
+                "--backend hf loads the model with transformers' from_pretrained, which takes "
+                "no --ignore-patterns or --pt-load-map-location"
+            )
     elif args.hf_max_batch_size is not None:
         raise ConfigError("--hf-max-batch-size is only for --backend hf")
     if args.async_engine and args.backend not in OUR_BACKENDS:

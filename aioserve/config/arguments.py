@@ -224,11 +224,21 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Folder to download weights to and load them from. Default: the HF cache.",
              convert=values.string),
     vllm_only("model-loader-extra-config", LOAD, {}, "Options for the weight loader.", "json"),
-    vllm_only("ignore-patterns", LOAD, None, "Weight files to skip (globs).", "list"),
+    Argument("ignore-patterns", LOAD, ["original/**/*"],
+             "Skip the weight files (safetensors, .bin, .pt) whose path in the model's folder "
+             "matches one of these globs, as huggingface_hub matches them (* also matches /; "
+             "a pattern ending in / stands for that folder); a hub model's skipped files are "
+             "not downloaded. With --load-format auto, a folder whose safetensors are all "
+             "skipped loads its PyTorch weights. \"\" skips nothing.",
+             "list", convert=values.glob_patterns),
     Argument("use-tqdm-on-load", LOAD, True,
              "Show a progress bar while the weights load (on a terminal; a log gets one line).",
              "bool", convert=values.boolean),
-    vllm_only("pt-load-map-location", LOAD, "cpu", "map_location for loading .pt checkpoints."),
+    Argument("pt-load-map-location", LOAD, "cpu",
+             "Where PyTorch (.bin, .pt) weights are loaded, as torch.load's map_location: "
+             "cpu, cuda, cuda:N, or a JSON object from the device a tensor was saved on to "
+             "one of those, e.g. {\"cuda:1\": \"cuda:0\"}. Safetensors and GGUF weights "
+             "do not use it.", convert=values.map_location),
     vllm_only("qlora-adapter-name-or-path", LOAD, None, "Deprecated in vLLM; has no effect."),
     # --- DecodingConfig --------------------------------------------------------------------
     Argument("guided-decoding-backend", DECODING, "auto",

@@ -76,6 +76,9 @@ class LoadConfig:
     load_format: str
     download_dir: str | None
     use_tqdm_on_load: bool = True  # the weights' progress bar (models/loader.py)
+    # weight files skipped (models/loaders/hf_folder.py); vLLM's default
+    ignore_patterns: list[str] = dataclasses.field(default_factory=lambda: ["original/**/*"])
+    pt_load_map_location: str | dict[str, str] = "cpu"  # torch.load's, for .bin/.pt weights
 
 
 @dataclass(frozen=True)

@@ -326,3 +326,38 @@ def lora_modules(value: Any) -> list[LoRAModulePath]:
     if repeated:
         raise ValueError(f"names an adapter more than once: {', '.join(repeated)}")
     return modules
+
+
+def glob_patterns(value: Any) -> list[str]:
+    """--ignore-patterns: glob patterns, one or several (a keyword may give one string); an
+    empty list ignores nothing."""
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError(f"must be one or more glob patterns, got {value!r}")
+    return list(patterns)
+
+
+# Where aioserve can put a tensor: the CPU, or a GPU (NVIDIA's or AMD's, both "cuda" in torch)
+_LOAD_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+_MAP_LOCATIONS = (
+    "a device (cpu, cuda or cuda:N) or a JSON object mapping the devices tensors were saved "
+    'on to those (e.g. {"cuda:1": "cuda:0"})'
+)
+
+
+def map_location(value: Any) -> str | dict[str, str]:
+    """--pt-load-map-location: torch.load's map_location, as vLLM takes it: a device or a
+    JSON object {saved device: device}; from Python, a str or a dict."""
+    if isinstance(value, str) and re.fullmatch(r"\s*\{.*\}\s*", value, re.DOTALL):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"is not valid JSON: {value!r} ({error})") from None
+    if isinstance(value, str) and _LOAD_DEVICE.fullmatch(value):
+        return value
+    if isinstance(value, dict) and all(
+        isinstance(key, str) and isinstance(target, str) and _LOAD_DEVICE.fullmatch(target)
+        for key, target in value.items()
+    ):
+        return dict(value)
+    raise ValueError(f"must be {_MAP_LOCATIONS}, got {value!r}")

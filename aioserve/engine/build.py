@@ -316,6 +316,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         hf_config_path=model_cfg.hf_config_path,
         rope_scaling=model_cfg.rope_scaling,
         rope_theta=model_cfg.rope_theta,
+        ignore_patterns=config.load.ignore_patterns,
+        pt_load_map_location=config.load.pt_load_map_location,
     )
     check_quantize_to_fp8(checkpoint)
     check_moe_weights(checkpoint)

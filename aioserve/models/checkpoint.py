@@ -20,7 +20,8 @@ read with `local_files_only`, so opening them never reaches for the Hugging Face
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from aioserve.models.loaders.gguf_tokenizer import load_gguf_tokenizer
 from aioserve.models.resolve import ResolvedModel, resolve_model
 from aioserve.models.rope_parameters import override_rope
 from aioserve.models.w8a8_layers import W8A8Layer
+
+logger = logging.getLogger("aioserve")
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 # --quantization's values -> the checkpoint's method they stand for
@@ -76,6 +79,7 @@ class Checkpoint:
     fp8_scheme: Fp8Scheme | None = None  # an FP8 folder's quantization
     int8_scheme: Int8Scheme | None = None  # an INT8 folder's quantization
     quantize_to_fp8: bool = False  # --quantization fp8 on a 16-bit folder
+    pt_load_map_location: hf_folder.MapLocation = "cpu"  # where .bin/.pt tensors load
     _weight_files: list[Path] = field(default_factory=list, repr=False)
     _gguf: GGUFFile | None = field(default=None, repr=False)
 
@@ -88,26 +92,23 @@ class Checkpoint:
             for tensor in self._gguf.tensors():
                 yield tensor.name, tensor.dequantize()
         elif self.int4_scheme is not None:
-            yield from dequantized_weights(
-                hf_folder.iter_weights(self._weight_files), self.int4_scheme
-            )
+            yield from dequantized_weights(self._folder_weights(), self.int4_scheme)
         elif self.fp8_scheme is not None:
-            yield from fp8_weights.dequantized_weights(
-                hf_folder.iter_weights(self._weight_files), self.fp8_scheme
-            )
+            yield from fp8_weights.dequantized_weights(self._folder_weights(), self.fp8_scheme)
         elif self.int8_scheme is not None:
-            yield from int8_weights.dequantized_weights(hf_folder.iter_weights(self._weight_files))
+            yield from int8_weights.dequantized_weights(self._folder_weights())
         elif self.load_format != "dummy":
-            yield from hf_folder.iter_weights(self._weight_files)
+            yield from self._folder_weights()
+
+    def _folder_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return hf_folder.iter_weights(self._weight_files, self.pt_load_map_location)
 
     def int4_group_layers(self) -> Iterator[tuple[str, GroupedCodes]]:
         """(HF weight name, its codes, scales and zeros) of each layer an AWQ or GPTQ folder
         holds quantized; nothing for other checkpoints."""
         if self.int4_scheme is None:
             return
-        for name, value in grouped_weights(
-            hf_folder.iter_weights(self._weight_files), self.int4_scheme
-        ):
+        for name, value in grouped_weights(self._folder_weights(), self.int4_scheme):
             if isinstance(value, GroupedCodes):
                 yield name, value
 
@@ -116,9 +117,7 @@ class Checkpoint:
         quantized; nothing for other checkpoints."""
         if self.fp8_scheme is None:
             return
-        for name, value in fp8_weights.fp8_layers(
-            hf_folder.iter_weights(self._weight_files), self.fp8_scheme
-        ):
+        for name, value in fp8_weights.fp8_layers(self._folder_weights(), self.fp8_scheme):
             if isinstance(value, W8A8Layer):
                 yield name, value
 
@@ -127,7 +126,7 @@ class Checkpoint:
         quantized; nothing for other checkpoints."""
         if self.int8_scheme is None:
             return
-        for name, value in int8_weights.int8_layers(hf_folder.iter_weights(self._weight_files)):
+        for name, value in int8_weights.int8_layers(self._folder_weights()):
             if isinstance(value, W8A8Layer):
                 yield name, value
 
@@ -212,12 +211,16 @@ def open_checkpoint(
     hf_config_path: str | None = None,
     rope_scaling: dict[str, Any] | None = None,
     rope_theta: float | None = None,
+    ignore_patterns: Sequence[str] = (),
+    pt_load_map_location: hf_folder.MapLocation = "cpu",
 ) -> Checkpoint:
     """Find `model` and read its metadata; weights are read later, by `Checkpoint.weights()`.
 
     The HF config comes from `hf_config_path` when given (a folder, or a hub id whose
     config.json is fetched), else from the model; then `hf_overrides` and the RoPE
-    overrides (`--rope-scaling`, `--rope-theta`) are applied to it.
+    overrides (`--rope-scaling`, `--rope-theta`) are applied to it. A folder's weight files
+    that `ignore_patterns` match are left out (and not downloaded); PyTorch weights are
+    read with `pt_load_map_location` as torch.load's map_location.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(
@@ -225,7 +228,8 @@ def open_checkpoint(
         )
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization method {quantization!r} is not supported yet")
-    source = resolve_model(model, download_dir)
+    hf_folder.check_map_location(pt_load_map_location)
+    source = resolve_model(model, download_dir, ignore_patterns)
     config = None if hf_config_path is None else _config_from_path(hf_config_path, download_dir)
     if source.kind == "gguf":
         if QUANTIZATION_METHODS[quantization] not in (None, "gguf"):
@@ -236,12 +240,33 @@ def open_checkpoint(
         if config is not None:
             checkpoint.hf_config = config
     else:
-        checkpoint = _open_folder(source, load_format, quantization, trust_remote_code, config)
+        checkpoint = _open_folder(
+            source, load_format, quantization, trust_remote_code, config, ignore_patterns
+        )
     checkpoint.download_dir = download_dir
+    checkpoint.pt_load_map_location = pt_load_map_location
+    _note_unused_load_options(checkpoint, ignore_patterns, pt_load_map_location)
     apply_hf_overrides(checkpoint.hf_config, hf_overrides or {})
     if rope_scaling or rope_theta is not None:
         override_rope(checkpoint.hf_config, rope_scaling or None, rope_theta, "--rope-scaling")
     return checkpoint
+
+
+def _note_unused_load_options(
+    checkpoint: Checkpoint, ignore_patterns: Sequence[str], map_location: hf_folder.MapLocation
+) -> None:
+    """Warn when --ignore-patterns or --pt-load-map-location, set to other than vLLM's
+    defaults, does not apply to what this checkpoint loads (vLLM's loaders pass over them
+    in silence)."""
+    if checkpoint.source.kind == "gguf" and list(ignore_patterns) not in ([], ["original/**/*"]):
+        logger.warning("--ignore-patterns applies to a folder's weight files, not a GGUF file")
+    if map_location != "cpu" and checkpoint.load_format not in ("pt", "dummy"):
+        logger.warning(
+            "--pt-load-map-location %s applies to PyTorch (.bin, .pt) weights; %s weights "
+            "are read on the CPU",
+            map_location,
+            checkpoint.load_format,
+        )
 
 
 def _config_from_path(hf_config_path: str, download_dir: str | None) -> PretrainedConfig:
@@ -285,6 +310,7 @@ def _open_folder(
     quantization: str | None,
     trust_remote_code: bool,
     config: PretrainedConfig | None = None,
+    ignore_patterns: Sequence[str] = (),
 ) -> Checkpoint:
     """The folder's checkpoint; its config is `config` when given (`--hf-config-path`)."""
     folder = source.path
@@ -300,12 +326,17 @@ def _open_folder(
     if load_format == "dummy":
         weight_format, files = "dummy", []
     else:
-        weight_format = hf_folder.detect_format(folder) if load_format == "auto" else load_format
+        weight_format = load_format
+        if load_format == "auto":
+            weight_format = hf_folder.detect_format(folder, ignore_patterns)
+        if weight_format is None and hf_folder.weight_files(folder):
+            present = hf_folder.weight_files(folder)
+            raise hf_folder.ignored_everything(folder, ignore_patterns, present)
         if weight_format is None:
             raise ValueError(
                 f"load format 'auto' found no safetensors or PyTorch weights in {folder}"
             )
-        files = hf_folder.find_weight_files(folder, weight_format)
+        files = hf_folder.find_weight_files(folder, weight_format, ignore_patterns)
     return Checkpoint(
         hf_config=config,
         generation_config=_read_json(folder / "generation_config.json") or {},

