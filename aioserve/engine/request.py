@@ -33,6 +33,7 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
     FINISHED_ERROR = "error"
+    FINISHED_REPETITION = "repetition"  # a repeated token pattern (repetition_detection)
 
     is_finished: bool
     finish_reason: str | None
@@ -40,7 +41,7 @@ class RequestStatus(enum.Enum):
     def __init__(self, value: str) -> None:
         # Plain attributes rather than properties: read for every sequence on every step.
         self.is_finished = self.name.startswith("FINISHED")
-        # vLLM's finish_reason string ("stop", "length", "abort"), None while unfinished.
+        # vLLM's finish_reason string ("stop", "length", ...), None while unfinished.
         self.finish_reason = value if self.is_finished else None
 
 

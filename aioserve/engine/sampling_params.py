@@ -32,6 +32,7 @@ from dataclasses import InitVar, dataclass
 from enum import Enum, IntEnum
 from typing import Any
 
+from aioserve.engine.repetition import RepetitionDetectionParams
 from aioserve.engine.structured_outputs.params import StructuredOutputsParams
 
 # Below this temperature a request is greedy (vLLM's _SAMPLING_EPS).
@@ -106,6 +107,9 @@ class SamplingParams:
     reasoning_end: str | None = None
     """The text that ends the output's reasoning (`</think>`): structured outputs apply only
     after it. The server sets it for chat requests with --reasoning-parser."""
+    repetition_detection: RepetitionDetectionParams | None = None
+    """End the output early, finish_reason "repetition", once it repeats a short token
+    pattern back to back (engine/repetition.py); a dict of its fields is taken too."""
     extra_args: dict[str, Any] | None = None
     """Arguments for custom logits processors (--logits-processors), which read them; the
     server takes them from the body's `vllm_xargs`. Nothing else reads them."""
@@ -239,6 +243,12 @@ class SamplingParams:
             raise ValueError(
                 f"extra_args must be a dict with string keys, got {self.extra_args!r}."
             )
+        try:
+            self.repetition_detection = RepetitionDetectionParams.of(self.repetition_detection)
+        except ValueError as error:
+            raise FieldError(
+                str(error), "repetition_detection", self.repetition_detection
+            ) from None
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
 

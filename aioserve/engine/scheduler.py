@@ -59,6 +59,7 @@ from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.kv_cache_manager import KVCacheManager
 from aioserve.engine.partial_prefills import PartialPrefillLimits
 from aioserve.engine.plan_builder import new_sequence, sequence_chunk
+from aioserve.engine.repetition import ends_in_repetition
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.speculation import propose_ngram_drafts
 from aioserve.runner.step_plan import StepPlan
@@ -482,4 +483,12 @@ class Scheduler:
             or len(request.prompt_token_ids) + num_output >= self.max_model_len
         ):
             return RequestStatus.FINISHED_LENGTH
+        repetition = params.repetition_detection
+        if (
+            repetition is not None
+            and num_output >= params.min_tokens
+            and ends_in_repetition(request.output_token_ids, repetition)
+        ):
+            request.stop_reason = "repetition_detected"
+            return RequestStatus.FINISHED_REPETITION
         return None

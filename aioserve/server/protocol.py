@@ -84,7 +84,6 @@ _UNSUPPORTED: dict[str, str] = {
     "chat_template": "a per-request chat template is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
-    "repetition_detection": "repetition_detection is not supported by aioserve",
     "watermarking": "watermarking is not supported by aioserve",
     "kv_transfer_params": "KV transfer is not supported by aioserve",
     "ec_transfer_params": "encoder cache transfer is not supported by aioserve",

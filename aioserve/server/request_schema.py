@@ -70,6 +70,17 @@ SAMPLING_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("bad_words", _STRINGS),
     BodyField("logprob_token_ids", _TOKEN_IDS),
     BodyField("skip_special_tokens", _BOOLEAN),
+    BodyField(
+        "repetition_detection",
+        {
+            "type": "object",
+            "properties": {
+                "max_pattern_size": _INTEGER,
+                "min_pattern_size": _INTEGER,
+                "min_count": _INTEGER,
+            },
+        },
+    ),
     BodyField("spaces_between_special_tokens", _BOOLEAN),
 )
 
