@@ -156,6 +156,7 @@ SUPPORTED_FLAGS = [
     (["--max-num-partial-prefills", "4"], "scheduler.max_num_partial_prefills", 4),
     (["--max-long-partial-prefills", "2", "--max-num-partial-prefills", "4"], "scheduler.max_long_partial_prefills", 2),
     (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
+    (["--scheduler-delay-factor", "0.5"], "scheduler.scheduler_delay_factor", 0.5),
     (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
     (["--guided-decoding-backend", "guidance"], "decoding.guided_decoding_backend", "guidance"),
     (["--guided-decoding-disable-fallback"], "decoding.guided_decoding_disable_fallback", True),

@@ -467,8 +467,12 @@ ARGUMENTS: tuple[Argument, ...] = (
              "CPU none (given, the CPU pads to them from static buffers, without graphs).",
              "list", convert=values.positive_integers),
     vllm_only("num-lookahead-slots", SCHEDULER, 0, "Extra KV slots per sequence for speculation."),
-    vllm_only("scheduler-delay-factor", SCHEDULER, 0.0,
-          "Delay the next prompt by this factor times the last prompt's latency."),
+    Argument("scheduler-delay-factor", SCHEDULER, 0.0,
+             "While requests run, hold waiting prompts back until the oldest of them has "
+             "waited longer than this factor times the latency of the last step that "
+             "admitted prompts (from its scheduling to the next one after its result), so "
+             "that prompts start in batches (vLLM V0's rule); with nothing running a prompt "
+             "starts at once. 0: no delay.", convert=values.non_negative_number),
     vllm_only("preemption-mode", SCHEDULER, None, "How preempted sequences are evicted.",
           choices=("recompute", "swap")),
     vllm_only("num-scheduler-steps", SCHEDULER, 1, "Forward steps per scheduler call."),

@@ -118,6 +118,17 @@ def positive_number(value: Any) -> float:
     return number
 
 
+def non_negative_number(value: Any) -> float:
+    """A finite number, 0 or more."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"must be a number at least 0, got {value!r}")
+    return number
+
+
 def json_object(value: Any) -> dict[str, Any]:
     """A JSON object, given as a dict or as JSON text; the result is a private copy."""
     if isinstance(value, str):

@@ -535,6 +535,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
         partial_prefills=partial_prefills,
+        scheduler_delay_factor=sched_cfg.scheduler_delay_factor,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         reasoning_parser=config.decoding.reasoning_parser,
         structured_outputs=structured_outputs_config(config.decoding),

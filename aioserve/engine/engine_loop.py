@@ -51,6 +51,7 @@ from aioserve.engine.load_shedding import LoadShedder
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
 from aioserve.engine.output_stream import OutputStream
+from aioserve.engine.prompt_delay import prompt_delay
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.settings import EngineParts
@@ -88,6 +89,7 @@ class EngineLoop:
             max_loras=s.max_loras,
             speculation=s.speculation,
             partial_prefills=s.partial_prefills,
+            prompt_delay=prompt_delay(s.scheduler_delay_factor),
         )
         self.lora_adapters = parts.lora_adapters
         self.load_shedder = LoadShedder(

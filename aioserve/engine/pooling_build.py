@@ -219,6 +219,7 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
         max_new_tokens_cap=None,
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
+        scheduler_delay_factor=sched_cfg.scheduler_delay_factor,
         pooler=pooler,
         matryoshka_dimensions=matryoshka_dimensions(hf_config),
         pooled_size=hf_config.hidden_size,

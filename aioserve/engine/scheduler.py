@@ -28,6 +28,10 @@ side: each prefill chunk takes at most the budget divided by the step's prefills
 sequences are left mid-prefill by a step, and a long waiting prompt beyond the long ones'
 limit is passed over for the step (keeping its place) while shorter ones behind it start.
 
+With `prompt_delay` (vLLM V0's --scheduler-delay-factor, prompt_delay.py), waiting prompts
+are held back while requests run, until the oldest waiting request has waited longer than
+the factor times the last prompt step's latency, so that prompts start in batches.
+
 A step may be scheduled before the previous one has returned (asynchronous scheduling):
 a sequence's progress (`num_computed_tokens`) advances when its chunk is scheduled, and a
 chunk that samples leaves a pending token, which the next step can already decode (the
@@ -59,6 +63,7 @@ from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.kv_cache_manager import KVCacheManager
 from aioserve.engine.partial_prefills import PartialPrefillLimits
 from aioserve.engine.plan_builder import new_sequence, sequence_chunk
+from aioserve.engine.prompt_delay import PromptDelay
 from aioserve.engine.repetition import ends_in_repetition
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.speculation import propose_ngram_drafts
@@ -119,6 +124,7 @@ class Scheduler:
         max_loras: int = 0,
         speculation: NgramSpeculation | None = None,
         partial_prefills: PartialPrefillLimits | None = None,
+        prompt_delay: PromptDelay | None = None,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
@@ -132,6 +138,7 @@ class Scheduler:
         self.policy = policy
         self.speculation = speculation
         self.partial_prefills = partial_prefills  # None: one prompt's prefill at a time
+        self.prompt_delay = prompt_delay  # None: prompts are not held back
         self.stats = SchedulerStats()
         if speculation is not None:
             self.stats.num_accepted_tokens_per_pos = [0] * speculation.num_speculative_tokens
@@ -255,9 +262,16 @@ class Scheduler:
         passed_over: list[tuple[tuple, int, Request]] = []
         if step is not None:
             step.count_partial(self.running)
+        delay = self.prompt_delay
+        if delay is not None:
+            now, was_running = delay.step_begins(), bool(self.running)
         while (
             self._waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs
         ):
+            if delay is not None and not delay.admits(
+                now, (e[2] for e in self._waiting), was_running
+            ):
+                break  # --scheduler-delay-factor: not yet
             request = self._waiting[0][2]
             if request.num_pending_tokens:
                 break  # preempted while a step ran: its token must be known first
@@ -317,7 +331,10 @@ class Scheduler:
             finished_seq_ids=self._left_runner,
         )
         self._left_runner = []
-        return SchedulerOutput(chunks, preempted, plan)
+        output = SchedulerOutput(chunks, preempted, plan)
+        if delay is not None and admitted:
+            delay.prompts_admitted(output, now)
+        return output
 
     def _schedule_chunk(self, request: Request, num_new: int) -> ScheduledChunk:
         """Count the chunk as computed; one that reaches the end leaves a pending token."""
@@ -414,6 +431,8 @@ class Scheduler:
         that finished in this update.
         """
         finished: list[Request] = []
+        if self.prompt_delay is not None:
+            self.prompt_delay.step_recorded(output)
         cache_full_blocks = self.kv_cache.cache_full_blocks
         for chunk in output.chunks:
             request = chunk.request

@@ -79,6 +79,8 @@ class EngineSettings:
     """--max-loras with --enable-lora: most adapters a step runs; 0: LoRA is off."""
     speculation: NgramSpeculation | None = None
     """--speculative-config: how decodes draft tokens (speculation.py); None: they do not."""
+    scheduler_delay_factor: float = 0.0
+    """--scheduler-delay-factor: prompts held back while requests run (prompt_delay.py)."""
     logits_processor_classes: tuple[type, ...] = ()
     """--logits-processors: their classes, which check each request's parameters."""
 
