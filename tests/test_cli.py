@@ -371,7 +371,8 @@ def test_every_vllm_argument_is_declared(parser):
     # vllm:admission_rejections_total), --exclude-tools-when-tool-choice-none (in vLLM
     # 0.32's entrypoints/launchers/cli_args.py, as installed by ../shared/peers/),
     # --structured-outputs-config (0.10's StructuredOutputsConfig, beside --guided-decoding-*),
-    # --default-chat-template-kwargs (FrontendArgs in vLLM 0.32's launchers/cli_args.py).
+    # --default-chat-template-kwargs (FrontendArgs in vLLM 0.32's launchers/cli_args.py),
+    # --stream-interval (SchedulerConfig in vLLM 0.32's config/scheduler.py).
     later = {
         "--structured-outputs-config",
         "--shutdown-timeout",
@@ -379,6 +380,7 @@ def test_every_vllm_argument_is_declared(parser):
         "--max-num-queued-tokens",
         "--exclude-tools-when-tool-choice-none",
         "--default-chat-template-kwargs",
+        "--stream-interval",
     }
     inventory = {spelling for row in rows for spelling in row} | later
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]

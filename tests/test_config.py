@@ -117,6 +117,7 @@ SUPPORTED_FLAGS = [
     (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
     (["--enable-prompt-embeds"], "model.enable_prompt_embeds", True),
     (["--logits-processors", "a.b:C", "d:E"], "model.logits_processors", ("a.b:C", "d:E")),
+    (["--stream-interval", "4"], "scheduler.stream_interval", 4),
     (["--runner", "pooling"], "model.runner", "pooling"),
     (["--convert", "none"], "model.convert", "none"),
     (["--task", "embed"], "model.task", "embed"),

@@ -460,6 +460,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Most tokens one sequence computes in a step while others run or wait, so that "
              "a long prompt does not take the whole step; at most --max-model-len. 0: no "
              "cap.", convert=values.integer_at_least(0)),
+    Argument("stream-interval", SCHEDULER, 1,
+             "Tokens a streamed answer gathers before it sends a chunk (the first token and "
+             "the end are sent at once); a request's stream_interval may raise it, not lower "
+             "it. 1 sends every step's tokens.", convert=values.integer_at_least(1)),
     Argument("cuda-graph-sizes", SCHEDULER, [],
              "Decode batch sizes captured as CUDA/HIP graphs; a decode step is padded to the "
              "smallest that holds it. One value N: 1, 2, 4 and the multiples of 8 up to N; "

@@ -106,6 +106,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int  # 0: no cap on one sequence's tokens a step
     max_num_partial_prefills: int = 1  # prompts partly prefilled at once (partial_prefills.py)
     max_long_partial_prefills: int = 1  # of them, long ones
+    stream_interval: int = 1  # tokens a streamed chunk gathers (output_processor.py)
     scheduler_delay_factor: float = 0.0  # prompts held back while requests run (prompt_delay.py)
 
 

@@ -157,6 +157,7 @@ class AsyncEngine(EngineLoop):
             params=params,
             samples=[],
             metrics=RequestMetrics(arrival_time=now),
+            stream_interval=max(params.stream_interval or 1, self.settings.stream_interval),
         )
         ids = sequence_ids(request_id, params.n)
         for sequence_id in ids:

@@ -544,6 +544,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         ),
         max_loras=lora_cfg.max_loras if lora_cfg.enable_lora else 0,
         logits_processor_classes=tuple(processor_classes),
+        stream_interval=sched_cfg.stream_interval,
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "

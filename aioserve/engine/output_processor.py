@@ -93,6 +93,7 @@ class RequestState:
     num_scored_prompt_tokens: int = 0
     prompt_logprobs_sent: bool = False
     pooled: torch.Tensor | None = None  # a pooling request's vector, once its step ran
+    stream_interval: int = 1  # tokens a DELTA output gathers (--stream-interval)
 
     @property
     def finished(self) -> bool:
@@ -243,6 +244,11 @@ class OutputProcessor:
         delta = kind is _DELTA
         samples = state.samples
         changed = state.changed
+        if delta and not finished and state.stream_interval > 1:
+            changed = _due(samples, changed, state.stream_interval)
+            if not changed:
+                return None
+            state.changed -= changed
         if delta and len(changed) < len(samples):
             samples = [s for s in samples if s.index in changed]
         changed.clear()
@@ -282,3 +288,18 @@ class OutputProcessor:
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode([token_id])
+
+
+def _due(samples: list[SampleState], changed: set[int], interval: int) -> set[int]:
+    """The changed samples a stream sends now under a stream interval (vLLM's rule): those
+    that finished, have sent nothing yet, or gathered `interval` unsent tokens."""
+    return {
+        s.index
+        for s in samples
+        if s.index in changed
+        and (
+            s.finish_reason is not None
+            or s.num_sent_tokens == 0
+            or len(s.request.output_token_ids) - s.num_sent_tokens >= interval
+        )
+    }

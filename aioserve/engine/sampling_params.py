@@ -107,6 +107,9 @@ class SamplingParams:
     reasoning_end: str | None = None
     """The text that ends the output's reasoning (`</think>`): structured outputs apply only
     after it. The server sets it for chat requests with --reasoning-parser."""
+    stream_interval: int | None = None
+    """Tokens each streamed output gathers (DELTA outputs; the first token and the end are
+    sent at once); raised to the engine's --stream-interval if below it."""
     repetition_detection: RepetitionDetectionParams | None = None
     """End the output early, finish_reason "repetition", once it repeats a short token
     pattern back to back (engine/repetition.py); a dict of its fields is taken too."""
@@ -211,7 +214,7 @@ class SamplingParams:
     def _normalize_types(self) -> None:
         for name in ("n", "top_k", "min_tokens"):
             setattr(self, name, _as_int(name, getattr(self, name)))
-        for name in ("max_tokens", "prompt_logprobs"):
+        for name in ("max_tokens", "prompt_logprobs", "stream_interval"):
             value = getattr(self, name)
             setattr(self, name, None if value is None else _as_int(name, value))
         # vLLM accepts logprobs=True as "1 top logprob".
@@ -348,6 +351,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.stream_interval is not None and self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
         if self.min_tokens < 0:

@@ -82,6 +82,8 @@ class EngineSettings:
     scheduler_delay_factor: float = 0.0
     """--scheduler-delay-factor: prompts held back while requests run (prompt_delay.py)."""
     logits_processor_classes: tuple[type, ...] = ()
+    stream_interval: int = 1
+    """--stream-interval: tokens a streamed answer gathers before it sends a chunk."""
     """--logits-processors: their classes, which check each request's parameters."""
 
     @property

@@ -70,6 +70,7 @@ SAMPLING_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("bad_words", _STRINGS),
     BodyField("logprob_token_ids", _TOKEN_IDS),
     BodyField("skip_special_tokens", _BOOLEAN),
+    BodyField("stream_interval", {"type": "integer", "minimum": 1}),
     BodyField(
         "repetition_detection",
         {
