@@ -32,6 +32,7 @@ class FrontendConfig:
     chat_template: str | None  # None: the tokenizer's
     chat_template_content_format: str
     default_chat_template_kwargs: dict[str, Any] | None  # None: none
+    trust_request_chat_template: bool
     response_role: str
     ssl_keyfile: str | None
     ssl_certfile: str | None

@@ -45,6 +45,10 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              "Variables for the chat template (JSON object), under each request's "
              "chat_template_kwargs, e.g. {\"enable_thinking\": false}.", "json",
              convert=values.json_object),
+    Argument("trust-request-chat-template", FRONTEND, False,
+             "Render a request's own chat_template (or chat_template_kwargs.chat_template), "
+             "Jinja from the client, instead of the server's; only for trusted clients. "
+             "Without it such a request is a 400.", "bool", convert=values.boolean),
     Argument("response-role", FRONTEND, "assistant",
              "Role of the reply when the request sets add_generation_prompt.", convert=values.string),
     Argument("ssl-keyfile", FRONTEND, None, "TLS private key file (PEM).", convert=values.string),

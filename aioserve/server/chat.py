@@ -60,6 +60,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             chat_template_kwargs=parsed.chat_template_kwargs,
             tools=parsed.tool_use.tools,
             add_special_tokens=parsed.add_special_tokens,
+            chat_template=parsed.chat_template,
         )
         rendered = text  # prompt_text: vLLM cuts the ids only
         if parsed.truncation is not None:

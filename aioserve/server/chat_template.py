@@ -1,7 +1,12 @@
 """Rendering chat messages into a prompt with the chat template, as vLLM 0.32 does.
 
-The template is `--chat-template` (a file path, or the template itself) when given, else
-the tokenizer's own. The messages become what the template sees as chat_messages.py
+The template is the request's own `chat_template` when it sends one and the server runs with
+`--trust-request-chat-template` (without it, vLLM's untrusted-template 400), else
+`--chat-template` (a file path, or the template itself) when given, else a trusted request's
+`chat_template_kwargs.chat_template`, else the tokenizer's own: vLLM's order. A request's
+template is the Jinja text itself (never a file), or the name of one of the tokenizer's
+named templates; it renders as `--chat-template` does, with the request's kwargs, in
+transformers' sandboxed Jinja environment. The messages become what the template sees as chat_messages.py
 describes; their content is a string or a list of OpenAI parts depending on
 `--chat-template-content-format`: "string", "openai", or "auto" (default), where the
 template's Jinja syntax tree decides, as vLLM's detection does: "openai" when the template
@@ -14,10 +19,10 @@ The template's variables (`chat_template_kwargs`) are merged as vLLM merges them
 the request's own fields set (`add_generation_prompt`, `continue_final_message`, and for
 chat `documents`, `reasoning_effort`, and `enable_thinking` from the effort unless the
 request names it); a value of null or "auto" does not override. Of apply_chat_template's
-own arguments given there, `tools` and `documents` are used, `tokenize`, `return_dict` and
-`chat_template` (null) are ignored, a `chat_template` is vLLM's untrusted-template 400
-(aioserve has no --trust-request-chat-template), and `conversation` and `messages` are
-400s. The rendered text is tokenized without adding special tokens unless asked: the
+own arguments given there, `tools` and `documents` are used, `tokenize` and `return_dict`
+are ignored, `chat_template` is the template above (untrusted: vLLM's 400; null: ignored),
+and `conversation` and `messages` are 400s. Any error the template raises is a 400 carrying
+its reason, as vLLM's safe_apply_chat_template answers. The rendered text is tokenized without adding special tokens unless asked: the
 template writes them.
 """
 
@@ -32,14 +37,15 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 
+from aioserve.server.body_fields import shown_value
 from aioserve.server.chat_messages import conversation
-from aioserve.server.errors import APIError, refusal
+from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.state import ServerState
 
 _CONTENT_FORMATS = ("auto", "string", "openai")
 # apply_chat_template arguments that chat_template_kwargs cannot change: the text is always
 # rendered, then tokenized here.
-_IGNORED_KWARGS = ("tokenize", "return_dict", "chat_template")
+_IGNORED_KWARGS = ("tokenize", "return_dict")
 UNTRUSTED_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "
     "Refused request with untrusted chat template."
@@ -67,15 +73,18 @@ def render_chat(
     chat_template_kwargs: dict[str, Any] | None = None,
     tools: list[dict] | None = None,
     add_special_tokens: bool = False,
+    chat_template: str | None = None,
 ) -> tuple[str, list[int]]:
     """The prompt text and its token ids for `messages`; 400 for anything malformed.
 
     `chat_template_kwargs` are the request's (or already merged by `template_kwargs`: the
-    server's defaults are merged under them here, which changes nothing the second time)."""
+    server's defaults are merged under them here, which changes nothing the second time).
+    `chat_template` is the request's own template (needs --trust-request-chat-template)."""
     tokenizer = state.engine.tokenizer
     if tokenizer is None:
         raise APIError("chat needs the tokenizer, which is not loaded (--skip-tokenizer-init)")
-    refuse_request_template(None, chat_template_kwargs)
+    trusted = state.frontend.trust_request_chat_template
+    refuse_request_template(chat_template, chat_template_kwargs, trusted=trusted)
     kwargs = template_kwargs(state.frontend.default_chat_template_kwargs, chat_template_kwargs)
     for name in ("conversation", "messages"):
         if name in kwargs:
@@ -86,12 +95,13 @@ def render_chat(
             )
     for name in _IGNORED_KWARGS:
         kwargs.pop(name, None)
+    kwargs_template = kwargs.pop("chat_template", None)
     requested_tools = kwargs.pop("tools", None)
     if requested_tools is not None:  # vLLM: chat_template_kwargs' tools win over `tools`
         tools = requested_tools
     kwargs["add_generation_prompt"] = add_generation_prompt
     kwargs["continue_final_message"] = continue_final_message
-    template = _template(state)
+    template = _template(state, chat_template, kwargs_template)
     as_parts = _content_format(state, template) == "openai"
     chat = conversation(messages, as_parts, template)
     if add_generation_prompt and continue_final_message:
@@ -100,7 +110,7 @@ def render_chat(
         text = tokenizer.apply_chat_template(
             chat, chat_template=template, tokenize=False, tools=tools, **kwargs
         )
-    except (jinja2.TemplateError, ValueError, TypeError) as error:
+    except Exception as error:  # vLLM: any error the template raises is a 400
         # vLLM answers with the template's own reason (raise_exception's message, ...).
         raise APIError(_template_error_reason(error)) from None
     return text, tokenizer(text, add_special_tokens=add_special_tokens).input_ids
@@ -118,7 +128,9 @@ def template_kwargs(
     `reasoning_effort` over both, as vLLM merges them (`merge_kwargs`: null and "auto" do
     not override). A reasoning effort also sets `enable_thinking` (effort != "none"),
     unless the request's chat_template_kwargs name it (vLLM's build_chat_params)."""
-    merged = _merged(defaults, requested)
+    # A server default `chat_template` is not a template: vLLM's merge would make it one.
+    server = {k: v for k, v in (defaults or {}).items() if k != "chat_template"}
+    merged = _merged(server, requested)
     fields: dict[str, Any] = {"documents": documents, "reasoning_effort": reasoning_effort}
     if reasoning_effort is not None and "enable_thinking" not in (requested or {}):
         fields["enable_thinking"] = reasoning_effort != "none"
@@ -126,8 +138,7 @@ def template_kwargs(
 
 
 def _merged(defaults: dict[str, Any] | None, overrides: dict[str, Any] | None) -> dict[str, Any]:
-    # A server default `chat_template` is not a template: vLLM's merge would make it one.
-    merged = {k: v for k, v in (defaults or {}).items() if k != "chat_template"}
+    merged = dict(defaults or {})
     merged.update((k, v) for k, v in (overrides or {}).items() if not _unset(v))
     return merged
 
@@ -137,11 +148,24 @@ def _unset(value: Any) -> bool:
 
 
 def refuse_request_template(
-    chat_template: Any, chat_template_kwargs: dict[str, Any] | None
+    chat_template: Any, chat_template_kwargs: dict[str, Any] | None, *, trusted: bool
 ) -> None:
-    """vLLM's 400 for a chat template sent with the request, as the `chat_template` field or
-    inside `chat_template_kwargs` (a null one is let through, as vLLM does)."""
-    if chat_template is not None or (chat_template_kwargs or {}).get("chat_template") is not None:
+    """400 for a chat template sent with the request, as the `chat_template` field or inside
+    `chat_template_kwargs`, that is not a string, or that the server does not trust (vLLM's
+    message: without --trust-request-chat-template; a null one is let through, as vLLM
+    does)."""
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise bad_parameter(
+            "chat_template", shown_value(chat_template), "chat_template must be a string"
+        )
+    in_kwargs = (chat_template_kwargs or {}).get("chat_template")
+    if in_kwargs is not None and not isinstance(in_kwargs, str):
+        raise bad_parameter(
+            "chat_template_kwargs",
+            shown_value(in_kwargs),
+            "chat_template_kwargs.chat_template must be a string",
+        )
+    if not trusted and (chat_template is not None or in_kwargs is not None):
         raise APIError(UNTRUSTED_TEMPLATE)
 
 
@@ -176,7 +200,13 @@ def _load_chat_template(value: str) -> str:
     return value
 
 
-def _template(state: ServerState) -> str:
+def _template(state: ServerState, requested: str | None, in_kwargs: str | None) -> str:
+    """The template to render with, in vLLM's order: the request's `chat_template` (an empty
+    one counts as none, as vLLM's `request.chat_template or default`), --chat-template,
+    the request's `chat_template_kwargs.chat_template`, the tokenizer's. Requests' templates
+    are trusted here (refuse_request_template has run)."""
+    if requested:
+        return _named_or_literal(state, requested)
     configured = state.frontend.chat_template
     if configured:
         try:
@@ -186,6 +216,8 @@ def _template(state: ServerState) -> str:
                 f"the server's chat template cannot be loaded: {error}",
                 HTTPStatus.INTERNAL_SERVER_ERROR,
             ) from None
+    if in_kwargs is not None:
+        return _named_or_literal(state, in_kwargs)
     template = state.engine.tokenizer.chat_template
     if not template:
         raise APIError(
@@ -196,6 +228,15 @@ def _template(state: ServerState) -> str:
         template = template.get("default")
         if template is None:
             raise APIError("the model's chat templates have no default one", param="messages")
+    return template
+
+
+def _named_or_literal(state: ServerState, template: str) -> str:
+    """A request's template: one of the tokenizer's named templates when it names one (as
+    transformers' get_chat_template, which vLLM calls), else the Jinja text itself."""
+    own = state.engine.tokenizer.chat_template
+    if isinstance(own, dict) and template in own:
+        return own[template]
     return template
 
 

@@ -271,7 +271,10 @@ async def tokenized_inputs(
         if add_generation_prompt and continue_final_message:
             raise APIError(BOTH_GENERATION_FLAGS)
         kwargs = fields.get("chat_template_kwargs")
-        refuse_request_template(body.get("chat_template"), kwargs)
+        chat_template = body.get("chat_template")
+        refuse_request_template(
+            chat_template, kwargs, trusted=state.frontend.trust_request_chat_template
+        )
         prompts = []
         for conversation in inputs.conversations:
             text, token_ids = await state.off_loop(
@@ -282,6 +285,7 @@ async def tokenized_inputs(
                 continue_final_message=continue_final_message,
                 chat_template_kwargs=kwargs,
                 add_special_tokens=fields.get("add_special_tokens", False),
+                chat_template=chat_template,
             )
             prompts.append(Prompt(text, token_ids))
         return prompts

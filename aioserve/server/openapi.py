@@ -263,6 +263,7 @@ _SCHEMAS: dict[str, Any] = {
             },
             "add_generation_prompt": {"type": "boolean", "default": True},
             "continue_final_message": {"type": "boolean", "default": False},
+            "chat_template": _STRING,
             "chat_template_kwargs": _OBJECT,
             "return_token_strs": {"type": "boolean", "default": False},
         },

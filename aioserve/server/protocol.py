@@ -81,7 +81,6 @@ _UNSUPPORTED: dict[str, str] = {
     "functions": "function calling is not supported by aioserve yet",
     "logits_processors": "logits processors are not supported by aioserve",
     # vLLM request fields that would change the prompt, the output or its isolation.
-    "chat_template": "a per-request chat template is not supported by aioserve yet",
     "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
     "watermarking": "watermarking is not supported by aioserve",
@@ -170,6 +169,8 @@ class ChatRequest(GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     """The template's variables as vLLM merges them (chat_template.template_kwargs): the
     server's defaults, the request's chat_template_kwargs, documents, reasoning_effort."""
+    chat_template: str | None = None
+    """The request's own chat template (with --trust-request-chat-template), or None."""
     add_special_tokens: bool = False
     """Tokenize the rendered prompt adding the tokenizer's special tokens (BOS...) too."""
     tool_use: ToolUse = field(default_factory=lambda: ToolUse(None))
@@ -278,7 +279,12 @@ def parse_chat_request(
 ) -> ChatRequest:
     """Validate a /v1/chat/completions body (the messages themselves: see chat_template)."""
     kwargs = body.get("chat_template_kwargs")
-    refuse_request_template(body.get("chat_template"), kwargs if isinstance(kwargs, dict) else None)
+    chat_template = body.get("chat_template")
+    refuse_request_template(
+        chat_template,
+        kwargs if isinstance(kwargs, dict) else None,
+        trusted=state.frontend.trust_request_chat_template,
+    )
     refuse_request_mm_kwargs(body)
     if body.get("add_generation_prompt") is True and body.get("continue_final_message") is True:
         raise APIError(BOTH_GENERATION_FLAGS)
@@ -351,6 +357,7 @@ def parse_chat_request(
         add_generation_prompt=fields.get("add_generation_prompt", True),
         continue_final_message=fields.get("continue_final_message", False),
         chat_template_kwargs=template_kwargs,
+        chat_template=chat_template,
         add_special_tokens=optional_bool(body, "add_special_tokens", False),
         tool_use=tool_use,
         echo=echo,

@@ -213,6 +213,7 @@ CHAT_BODY: dict[str, BodyField] = _declare(
     BodyField("prompt_logprobs", {"type": ["integer", "null"]}),
     BodyField("add_generation_prompt", _BOOLEAN),
     BodyField("continue_final_message", _BOOLEAN),
+    BodyField("chat_template", _STRING),
     BodyField("chat_template_kwargs", _OBJECT),
     BodyField("documents", {"type": "array", "items": _OBJECT}),
     BodyField("reasoning_effort", {"type": "string", "enum": list(REASONING_EFFORTS)}),

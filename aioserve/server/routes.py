@@ -153,7 +153,12 @@ async def tokenize(request: web.Request) -> web.Response:
                 shown_value(chat_template_kwargs),
                 "chat_template_kwargs must be an object",
             )
-        refuse_request_template(body.get("chat_template"), chat_template_kwargs)
+        chat_template = body.get("chat_template")
+        refuse_request_template(
+            chat_template,
+            chat_template_kwargs,
+            trusted=state.frontend.trust_request_chat_template,
+        )
         refuse_request_mm_kwargs(body)
         _, tokens = await state.off_loop(
             render_chat,
@@ -164,6 +169,7 @@ async def tokenize(request: web.Request) -> web.Response:
             chat_template_kwargs=chat_template_kwargs,
             tools=checked_tools(body.get("tools")),
             add_special_tokens=optional_bool(body, "add_special_tokens", False),
+            chat_template=chat_template,
         )
     else:
         prompt = body.get("prompt")

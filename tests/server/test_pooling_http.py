@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from aiohttp import web
 
+from aioserve.config.frontend import frontend_config
 from aioserve.engine.load_shedding import LoadShedder
 from aioserve.engine.outputs import PoolingRequestOutput
 from aioserve.engine.pooling_params import PoolingParams, check_pooling_request
@@ -384,6 +385,28 @@ def test_other_refusals(stub):
     assert post(stub.url, "/score", {"text_1": S1}).status == 400
     mm = post(stub.url, "/score", {"text_1": S1, "text_2": {"content": []}})
     assert openai_error(mm)["message"] == "MultiModalParam is not supported for BertModel"
+
+
+def test_a_requests_chat_template_renders_with_the_flag_only(stub, minilm_tokenizer, server_loop):
+    """vLLM's pooling chat requests take `chat_template` (pooling/base/protocol.py), checked
+    by the same untrusted-template rule as chat (pooling/base/io_processor.py)."""
+    chat = {"messages": [{"role": "user", "content": S1}], "chat_template": "{{ messages[0].content }}!"}  # fmt: skip
+    refused = post(stub.url, "/v1/embeddings", chat)
+    assert openai_error(refused)["message"] == (
+        "Chat template is passed with request, but --trust-request-chat-template is not set. "
+        "Refused request with untrusted chat template."
+    )
+    app = web.Application(middlewares=[error_middleware])
+    frontend = frontend_config(trust_request_chat_template=True)
+    app[STATE] = ServerState(stub.engine, [MODEL], frontend=frontend)
+    add_pooling_routes(app)
+    with serve_app(server_loop, app) as url:
+        for path in ("/v1/embeddings", "/pooling"):
+            stub.engine.calls.clear()
+            reply = post(url, path, chat)
+            assert reply.status == 200, reply.body
+            rendered = minilm_tokenizer(S1 + "!", add_special_tokens=False).input_ids
+            assert [call[1] for call in stub.engine.calls] == [rendered]
 
 
 def test_truncation_without_a_side_keeps_the_special_tokens(stub, minilm_tokenizer):

@@ -55,6 +55,8 @@ FRONTEND_FLAGS = [
         "default_chat_template_kwargs",
         {"enable_thinking": False},
     ),
+    (["--trust-request-chat-template"], "trust_request_chat_template", True),
+    (["--no-trust-request-chat-template"], "trust_request_chat_template", False),
     (["--response-role", "bot"], "response_role", "bot"),
     (["--ssl-keyfile", "k.pem"], "ssl_keyfile", "k.pem"),
     (["--ssl-certfile", "c.pem"], "ssl_certfile", "c.pem"),
