@@ -118,6 +118,7 @@ SUPPORTED_FLAGS = [
     (["--enable-prompt-embeds"], "model.enable_prompt_embeds", True),
     (["--logits-processors", "a.b:C", "d:E"], "model.logits_processors", ("a.b:C", "d:E")),
     (["--stream-interval", "4"], "scheduler.stream_interval", 4),
+    (["--kv-cache-memory-bytes", "2G"], "cache.kv_cache_memory_bytes", 2**31),
     (["--runner", "pooling"], "model.runner", "pooling"),
     (["--convert", "none"], "model.convert", "none"),
     (["--task", "embed"], "model.task", "embed"),

@@ -335,6 +335,11 @@ ARGUMENTS: tuple[Argument, ...] = (
              "(or see --calculate-kv-scales).",
              convert=values.string, choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
              vllm_choices=("fp8_inc",), choice_noun="KV-cache dtype"),
+    Argument("kv-cache-memory-bytes", CACHE, None,
+             "Size of the KV cache in bytes (4G, 512M, 1.5g, ...): on a GPU instead of what "
+             "--gpu-memory-utilization leaves, on the CPU instead of VLLM_CPU_KVCACHE_SPACE's "
+             "4 GiB default (the variable, when set, still wins, as in vLLM 0.32). Default: "
+             "from those.", convert=values.byte_count),
     Argument("num-gpu-blocks-override", CACHE, None,
              "Use this many KV-cache blocks instead of the number that fits in memory (for tests).",
              convert=values.integer_at_least(1)),

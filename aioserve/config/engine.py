@@ -87,10 +87,11 @@ class CacheConfig:
     gpu_memory_utilization: float
     num_gpu_blocks_override: int | None
     enable_prefix_caching: bool
-    cpu_kvcache_space_bytes: int  # from VLLM_CPU_KVCACHE_SPACE
+    cpu_kvcache_space_bytes: int  # VLLM_CPU_KVCACHE_SPACE's, else --kv-cache-memory-bytes
     kv_cache_dtype: str = "auto"  # the model's dtype; or fp8 (= fp8_e4m3), fp8_e5m2
     calculate_kv_scales: bool = False  # an fp8 cache's scales from the first step
     prefix_caching_hash_algo: str = "sha256"  # how full blocks are keyed (block_hashing.py)
+    kv_cache_memory_bytes: int | None = None  # the KV pool's size; None: from the device
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,9 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
     if fields["tokenizer"] is None:
         fields["tokenizer"] = fields["model"]
     fields["cpu_kvcache_space_bytes"] = cpu_kvcache_space_bytes()
+    if fields["kv_cache_memory_bytes"] is not None and CPU_KVCACHE_SPACE_ENV not in os.environ:
+        # vLLM 0.32's CPU platform: the legacy variable, when set, wins over the flag.
+        fields["cpu_kvcache_space_bytes"] = fields["kv_cache_memory_bytes"]
 
     def section(cls):
         return cls(**{field.name: fields[field.name] for field in dataclasses.fields(cls)})

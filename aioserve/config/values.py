@@ -50,8 +50,8 @@ def integer_at_least(minimum: int) -> Callable[[Any], int]:
     return convert
 
 
-_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 AUTO_FIT = -1
@@ -66,13 +66,23 @@ def context_length(value: Any) -> int:
 
 
 def token_count(value: Any) -> int:
-    """A positive token count, also in vLLM's human-readable forms.
+    """A positive token count, also in vLLM's human-readable forms (`human_readable`)."""
+    return human_readable(value, "tokens")
+
+
+def byte_count(value: Any) -> int:
+    """A positive number of bytes, also in vLLM's human-readable forms: 4G, 512M, 1.5g."""
+    return human_readable(value, "bytes")
+
+
+def human_readable(value: Any, unit: str) -> int:
+    """A positive whole number of `unit`, as vLLM's human_readable_int reads it.
 
     Lower-case suffixes are powers of ten and take decimals ("25.6k" = 25600); upper-case
     ones are powers of two and take whole numbers only ("1K" = 1024).
     """
     if isinstance(value, str):
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgKMG])", value.strip())
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", value.strip())
         if match:
             number, suffix = match.groups()
             if suffix in _BINARY_SUFFIXES and "." in number:
@@ -80,10 +90,10 @@ def token_count(value: Any) -> int:
                     f"takes whole numbers with the binary suffix {suffix!r}, got {value!r} "
                     f"(did you mean {number}{suffix.lower()}?)"
                 )
-            tokens = Decimal(number) * (_DECIMAL_SUFFIXES | _BINARY_SUFFIXES)[suffix]
-            if tokens != tokens.to_integral_value():
-                raise ValueError(f"must be a whole number of tokens, got {value!r}")
-            value = int(tokens)
+            count = Decimal(number) * (_DECIMAL_SUFFIXES | _BINARY_SUFFIXES)[suffix]
+            if count != count.to_integral_value():
+                raise ValueError(f"must be a whole number of {unit}, got {value!r}")
+            value = int(count)
         elif not re.fullmatch(r"\s*[+-]?\d+\s*", value):
             raise ValueError(
                 f"must be an integer, optionally with a k/m/g (powers of 10) or K/M/G "

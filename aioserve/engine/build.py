@@ -434,6 +434,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         dtype=kv_dtype,
         num_blocks_override=cache_cfg.num_gpu_blocks_override,
         cpu_kvcache_space_bytes=cache_cfg.cpu_kvcache_space_bytes,
+        kv_cache_memory_bytes=cache_cfg.kv_cache_memory_bytes,
         gpu_memory_utilization=cache_cfg.gpu_memory_utilization,
         max_num_batched_tokens=max_tokens,
         max_logits_rows=max_num_seqs * (1 + num_speculative_tokens(config)),

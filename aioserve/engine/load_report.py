@@ -196,6 +196,10 @@ def kv_cache_sized_by(cache: CacheConfig, platform: str) -> str:
     """The knob that sizes the KV pool (kv_memory.num_kv_blocks's order), with its value."""
     if cache.num_gpu_blocks_override is not None:
         return f"--num-gpu-blocks-override {cache.num_gpu_blocks_override}"
+    if cache.kv_cache_memory_bytes is not None and (
+        platform != "cpu" or cache.cpu_kvcache_space_bytes == cache.kv_cache_memory_bytes
+    ):
+        return f"--kv-cache-memory-bytes ({format_bytes(cache.kv_cache_memory_bytes)})"
     if platform == "cpu":
         gib = cache.cpu_kvcache_space_bytes / 2**30
         default = gib == DEFAULT_CPU_KVCACHE_SPACE_GIB

@@ -212,8 +212,10 @@ def num_kv_blocks(
     gpu_memory_utilization: float,
     max_num_batched_tokens: int,
     max_logits_rows: int,
+    kv_cache_memory_bytes: int | None = None,
 ) -> int:
-    """The number of KV blocks of `dtype` the device can hold for `model`."""
+    """The number of KV blocks of `dtype` the device can hold for `model` (on a GPU in
+    `kv_cache_memory_bytes` when given, else in what `gpu_memory_utilization` leaves)."""
     if num_blocks_override is not None:
         return num_blocks_override
     per_block = kv_cache_bytes_per_block(model.config, block_size, dtype)
@@ -221,6 +223,14 @@ def num_kv_blocks(
         return max(1, cpu_kvcache_space_bytes // per_block)
     free, total = torch.cuda.mem_get_info()
     peak_step_bytes = profile_peak_step(model, max_num_batched_tokens, max_logits_rows, dtype)
+    if kv_cache_memory_bytes is not None:
+        if kv_cache_memory_bytes > free - peak_step_bytes:
+            raise ValueError(
+                f"--kv-cache-memory-bytes {kv_cache_memory_bytes} does not fit: "
+                f"{free / 2**30:.2f} GiB are free, and a step's activations take "
+                f"{peak_step_bytes / 2**30:.2f} GiB of them"
+            )
+        return max(1, kv_cache_memory_bytes // per_block)
     in_use = total - free
     budget = int(total * gpu_memory_utilization) - in_use - peak_step_bytes
     if budget < per_block:

@@ -200,6 +200,14 @@ def _cache(**changes) -> CacheConfig:
         (_cache(num_gpu_blocks_override=100), "cuda", "--num-gpu-blocks-override 100"),
         (_cache(gpu_memory_utilization=0.5), "cuda", "--gpu-memory-utilization 0.5"),
         (_cache(), "rocm", "--gpu-memory-utilization 0.9"),
+        (_cache(kv_cache_memory_bytes=2**30), "cuda", "--kv-cache-memory-bytes (1.00 GiB)"),
+        (
+            _cache(kv_cache_memory_bytes=2**29, cpu_kvcache_space_bytes=2**29),
+            "cpu",
+            "--kv-cache-memory-bytes (512 MiB)",
+        ),
+        # VLLM_CPU_KVCACHE_SPACE set beside the flag wins on the CPU (vLLM 0.32's rule).
+        (_cache(kv_cache_memory_bytes=2**29), "cpu", "VLLM_CPU_KVCACHE_SPACE (4 GiB, the default)"),
     ],
 )
 def test_the_knob_that_sized_the_kv_cache_is_named(cache, platform, knob):
