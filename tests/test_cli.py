@@ -372,7 +372,9 @@ def test_every_vllm_argument_is_declared(parser):
     # 0.32's entrypoints/launchers/cli_args.py, as installed by ../shared/peers/),
     # --structured-outputs-config (0.10's StructuredOutputsConfig, beside --guided-decoding-*),
     # --default-chat-template-kwargs (FrontendArgs in vLLM 0.32's launchers/cli_args.py),
-    # --stream-interval (SchedulerConfig in vLLM 0.32's config/scheduler.py).
+    # --stream-interval (SchedulerConfig in vLLM 0.32's config/scheduler.py),
+    # --kv-cache-memory-bytes (CacheConfig in vLLM 0.32's config/cache.py),
+    # --cudagraph-capture-sizes and --max-cudagraph-capture-size (its CompilationConfig group).
     later = {
         "--structured-outputs-config",
         "--shutdown-timeout",
@@ -382,6 +384,9 @@ def test_every_vllm_argument_is_declared(parser):
         "--default-chat-template-kwargs",
         "--trust-request-chat-template",  # FrontendArgs in vLLM 0.32's cli_args.py too
         "--stream-interval",
+        "--kv-cache-memory-bytes",
+        "--cudagraph-capture-sizes",
+        "--max-cudagraph-capture-size",
     }
     inventory = {spelling for row in rows for spelling in row} | later
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]

@@ -119,6 +119,8 @@ SUPPORTED_FLAGS = [
     (["--logits-processors", "a.b:C", "d:E"], "model.logits_processors", ("a.b:C", "d:E")),
     (["--stream-interval", "4"], "scheduler.stream_interval", 4),
     (["--kv-cache-memory-bytes", "2G"], "cache.kv_cache_memory_bytes", 2**31),
+    (["--cudagraph-capture-sizes", "1", "4"], "compilation.cudagraph_capture_sizes", [1, 4]),
+    (["--max-cudagraph-capture-size", "64"], "compilation.max_cudagraph_capture_size", 64),
     (["--runner", "pooling"], "model.runner", "pooling"),
     (["--convert", "none"], "model.convert", "none"),
     (["--task", "embed"], "model.task", "embed"),

@@ -510,6 +510,14 @@ ARGUMENTS: tuple[Argument, ...] = (
              "sizes), max_capture_size (or max_cudagraph_capture_size: the largest of the "
              "default sizes); -O.level=0 sets one key. Other keys are refused by name.",
              "json", convert=compilation_config, aliases=("-O", "-cc")),
+    Argument("cudagraph-capture-sizes", VLLM, None,
+             "vLLM 0.32's shorthand for --compilation-config's cudagraph_capture_sizes: the "
+             "decode batch sizes captured (padded to on the CPU), exactly these.",
+             "list", convert=values.positive_integers),
+    Argument("max-cudagraph-capture-size", VLLM, None,
+             "vLLM 0.32's shorthand for --compilation-config's max_cudagraph_capture_size: "
+             "the largest of the default decode graph sizes.",
+             convert=values.integer_at_least(1)),
     vllm_only("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
     vllm_only("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
     vllm_only("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),

@@ -23,6 +23,7 @@ Every other key of vLLM's CompilationConfig is refused by name.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,34 @@ def compilation_config(value: Any) -> CompilationSettings:
         cudagraph_capture_sizes=sizes,
         max_capture_size=largest,
     )
+
+
+def with_capture_flags(
+    settings: CompilationSettings, sizes: list[int] | None, largest: int | None
+) -> CompilationSettings:
+    """`settings` with vLLM 0.32's --cudagraph-capture-sizes and --max-cudagraph-capture-size
+    folded in; each excludes the same key of --compilation-config (vLLM's rule)."""
+    if sizes is not None:
+        if settings.cudagraph_capture_sizes is not None:
+            raise ValueError(
+                "--cudagraph-capture-sizes and --compilation-config's cudagraph_capture_sizes "
+                "are mutually exclusive"
+            )
+        settings = dataclasses.replace(settings, cudagraph_capture_sizes=tuple(sorted(set(sizes))))
+    if largest is not None:
+        if settings.max_capture_size is not None:
+            raise ValueError(
+                "--max-cudagraph-capture-size and --compilation-config's "
+                "max_cudagraph_capture_size are mutually exclusive"
+            )
+        settings = dataclasses.replace(settings, max_capture_size=largest)
+    chosen = settings.cudagraph_capture_sizes
+    if chosen is not None and settings.max_capture_size not in (None, max(chosen)):
+        raise ValueError(
+            f"the largest decode graph size ({settings.max_capture_size}) must be the largest "
+            f"of the capture sizes ({max(chosen)}) when both are given"
+        )
+    return settings
 
 
 def _is_level(value: Any) -> bool:

@@ -35,7 +35,7 @@ from aioserve.config.arguments import (
     DEFAULT_CPU_KVCACHE_SPACE_GIB,
     argument,
 )
-from aioserve.config.compilation import CompilationSettings
+from aioserve.config.compilation import CompilationSettings, with_capture_flags
 from aioserve.config.declaration import ConfigError, checked_values
 from aioserve.config.speculative import NgramSpeculation
 
@@ -133,7 +133,9 @@ class DeviceConfig:
 
 @dataclass(frozen=True)
 class CompilationConfig:
-    compilation_config: CompilationSettings
+    compilation_config: CompilationSettings  # with the two below folded in
+    cudagraph_capture_sizes: list[int] | None = None  # vLLM 0.32's shorthands
+    max_cudagraph_capture_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -249,8 +251,17 @@ def _checked_speculative(
 def _checked_compilation(
     compilation: CompilationConfig, scheduler: SchedulerConfig
 ) -> CompilationConfig:
-    """The decode sizes are given once: by --cuda-graph-sizes or in --compilation-config."""
-    settings = compilation.compilation_config
+    """The decode sizes are given once: by --cuda-graph-sizes or in --compilation-config
+    (or its shorthands --cudagraph-capture-sizes and --max-cudagraph-capture-size)."""
+    try:
+        settings = with_capture_flags(
+            compilation.compilation_config,
+            compilation.cudagraph_capture_sizes,
+            compilation.max_cudagraph_capture_size,
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    compilation = dataclasses.replace(compilation, compilation_config=settings)
     given = settings.cudagraph_capture_sizes is not None or settings.max_capture_size is not None
     if given and scheduler.cuda_graph_sizes:
         raise ConfigError(

@@ -105,6 +105,49 @@ def test_the_sizes_are_given_once():
 
 
 @pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--cudagraph-capture-sizes", "8", "1", "4", "4"],
+            CompilationSettings(cudagraph_capture_sizes=(1, 4, 8)),
+        ),
+        (["--max-cudagraph-capture-size", "16"], CompilationSettings(max_capture_size=16)),
+        (
+            ["-O1", "--cudagraph-capture-sizes", "2", "6", "--max-cudagraph-capture-size", "6"],
+            CompilationSettings(level=1, cudagraph_capture_sizes=(2, 6), max_capture_size=6),
+        ),
+        (
+            ["-O.cudagraph_mode=NONE", "--max-cudagraph-capture-size", "4"],
+            CompilationSettings(cudagraph_mode="NONE", max_capture_size=4),
+        ),
+    ],
+)
+def test_vllm_032s_shorthands_fold_into_the_settings(argv, expected):
+    assert _settings(*argv) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--cudagraph-capture-sizes", "2", "-O", '{"cudagraph_capture_sizes": [4]}'],
+            "mutually exclusive",
+        ),
+        (["--max-cudagraph-capture-size", "2", "-O.max_capture_size=4"], "mutually exclusive"),
+        (
+            ["--cudagraph-capture-sizes", "2", "--max-cudagraph-capture-size", "4"],
+            "must be the largest",
+        ),
+        (["--cudagraph-capture-sizes", "2", "--cuda-graph-sizes", "8"], "give one"),
+        (["--cudagraph-capture-sizes", "0"], "--cudagraph-capture-sizes"),
+    ],
+)
+def test_the_shorthands_are_refused_beside_what_they_repeat(argv, message):
+    with pytest.raises((ConfigError, SystemExit, ValueError), match=message):
+        _settings(*argv)
+
+
+@pytest.mark.parametrize(
     ("platform", "requested", "settings", "expected"),
     [
         # Exact sizes, where --cuda-graph-sizes 4 would mean 1, 2 and 4; past max_num_seqs cut.
