@@ -170,6 +170,7 @@ SUPPORTED_FLAGS = [
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative.speculative_config", NgramSpeculation(3, 5, 5)),
     (["--compilation-config", "0"], "compilation.compilation_config", CompilationSettings(level=0)),
     (["--device", "cpu"], "device.device", "cpu"),
+    (["--collect-detailed-traces", "model,worker", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"], "observability.collect_detailed_traces", ["model", "worker"]),
 ]  # fmt: skip
 
 
@@ -197,6 +198,7 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
         config.speculative,
         config.compilation,
         config.device,
+        config.observability,
     )
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
     assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}

@@ -431,8 +431,15 @@ ARGUMENTS: tuple[Argument, ...] = (
     # --- ObservabilityConfig ---------------------------------------------------------------
     vllm_only("show-hidden-metrics-for-version", OBSERVABILITY, None,
           "Show metrics hidden since this version."),
-    vllm_only("collect-detailed-traces", OBSERVABILITY, None,
-          "Add per-module timings to traces (model, worker, all)."),
+    Argument("collect-detailed-traces", OBSERVABILITY, None,
+             "With --otlp-traces-endpoint (required), time every model step and add the "
+             "times of the steps a request took part in to its span, in seconds: model: "
+             "gen_ai.latency.time_in_model_forward (the forward pass: the model's layers and "
+             "output head); worker: gen_ai.latency.time_in_model_execute (the whole step on "
+             "the model thread: inputs to the device, forward, sampling, results back); all: "
+             "both. Several as a list or separated by commas (model,worker). Timed by CUDA/HIP "
+             "events on a GPU; nothing is timed without it.",
+             "list", convert=values.detailed_trace_modules, metavar="{model,worker,all}"),
     # --- SchedulerConfig -------------------------------------------------------------------
     # vLLM-CPU's defaults by usage context: 2048 tokens and 128 sequences for its server,
     # 4096 and 256 for its LLM class (the offline benchmarks).

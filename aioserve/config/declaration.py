@@ -113,6 +113,7 @@ class Argument:
     choice_noun: str = ""  # what one value is called: "quantization method"
     aliases: tuple[str, ...] = ()  # other spellings: ("-tp",)
     keyword: bool | None = None  # accepted by LLM(**kwargs); default: not a Frontend one
+    metavar: str | None = None  # how --help shows the value, where choices do not say it
 
     @property
     def supported(self) -> bool:

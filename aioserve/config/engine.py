@@ -112,6 +112,22 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ObservabilityConfig:
+    # model, worker, all: the step times added to request spans (engine/step_timing.py)
+    collect_detailed_traces: list[str] | None = None
+
+    @property
+    def collect_model_forward_time(self) -> bool:
+        modules = self.collect_detailed_traces or ()
+        return "model" in modules or "all" in modules
+
+    @property
+    def collect_model_execute_time(self) -> bool:
+        modules = self.collect_detailed_traces or ()
+        return "worker" in modules or "all" in modules
+
+
+@dataclass(frozen=True)
 class DecodingConfig:
     reasoning_parser: str  # "": none
     guided_decoding_backend: str
@@ -158,6 +174,7 @@ class EngineConfig:
     speculative: SpeculativeConfig = SpeculativeConfig(None)
     compilation: CompilationConfig = CompilationConfig(CompilationSettings())
     device: DeviceConfig = DeviceConfig("auto")
+    observability: ObservabilityConfig = ObservabilityConfig()
     # For `serve` (vLLM's OPENAI_API_SERVER usage context), not the offline engine: some
     # platform defaults differ between the two (PlatformDefault.cpu_server).
     serving: bool = False
@@ -210,8 +227,22 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         speculative=_checked_speculative(section(SpeculativeConfig), scheduler, model),
         compilation=_checked_compilation(section(CompilationConfig), scheduler),
         device=section(DeviceConfig),
+        observability=_checked_observability(section(ObservabilityConfig), fields),
         serving=serving,
     )
+
+
+def _checked_observability(
+    observability: ObservabilityConfig, fields: dict[str, Any]
+) -> ObservabilityConfig:
+    """vLLM's rule: the detailed traces go into the request spans, which need an endpoint
+    (a server's flag: the offline engine sends no traces)."""
+    if observability.collect_detailed_traces and fields["otlp_traces_endpoint"] is None:
+        raise ConfigError(
+            "--collect-detailed-traces requires `--otlp-traces-endpoint` to be set (its "
+            "times go into the request spans sent there)"
+        )
+    return observability
 
 
 def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:

@@ -63,6 +63,8 @@ def _help(argument: Argument, default: Any) -> str:
 
 
 def _metavar(argument: Argument) -> str | None:
+    if argument.metavar is not None:
+        return argument.metavar
     if argument.choices:
         return "{" + ",".join(str(choice) for choice in argument.choices) + "}"
     if argument.kind == "json":

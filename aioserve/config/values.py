@@ -139,6 +139,25 @@ def non_negative_number(value: Any) -> float:
     return number
 
 
+DETAILED_TRACE_MODULES = ("model", "worker", "all")
+
+
+def detailed_trace_modules(value: Any) -> list[str]:
+    """--collect-detailed-traces: one or more of model, worker, all, as a list or separated
+    by commas ("model,worker", vLLM's spelling); repeats dropped, the order kept."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"must be one or more of model, worker, all, got {value!r}")
+    modules = [m.strip() for item in items for m in item.split(",")]
+    wrong = [m for m in modules if m not in DETAILED_TRACE_MODULES]
+    if wrong or not modules:
+        raise ValueError(
+            f"must be one or more of model, worker, all (a list, or separated by commas), "
+            f"got {value!r}"
+        )
+    return list(dict.fromkeys(modules))
+
+
 def json_object(value: Any) -> dict[str, Any]:
     """A JSON object, given as a dict or as JSON text; the result is a private copy."""
     if isinstance(value, str):

@@ -537,6 +537,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
         partial_prefills=partial_prefills,
         scheduler_delay_factor=sched_cfg.scheduler_delay_factor,
+        collect_model_forward_time=config.observability.collect_model_forward_time,
+        collect_model_execute_time=config.observability.collect_model_execute_time,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         reasoning_parser=config.decoding.reasoning_parser,
         structured_outputs=structured_outputs_config(config.decoding),

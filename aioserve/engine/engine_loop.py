@@ -56,6 +56,7 @@ from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.settings import EngineParts
 from aioserve.engine.stats import StatLogger, StatsReporter, StepTally
+from aioserve.engine.step_timing import StepTiming, step_timer
 from aioserve.engine.steps_in_flight import StepInFlight, StepWaiter, run_timed
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.step_masks import StepMasks, advance_constraint
@@ -108,6 +109,12 @@ class EngineLoop:
         self._queues: dict[str, OutputStream] = {}
         self._sample_of: dict[str, tuple[RequestState, int]] = {}  # sequence id -> (state, index)
         self._model_thread = model_thread or ModelThread()
+        self._step_timer = step_timer(  # --collect-detailed-traces; None without it
+            self.runner,
+            s.device,
+            forward=s.collect_model_forward_time,
+            execute=s.collect_model_execute_time,
+        )
         # Waits for a GPU step, off the loop; a daemon thread, so that a hung device does
         # not keep the process from exiting.
         self._waiter: ModelThread | None = None
@@ -216,7 +223,9 @@ class EngineLoop:
         if masks is not None and fill_masks:
             self._fill_masks(masks)
         started = threading.Event()
-        future = self._model_thread.submit(run_timed, self.runner, prepared, started)
+        future = self._model_thread.submit(
+            run_timed, self.runner, prepared, started, self._step_timer
+        )
         return StepInFlight(index, output, future, started, masks)
 
     async def _finish_step(self, step: StepInFlight, next_step: StepInFlight | None) -> None:
@@ -275,8 +284,19 @@ class EngineLoop:
         if self._last_step_end is not None:
             host_gap = max(0.0, executed.started - self._last_step_end)
         self._last_step_end = executed.ended
+        if executed.timing is not None:
+            self._add_step_times(step.scheduled, executed.timing)
         finished = self.scheduler.update(step.scheduled, result.sampled)
         self._process_step(step.scheduled, result, finished, host_gap)
+
+    def _add_step_times(self, output: SchedulerOutput, timing: StepTiming) -> None:
+        """--collect-detailed-traces: the step's times added to each request in it, once."""
+        states: dict[str, RequestState] = {}
+        for chunk in output.chunks:
+            entry = self._sample_of.get(chunk.request.request_id)
+            if entry is not None and entry[0].samples[entry[1]].request is chunk.request:
+                states[entry[0].request_id] = entry[0]
+        timing.add_to(state.metrics for state in states.values())
 
     def _mark_scheduled(self, output: SchedulerOutput) -> None:
         now = time.monotonic()

@@ -46,6 +46,10 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # --collect-detailed-traces (step_timing.py): seconds in the model's forward passes and
+    # in the model steps' execution, summed over the request's steps; None: not collected.
+    model_forward_time: float | None = None
+    model_execute_time: float | None = None
 
 
 @dataclass

@@ -220,6 +220,8 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         scheduler_delay_factor=sched_cfg.scheduler_delay_factor,
+        collect_model_forward_time=config.observability.collect_model_forward_time,
+        collect_model_execute_time=config.observability.collect_model_execute_time,
         pooler=pooler,
         matryoshka_dimensions=matryoshka_dimensions(hf_config),
         pooled_size=hf_config.hidden_size,

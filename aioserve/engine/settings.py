@@ -81,6 +81,10 @@ class EngineSettings:
     """--speculative-config: how decodes draft tokens (speculation.py); None: they do not."""
     scheduler_delay_factor: float = 0.0
     """--scheduler-delay-factor: prompts held back while requests run (prompt_delay.py)."""
+    collect_model_forward_time: bool = False
+    """--collect-detailed-traces model (or all): steps' forward times (step_timing.py)."""
+    collect_model_execute_time: bool = False
+    """--collect-detailed-traces worker (or all): steps' execute times (step_timing.py)."""
     logits_processor_classes: tuple[type, ...] = ()
     stream_interval: int = 1
     """--stream-interval: tokens a streamed answer gathers before it sends a chunk."""

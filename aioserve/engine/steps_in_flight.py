@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from aioserve.engine.scheduler import SchedulerOutput
+from aioserve.engine.step_timing import StepTimer, StepTiming
 from aioserve.engine.structured_outputs.step_masks import StepMasks
 from aioserve.runner.model_runner import ModelRunner, PreparedStep, StepOutput
 
@@ -25,6 +26,7 @@ class ExecutedStep:
     output: StepOutput
     started: float
     ended: float
+    timing: StepTiming | None = None  # --collect-detailed-traces (step_timing.py)
 
 
 # How long the engine loop may go on from one finished step to the next without letting the
@@ -42,13 +44,20 @@ class StepInFlight:
 
 
 def run_timed(
-    runner: ModelRunner, prepared: PreparedStep, started_event: threading.Event
+    runner: ModelRunner,
+    prepared: PreparedStep,
+    started_event: threading.Event,
+    timer: StepTimer | None = None,
 ) -> ExecutedStep:
-    """On the model thread: run the step, noting when it started and ended."""
+    """On the model thread: run the step, noting when it started and ended, and with a
+    `timer` (--collect-detailed-traces) what it measures."""
     started = time.monotonic()
     started_event.set()
-    output = runner.execute(prepared)
-    return ExecutedStep(output, started, time.monotonic())
+    if timer is None:
+        output = runner.execute(prepared)
+        return ExecutedStep(output, started, time.monotonic())
+    output, timing = timer.run(runner, prepared)
+    return ExecutedStep(output, started, time.monotonic(), timing)
 
 
 class StepWaiter:

@@ -85,6 +85,8 @@ class SpanAttributes:
     GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
     GEN_AI_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
     GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
+    GEN_AI_LATENCY_TIME_IN_MODEL_FORWARD = "gen_ai.latency.time_in_model_forward"
+    GEN_AI_LATENCY_TIME_IN_MODEL_EXECUTE = "gen_ai.latency.time_in_model_execute"
 
 
 def check_tracing() -> str:
@@ -229,6 +231,11 @@ class RequestTrace:
                 SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: last_token - scheduled,
             }
         )
+        # --collect-detailed-traces (engine/step_timing.py), in seconds as vLLM V0's.
+        if m.model_forward_time is not None:
+            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_FORWARD] = m.model_forward_time
+        if m.model_execute_time is not None:
+            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_EXECUTE] = m.model_execute_time
         # The engine's times are time.monotonic(); a span's are nanoseconds since the epoch.
         offset_ns = time.time_ns() - time.monotonic_ns()
         self.tracer.span(

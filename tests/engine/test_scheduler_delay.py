@@ -178,8 +178,10 @@ def test_a_factor_that_is_not_positive_makes_no_delay_object():
 
 
 @pytest.mark.parametrize("value", ["-1", "-0.5", "nan", "inf", "soon"])
-def test_a_bad_factor_is_refused_at_start_naming_the_flag(value, capsys):
-    assert main(["serve", "--scheduler-delay-factor", value]) == 2
+def test_a_bad_factor_is_refused_at_start_naming_the_flag(value, capsys, tmp_path):
+    # Past the check the missing chat template would stop the start, with another message.
+    missing = str(tmp_path / "missing.jinja")
+    assert main(["serve", "--scheduler-delay-factor", value, "--chat-template", missing]) == 2
     error = capsys.readouterr().err
     assert error.startswith("aioserve: error: --scheduler-delay-factor must be a number at least 0")
     assert repr(value) in error
