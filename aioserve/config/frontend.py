@@ -56,6 +56,7 @@ class FrontendConfig:
     disable_log_requests: bool
     enable_log_requests: bool
     otlp_traces_endpoint: str | None  # None: no tracing
+    custom_histogram_buckets: dict[str, list[float]] | None  # family -> bounds (metrics.py)
     shutdown_timeout: float
 
 

@@ -118,6 +118,13 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              "(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc, the default, or http/protobuf), "
              "its parent the request's traceparent header. Needs the opentelemetry-sdk, "
              "-api and -exporter-otlp packages.", convert=values.string),
+    Argument("custom-histogram-buckets", FRONTEND, None,
+             "Bucket bounds (JSON object) replacing the defaults of /metrics' histograms by "
+             "family: request_latency, time_to_first_token, inter_token_latency, "
+             "iteration_tokens, request_params_n, request_num_preemptions, request_tokens; "
+             "each a list of strictly increasing, positive, finite bounds, e.g. "
+             "{\"request_latency\": [0.01, 0.05, 0.1, 0.5]}.",
+             "json", convert=values.histogram_buckets),
     Argument("shutdown-timeout", FRONTEND, 30.0,
              "On SIGTERM or SIGINT, answer new requests with 503 and let the requests in flight "
              "finish for up to this many seconds before exiting; 0 aborts them at once "

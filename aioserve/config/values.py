@@ -8,6 +8,7 @@ after the argument's name: "must be at least 1, got 0".
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -168,6 +169,45 @@ def json_object(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"must be a JSON object, got {value!r}")
     return copy.deepcopy(value)
+
+
+# vLLM 0.32's histogram bucket families (v1/metrics/buckets.py), but kv_cache_residency:
+# aioserve has no KV-cache residency metrics (--kv-cache-metrics).
+HISTOGRAM_FAMILIES = (
+    "request_latency",
+    "time_to_first_token",
+    "inter_token_latency",
+    "iteration_tokens",
+    "request_params_n",
+    "request_num_preemptions",
+    "request_tokens",
+)
+
+
+def histogram_buckets(value: Any) -> dict[str, list[float]]:
+    """--custom-histogram-buckets: family -> strictly increasing, positive, finite bounds,
+    checked as vLLM 0.32 checks them (its messages)."""
+    families = json_object(value)
+    checked = {}
+    for family, bounds in families.items():
+        if family not in HISTOGRAM_FAMILIES:
+            why = (
+                "aioserve has no KV-cache residency metrics"
+                if family == "kv_cache_residency"
+                else f"known families: {sorted(HISTOGRAM_FAMILIES)}"
+            )
+            raise ValueError(f"unknown bucket family {family!r}; {why}")
+        if not isinstance(bounds, list) or not bounds:
+            raise ValueError(f"[{family!r}]: bucket list must be a non-empty list of numbers")
+        for bound in bounds:
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+                raise ValueError(f"[{family!r}]: bound {bound!r} must be a number")
+            if not math.isfinite(bound) or bound <= 0:
+                raise ValueError(f"[{family!r}]: bound {bound!r} must be finite and greater than 0")
+        if any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(f"[{family!r}]: bounds {bounds} must be strictly increasing")
+        checked[family] = [float(bound) for bound in bounds]
+    return checked
 
 
 def names(value: Any) -> list[str]:

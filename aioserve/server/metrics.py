@@ -105,8 +105,8 @@ ENGINE_INDEX = "0"
 LABELS = ("model_name", "engine")
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 """vLLM's finish reasons, exposed at 0 from the start so rate() works. Requests ended by
-their client are not counted (nor are they in vLLM); aioserve has no repetition
-detection, so "repetition" stays 0."""
+their client are not counted (nor are they in vLLM); "repetition" counts the requests
+repetition_detection ended (engine/repetition.py)."""
 
 # Bucket boundaries as vLLM 0.32 uses them (24_metrics.txt).
 ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -212,9 +212,11 @@ class PrometheusStatLogger:
         cache_config: Mapping[str, str] | None = None,
         max_loras: int = 0,
         num_speculative_tokens: int = 0,
+        custom_buckets: Mapping[str, list[float]] | None = None,
     ) -> None:
         """`max_loras`: --max-loras when LoRA is enabled (0: it is not);
-        `num_speculative_tokens`: the drafts a step with speculative decoding (0: none)."""
+        `num_speculative_tokens`: the drafts a step with speculative decoding (0: none);
+        `custom_buckets`: --custom-histogram-buckets, bounds by vLLM's family names."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
@@ -233,7 +235,12 @@ class PrometheusStatLogger:
             metric = Histogram(name, documentation, LABELS, registry=registry, buckets=buckets)
             return metric.labels(*labels)
 
-        token_buckets = build_1_2_5_buckets(max_model_len)
+        def buckets(family: str, default: list[float]) -> list[float]:
+            return list((custom_buckets or {}).get(family, default))
+
+        token_buckets = buckets("request_tokens", build_1_2_5_buckets(max_model_len))
+        request_latency = buckets("request_latency", REQUEST_LATENCY_BUCKETS)
+        token_latency = buckets("inter_token_latency", TOKEN_LATENCY_BUCKETS)
 
         self._max_lora = str(max_loras)
         self.lora_requests_info = None
@@ -289,7 +296,7 @@ class PrometheusStatLogger:
         self.iteration_tokens = histogram(
             "vllm:iteration_tokens_total",
             "Histogram of number of tokens per engine_step.",
-            ITERATION_TOKENS_BUCKETS,
+            buckets("iteration_tokens", ITERATION_TOKENS_BUCKETS),
         )
         self.request_max_num_generation_tokens = histogram(
             "vllm:request_max_num_generation_tokens",
@@ -297,7 +304,9 @@ class PrometheusStatLogger:
             token_buckets,
         )
         self.request_params_n = histogram(
-            "vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            buckets("request_params_n", PARAMS_N_BUCKETS),
         )
         self.request_params_max_tokens = histogram(
             "vllm:request_params_max_tokens",
@@ -307,47 +316,47 @@ class PrometheusStatLogger:
         self.time_to_first_token = histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            TTFT_BUCKETS,
+            buckets("time_to_first_token", TTFT_BUCKETS),
         )
         self.inter_token_latency = histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            TOKEN_LATENCY_BUCKETS,
+            token_latency,
         )
         self.request_time_per_output_token = histogram(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
-            TOKEN_LATENCY_BUCKETS,
+            token_latency,
         )
         self.e2e_request_latency = histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
-            REQUEST_LATENCY_BUCKETS,
+            request_latency,
         )
         self.request_queue_time = histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            REQUEST_LATENCY_BUCKETS,
+            request_latency,
         )
         self.request_inference_time = histogram(
             "vllm:request_inference_time_seconds",
             "Histogram of time spent in RUNNING phase for request.",
-            REQUEST_LATENCY_BUCKETS,
+            request_latency,
         )
         self.request_prefill_time = histogram(
             "vllm:request_prefill_time_seconds",
             "Histogram of time spent in PREFILL phase for request.",
-            REQUEST_LATENCY_BUCKETS,
+            request_latency,
         )
         self.request_decode_time = histogram(
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
-            REQUEST_LATENCY_BUCKETS,
+            request_latency,
         )
         self.request_num_preemptions = histogram(
             "vllm:request_num_preemptions",
             "Histogram of the number of times a request was preempted.",
-            NUM_PREEMPTIONS_BUCKETS,
+            buckets("request_num_preemptions", NUM_PREEMPTIONS_BUCKETS),
         )
         self.request_prefill_kv_computed_tokens = histogram(
             "vllm:request_prefill_kv_computed_tokens",
@@ -520,6 +529,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         cache_config=cache_config_labels(engine.settings),
         max_loras=engine.settings.max_loras,
         num_speculative_tokens=num_speculative_tokens,
+        custom_buckets=state.frontend.custom_histogram_buckets,
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
     stats_line = StatsLine("GPU" if is_gpu() else "CPU") if log_stats else None

@@ -92,6 +92,11 @@ FRONTEND_FLAGS = [
     ),
     (["--shutdown-timeout", "2.5"], "shutdown_timeout", 2.5),
     (
+        ["--custom-histogram-buckets", '{"request_latency": [0.1, 1]}'],
+        "custom_histogram_buckets",
+        {"request_latency": [0.1, 1.0]},
+    ),
+    (
         [
             "--lora-modules",
             "sql=/a/sql",
