@@ -1,7 +1,7 @@
 """aioserve: an LLM inference server with vLLM's surface, on one event loop and Triton kernels.
 
 `from aioserve import LLM, SamplingParams` (`LoRARequest` for adapters, `PoolingParams` for
-embedding models) gives
+embedding models, `BeamSearchParams` for `LLM.beam_search`) gives
 the offline API; `python -m aioserve`
 the command line. Heavy modules (torch, transformers) load on first use, so the command
 line starts fast.
@@ -18,6 +18,7 @@ _EXPORTS = {
     "LoRARequest": "aioserve.engine.lora_requests",
     "AsyncEngine": "aioserve.engine.async_engine",
     "SamplingParams": "aioserve.engine.sampling_params",
+    "BeamSearchParams": "aioserve.engine.beam_search",
     "RequestOutputKind": "aioserve.engine.sampling_params",
     "RequestOutput": "aioserve.engine.outputs",
     "CompletionOutput": "aioserve.engine.outputs",
@@ -29,6 +30,7 @@ _EXPORTS = {
 __all__ = [
     "__version__",
     "AsyncEngine",
+    "BeamSearchParams",
     "CompletionOutput",
     "LLM",
     "Logprob",
@@ -42,6 +44,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
+    from aioserve.engine.beam_search import BeamSearchParams
     from aioserve.engine.llm import LLM
     from aioserve.engine.lora_requests import LoRARequest
     from aioserve.engine.outputs import (

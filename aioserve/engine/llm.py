@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from aioserve.config.engine import EngineConfig, engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine, PromptType
+from aioserve.engine.beam_search import BeamSearchOutput, BeamSearchParams, offline_beam_search
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import (
@@ -121,6 +122,28 @@ class LLM:
                     f"lora_request has {len(loras)} entries for {len(prompts)} prompts"
                 )
         return self._complete(self._run(prompts, params, priorities, use_tqdm, loras))
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's offline beam search (engine/beam_search.py): per prompt, in order, the best
+        `params.beam_width` beams, best first; `concurrency_limit` prompts at a time."""
+        return self._complete(
+            offline_beam_search(
+                self.engine,
+                prompts,
+                params,
+                lora_request,
+                lambda: f"beam-{next(self._ids)}",
+                use_tqdm=use_tqdm,
+                concurrency_limit=concurrency_limit,
+            )
+        )
 
     def chat(
         self,

@@ -17,10 +17,11 @@ from aiohttp import web
 
 from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server import responses
+from aioserve.server.beam_search_route import outputs_for
 from aioserve.server.body_fields import read_json_body
 from aioserve.server.chat_messages import content_text
 from aioserve.server.chat_template import render_chat
-from aioserve.server.generation import engine_outputs, reserve_places
+from aioserve.server.generation import reserve_places
 from aioserve.server.protocol import (
     ChatRequest,
     check_prompt,
@@ -78,7 +79,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         head = ResponseHead.new(
             f"chatcmpl-{parsed.request_id}", object_name, state.response_model(lora)
         )
-        outputs = engine_outputs(
+        outputs = outputs_for(parsed.beam_search)(
             engine,
             parsed.engine_prompt(text, token_ids),
             parsed.params,

@@ -25,9 +25,10 @@ from aioserve.engine.prompt_embeds import (
     prompt_embeds_of,
 )
 from aioserve.server import responses
+from aioserve.server.beam_search_route import outputs_for
 from aioserve.server.body_fields import read_json_body
 from aioserve.server.errors import APIError, refusal
-from aioserve.server.generation import engine_outputs, merge_outputs, reserve_places
+from aioserve.server.generation import merge_outputs, reserve_places
 from aioserve.server.prompt_embeds_field import load_prompt_embeds
 from aioserve.server.prompt_truncation import PromptTruncation
 from aioserve.server.protocol import (
@@ -82,7 +83,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         )
         trace = request_trace(state.tracer, request.headers, head.model)
         streams = [
-            engine_outputs(
+            outputs_for(parsed.beam_search)(
                 engine,
                 parsed.engine_prompt(prompt.text, prompt.token_ids, prompt.embeds),
                 params[i],

@@ -36,9 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
+from aioserve.engine.beam_search import BeamSearchParams
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.sampling_params import (
     SamplingParams,
+)
+from aioserve.server.beam_search_route import (
+    beam_search_params,
+    refuse_with_beam_search,
+    sampling_body,
 )
 from aioserve.server.body_fields import (
     BodyFields,
@@ -77,7 +83,6 @@ PromptInput = str | list[int]
 # Fields vLLM knows that aioserve cannot honour yet: refused when set to anything but "off".
 _UNSUPPORTED: dict[str, str] = {
     "suffix": "suffix is not supported",
-    "use_beam_search": "beam search is not supported by aioserve",
     "functions": "function calling is not supported by aioserve yet",
     "logits_processors": "logits processors are not supported by aioserve",
     # vLLM request fields that would change the prompt, the output or its isolation.
@@ -129,6 +134,8 @@ class GenerationRequest:
     """`truncate_prompt_tokens` / `truncation_side`: how to cut the tokenized prompt."""
     cache_salt: str | None = None
     """Only requests with the same salt share prefix-cache blocks with this one."""
+    beam_search: BeamSearchParams | None = None
+    """`use_beam_search`: the search (beam_search_route.py); None: sampling."""
 
     def engine_prompt(
         self, text: str | None, token_ids: list[int], embeds: torch.Tensor | None = None
@@ -214,7 +221,8 @@ def parse_completion_request(
 ) -> CompletionRequest:
     """Validate a /v1/completions body."""
     _refuse_unsupported(body, chat=False)
-    fields = BodyFields(body, COMPLETION_BODY)
+    refuse_with_beam_search(body, chat=False)
+    fields = BodyFields(sampling_body(body), COMPLETION_BODY)
     max_tokens = fields.get("max_tokens", 16)  # OpenAI's default, for null too (as vLLM)
     logprobs = fields.get("logprobs")
     echo = fields.get("echo", False)
@@ -262,6 +270,7 @@ def parse_completion_request(
         structured_output_field=structured_output_field,
         **_generation_fields(state, fields, headers or {}, params, "max_tokens", "logprobs"),
     )
+    request.beam_search = beam_search_params(body, params, structured_output_field, max_tokens)
     log_ignored_fields(body, COMPLETION_FIELDS)
     return request
 
@@ -289,7 +298,8 @@ def parse_chat_request(
     if body.get("add_generation_prompt") is True and body.get("continue_final_message") is True:
         raise APIError(BOTH_GENERATION_FLAGS)
     _refuse_unsupported(body, chat=True)
-    fields = BodyFields(body, CHAT_BODY)
+    refuse_with_beam_search(body, chat=True)
+    fields = BodyFields(sampling_body(body), CHAT_BODY)
     messages = body.get("messages")
     if messages is None:
         raise APIError("the field `messages` is required", param="messages")
@@ -368,6 +378,7 @@ def parse_chat_request(
             state, fields, headers or {}, params, max_tokens_field, "top_logprobs"
         ),
     )
+    request.beam_search = beam_search_params(body, params, structured_output_field, max_tokens)
     log_ignored_fields(body, CHAT_COMPLETION_FIELDS)
     return request
 

@@ -172,7 +172,7 @@ def test_no_field_aioserve_reads_can_be_reported_as_ignored(server, monkeypatch,
 # vLLM fields aioserve neither reads nor refuses, each because ignoring it cannot change
 # what a request means: it only tunes what aioserve does not do, or is a routing hint.
 HARMLESS_WHEN_IGNORED = {
-    "length_penalty": "beam search only, and use_beam_search is refused",
+    "length_penalty": "beam search's alone: read with use_beam_search, ignored without (vLLM's)",
     "stream_interval": "how many tokens vLLM batches per stream chunk, not what is sent",
     "session_id": "a routing hint for vLLM's session-aware schedulers",
     "routed_experts_prompt_start": "MoE routing records, off unless a server flag asks",
