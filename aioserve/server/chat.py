@@ -91,7 +91,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         )
         shown = rendered if parsed.return_prompt_text else None  # the prompt_text field
         if parsed.stream:
-            events = _chunks(
+            events = chat_chunks(
                 state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
             )
             return await stream_events(request, events)
@@ -130,6 +130,25 @@ async def _full_response(
     head: ResponseHead,
     outputs: AsyncIterator[RequestOutput],
 ) -> web.Response:
+    body = await full_chat_body(
+        state, parsed, prompt_text, prompt_token_ids, prompt_closed, role, echo, head, outputs
+    )
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def full_chat_body(
+    state: ServerState,
+    parsed: ChatRequest,
+    prompt_text: str | None,
+    prompt_token_ids: list[int],
+    prompt_closed: bool,
+    role: str,
+    echo: str,
+    head: ResponseHead,
+    outputs: AsyncIterator[RequestOutput],
+) -> dict[str, Any]:
+    """The chat completion of the whole answer `outputs` delivers (the Anthropic Messages
+    route reads it too: anthropic_api.py)."""
     async with aclosing(outputs):
         async for output in outputs:
             final = output
@@ -173,10 +192,9 @@ async def _full_response(
         reasoning_tokens if parser else None,
     )
     prompt_ids = prompt_token_ids if parsed.return_token_ids else None
-    body = responses.chat_response(
+    return responses.chat_response(
         head, choices, usage, prompt_ids, final.prompt_logprobs, prompt_text
     )
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 def _split_reasoning(
@@ -217,7 +235,7 @@ def calls_in_answer(
     return text, calls, finish_reason
 
 
-async def _chunks(
+async def chat_chunks(
     state: ServerState,
     parsed: ChatRequest,
     prompt_text: str | None,
@@ -228,6 +246,8 @@ async def _chunks(
     head: ResponseHead,
     outputs: AsyncIterator[RequestOutput],
 ) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of the answer `outputs` delivers in deltas (the Anthropic Messages route
+    turns them into its events: anthropic_stream.py)."""
     as_token_ids = parsed.tokens_as_ids(state.frontend.return_tokens_as_token_ids)
     details = state.frontend.enable_prompt_tokens_details
     num_prompt_tokens = len(prompt_token_ids)

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from aioserve import __version__
+from aioserve.server.anthropic_api import ANTHROPIC_OPERATIONS, ANTHROPIC_SCHEMAS
 from aioserve.server.classify import CLASSIFY_BODY
 from aioserve.server.docs_page import docs_page
 from aioserve.server.embeddings import EMBEDDING_BODY, POOLING_BODY
@@ -250,6 +251,7 @@ _SCHEMAS: dict[str, Any] = {
             "usage": _OBJECT,
         },
     },
+    **ANTHROPIC_SCHEMAS,
     "TokenizeRequest": {
         "type": "object",
         "description": "Either prompt or messages.",
@@ -368,6 +370,7 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "requestBody": _body("ResponsesRequest"),
         "responses": {"200": _json(_ref("ResponsesResponse")), **_ERRORS, **_AUTH_ERROR},
     },
+    **ANTHROPIC_OPERATIONS,
     ("get", "/v1/responses/{response_id}"): {
         "summary": "A stored response: aioserve stores none, so always 404",
         "responses": {"200": _json(_ref("ResponsesResponse")), "404": _ERRORS["404"]},
