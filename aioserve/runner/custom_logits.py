@@ -95,7 +95,7 @@ class CustomLogitsProcessors:
             else:
                 at[other] = index
                 moved.append((index, row, MoveDirectionality.SWAP))
-        changed = removed or added or moved or len(self._rows) != len(rows)
+        changed = removed or added or moved  # a new size always removes or adds
         self._rows = rows
         update = BatchUpdate(len(rows), removed, added, moved) if changed else None
         return ProcessorRows(update, [seq.output_token_ids for seq in rows])
