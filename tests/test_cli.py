@@ -19,6 +19,8 @@ from aioserve.config.engine import engine_config_from_args
 from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, build_engine_parser
 
 INVENTORY = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "vllm_surface.md"
+# `vllm serve`'s options in vLLM 0.32.0, as tools/list_vllm_serve_options.py printed them.
+VLLM_032_OPTIONS = Path(__file__).resolve().parent / "vllm_serve_options_0_32.txt"
 
 
 @pytest.fixture(autouse=True)
@@ -366,30 +368,46 @@ def test_every_vllm_argument_is_declared(parser):
     known |= {action.dest for action in parser._actions if not action.option_strings}
     missing = [spelling for row in rows for spelling in row if spelling not in known]
     assert missing == []
-    # Added to vLLM after the versions the inventory was built from: --shutdown-timeout in
-    # 0.18, the queue caps in PR #49445 (vllm_samples/24_metrics.txt has their
-    # vllm:admission_rejections_total), --exclude-tools-when-tool-choice-none (in vLLM
-    # 0.32's entrypoints/launchers/cli_args.py, as installed by ../shared/peers/),
-    # --structured-outputs-config (0.10's StructuredOutputsConfig, beside --guided-decoding-*),
-    # --default-chat-template-kwargs (FrontendArgs in vLLM 0.32's launchers/cli_args.py),
-    # --stream-interval (SchedulerConfig in vLLM 0.32's config/scheduler.py),
-    # --kv-cache-memory-bytes (CacheConfig in vLLM 0.32's config/cache.py),
-    # --cudagraph-capture-sizes and --max-cudagraph-capture-size (its CompilationConfig group),
-    # --custom-histogram-buckets (ObservabilityConfig in vLLM 0.32's config/observability.py).
-    later = {
-        "--structured-outputs-config",
-        "--shutdown-timeout",
-        "--max-num-queued-reqs",
-        "--max-num-queued-tokens",
-        "--exclude-tools-when-tool-choice-none",
-        "--default-chat-template-kwargs",
-        "--trust-request-chat-template",  # FrontendArgs in vLLM 0.32's cli_args.py too
-        "--stream-interval",
-        "--kv-cache-memory-bytes",
-        "--cudagraph-capture-sizes",
-        "--max-cudagraph-capture-size",
-        "--custom-histogram-buckets",
-    }
+    # Arguments added to vLLM after the versions the inventory was built from are in
+    # vLLM 0.32's own list.
+    later = {spelling for spellings in _vllm_032_options() for spelling in spellings}
     inventory = {spelling for row in rows for spelling in row} | later
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]
     assert invented == []
+
+
+def _vllm_032_options() -> list[list[str]]:
+    lines = VLLM_032_OPTIONS.read_text(encoding="utf-8").splitlines()
+    return [line.split() for line in lines if line and not line.startswith("#")]
+
+
+def test_every_vllm_032_option_is_known(parser):
+    options = _vllm_032_options()
+    assert len(options) > 300 and ["--max-num-seqs"] in options
+    known = {option for action in parser._actions for option in action.option_strings}
+    missing = [spelling for spellings in options for spelling in spellings if spelling not in known]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--attention-backend", "FLASH_ATTN"],
+        ["--no-enable-mfu-metrics"],
+        ["-asc", "2"],
+        ["--reasoning-config.reasoning_start_str", "<think>"],
+        ["--numa-bind-nodes", "0", "1"],
+    ],
+)
+def test_a_vllm_032_argument_is_refused_by_name(parser, argv):
+    flag = {"-asc": "--api-server-count (-asc)"}.get(argv[0], argv[0].split(".")[0])
+    flag = flag.replace("--no-", "--")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(flag)} is a vLLM argument that aioserve"):
+        engine_config_from_args(parser.parse_args(["org/m", *argv]))
+
+
+def test_vllm_032_aliases_reach_their_arguments(parser):
+    args = parser.parse_args(["org/m", "--device-memory-utilization", "0.5"])
+    assert engine_config_from_args(args).cache.gpu_memory_utilization == 0.5
+    sc = parser.parse_args(["org/m", "-sc.method", "ngram", "-sc.num_speculative_tokens", "3"])
+    assert engine_config_from_args(sc).speculative.speculative_config.num_speculative_tokens == 3

@@ -33,6 +33,7 @@ from aioserve.config.declaration import (
     vllm_only,
 )
 from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
+from aioserve.config.recent_arguments import RECENT_ARGUMENTS
 from aioserve.config.speculative import speculative_config
 
 # The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
@@ -293,8 +294,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     vllm_only("data-parallel-backend", PARALLEL, "mp", "How data-parallel replicas are launched.",
           choices=("mp", "ray"), aliases=("-dpb",)),
     vllm_only("data-parallel-hybrid-lb", PARALLEL, False,
-          "Balance load inside each node, with an external balancer across nodes.", "bool"),
-    vllm_only("enable-expert-parallel", PARALLEL, False, "Shard MoE experts with expert parallelism.", "bool"),
+          "Balance load inside each node, with an external balancer across nodes.", "bool",
+          aliases=("-dph",)),
+    vllm_only("enable-expert-parallel", PARALLEL, False, "Shard MoE experts with expert parallelism.", "bool",
+          aliases=("-ep",)),
     vllm_only("enable-eplb", PARALLEL, False, "Balance MoE experts across ranks at run time.", "bool"),
     vllm_only("eplb-config", PARALLEL,
           {"window_size": 1000, "step_interval": 3000, "num_redundant_experts": 0,
@@ -324,8 +327,9 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("gpu-memory-utilization", CACHE, 0.9,
              "Share of device memory (greater than 0, at most 1) this instance may use for "
              "weights, activations and KV cache. On the CPU the KV cache size comes from "
-             f"{CPU_KVCACHE_SPACE_ENV} (GiB, default {DEFAULT_CPU_KVCACHE_SPACE_GIB:g}).",
-             convert=values.fraction),
+             f"{CPU_KVCACHE_SPACE_ENV} (GiB, default {DEFAULT_CPU_KVCACHE_SPACE_GIB:g}). "
+             "--device-memory-utilization is vLLM 0.32's other name for it.",
+             convert=values.fraction, aliases=("--device-memory-utilization",)),
     vllm_only("swap-space", CACHE, 4, "CPU swap space per GPU, in GiB."),
     Argument("kv-cache-dtype", CACHE, "auto",
              "Storage type of the KV cache: auto (the model's dtype) or fp8 (= fp8_e4m3; "
@@ -407,7 +411,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              "4, \"prompt_lookup_max\": 5, \"prompt_lookup_min\": 2} drafts tokens by finding "
              "the output's last n-gram earlier in the sequence; a step checks them all at once "
              "(engine/speculation.py). Without --async-scheduling.", "json",
-             convert=speculative_config),
+             convert=speculative_config, aliases=("-sc",)),
     vllm_only("speculative-model", SPECULATIVE, None, "Draft model."),
     vllm_only("speculative-model-quantization", SPECULATIVE, None, "Quantization of the draft model."),
     vllm_only("num-speculative-tokens", SPECULATIVE, None, "Tokens the draft proposes per step."),
@@ -540,6 +544,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              "or AMD GPU, as torch names both).", convert=values.string,
              choices=("auto", "cuda", "cpu"),
              vllm_choices=("neuron", "openvino", "tpu", "xpu", "hpu"), choice_noun="device"),
+    *RECENT_ARGUMENTS,
 )
 # fmt: on
 

@@ -32,6 +32,11 @@ SCHEDULER = "SchedulerConfig"
 VLLM = "VllmConfig"
 TOKENIZER_POOL = "TokenizerPoolConfig"
 DEVICE = "DeviceConfig"
+ATTENTION = "AttentionConfig"
+KERNEL = "KernelConfig"
+MAMBA = "MambaConfig"
+OFFLOAD = "OffloadConfig"
+LOGGING = "LoggingConfig"
 
 GROUP_DESCRIPTIONS: dict[str, str] = {
     FRONTEND: "The HTTP server: address, TLS, CORS, authentication, logging, tools.",
@@ -49,6 +54,11 @@ GROUP_DESCRIPTIONS: dict[str, str] = {
     VLLM: "Compilation and cross-instance settings.",
     TOKENIZER_POOL: "The asynchronous tokenizer pool (deprecated in vLLM).",
     DEVICE: "The execution device (deprecated in vLLM; detected from the platform).",
+    ATTENTION: "Attention kernels.",
+    KERNEL: "Kernel backends of linear, MoE and other layers.",
+    MAMBA: "Mamba and other state-space layers.",
+    OFFLOAD: "Weights kept in host memory and streamed to the device.",
+    LOGGING: "vLLM's loggers.",
 }
 
 # How an argument is spelled on the command line:

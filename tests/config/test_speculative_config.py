@@ -141,7 +141,7 @@ def test_text_that_is_not_json_is_an_argparse_error_naming_the_flag(capsys):
     with pytest.raises(SystemExit) as exit_info:
         _parser().parse_args([FLAG, "{method: ngram}"])
     assert exit_info.value.code == 2
-    assert f"argument {FLAG}: not valid JSON" in capsys.readouterr().err
+    assert f"argument {FLAG}/-sc: not valid JSON" in capsys.readouterr().err
 
 
 def test_a_refusal_is_reported_with_the_other_problems_of_the_command_line():
