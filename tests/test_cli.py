@@ -389,6 +389,16 @@ def test_every_vllm_argument_is_declared(parser):
         "--cudagraph-capture-sizes",
         "--max-cudagraph-capture-size",
         "--custom-histogram-buckets",
+        # FrontendArgs in vLLM 0.32's launchers/cli_args.py:
+        "--enable-force-include-usage",
+        "--enable-tokenizer-info-endpoint",
+        "--enable-log-outputs",
+        "--enable-log-deltas",
+        "--log-error-stack",
+        "--tokens-only",
+        "--fingerprint-mode",
+        "--fingerprint-value",
+        "--enable-per-request-metrics",
     }
     inventory = {spelling for row in rows for spelling in row} | later
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]
