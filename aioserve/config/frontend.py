@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aioserve.config.arguments import ARGUMENTS
-from aioserve.config.declaration import FRONTEND, checked_values
+from aioserve.config.declaration import FRONTEND, ConfigError, checked_values
 from aioserve.config.values import LoRAModulePath
 
 
@@ -55,6 +55,15 @@ class FrontendConfig:
     disable_log_stats: bool
     disable_log_requests: bool
     enable_log_requests: bool
+    enable_log_outputs: bool
+    enable_log_deltas: bool
+    log_error_stack: bool | None  # None: VLLM_SERVER_DEV_MODE decides (server/app.py)
+    enable_force_include_usage: bool
+    enable_per_request_metrics: bool
+    enable_tokenizer_info_endpoint: bool
+    fingerprint_mode: str  # full, hash, custom or none (server/fingerprint.py)
+    fingerprint_value: str | None
+    tokens_only: bool  # always False: refused when set (values.tokens_only)
     otlp_traces_endpoint: str | None  # None: no tracing
     custom_histogram_buckets: dict[str, list[float]] | None  # family -> bounds (metrics.py)
     shutdown_timeout: float
@@ -64,12 +73,34 @@ _FRONTEND_ARGUMENTS = tuple(a for a in ARGUMENTS if a.group == FRONTEND and a.su
 
 
 def _build(values: dict[str, Any]) -> FrontendConfig:
-    return FrontendConfig(
+    config = FrontendConfig(
         **{
             a.dest: values[a.dest] if a.dest in values else a.check(None, a.flag)
             for a in _FRONTEND_ARGUMENTS
         }
     )
+    _check_combinations(config)
+    return config
+
+
+def _check_combinations(config: FrontendConfig) -> None:
+    """ConfigError for arguments that vLLM 0.32 refuses together (validate_parsed_serve_args),
+    and for a fingerprint value that would be ignored or missing."""
+    if config.enable_log_outputs and not config.enable_log_requests:
+        raise ConfigError("--enable-log-outputs requires --enable-log-requests")
+    if config.enable_per_request_metrics and config.disable_log_stats:
+        raise ConfigError(
+            "--enable-per-request-metrics requires engine statistics logging; remove "
+            "--disable-log-stats to enable per-request metrics"
+        )
+    # vLLM answers null for custom without a value and ignores a value in another mode.
+    if config.fingerprint_mode == "custom" and config.fingerprint_value is None:
+        raise ConfigError("--fingerprint-mode custom requires --fingerprint-value")
+    if config.fingerprint_value is not None and config.fingerprint_mode != "custom":
+        raise ConfigError(
+            f"--fingerprint-value is used only with --fingerprint-mode custom, not "
+            f"{config.fingerprint_mode}"
+        )
 
 
 def frontend_config_from_args(args: argparse.Namespace) -> FrontendConfig:

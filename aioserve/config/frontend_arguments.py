@@ -111,6 +111,39 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              "--enable-log-requests).",
              "bool", convert=values.boolean),
     Argument("enable-log-requests", FRONTEND, False, "Log each request.", "bool", convert=values.boolean),
+    Argument("enable-log-outputs", FRONTEND, False,
+             "Log each chat and Responses answer as vLLM logs generated outputs (its text "
+             "and finish reason at INFO, its token ids at DEBUG): streamed answers delta by "
+             "delta and then whole. Needs --enable-log-requests.", "bool", convert=values.boolean),
+    Argument("enable-log-deltas", FRONTEND, True,
+             "With --enable-log-outputs, log each streamed delta too (--no-enable-log-deltas: "
+             "only the whole answer).", "bool", convert=values.boolean),
+    Argument("log-error-stack", FRONTEND, None,
+             "Log the stack trace of every error response. Default: on when "
+             "VLLM_SERVER_DEV_MODE=1, as in vLLM.", "bool", convert=values.boolean),
+    Argument("enable-force-include-usage", FRONTEND, False,
+             "Usage on every request: streamed completions and chat completions report it in "
+             "every chunk and in a last chunk, as with stream_options {\"include_usage\": true, "
+             "\"continuous_usage_stats\": true}.", "bool", convert=values.boolean),
+    Argument("enable-per-request-metrics", FRONTEND, False,
+             "Add the request's timings to each answer's \"metrics\" (time_to_first_token_ms, "
+             "generation_time_ms, queue_time_ms, mean_itl_ms, tokens_per_second): completions "
+             "and chat completions of one sequence (in a stream, on its usage chunk), and "
+             "responses. Not with --disable-log-stats.", "bool", convert=values.boolean),
+    Argument("enable-tokenizer-info-endpoint", FRONTEND, False,
+             "Serve GET /tokenizer_info: the tokenizer's configuration, its class and the chat "
+             "template of --chat-template (this may expose templates).", "bool",
+             convert=values.boolean),
+    Argument("fingerprint-mode", FRONTEND, "full",
+             "The responses' system_fingerprint: full, aioserve-<version>-<hash of the engine's "
+             "settings> (aioserve runs no parallelism for vLLM's tp/pp/dp/ep parts); hash, the "
+             "same; custom, --fingerprint-value; none, null.", convert=values.string,
+             choices=("full", "hash", "custom", "none")),
+    Argument("fingerprint-value", FRONTEND, None,
+             "The system_fingerprint with --fingerprint-mode custom.", convert=values.string),
+    Argument("tokens-only", FRONTEND, False,
+             "vLLM's Tokens In<>Out mode (no tokenizer, POST /inference/v1/generate); refused: "
+             "aioserve does not serve those routes yet.", "bool", convert=values.tokens_only),
     # vLLM's ObservabilityConfig; a Frontend argument here, since the HTTP server makes the
     # spans (server/tracing.py).
     Argument("otlp-traces-endpoint", FRONTEND, None,

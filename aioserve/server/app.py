@@ -7,7 +7,9 @@ its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), SageMaker'
 /invocations in front of those (invocations.py), the profiler's routes where
 VLLM_TORCH_PROFILER_DIR is set (profile_routes.py), the development routes with
 VLLM_SERVER_DEV_MODE=1 (dev_routes.py), the metrics (metrics.py), the request tracer
-with --otlp-traces-endpoint (tracing.py) and the schema and docs pages (openapi.py).
+with --otlp-traces-endpoint (tracing.py), GET /tokenizer_info with
+--enable-tokenizer-info-endpoint (tokenizer_info.py) and the schema and docs pages
+(openapi.py).
 `serve.py` runs the app; tests run it in-process.
 """
 
@@ -17,7 +19,7 @@ from aiohttp import web
 
 from aioserve.engine.step_profiler import profiler_dir
 from aioserve.server.dev_routes import add_dev_routes, dev_mode
-from aioserve.server.errors import error_middleware
+from aioserve.server.errors import LOG_ERROR_STACK, error_middleware
 from aioserve.server.invocations import add_invocations_route
 from aioserve.server.lora_routes import add_lora_routes
 from aioserve.server.metrics import add_metrics
@@ -42,6 +44,7 @@ from aioserve.server.pooling_routes import add_pooling_routes
 from aioserve.server.profile_routes import add_profile_routes
 from aioserve.server.routes import add_routes
 from aioserve.server.state import STATE, ServerState
+from aioserve.server.tokenizer_info import add_tokenizer_info_route
 from aioserve.server.tracing import RequestTracer
 
 
@@ -91,11 +94,15 @@ def build_app(state: ServerState) -> web.Application:
         state.tracer = RequestTracer(frontend.otlp_traces_endpoint)
         app.on_cleanup.append(_stop_tracer)
     app[IN_FLIGHT] = in_flight
+    log_stack = frontend.log_error_stack
+    app[LOG_ERROR_STACK] = dev_mode() if log_stack is None else log_stack
     app.on_response_prepare.append(cors_response_hook(cors))
     if frontend.enable_request_id_headers:
         app.on_response_prepare.append(request_id_hook)
 
     add_routes(app, load_tracking=frontend.enable_server_load_tracking)
+    if frontend.enable_tokenizer_info_endpoint:
+        add_tokenizer_info_route(app)
     if state.engine.settings.runner_type == "pooling":
         add_pooling_routes(app)  # as vLLM, no generation routes for a pooling model
     else:

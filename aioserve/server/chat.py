@@ -22,6 +22,7 @@ from aioserve.server.body_fields import read_json_body
 from aioserve.server.chat_messages import content_text
 from aioserve.server.chat_template import render_chat
 from aioserve.server.generation import reserve_places
+from aioserve.server.output_log import COMPLETE, output_log
 from aioserve.server.protocol import (
     ChatRequest,
     check_prompt,
@@ -34,6 +35,7 @@ from aioserve.server.reasoning import (
     reasoning_closed,
     split_whole,
 )
+from aioserve.server.request_metrics import timing_metrics
 from aioserve.server.responses import ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
@@ -185,16 +187,45 @@ async def full_chat_body(
             )
         )
     details = state.frontend.enable_prompt_tokens_details
+    num_generated = sum(len(sample.token_ids) for sample in final.outputs)
     usage = responses.full_usage(
         len(prompt_token_ids),
-        sum(len(sample.token_ids) for sample in final.outputs),
+        num_generated,
         final.num_cached_tokens if details else None,
         reasoning_tokens if parser else None,
     )
+    log = output_log(state.frontend)
+    if log is not None:
+        tokens = {sample.index: sample.token_ids for sample in final.outputs}
+        for choice in choices:
+            message = choice["message"]
+            log.chat_choice(
+                head.id,
+                message["content"],
+                message.get("tool_calls"),
+                tokens[choice["index"]],
+                choice["finish_reason"],
+            )
     prompt_ids = prompt_token_ids if parsed.return_token_ids else None
     return responses.chat_response(
-        head, choices, usage, prompt_ids, final.prompt_logprobs, prompt_text
+        head,
+        choices,
+        usage,
+        prompt_ids,
+        final.prompt_logprobs,
+        prompt_text,
+        state.system_fingerprint,
+        _metrics(state, parsed, final, num_generated),
     )
+
+
+def _metrics(
+    state: ServerState, parsed: ChatRequest, final: RequestOutput | None, num_generated: int
+) -> dict[str, Any] | None:
+    """--enable-per-request-metrics' timings, for an answer of one choice (vLLM's rule)."""
+    if not state.frontend.enable_per_request_metrics or parsed.params.n != 1:
+        return None
+    return timing_metrics(final.metrics if final is not None else None, num_generated)
 
 
 def _split_reasoning(
@@ -253,7 +284,6 @@ async def chat_chunks(
     num_prompt_tokens = len(prompt_token_ids)
     n = parsed.params.n
     num_tokens = [0] * n
-    unfinished = n
     cached_tokens = 0
     started = False
     parser = state.engine.settings.reasoning_parser
@@ -264,6 +294,10 @@ async def chat_chunks(
     reasoning_tokens = [0] * n
     # Hidden reasoning hides the token data that would show it too (vLLM's rule).
     hidden = bool(parser) and not parsed.include_reasoning
+    fingerprint = state.system_fingerprint
+    log = output_log(state.frontend)
+    texts = [""] * n  # each choice's raw generated text, for the output log
+    last: RequestOutput | None = None
 
     def usage_of(completion_tokens: int, *, cached: int | None = None) -> dict[str, Any]:
         return responses.usage(
@@ -280,6 +314,7 @@ async def chat_chunks(
     ]
     async with aclosing(outputs):
         async for output in outputs:
+            last = output
             cached_tokens = output.num_cached_tokens
             if not started:
                 # The role chunks wait for the first output, so that a request the engine
@@ -303,6 +338,7 @@ async def chat_chunks(
                         yield responses.chunk(head, [choice])
             for sample in output.outputs:
                 num_tokens[sample.index] += len(sample.token_ids)
+                texts[sample.index] += sample.text
                 has_token_data = (
                     bool(sample.token_ids)
                     and (sample.logprobs is not None or parsed.return_token_ids)
@@ -350,17 +386,26 @@ async def chat_chunks(
                     reasoning,
                     tool_calls,
                 )
-                if sample.finish_reason is not None:
-                    unfinished -= 1
+                if log is not None:
+                    log.chat_delta(
+                        head.id, content, reasoning, tool_calls, sample.token_ids,
+                        sample.finish_reason,
+                    )  # fmt: skip
                 event = responses.chunk(head, [choice])
                 if parsed.continuous_usage_stats:
                     event["usage"] = usage_of(num_tokens[sample.index])
-                if unfinished == 0 and not parsed.include_usage:
-                    event["system_fingerprint"] = responses.SYSTEM_FINGERPRINT
+                # vLLM stamps each choice's last chunk, unless a usage chunk follows.
+                finishing = sample.finish_reason is not None
+                if finishing and fingerprint is not None and not parsed.include_usage:
+                    event["system_fingerprint"] = fingerprint
                 yield event
     if parsed.include_usage:
-        yield {
-            **responses.chunk(head, []),
-            "usage": usage_of(sum(num_tokens), cached=cached_tokens if details else None),
-            "system_fingerprint": responses.SYSTEM_FINGERPRINT,
-        }
+        yield responses.usage_chunk(
+            head,
+            usage_of(sum(num_tokens), cached=cached_tokens if details else None),
+            fingerprint,
+            _metrics(state, parsed, last, sum(num_tokens)),
+        )
+    if log is not None:
+        for text in texts:
+            log.log(head.id, text, None, "streaming_complete", COMPLETE)

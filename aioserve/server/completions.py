@@ -38,6 +38,7 @@ from aioserve.server.protocol import (
     check_serving,
     parse_completion_request,
 )
+from aioserve.server.request_metrics import timing_metrics
 from aioserve.server.responses import CompletionLogprobs, ResponseHead
 from aioserve.server.sse import stream_events
 from aioserve.server.state import STATE, ServerState
@@ -181,8 +182,25 @@ async def _full_response(
         completion_tokens,
         cached_tokens if state.frontend.enable_prompt_tokens_details else None,
     )
-    body = responses.completion_response(head, choices, usage)
+    metrics = _metrics(state, parsed, finals, completion_tokens)
+    body = responses.completion_response(head, choices, usage, state.system_fingerprint, metrics)
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def _metrics(
+    state: ServerState,
+    parsed: CompletionRequest,
+    finals: list[RequestOutput | None],
+    num_generated: int,
+) -> dict[str, Any] | None:
+    """--enable-per-request-metrics' timings, for one prompt and one choice only (vLLM's
+    rule: timings of several sequences are not one request's)."""
+    if not state.frontend.enable_per_request_metrics:
+        return None
+    if len(finals) != 1 or parsed.params.n != 1:
+        return None
+    final = finals[0]
+    return timing_metrics(final.metrics if final is not None else None, num_generated)
 
 
 def _shown(
@@ -236,9 +254,11 @@ async def _chunks(
     cached_tokens = [0] * len(prompts)
     # Sent once per prompt, with its first output: kept for the choices that start later.
     prompt_logprobs: list[PromptLogprobs | None] = [None] * len(prompts)
-    unfinished = num_choices
+    fingerprint = state.system_fingerprint
+    finals: list[RequestOutput | None] = [None] * len(prompts)
     async with aclosing(merged):
         async for i, output in merged:
+            finals[i] = output
             cached_tokens[i] = output.num_cached_tokens
             if output.prompt_logprobs is not None:
                 prompt_logprobs[i] = output.prompt_logprobs
@@ -250,24 +270,22 @@ async def _chunks(
                 )
                 if choice is None:
                     continue
-                if sample.finish_reason is not None:
-                    unfinished -= 1
                 event = responses.chunk(head, [choice])
                 if parsed.continuous_usage_stats:
                     event["usage"] = responses.usage(len(prompts[i].token_ids), num_tokens[index])
-                if unfinished == 0 and not parsed.include_usage:
-                    event["system_fingerprint"] = responses.SYSTEM_FINGERPRINT
+                # vLLM stamps each choice's last chunk, unless a usage chunk follows.
+                finishing = sample.finish_reason is not None
+                if finishing and fingerprint is not None and not parsed.include_usage:
+                    event["system_fingerprint"] = fingerprint
                 yield event
     if parsed.include_usage:
-        yield {
-            **responses.chunk(head, []),
-            "usage": responses.usage(
-                sum(len(p.token_ids) for p in prompts),
-                sum(num_tokens),
-                sum(cached_tokens) if details else None,
-            ),
-            "system_fingerprint": responses.SYSTEM_FINGERPRINT,
-        }
+        usage = responses.usage(
+            sum(len(p.token_ids) for p in prompts),
+            sum(num_tokens),
+            sum(cached_tokens) if details else None,
+        )
+        metrics = _metrics(state, parsed, finals, sum(num_tokens))
+        yield responses.usage_chunk(head, usage, fingerprint, metrics)
 
 
 def _chunk_choice(

@@ -6,6 +6,11 @@ Handlers raise `APIError`; the error middleware turns it (and anything unexpecte
 
 with the matching HTTP status. Parameter errors say which field and which value, the way
 vLLM words them: "... (parameter=max_tokens, value=-1)".
+
+With --log-error-stack (default: VLLM_SERVER_DEV_MODE=1) every error response an exception
+made (an APIError, aiohttp's HTTP errors, an unknown route or method) is logged at ERROR
+with its stack trace, as vLLM's exception handlers log them; unexpected exceptions are
+logged with theirs always.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import orjson
 from aiohttp import web
 
 logger = logging.getLogger("aioserve.server")
+
+LOG_ERROR_STACK: web.AppKey[bool] = web.AppKey("aioserve_log_error_stack", bool)
+"""Whether the app logs error responses with their stack (--log-error-stack; app.py)."""
 
 _ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
@@ -79,16 +87,33 @@ def refusal(message: str, param: str) -> APIError:
     return APIError(f"{message} (parameter={param})", param=param)
 
 
+def log_error_response(request: web.Request, error: BaseException, status: int) -> None:
+    """With --log-error-stack, log the error response to `request` with `error`'s stack."""
+    if request.app.get(LOG_ERROR_STACK, False):
+        logger.error(
+            "%s caught. Request id: %s (%s %s answered %d: %s)",
+            type(error).__name__,
+            request.headers.get("X-Request-Id"),
+            request.method,
+            request.path,
+            status,
+            error,
+            exc_info=error,
+        )
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Answer an APIError with its JSON body; anything unexpected becomes a logged 500."""
     try:
         return await handler(request)
     except APIError as error:
+        log_error_response(request, error, error.status)
         return error.response()
     except web.HTTPException as error:
         if error.status < 400:
             raise
+        log_error_response(request, error, error.status)
         return APIError(error.reason, error.status).response()
     except Exception:
         logger.exception("unhandled error in %s %s", request.method, request.path)

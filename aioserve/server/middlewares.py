@@ -34,7 +34,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from aioserve.config.declaration import ConfigError
 from aioserve.config.frontend import FrontendConfig
-from aioserve.server.errors import APIError
+from aioserve.server.errors import APIError, log_error_response
 
 logger = logging.getLogger("aioserve.server")
 
@@ -281,6 +281,8 @@ def _is_protected(path: str) -> bool:
 async def route_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """404 for an unknown route, 405 (with Allow) for a wrong method, 413 for a large body."""
     routing_error = request.match_info.http_exception
+    if routing_error is not None:
+        log_error_response(request, routing_error, routing_error.status)
     if isinstance(routing_error, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(routing_error.allowed_methods))
         return _json_error(

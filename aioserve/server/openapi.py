@@ -415,6 +415,16 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "requestBody": _body("DetokenizeRequest"),
         "responses": {"200": _json(_ref("DetokenizeResponse")), **_ERRORS},
     },
+    ("get", "/tokenizer_info"): {
+        "summary": "The tokenizer's configuration, class and --chat-template "
+        "(--enable-tokenizer-info-endpoint)",
+        "responses": {
+            "200": _json(
+                {"type": "object", "properties": {"tokenizer_class": _STRING}},
+            ),
+            **_ERRORS,
+        },
+    },
     ("post", "/v1/embeddings"): {
         "summary": "Embed texts, token ids or chats (a pooling model)",
         "requestBody": _body("EmbeddingRequest"),

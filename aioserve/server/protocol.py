@@ -492,6 +492,8 @@ def _generation_fields(
     options = BodyFields(stream_options or {}, STREAM_OPTIONS_BODY, "stream_options.")
     include_usage = options.get("include_usage", False)
     continuous_usage = options.get("continuous_usage_stats", False)
+    if state.frontend.enable_force_include_usage:  # vLLM: both, whatever the request says
+        include_usage = continuous_usage = True
     fields.get("user")  # OpenAI's end-user id: checked, otherwise unused
     priority = fields.get("priority", 0)
     with contextlib.suppress(ValueError):

@@ -12,10 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aioserve import __version__
 from aioserve.engine.outputs import Logprob, PromptLogprobs
 
-SYSTEM_FINGERPRINT = f"aioserve-{__version__}"
 # JSON has no -inf; vLLM clamps logprobs to this floor.
 _MIN_LOGPROB = -9999.0
 
@@ -217,17 +215,22 @@ def completion_choice(
 
 
 def completion_response(
-    head: ResponseHead, choices: list[dict[str, Any]], usage_block: dict[str, Any]
+    head: ResponseHead,
+    choices: list[dict[str, Any]],
+    usage_block: dict[str, Any],
+    fingerprint: str | None,
+    metrics: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A whole completion; `metrics` from --enable-per-request-metrics (request_metrics.py)."""
     return {
         **head.fields(),
         "choices": choices,
         "service_tier": None,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "system_fingerprint": fingerprint,
         "usage": usage_block,
         "kv_transfer_params": None,
         "ec_transfer_params": None,
-        "metrics": None,
+        "metrics": metrics,
     }
 
 
@@ -294,19 +297,22 @@ def chat_response(
     prompt_token_ids: list[int] | None,
     prompt_logprobs: PromptLogprobs | None = None,
     prompt_text: str | None = None,
+    fingerprint: str | None = None,
+    metrics: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A whole chat completion; `metrics` from --enable-per-request-metrics."""
     return {
         **head.fields(),
         "choices": choices,
         "service_tier": None,
-        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "system_fingerprint": fingerprint,
         "usage": usage_block,
         "prompt_logprobs": prompt_logprobs_json(prompt_logprobs),
         "prompt_token_ids": prompt_token_ids,
         "prompt_text": prompt_text,
         "kv_transfer_params": None,
         "ec_transfer_params": None,
-        "metrics": None,
+        "metrics": metrics,
     }
 
 
@@ -370,3 +376,20 @@ def chat_chunk_choice(
 def chunk(head: ResponseHead, choices: list[dict[str, Any]]) -> dict[str, Any]:
     """A stream chunk; add "usage" or "system_fingerprint" (last chunk) to it as needed."""
     return {**head.fields(), "choices": choices}
+
+
+def usage_chunk(
+    head: ResponseHead,
+    usage_block: dict[str, Any],
+    fingerprint: str | None,
+    metrics: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A stream's last chunk, with the usage (stream_options.include_usage): the
+    fingerprint and the metrics (with their null fields) only when there are some, as
+    vLLM leaves null fields out of it."""
+    event = {**head.fields(), "choices": [], "usage": usage_block}
+    if fingerprint is not None:
+        event["system_fingerprint"] = fingerprint
+    if metrics is not None:
+        event["metrics"] = {key: value for key, value in metrics.items() if value is not None}
+    return event

@@ -27,6 +27,7 @@ and change nothing, as in vLLM, and so is `top_logprobs` without it), `max_tool_
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from http import HTTPStatus
 from typing import Any
@@ -41,6 +42,7 @@ from aioserve.server.chat import settle_reasoning
 from aioserve.server.chat_template import render_chat
 from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.generation import engine_outputs, reserve_places
+from aioserve.server.output_log import COMPLETE, OutputLog, output_log
 from aioserve.server.protocol import check_prompt, check_serving, parse_chat_request
 from aioserve.server.reasoning import ReasoningSplitter
 from aioserve.server.responses_input import input_messages
@@ -120,6 +122,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             parsed.tool_use,
             parses_calls,
         )
+        response.with_metrics = state.frontend.enable_per_request_metrics
+        log = output_log(state.frontend)
         outputs = engine_outputs(
             engine,
             parsed.engine_prompt(text, token_ids),
@@ -131,12 +135,27 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             request_trace(state.tracer, request.headers, state.response_model(lora)),
         )
         if parsed.stream:
-            return await stream_events(request, response_events(response, outputs), named=True)
+            events = _logged(response_events(response, outputs), response, log)
+            return await stream_events(request, events, named=True)
         async with aclosing(outputs):
             async for output in outputs:
                 final = output
         response.add_whole(final)
+        if log is not None:
+            log.log(response.id, response.text, response.token_ids, response.finish_reason)
         return web.Response(body=orjson.dumps(response.body()), content_type="application/json")
+
+
+async def _logged(
+    events: AsyncIterator[dict[str, Any]], response: ResponseBuilder, log: OutputLog | None
+) -> AsyncIterator[dict[str, Any]]:
+    """The stream's events; then, once it has ended well, the whole answer in the output
+    log (--enable-log-outputs), as vLLM logs a streamed response."""
+    async with aclosing(events):
+        async for event in events:
+            yield event
+    if log is not None and response.status != "in_progress":
+        log.log(response.id, response.text, response.token_ids, response.finish_reason, COMPLETE)
 
 
 async def stored_response_not_found(request: web.Request) -> web.Response:

@@ -26,10 +26,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 from typing import Any
 
-from aioserve.engine.outputs import RequestOutput
+from aioserve.engine.outputs import RequestMetrics, RequestOutput
 from aioserve.server.chat import calls_in_answer
 from aioserve.server.errors import APIError
 from aioserve.server.reasoning import ReasoningSplitter, count_reasoning_tokens
+from aioserve.server.request_metrics import timing_metrics
 from aioserve.server.tool_calls.streaming import ToolCallStream
 from aioserve.server.tools import ToolUse
 
@@ -117,6 +118,10 @@ class ResponseBuilder:
         self.items: list[_Item] = []
         self.item_status: str | None = None  # "completed" once streamed (_Item.body)
         self.status, self.incomplete_reason = "in_progress", None
+        self.text = ""  # the raw generated text (--enable-log-outputs)
+        self.finish_reason: str | None = None  # the engine's
+        self.request_metrics: RequestMetrics | None = None
+        self.with_metrics = False  # --enable-per-request-metrics: "metrics" when done
 
     def take(self, output: RequestOutput) -> Iterator[tuple[str, Any]]:
         """Take an engine output (the whole answer, or its next delta); yield its text as
@@ -124,6 +129,9 @@ class ResponseBuilder:
         stream with a tool parser the calls' deltas as ("call", chat's tool_calls delta)."""
         sample = output.outputs[0]
         self.token_ids += sample.token_ids
+        self.text += sample.text
+        self.finish_reason = sample.finish_reason
+        self.request_metrics = output.metrics
         self.cached_tokens = output.num_cached_tokens or 0
         last = sample.finish_reason is not None
         if last:
@@ -199,6 +207,11 @@ class ResponseBuilder:
             "truncation": "disabled",
             "usage": self._usage() if done else None,
             "user": request.get("user"),
+            **(
+                {"metrics": timing_metrics(self.request_metrics, len(self.token_ids))}
+                if self.with_metrics and done
+                else {}  # vLLM leaves the key out when there are no metrics
+            ),
             "presence_penalty": self.echoed["presence_penalty"],
             "frequency_penalty": self.echoed["frequency_penalty"],
             "kv_transfer_params": None,

@@ -17,6 +17,7 @@ from aiohttp import web
 from aioserve.config.frontend import FrontendConfig, frontend_config
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.lora_requests import LoRARequest
+from aioserve.server.fingerprint import system_fingerprint
 from aioserve.server.lora_models import LoRAModels
 
 if TYPE_CHECKING:
@@ -57,6 +58,11 @@ class ServerState:
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.text_thread, functools.partial(fn, *args, **kwargs))
+
+    @functools.cached_property
+    def system_fingerprint(self) -> str | None:
+        """The responses' system_fingerprint (--fingerprint-mode; fingerprint.py)."""
+        return system_fingerprint(self.engine.settings, self.frontend)
 
     @property
     def model_name(self) -> str:
