@@ -389,6 +389,12 @@ def test_every_vllm_argument_is_declared(parser):
         "--cudagraph-capture-sizes",
         "--max-cudagraph-capture-size",
         "--custom-histogram-buckets",
+        # SchedulerConfig in vLLM 0.32's config/scheduler.py
+        "--max-num-scheduled-tokens",
+        "--max-num-active-seqs",
+        "--long-prefill-token-threshold-adaptive",
+        "--scheduler-reserve-full-isl",
+        "--watermark",
     }
     inventory = {spelling for row in rows for spelling in row} | later
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]
