@@ -169,6 +169,34 @@ def test_long_prefill_cap():
     assert long_prefill_cap(40, 5, 100, adaptive=True) == 40
 
 
+def test_fits_counts_the_cached_blocks_it_takes_from_the_free_queue():
+    kv = KVCacheManager(8, BLOCK_SIZE, enable_prefix_caching=True)
+
+    def request(name: str, prompt: list[int]) -> Request:
+        params = SamplingParams(max_tokens=1)
+        return Request(name, prompt, params, seed=0, eos_token_ids=frozenset(), max_tokens=1)
+
+    first = request("first", list(range(1, 10)))
+    assert kv.allocate(first, 9)
+    kv.cache_full_blocks(first, 9)
+    kv.free(first)  # its two full blocks stay cached, in the free queue
+    other = request("other", list(range(50, 66)))
+    assert kv.allocate(other, 16)  # 4 blocks: 4 left, the cached two among them
+    again = request("again", list(range(1, 9)) + list(range(70, 78)))
+    cached = kv.find_cached_prefix(again)
+    assert len(cached) == 2
+    # 16 tokens: 2 new blocks, and the 2 cached ones leave the free queue too.
+    assert kv.fits(16, cached)
+    assert not kv.fits(16, cached, keep_free=1)
+    assert not kv.fits(17, cached)
+    # Shared with a running request, a cached block is no longer free: it costs nothing.
+    sharer = request("sharer", list(range(1, 9)) + [99])
+    assert kv.allocate(sharer, 9 - 8, kv.find_cached_prefix(sharer))
+    assert kv.num_free_blocks == 1
+    assert kv.fits(12, cached)
+    assert not kv.fits(13, cached)
+
+
 # -- random workloads -------------------------------------------------------------------------
 
 _JOBS = st.lists(
