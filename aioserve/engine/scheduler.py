@@ -149,14 +149,7 @@ class Scheduler:
         self.speculation = speculation
         self.partial_prefills = partial_prefills  # None: one prompt's prefill at a time
         self.prompt_delay = prompt_delay  # None: prompts are not held back
-        self.limits = limits = limits or SchedulerLimits()
-        # The step's budget: vLLM's scheduled-token budget and the runner's input budget
-        # both shrink by each chunk (n-gram drafts take no extra slots), so the smaller binds.
-        self.token_budget = min(
-            limits.max_num_scheduled_tokens or max_num_batched_tokens, max_num_batched_tokens
-        )
-        self.max_num_active_seqs = min(limits.max_num_active_seqs or max_num_seqs, max_num_seqs)
-        self.watermark_blocks = int(limits.watermark * kv_cache.num_blocks)
+        self.limits = limits or SchedulerLimits()
         self.stats = SchedulerStats()
         if speculation is not None:
             self.stats.num_accepted_tokens_per_pos = [0] * speculation.num_speculative_tokens
@@ -174,6 +167,25 @@ class Scheduler:
         if self.policy == "priority":
             return (request.priority, request.arrival_index)
         return (request.arrival_index,)
+
+    @property
+    def token_budget(self) -> int:
+        """The step's budget: vLLM's scheduled-token budget and the runner's input budget
+        both shrink by each chunk (n-gram drafts take no extra slots): the smaller binds."""
+        scheduled = self.limits.max_num_scheduled_tokens
+        budget = self.max_num_batched_tokens
+        return scheduled if scheduled and scheduled < budget else budget
+
+    @property
+    def max_num_active_seqs(self) -> int:
+        """Most sequences running at once: max_num_seqs unless the limits ask for fewer."""
+        active = self.limits.max_num_active_seqs
+        return active if active and active < self.max_num_seqs else self.max_num_seqs
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks an admission leaves free while other sequences run."""
+        return int(self.limits.watermark * self.kv_cache.num_blocks)
 
     @property
     def num_waiting(self) -> int:
@@ -286,12 +298,8 @@ class Scheduler:
         delay = self.prompt_delay
         if delay is not None:
             now, was_running = delay.step_begins(), bool(self.running)
-        while (
-            self._waiting
-            and not preempted
-            and budget > 0
-            and len(self.running) < self.max_num_active_seqs
-        ):
+        max_active, watermark_blocks = self.max_num_active_seqs, self.watermark_blocks
+        while self._waiting and not preempted and budget > 0 and len(self.running) < max_active:
             if delay is not None and not delay.admits(
                 now, (e[2] for e in self._waiting), was_running
             ):
@@ -311,7 +319,7 @@ class Scheduler:
             request.num_computed_tokens = len(cached) * self.kv_cache.block_size
             num_new = self._tokens_to_compute(request, budget if budget < share else share, cap)
             # --watermark: blocks left free for the running sequences to grow into.
-            keep_free = self.watermark_blocks if self.running else 0
+            keep_free = watermark_blocks if self.running else 0
             if (
                 num_new == 0
                 or (step is not None and not step.may_start(request, num_new))

@@ -250,12 +250,7 @@ class LimitsBlockPoolMachine(BlockPoolMachine):
         adaptive=st.booleans(),
     )
     def set_limits(self, scheduled, active, watermark, whole, adaptive):
-        limits = SchedulerLimits(scheduled, active, watermark, whole, adaptive)
-        budget = self.scheduler.max_num_batched_tokens
-        self.scheduler.limits = limits
-        self.scheduler.token_budget = min(scheduled or budget, budget)
-        self.scheduler.max_num_active_seqs = active or self.scheduler.max_num_seqs
-        self.scheduler.watermark_blocks = int(watermark * self.kv.num_blocks)
+        self.scheduler.limits = SchedulerLimits(scheduled, active, watermark, whole, adaptive)
 
     @invariant()
     def caps_hold(self):
