@@ -137,3 +137,30 @@ def test_watermark(tiny_folder, small_pool_run):
     assert run.tokens == small_pool_run.tokens
     # int(0.3 * 12) = 3 blocks stay free at each admission while others run.
     assert run.max_running < small_pool_run.max_running
+
+
+def test_a_pooling_engine_takes_the_limits_too(minilm_folder):
+    """A pooling model's scheduler runs each prompt whole: --max-num-active-seqs caps the
+    prompts of a step, and a --max-num-scheduled-tokens below the context is refused."""
+    texts = [f"sentence number {i} about scheduling" for i in range(5)]
+
+    def embed(**options) -> tuple[list[list[float]], int]:
+        with LLM(str(minilm_folder), dtype="float32", max_num_seqs=4, **options) as llm:
+            scheduler, most, plain = llm.engine.scheduler, [0], llm.engine.scheduler.schedule
+
+            def recorded():
+                output = plain()
+                most[0] = max(most[0], len(output.chunks))
+                return output
+
+            scheduler.schedule = recorded
+            outputs = llm.embed(texts, use_tqdm=False)
+            return [out.outputs.embedding for out in outputs], most[0]
+
+    vectors, most = embed()
+    capped, most_capped = embed(max_num_active_seqs=1)
+    assert (most, most_capped) == (4, 1)
+    for got, expected in zip(capped, vectors, strict=True):
+        assert got == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match=r"--max-num-scheduled-tokens \(16\) is smaller than"):
+        LLM(str(minilm_folder), dtype="float32", max_num_scheduled_tokens=16)
