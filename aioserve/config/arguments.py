@@ -34,6 +34,7 @@ from aioserve.config.declaration import (
 )
 from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
 from aioserve.config.recent_arguments import RECENT_ARGUMENTS
+from aioserve.config.scheduler_arguments import SCHEDULER_032_ARGUMENTS
 from aioserve.config.speculative import speculative_config
 
 # The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
@@ -476,6 +477,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Most tokens one sequence computes in a step while others run or wait, so that "
              "a long prompt does not take the whole step; at most --max-model-len. 0: no "
              "cap.", convert=values.integer_at_least(0)),
+    *SCHEDULER_032_ARGUMENTS,
     Argument("stream-interval", SCHEDULER, 1,
              "Tokens a streamed answer gathers before it sends a chunk (the first token and "
              "the end are sent at once); a request's stream_interval may raise it, not lower "

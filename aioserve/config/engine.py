@@ -109,6 +109,12 @@ class SchedulerConfig:
     max_long_partial_prefills: int = 1  # of them, long ones
     stream_interval: int = 1  # tokens a streamed chunk gathers (output_processor.py)
     scheduler_delay_factor: float = 0.0  # prompts held back while requests run (prompt_delay.py)
+    # vLLM 0.32's (engine/scheduler_limits.py)
+    max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
+    max_num_active_seqs: int | None = None  # None: max_num_seqs
+    long_prefill_token_threshold_adaptive: bool = False
+    scheduler_reserve_full_isl: bool = True  # admission checks the whole prompt fits
+    watermark: float = 0.0  # fraction of KV blocks kept free when admitting
 
 
 @dataclass(frozen=True)
@@ -246,7 +252,9 @@ def _checked_observability(
 
 
 def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:
-    """vLLM's rules on the partial-prefill arguments, in its words with the flags named."""
+    """vLLM's rules on the partial-prefill arguments and on --max-num-active-seqs, in its
+    words with the flags named (the platform's default --max-num-seqs is checked once the
+    engine knows it: engine/scheduler_limits.py)."""
     num, long = scheduler.max_num_partial_prefills, scheduler.max_long_partial_prefills
     if num < 1:
         raise ConfigError(f"--max-num-partial-prefills ({num}) must be greater than or equal to 1.")
@@ -256,6 +264,11 @@ def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:
         raise ConfigError(
             f"--max-long-partial-prefills ({long}) must be greater than or equal to 1 and less "
             f"than or equal to --max-num-partial-prefills ({num})."
+        )
+    active, seqs = scheduler.max_num_active_seqs, scheduler.max_num_seqs
+    if active is not None and seqs is not None and active > seqs:
+        raise ConfigError(
+            f"--max-num-active-seqs ({active}) cannot be greater than --max-num-seqs ({seqs})."
         )
     return scheduler
 

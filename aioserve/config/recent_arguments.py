@@ -112,16 +112,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
               "Block size of safetensors prefetching."),
     # --- AttentionConfig ---------------------------------------------------------------------
     vllm_only("attention-backend", ATTENTION, None, "Attention kernel backend."),
-    vllm_only("max-num-scheduled-tokens", SCHEDULER, None,
-              "Most tokens a step schedules (default: the batched-token limit)."),
-    vllm_only("max-num-active-seqs", SCHEDULER, None,
-              "Most requests running at once (at most the sequence limit)."),
-    vllm_only("long-prefill-token-threshold-adaptive", SCHEDULER, False,
-              "Floor the long-prefill threshold at a fair share of the token budget.", "bool"),
-    vllm_only("scheduler-reserve-full-isl", SCHEDULER, True,
-              "Admit a request only when its whole prompt fits in the KV cache.", "bool"),
-    vllm_only("watermark", SCHEDULER, 0.0,
-              "Share of KV-cache blocks kept free when admitting requests."),
     vllm_only("prefill-schedule-interval", SCHEDULER, 1,
               "With data parallelism, admit prefills once every this many steps."),
     # --- KernelConfig ------------------------------------------------------------------------

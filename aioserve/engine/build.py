@@ -59,6 +59,7 @@ from aioserve.engine.resolution import (
     resolve_packed_weights,
 )
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.scheduler_limits import resolve_scheduler_limits
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.kernels import dispatch
@@ -377,6 +378,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     max_num_seqs = sched_cfg.max_num_seqs
     if max_num_seqs is None:
         max_num_seqs = platform_default("max_num_seqs", platform, config.serving)
+    limits = resolve_scheduler_limits(sched_cfg, max_tokens, max_num_seqs, max_model_len, chunked)
 
     model = load_model(
         checkpoint,
@@ -537,6 +539,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
         partial_prefills=partial_prefills,
         scheduler_delay_factor=sched_cfg.scheduler_delay_factor,
+        scheduler_limits=limits,
         collect_model_forward_time=config.observability.collect_model_forward_time,
         collect_model_execute_time=config.observability.collect_model_execute_time,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,

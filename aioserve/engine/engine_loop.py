@@ -91,6 +91,7 @@ class EngineLoop:
             speculation=s.speculation,
             partial_prefills=s.partial_prefills,
             prompt_delay=prompt_delay(s.scheduler_delay_factor),
+            limits=s.scheduler_limits,
         )
         self.lora_adapters = parts.lora_adapters
         self.load_shedder = LoadShedder(

@@ -121,10 +121,24 @@ class KVCacheManager:
             self.stats.queries += num_query_tokens
             self.stats.hits += num_hit_tokens
 
+    def fits(self, num_tokens: int, cached_prefix: Sequence[int] = (), keep_free: int = 0) -> bool:
+        """Whether a request holding no blocks could take blocks for its first `num_tokens`
+        tokens, sharing `cached_prefix`, and leave `keep_free` blocks free (vLLM's
+        whole-prompt admission check). Cached blocks that sit in the free queue count as
+        taken: sharing them takes them out of it."""
+        needed_blocks = -(-num_tokens // self.block_size) - len(cached_prefix)
+        needed_blocks += sum(1 for b in cached_prefix if self._blocks[b].ref_count == 0)
+        return needed_blocks + keep_free <= len(self._free)
+
     def allocate(
-        self, request: Request, num_new_tokens: int, cached_prefix: Sequence[int] = ()
+        self,
+        request: Request,
+        num_new_tokens: int,
+        cached_prefix: Sequence[int] = (),
+        keep_free: int = 0,
     ) -> bool:
-        """Give the request room for `num_new_tokens` more tokens; False if blocks run out.
+        """Give the request room for `num_new_tokens` more tokens; False if blocks run out,
+        or if fewer than `keep_free` would be left free (the watermark of an admission).
 
         `cached_prefix` (from `find_cached_prefix`, only when the request holds no blocks
         yet) is shared rather than allocated. On False nothing has changed.
@@ -143,7 +157,7 @@ class KVCacheManager:
         num_new_blocks = needed_blocks - len(table) - len(cached_prefix)
         # Cached prefix blocks that sit in the free queue stop being free once taken.
         num_prefix_from_free = sum(1 for b in cached_prefix if self._blocks[b].ref_count == 0)
-        if num_new_blocks + num_prefix_from_free > len(self._free):
+        if max(num_new_blocks, 0) + num_prefix_from_free + keep_free > len(self._free):
             return False
         for block_id in cached_prefix:
             block = self._blocks[block_id]

@@ -6,7 +6,8 @@ side by side (vLLM V0's scheduler, which runs these flags in vLLM 0.9.2):
 - At the start of a step, the prefills that may run in it are counted: running sequences
   still in their prefill, plus the waiting ones that the limits below would let start (in
   any order the count is the same), at most N. Each prefill chunk of the step then takes
-  at most `max_num_batched_tokens // count` tokens, so that one long prompt does not take
+  at most `max_num_batched_tokens // count` tokens (the step's budget: a lower
+  --max-num-scheduled-tokens divides instead), so that one long prompt does not take
   the whole budget from the prompts beside it.
 - At most N sequences are left in the middle of their prefill by a step: a waiting prompt
   whose first chunk would not finish it starts only while fewer are (otherwise the queue

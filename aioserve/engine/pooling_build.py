@@ -36,6 +36,7 @@ from aioserve.engine.resolution import (
     resolve_max_model_len,
     resolve_packed_weights,
 )
+from aioserve.engine.scheduler_limits import resolve_scheduler_limits
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import pack_weights
@@ -172,6 +173,10 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
     max_num_seqs = sched_cfg.max_num_seqs or platform_default(
         "max_num_seqs", platform, config.serving
     )
+    # A pooling model runs each prompt whole: as without chunked prefill.
+    scheduler_limits = resolve_scheduler_limits(
+        sched_cfg, max_tokens, max_num_seqs, max_model_len, chunked_prefill=False
+    )
     folder = Path(checkpoint.source.path) if checkpoint.source.kind == "hf_folder" else None
     pooler = pooler_config_for(folder, hf_config, model_cfg.override_pooler_config)
 
@@ -220,6 +225,7 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
         max_num_queued_reqs=sched_cfg.max_num_queued_reqs,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         scheduler_delay_factor=sched_cfg.scheduler_delay_factor,
+        scheduler_limits=scheduler_limits,
         collect_model_forward_time=config.observability.collect_model_forward_time,
         collect_model_execute_time=config.observability.collect_model_execute_time,
         pooler=pooler,

@@ -11,6 +11,13 @@ last is preempted by recompute: its blocks are freed and it goes back to the fro
 the waiting queue, to be prefilled again (its prefix may still hit the cache). Nothing
 is ever dropped.
 
+The limits of vLLM 0.32 (`limits`, scheduler_limits.py): the step's budget may be lower
+than max_num_batched_tokens (--max-num-scheduled-tokens), fewer sequences than
+max_num_seqs may run (--max-num-active-seqs), and a waiting request is admitted only if
+the KV cache can hold its whole prompt, not just its first chunk
+(--scheduler-reserve-full-isl, on by default), and leave the --watermark's blocks free
+while others run.
+
 Policies: "fcfs" ranks by arrival; "priority" by (priority, arrival), lower first.
 
 With LoRA adapters, at most `max_loras` distinct adapters run at once: a waiting request
@@ -20,7 +27,8 @@ ahead of it, as in vLLM.
 With `long_prefill_token_threshold` (vLLM's --long-prefill-token-threshold) no sequence
 computes more than that many tokens in one step, so that a long prompt cannot take a
 step's whole budget from the others; a sequence alone in the engine (running or waiting)
-is not held back, as in vLLM.
+is not held back, as in vLLM; with --long-prefill-token-threshold-adaptive the cap is at
+least max_num_batched_tokens divided by the sequences running and waiting.
 
 With `partial_prefills` (vLLM's --max-num-partial-prefills N > 1 and
 --max-long-partial-prefills, partial_prefills.py), several prompts are prefilled side by
@@ -66,6 +74,7 @@ from aioserve.engine.plan_builder import new_sequence, sequence_chunk
 from aioserve.engine.prompt_delay import PromptDelay
 from aioserve.engine.repetition import ends_in_repetition
 from aioserve.engine.request import Request, RequestStatus
+from aioserve.engine.scheduler_limits import SchedulerLimits, long_prefill_cap
 from aioserve.engine.speculation import propose_ngram_drafts
 from aioserve.runner.step_plan import StepPlan
 
@@ -125,6 +134,7 @@ class Scheduler:
         speculation: NgramSpeculation | None = None,
         partial_prefills: PartialPrefillLimits | None = None,
         prompt_delay: PromptDelay | None = None,
+        limits: SchedulerLimits | None = None,  # None: vLLM's defaults
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be fcfs or priority, got {policy!r}")
@@ -139,6 +149,7 @@ class Scheduler:
         self.speculation = speculation
         self.partial_prefills = partial_prefills  # None: one prompt's prefill at a time
         self.prompt_delay = prompt_delay  # None: prompts are not held back
+        self.limits = limits or SchedulerLimits()
         self.stats = SchedulerStats()
         if speculation is not None:
             self.stats.num_accepted_tokens_per_pos = [0] * speculation.num_speculative_tokens
@@ -156,6 +167,25 @@ class Scheduler:
         if self.policy == "priority":
             return (request.priority, request.arrival_index)
         return (request.arrival_index,)
+
+    @property
+    def token_budget(self) -> int:
+        """The step's budget: vLLM's scheduled-token budget and the runner's input budget
+        both shrink by each chunk (n-gram drafts take no extra slots): the smaller binds."""
+        scheduled = self.limits.max_num_scheduled_tokens
+        budget = self.max_num_batched_tokens
+        return scheduled if scheduled and scheduled < budget else budget
+
+    @property
+    def max_num_active_seqs(self) -> int:
+        """Most sequences running at once: max_num_seqs unless the limits ask for fewer."""
+        active = self.limits.max_num_active_seqs
+        return active if active and active < self.max_num_seqs else self.max_num_seqs
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks an admission leaves free while other sequences run."""
+        return int(self.limits.watermark * self.kv_cache.num_blocks)
 
     @property
     def num_waiting(self) -> int:
@@ -215,11 +245,14 @@ class Scheduler:
     # -- one step ---------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
+        budget = self.token_budget
         # A sequence's most tokens this step: the threshold, unless it is the only one.
-        cap = self.long_prefill_token_threshold
-        if len(self.running) + len(self._waiting) < 2:
-            cap = 0
+        cap = long_prefill_cap(
+            self.long_prefill_token_threshold,
+            len(self.running) + len(self._waiting),
+            self.max_num_batched_tokens,
+            self.limits.adaptive_long_prefill_threshold,
+        )
         chunks: list[ScheduledChunk] = []
         preempted: list[Request] = []
         admitted: list[Request] = []
@@ -232,7 +265,7 @@ class Scheduler:
             self._running_sorted = True
         allocate = self.kv_cache.allocate
         step = None
-        share = self.max_num_batched_tokens  # most tokens of one chunk
+        share = budget  # most tokens of one chunk
         if self.partial_prefills is not None:
             waiting = (entry[2] for entry in self._waiting)
             step = self.partial_prefills.begin_step(running, waiting, share)
@@ -265,9 +298,8 @@ class Scheduler:
         delay = self.prompt_delay
         if delay is not None:
             now, was_running = delay.step_begins(), bool(self.running)
-        while (
-            self._waiting and not preempted and budget > 0 and len(self.running) < self.max_num_seqs
-        ):
+        max_active, watermark_blocks = self.max_num_active_seqs, self.watermark_blocks
+        while self._waiting and not preempted and budget > 0 and len(self.running) < max_active:
             if delay is not None and not delay.admits(
                 now, (e[2] for e in self._waiting), was_running
             ):
@@ -286,10 +318,18 @@ class Scheduler:
             cached = self.kv_cache.find_cached_prefix(request)
             request.num_computed_tokens = len(cached) * self.kv_cache.block_size
             num_new = self._tokens_to_compute(request, budget if budget < share else share, cap)
+            # --watermark: blocks left free for the running sequences to grow into.
+            keep_free = watermark_blocks if self.running else 0
             if (
                 num_new == 0
                 or (step is not None and not step.may_start(request, num_new))
-                or not self.kv_cache.allocate(request, num_new, cached)
+                or (
+                    self.limits.reserve_full_isl
+                    and not self.kv_cache.fits(
+                        min(request.num_tokens, self.max_model_len), cached, keep_free
+                    )
+                )
+                or not self.kv_cache.allocate(request, num_new, cached, keep_free)
             ):
                 request.num_computed_tokens = 0
                 break

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.load_report import LoadReport
 from aioserve.engine.partial_prefills import PartialPrefillLimits
+from aioserve.engine.scheduler_limits import SchedulerLimits
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.runner.model_runner import ModelRunner
 
@@ -81,6 +82,10 @@ class EngineSettings:
     """--speculative-config: how decodes draft tokens (speculation.py); None: they do not."""
     scheduler_delay_factor: float = 0.0
     """--scheduler-delay-factor: prompts held back while requests run (prompt_delay.py)."""
+    scheduler_limits: SchedulerLimits = SchedulerLimits()
+    """--max-num-scheduled-tokens, --max-num-active-seqs, --watermark,
+    --scheduler-reserve-full-isl, --long-prefill-token-threshold-adaptive
+    (scheduler_limits.py); the defaults are vLLM's."""
     collect_model_forward_time: bool = False
     """--collect-detailed-traces model (or all): steps' forward times (step_timing.py)."""
     collect_model_execute_time: bool = False
