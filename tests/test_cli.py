@@ -375,7 +375,10 @@ def test_every_vllm_argument_is_declared(parser):
     # --stream-interval (SchedulerConfig in vLLM 0.32's config/scheduler.py),
     # --kv-cache-memory-bytes (CacheConfig in vLLM 0.32's config/cache.py),
     # --cudagraph-capture-sizes and --max-cudagraph-capture-size (its CompilationConfig group),
-    # --custom-histogram-buckets (ObservabilityConfig in vLLM 0.32's config/observability.py).
+    # --custom-histogram-buckets (ObservabilityConfig in vLLM 0.32's config/observability.py),
+    # --uds, --disable-access-log-for-endpoints, --ssl-ciphers, --h11-max-incomplete-event-size,
+    # --h11-max-header-count and --sse-keep-alive-interval (FrontendArgs in vLLM 0.32's
+    # launchers/cli_args.py).
     later = {
         "--structured-outputs-config",
         "--shutdown-timeout",
@@ -389,6 +392,12 @@ def test_every_vllm_argument_is_declared(parser):
         "--cudagraph-capture-sizes",
         "--max-cudagraph-capture-size",
         "--custom-histogram-buckets",
+        "--uds",
+        "--disable-access-log-for-endpoints",
+        "--ssl-ciphers",
+        "--h11-max-incomplete-event-size",
+        "--h11-max-header-count",
+        "--sse-keep-alive-interval",
     }
     inventory = {spelling for row in rows for spelling in row} | later
     invented = [a.flag for a in ARGUMENTS if a.flag not in inventory]
