@@ -21,8 +21,10 @@ from aioserve.config.values import LoRAModulePath
 class FrontendConfig:
     host: str | None  # None: every interface
     port: int
+    uds: str | None  # None: TCP on host and port
     uvicorn_log_level: str
     disable_uvicorn_access_log: bool
+    disable_access_log_for_endpoints: list[str] | None  # None: every path logged
     allow_credentials: bool
     allowed_origins: list[str]
     allowed_methods: list[str]
@@ -38,6 +40,7 @@ class FrontendConfig:
     ssl_certfile: str | None
     ssl_ca_certs: str | None
     ssl_cert_reqs: int
+    ssl_ciphers: str | None  # None: OpenSSL's defaults
     enable_ssl_refresh: bool
     root_path: str | None
     middleware: list[str]
@@ -50,7 +53,10 @@ class FrontendConfig:
     exclude_tools_when_tool_choice_none: bool
     enable_prompt_tokens_details: bool
     enable_server_load_tracking: bool
+    sse_keep_alive_interval: int  # seconds; 0: no keep-alive comments
     disable_fastapi_docs: bool
+    h11_max_incomplete_event_size: int
+    h11_max_header_count: int
     max_log_len: int | None  # None: no limit
     disable_log_stats: bool
     disable_log_requests: bool

@@ -12,11 +12,22 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              convert=values.string),
     Argument("port", FRONTEND, 8000, "TCP port of the HTTP server (0: any free port).",
              convert=values.port),
+    Argument("uds", FRONTEND, None,
+             "Serve HTTP (HTTPS with --ssl-certfile) on this Unix domain socket path instead "
+             "of TCP; --host and --port are then ignored, as in vLLM. A socket file left there "
+             "by a server that is gone is replaced; anything else at the path (a file, a live "
+             "server) stops the start. The socket file is removed when the server stops.",
+             convert=values.string, metavar="PATH"),
     Argument("uvicorn-log-level", FRONTEND, "info",
              "Log level of the HTTP layer (aiohttp and the access log); trace means debug.",
              convert=values.string, choices=("debug", "info", "warning", "error", "critical", "trace")),
     Argument("disable-uvicorn-access-log", FRONTEND, False,
              "Do not log one line per HTTP request.", "bool", convert=values.boolean),
+    Argument("disable-access-log-for-endpoints", FRONTEND, None,
+             "Request paths, separated by commas, whose access-log lines are not written, e.g. "
+             "\"/health,/metrics\": a path matches exactly (no prefixes), whatever the query "
+             "string, as vLLM's filter matches them.", convert=values.endpoint_paths,
+             metavar="PATHS"),
     Argument("allow-credentials", FRONTEND, False,
              "CORS: allow cookies and authorization headers.", "bool", convert=values.boolean),
     Argument("allowed-origins", FRONTEND, [],
@@ -59,6 +70,11 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
     Argument("ssl-cert-reqs", FRONTEND, 0,
              "Whether clients must present a certificate: 0 (CERT_NONE), 1 (CERT_OPTIONAL) or "
              "2 (CERT_REQUIRED), as Python's ssl constants.", convert=values.cert_reqs),
+    Argument("ssl-ciphers", FRONTEND, None,
+             "TLS cipher suites the server accepts (an OpenSSL cipher list, for TLS 1.2 and "
+             "below; TLS 1.3 keeps its own suites), e.g. "
+             "'ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-CHACHA20-POLY1305'. Default: OpenSSL's.",
+             convert=values.cipher_list),
     Argument("enable-ssl-refresh", FRONTEND, False,
              "Load the TLS certificate chain and CA certificates again when their files "
              "change (checked every second): new connections get them, no restart.", "bool",
@@ -98,9 +114,27 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
     Argument("enable-server-load-tracking", FRONTEND, False,
              "Count the requests in flight and report them at GET /load.", "bool",
              convert=values.boolean),
+    Argument("sse-keep-alive-interval", FRONTEND, 0,
+             "While a streamed /v1/completions or /v1/chat/completions response (or one of "
+             "theirs through /invocations) has sent nothing for this many seconds (queued, in "
+             "prefill, between tokens), send the SSE comment ': keep-alive', so that proxies "
+             "with read timeouts keep the connection; 0: never.",
+             convert=values.keep_alive_interval, metavar="SECONDS"),
     Argument("disable-fastapi-docs", FRONTEND, False,
              "Hide the OpenAPI schema (/openapi.json) and the documentation page (/docs).", "bool",
              convert=values.boolean),
+    # vLLM hands these two to uvicorn's h11 parser (in vLLM 0.32 uvicorn reads only the
+    # first, and only when it runs h11 rather than httptools); here they are aiohttp's limits.
+    Argument("h11-max-incomplete-event-size", FRONTEND, 4194304,
+             "Most bytes of a request head (request line and headers) taken before it ends, "
+             "h11's limit against oversized headers: aiohttp's max_line_size and max_field_size "
+             "(one line), and the whole head here; past it the request is answered 400 and its "
+             "connection closed, as uvicorn answers.", convert=values.integer_at_least(1),
+             metavar="BYTES"),
+    Argument("h11-max-header-count", FRONTEND, 256,
+             "Most headers a request may have: aiohttp's max_headers; a request with more is "
+             "answered 400 and its connection closed.", convert=values.integer_at_least(1),
+             metavar="N"),
     Argument("max-log-len", FRONTEND, None,
              "Cut logged requests to this many characters. Default: no limit.",
              convert=values.integer_at_least(0)),

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -310,6 +311,39 @@ def cert_reqs(value: Any) -> int:
     if number not in _CERT_REQS.values():
         raise ValueError(
             f"must be 0, 1 or 2 (CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED), got {value!r}"
+        )
+    return number
+
+
+def cipher_list(value: Any) -> str:
+    """An OpenSSL cipher list (TLS 1.2 and below), checked by OpenSSL itself."""
+    text = string(value)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).set_ciphers(text)
+    except ssl.SSLError as error:
+        reason = str(error.args[-1]).rstrip(".") if error.args else "refused"
+        raise ValueError(f"{text!r} is not a cipher list OpenSSL accepts: {reason}") from None
+    return text
+
+
+def endpoint_paths(value: Any) -> list[str]:
+    """vLLM's comma-separated request paths ("/health,/metrics"), each stripped, the empty
+    ones dropped; a list of paths (a keyword argument) is taken as it is."""
+    if isinstance(value, (list, tuple)) and all(isinstance(p, str) for p in value):
+        items = list(value)
+    elif isinstance(value, str):
+        items = value.split(",")
+    else:
+        raise ValueError(f"must be paths separated by commas, got {value!r}")
+    return [path.strip() for path in items if path.strip()]
+
+
+def keep_alive_interval(value: Any) -> int:
+    """Whole seconds, 0 for none (vLLM's --sse-keep-alive-interval: an int, refused below 0)."""
+    number = integer(value)
+    if number < 0:
+        raise ValueError(
+            f"must be a non-negative integer (0 disables keep-alive comments), got {number}"
         )
     return number
 

@@ -96,7 +96,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             events = chat_chunks(
                 state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
             )
-            return await stream_events(request, events)
+            keep_alive = state.frontend.sse_keep_alive_interval
+            return await stream_events(request, events, keep_alive=keep_alive)
         return await _full_response(
             state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
         )

@@ -98,7 +98,9 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         ]
         merged = merge_outputs(streams)
         if parsed.stream:
-            return await stream_events(request, _chunks(state, parsed, prompts, head, merged))
+            chunks = _chunks(state, parsed, prompts, head, merged)
+            keep_alive = state.frontend.sse_keep_alive_interval
+            return await stream_events(request, chunks, keep_alive=keep_alive)
         return await _full_response(state, parsed, prompts, head, merged)
 
 

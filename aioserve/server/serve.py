@@ -5,7 +5,8 @@ stops here, before the model loads, with a message naming it), logging is set up
 context, --middleware imports, the OpenTelemetry packages (with --otlp-traces-endpoint)
 and --chat-template are checked, the engine loads the model (the default one,
 SmolLM2-135M-Instruct, when none is given), one warm-up request runs through it, and the
-app listens on --host/--port on a uvloop event loop. Then one line
+app listens on --host/--port (or the Unix socket --uds, unix_socket.py) on a uvloop event
+loop, with vLLM's header limits and access log (http_runner.py). Then one line
 (`ready_line`) says how long that took since the process started, the weights' stored form
 and the dtype they are held in, their bytes, the KV cache's bytes and blocks and the knob
 that sized it, and the process's resident memory, before vLLM's "Application startup
@@ -15,8 +16,9 @@ complete.". Under systemd (`Type=notify`) READY=1 follows, then status and watch
 Shutdown: the first SIGTERM or SIGINT starts draining (STOPPING=1 under systemd). New
 requests get 503 (/health too, so that load balancers move away; /metrics keeps
 answering), while the requests in flight run to their end for up to --shutdown-timeout
-seconds. Then whatever still runs is aborted, the listener closes, the engine stops, the
-spans still waiting (--otlp-traces-endpoint) are sent and the process exits with status 0.
+seconds. Then whatever still runs is aborted, the listener closes (a --uds socket file is
+removed), the engine stops, the spans still waiting (--otlp-traces-endpoint) are sent and
+the process exits with status 0.
 A second signal skips the rest of the wait. A model step that hangs does not hold the exit
 up: the engine leaves it behind after a few seconds.
 
@@ -47,11 +49,13 @@ from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.server.errors import APIError
-from aioserve.server.log_setup import ACCESS_LOGGER, configure_logging
+from aioserve.server.http_runner import make_runner
+from aioserve.server.log_setup import configure_logging
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
 from aioserve.server.tls_refresh import TLSRefresher
 from aioserve.server.tool_calls import check_tool_call_settings
+from aioserve.server.unix_socket import UnixSocket, check_socket_path
 
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
@@ -61,31 +65,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger("aioserve")
 T = TypeVar("T")
 
-# Once draining has ended, how long aborted requests get to write their last bytes.
-CLOSE_GRACE_S = 5.0
-# vLLM's H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT and H11_MAX_HEADER_COUNT_DEFAULT.
-MAX_HEADER_BYTES = 4 * 1024 * 1024
-MAX_HEADERS = 256
 ENGINE_DIED_EXIT_STATUS = 1
 _DEATH_POLL_S = 0.1
 _WARM_UP_PROMPT_TOKENS = 8
 _SECRET_ARGUMENTS = frozenset({"api_key", "hf_token"})
-ACCESS_LOG_FORMAT = '%a "%r" %s %Tfs'
-"""One line per request, as uvicorn writes them: client, request line, status, duration."""
 
 
 def build_ssl_context(frontend: FrontendConfig) -> ssl.SSLContext | None:
-    """The server's TLS context from --ssl-certfile/-keyfile/-ca-certs/-cert-reqs, if any."""
+    """The server's TLS context from --ssl-certfile/-keyfile/-ca-certs/-cert-reqs/-ciphers,
+    if any. The ciphers stay the context's when --enable-ssl-refresh loads new files into it."""
     certfile, keyfile, ca_certs = (
         frontend.ssl_certfile,
         frontend.ssl_keyfile,
         frontend.ssl_ca_certs,
     )
     if certfile is None:
-        if keyfile or ca_certs or frontend.ssl_cert_reqs or frontend.enable_ssl_refresh:
+        if (
+            keyfile
+            or ca_certs
+            or frontend.ssl_cert_reqs
+            or frontend.ssl_ciphers
+            or frontend.enable_ssl_refresh
+        ):
             raise ConfigError(
-                "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs and --enable-ssl-refresh need "
-                "--ssl-certfile"
+                "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs, --ssl-ciphers and "
+                "--enable-ssl-refresh need --ssl-certfile"
             )
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -102,24 +106,12 @@ def build_ssl_context(frontend: FrontendConfig) -> ssl.SSLContext | None:
         except (OSError, ssl.SSLError) as error:
             raise ConfigError(f"--ssl-ca-certs {ca_certs}: cannot load: {error}") from None
     context.verify_mode = ssl.VerifyMode(frontend.ssl_cert_reqs)
+    if frontend.ssl_ciphers:
+        try:
+            context.set_ciphers(frontend.ssl_ciphers)
+        except ssl.SSLError as error:  # the argument's check has tried it already
+            raise ConfigError(f"--ssl-ciphers {frontend.ssl_ciphers!r}: {error}") from None
     return context
-
-
-def make_runner(app: web.Application, frontend: FrontendConfig) -> web.AppRunner:
-    """The app's runner: handlers cancelled when their client goes away, access log as configured."""
-    access_log = None if frontend.disable_uvicorn_access_log else logging.getLogger(ACCESS_LOGGER)
-    return web.AppRunner(
-        app,
-        handler_cancellation=True,
-        access_log=access_log,
-        access_log_format=ACCESS_LOG_FORMAT,
-        shutdown_timeout=CLOSE_GRACE_S,
-        # vLLM's (uvicorn/h11's) header limits, not aiohttp's 8 KiB a line and 128 headers:
-        # a client that sends vLLM a long token or many tracing headers gets through here too.
-        max_line_size=MAX_HEADER_BYTES,
-        max_field_size=MAX_HEADER_BYTES,
-        max_headers=MAX_HEADERS,
-    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -129,6 +121,10 @@ def run_serve(args: argparse.Namespace) -> int:
     frontend = frontend_config_from_args(args)
     configure_logging(frontend.uvicorn_log_level)
     ssl_context = build_ssl_context(frontend)
+    if frontend.uds is not None:
+        check_socket_path(frontend.uds)
+        if hasattr(args, "host") or hasattr(args, "port"):
+            logger.warning("--host and --port are ignored: the server listens on --uds")
     import_middlewares(frontend.middleware)
     check_tool_call_settings(frontend)
     if frontend.lora_modules and not config.lora.enable_lora:
@@ -186,6 +182,7 @@ async def _serve(
     frontend = state.frontend
     systemd = SystemdService(state.engine)
     runner = make_runner(app, frontend)
+    unix_socket = UnixSocket(frontend.uds) if frontend.uds is not None else None
     tls_refresher = None
     if ssl_context is not None and frontend.enable_ssl_refresh:
         tls_refresher = TLSRefresher(
@@ -196,13 +193,7 @@ async def _serve(
         await _load_lora_modules(state)
         await _warm_up(state.engine)
         await runner.setup()
-        site = web.TCPSite(runner, frontend.host, frontend.port, ssl_context=ssl_context)
-        try:
-            await site.start()
-        except OSError as error:
-            raise ConfigError(
-                f"cannot listen on {frontend.host or '*'}:{frontend.port}: {error.strerror}"
-            ) from None
+        await _listen(runner, frontend, ssl_context, unix_socket)
         ready = ready_line(state.engine.settings, seconds_since_start(started))
         _log_started(app, runner, frontend, ssl_context is not None, ready)
         first, second = asyncio.Event(), asyncio.Event()
@@ -230,6 +221,27 @@ async def _serve(
         # Aborting what still runs first lets its handlers end their responses themselves.
         await state.engine.shutdown()
         await runner.cleanup()
+        if unix_socket is not None:
+            unix_socket.remove()
+
+
+async def _listen(
+    runner: web.AppRunner,
+    frontend: FrontendConfig,
+    ssl_context: ssl.SSLContext | None,
+    unix_socket: UnixSocket | None,
+) -> None:
+    """Start serving on --uds's socket, or on --host/--port; a ConfigError when it cannot."""
+    if unix_socket is not None:
+        await web.SockSite(runner, unix_socket.bind(), ssl_context=ssl_context).start()
+        return
+    site = web.TCPSite(runner, frontend.host, frontend.port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except OSError as error:
+        raise ConfigError(
+            f"cannot listen on {frontend.host or '*'}:{frontend.port}: {error.strerror}"
+        ) from None
 
 
 def _given_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -368,6 +380,9 @@ def _log_started(
         logger.info("Route: %s, Methods: %s", path, ", ".join(methods))
     scheme = "https" if tls else "http"
     for address in runner.addresses:
+        if isinstance(address, str):  # a Unix socket's path: vLLM's "unix:<path>"
+            logger.info("Starting aioserve API server on unix:%s%s", address, " (TLS)" * tls)
+            continue
         host, port = address[:2]
         host = f"[{host}]" if ":" in host else host
         logger.info("Starting aioserve API server on %s://%s:%d", scheme, host, port)

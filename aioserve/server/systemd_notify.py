@@ -9,7 +9,7 @@ them itself. Without `$NOTIFY_SOCKET` nothing is sent and no task runs.
 `SystemdService` says, as serve.py calls it:
 
 - READY=1 once the model is loaded, a warm-up request has gone through the engine and the
-  port is open;
+  port (or the --uds socket) is open;
 - STATUS= (what `systemctl status` shows): running and waiting requests and KV cache usage
   as of the engine's latest step, and what is wrong when something is; refreshed every
   `STATUS_INTERVAL_S` or sooner;

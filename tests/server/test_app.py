@@ -34,8 +34,9 @@ from aioserve.config.declaration import ConfigError
 from aioserve.config.frontend import frontend_config_from_args
 from aioserve.config.parser import build_engine_parser
 from aioserve.server.app import build_app
+from aioserve.server.log_setup import ACCESS_LOGGER
 from aioserve.server.middlewares import MAX_REQUEST_BODY_BYTES
-from aioserve.server.serve import ACCESS_LOGGER, build_ssl_context, make_runner
+from aioserve.server.serve import build_ssl_context, make_runner
 from aioserve.server.state import ServerState
 from tests.server.conftest import MODEL, wait_until_idle
 from tests.server.openai_helpers import send_oversized_head

@@ -40,8 +40,14 @@ FRONTEND_FLAGS = [
     (["--host", "127.0.0.1"], "host", "127.0.0.1"),
     (["--port", "0"], "port", 0),
     (["--port", "8001"], "port", 8001),
+    (["--uds", "/run/aioserve/api.sock"], "uds", "/run/aioserve/api.sock"),
     (["--uvicorn-log-level", "warning"], "uvicorn_log_level", "warning"),
     (["--disable-uvicorn-access-log"], "disable_uvicorn_access_log", True),
+    (
+        ["--disable-access-log-for-endpoints", " /health, /metrics,,"],
+        "disable_access_log_for_endpoints",
+        ["/health", "/metrics"],
+    ),
     (["--allow-credentials"], "allow_credentials", True),
     (["--allowed-origins", '["https://a.example"]'], "allowed_origins", ["https://a.example"]),
     (["--allowed-methods", '["GET", "POST"]'], "allowed_methods", ["GET", "POST"]),
@@ -64,6 +70,14 @@ FRONTEND_FLAGS = [
     (["--ssl-cert-reqs", "2"], "ssl_cert_reqs", 2),
     (["--ssl-cert-reqs", "CERT_OPTIONAL"], "ssl_cert_reqs", 1),
     (["--enable-ssl-refresh"], "enable_ssl_refresh", True),
+    (
+        ["--ssl-ciphers", "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-CHACHA20-POLY1305"],
+        "ssl_ciphers",
+        "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-CHACHA20-POLY1305",
+    ),
+    (["--h11-max-incomplete-event-size", "65536"], "h11_max_incomplete_event_size", 65536),
+    (["--h11-max-header-count", "32"], "h11_max_header_count", 32),
+    (["--sse-keep-alive-interval", "15"], "sse_keep_alive_interval", 15),
     (["--root-path", "/api/"], "root_path", "/api"),
     (["--middleware", "a.b", "--middleware", "c.d.e"], "middleware", ["a.b", "c.d.e"]),
     (["--return-tokens-as-token-ids"], "return_tokens_as_token_ids", True),
@@ -163,6 +177,11 @@ def test_defaults_are_vllms_and_the_default_model_is_served():
     assert options.allowed_methods == options.allowed_headers == ["*"]
     assert options.response_role == "assistant"
     assert options.shutdown_timeout == 30.0
+    assert options.uds is options.disable_access_log_for_endpoints is options.ssl_ciphers is None
+    # vLLM's H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT and H11_MAX_HEADER_COUNT_DEFAULT; no
+    # keep-alive comments.
+    assert (options.h11_max_incomplete_event_size, options.h11_max_header_count) == (4194304, 256)
+    assert options.sse_keep_alive_interval == 0
     config = engine_config_from_args(build_engine_parser("aioserve serve").parse_args([]))
     assert config.model.model == DEFAULT_MODEL
 
@@ -192,6 +211,23 @@ def test_frontend_options_come_from_a_config_file_too(tmp_path):
         (["--shutdown-timeout", "-1"], "--shutdown-timeout must be a number of seconds"),
         (["--shutdown-timeout", "inf"], "--shutdown-timeout must be a number of seconds"),
         (["--uvicorn-log-level", "loud"], "--uvicorn-log-level must be one of debug, info"),
+        (
+            ["--ssl-ciphers", "NO-SUCH-CIPHER"],
+            "--ssl-ciphers 'NO-SUCH-CIPHER' is not a cipher list OpenSSL accepts: No cipher",
+        ),
+        (["--ssl-ciphers", ""], "--ssl-ciphers must be a non-empty string"),
+        (["--uds", ""], "--uds must be a non-empty string"),
+        (
+            ["--h11-max-incomplete-event-size", "0"],
+            "--h11-max-incomplete-event-size must be at least 1, got 0",
+        ),
+        (["--h11-max-header-count", "many"], "--h11-max-header-count must be an integer"),
+        (
+            ["--sse-keep-alive-interval", "-1"],
+            "--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive "
+            "comments), got -1",
+        ),
+        (["--sse-keep-alive-interval", "1.5"], "--sse-keep-alive-interval must be an integer"),
         (
             ["--lora-modules", "sql"],
             "--lora-modules has an entry that is neither name=path nor JSON",
@@ -238,9 +274,18 @@ def _stop(process: subprocess.Popen) -> None:
         (["--middleware", "no.such.module"], "--middleware no.such.module: cannot import it"),
         (
             ["--ssl-keyfile", "k.pem"],
-            "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs and --enable-ssl-refresh need",
+            "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs, --ssl-ciphers and "
+            "--enable-ssl-refresh need",
         ),
+        (
+            ["--ssl-ciphers", "HIGH"],
+            "--ssl-keyfile, --ssl-ca-certs, --ssl-cert-reqs, --ssl-ciphers and "
+            "--enable-ssl-refresh need --ssl-certfile",
+        ),
+        (["--ssl-ciphers", "NOPE"], "--ssl-ciphers 'NOPE' is not a cipher list OpenSSL accepts"),
         (["--lora-modules", "sql=/a/sql"], "--lora-modules needs --enable-lora"),
+        (["--uds", "/no/such/folder/api.sock"], "--uds /no/such/folder/api.sock: the folder"),
+        (["--uds", "/" + "d" * 120], "--uds /" + "d" * 120 + ": a Unix socket path has at most"),
     ],
 )
 def test_refused_arguments_stop_the_command_before_the_model_loads(tmp_path, argv, message):

@@ -19,7 +19,7 @@ import pytest
 
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.config.parser import build_engine_parser
-from aioserve.server.serve import CLOSE_GRACE_S
+from aioserve.server.http_runner import CLOSE_GRACE_S
 from tests.debian_packages import debian_program
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
