@@ -162,6 +162,11 @@ SUPPORTED_FLAGS = [
     (["--max-num-queued-tokens", "2048"], "scheduler.max_num_queued_tokens", 2048),
     (["--scheduler-delay-factor", "0.5"], "scheduler.scheduler_delay_factor", 0.5),
     (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
+    (
+        ["--reasoning-config", '{"reasoning_start_str": "<t>", "reasoning_end_str": "</t>"}'],
+        "decoding.reasoning_config",
+        {"reasoning_start_str": "<t>", "reasoning_end_str": "</t>"},
+    ),
     (["--guided-decoding-backend", "guidance"], "decoding.guided_decoding_backend", "guidance"),
     (["--guided-decoding-disable-fallback"], "decoding.guided_decoding_disable_fallback", True),
     (["--guided-decoding-disable-any-whitespace"], "decoding.guided_decoding_disable_any_whitespace", True),
