@@ -395,7 +395,7 @@ def test_every_vllm_032_option_is_known(parser):
         ["--attention-backend", "FLASH_ATTN"],
         ["--no-enable-mfu-metrics"],
         ["-asc", "2"],
-        ["--reasoning-config.reasoning_start_str", "<think>"],
+        ["--kernel-config.moe_backend", "triton"],
         ["--numa-bind-nodes", "0", "1"],
     ],
 )

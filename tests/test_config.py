@@ -170,6 +170,11 @@ SUPPORTED_FLAGS = [
     (["--watermark", "0.1"], "scheduler.watermark", 0.1),
     (["--watermark", "0"], "scheduler.watermark", 0.0),
     (["--reasoning-parser", "qwen3"], "decoding.reasoning_parser", "qwen3"),
+    (
+        ["--reasoning-config", '{"reasoning_start_str": "<t>", "reasoning_end_str": "</t>"}'],
+        "decoding.reasoning_config",
+        {"reasoning_start_str": "<t>", "reasoning_end_str": "</t>"},
+    ),
     (["--guided-decoding-backend", "guidance"], "decoding.guided_decoding_backend", "guidance"),
     (["--guided-decoding-disable-fallback"], "decoding.guided_decoding_disable_fallback", True),
     (["--guided-decoding-disable-any-whitespace"], "decoding.guided_decoding_disable_any_whitespace", True),

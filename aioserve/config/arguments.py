@@ -277,6 +277,17 @@ ARGUMENTS: tuple[Argument, ...] = (
              "field: deepseek_r1 or qwen3 (server/reasoning.py).", convert=values.string,
              choices=("", "deepseek_r1", "qwen3"), vllm_choices=_VLLM_REASONING_PARSERS,
              choice_noun="reasoning parser"),
+    Argument("reasoning-config", VLLM, {},
+             "The markers of a thought, for requests' thinking_token_budget, as JSON: "
+             '{"reasoning_start_str": "<think>", "reasoning_end_str": "Time is up.</think>"}: '
+             "once a thought's tokens reach the budget, the end string is forced. Without "
+             "them, the reasoning parser's markers (--reasoning-parser, or this JSON's "
+             "reasoning_parser key); a thought also ends at the parser's own end marker.",
+             "json", convert=values.json_settings({
+                 "reasoning_parser": values.one_of("deepseek_r1", "qwen3"),
+                 "reasoning_start_str": values.string,
+                 "reasoning_end_str": values.string,
+             })),
     # --- ParallelConfig --------------------------------------------------------------------
     vllm_only("distributed-executor-backend", PARALLEL, None, "How worker processes are launched.",
           choices=("ray", "mp", "uni", "external_launcher")),

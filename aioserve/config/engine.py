@@ -141,6 +141,7 @@ class DecodingConfig:
     guided_decoding_disable_any_whitespace: bool
     guided_decoding_disable_additional_properties: bool
     structured_outputs_config: dict[str, Any]  # wins over the four above where it sets a key
+    reasoning_config: dict[str, str]  # --reasoning-config's keys: the markers of a thought
 
 
 @dataclass(frozen=True)

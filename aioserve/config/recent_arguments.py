@@ -288,8 +288,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
     vllm_only("ec-manager-config", VLLM, {}, "The encoder-cache manager.", "json"),
     vllm_only("attention-config", VLLM, {}, "Attention settings.", "json", aliases=("-ac",)),
     vllm_only("engram-config", VLLM, None, "Settings of Engram memory layers.", "json"),
-    vllm_only("reasoning-config", VLLM, None,
-              "Reasoning settings: the tokens that open and close thinking, for thinking budgets.", "json"),
     vllm_only("kernel-config", VLLM, {}, "Kernel settings.", "json"),
     vllm_only("aux-output-config", VLLM, {}, "Auxiliary outputs of requests.", "json"),
     vllm_only("profiler-config", VLLM, {},

@@ -123,6 +123,13 @@ def validate_request(
         for token_id in getattr(params, field) or ():
             if not 0 <= token_id < vocab:
                 raise InvalidRequest(_out_of_vocabulary(token_id, vocab), field, token_id)
+    if params.thinking_token_budget is not None and not s.thinking_budgets:
+        raise InvalidRequest(
+            "thinking_token_budget is set but reasoning_config is not configured. Please set "
+            "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.",
+            "thinking_token_budget",
+            params.thinking_token_budget,
+        )
     for processor in s.logits_processor_classes:  # --logits-processors
         try:
             processor.validate_params(params)

@@ -62,6 +62,7 @@ from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler_limits import resolve_scheduler_limits
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
+from aioserve.engine.thinking_markers import thinking_markers
 from aioserve.kernels import dispatch
 from aioserve.kernels.int8_linear_reference import int8_gemm_exact
 from aioserve.logits_processor import ProcessorConfig, build_processors, load_processor_classes
@@ -457,6 +458,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         compiled = _batch_invariant_step(compiled)
     lora_dtype = dtype if lora_cfg.lora_dtype == "auto" else getattr(torch, lora_cfg.lora_dtype)
     processor_classes = load_processor_classes(model_cfg.logits_processors or ())
+    markers = thinking_markers(config.decoding, tokenizer)
     runner = ModelRunner(
         model,
         num_blocks=num_blocks,
@@ -489,6 +491,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             ),
             dev,
         ),
+        thinking_markers=markers,
     )
     runner.warm_up()
     lora_adapters = None
@@ -550,6 +553,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         ),
         max_loras=lora_cfg.max_loras if lora_cfg.enable_lora else 0,
         logits_processor_classes=tuple(processor_classes),
+        thinking_budgets=markers is not None,
         stream_interval=sched_cfg.stream_interval,
     )
     logger.info(

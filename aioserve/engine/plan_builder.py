@@ -35,6 +35,7 @@ def sampling_settings(request: Request) -> SamplingSettings:
         logprobs=0 if params.logprob_token_ids else params.logprobs,
         logprob_token_ids=tuple(params.logprob_token_ids or ()) or None,
         prompt_logprobs=params.prompt_logprobs,
+        thinking_token_budget=params.thinking_token_budget,
     )
 
 

@@ -113,6 +113,11 @@ class SamplingParams:
     repetition_detection: RepetitionDetectionParams | None = None
     """End the output early, finish_reason "repetition", once it repeats a short token
     pattern back to back (engine/repetition.py); a dict of its fields is taken too."""
+    thinking_token_budget: int | None = None
+    """Most tokens the output may think for (after the reasoning start marker, counting a
+    thought the prompt began); then the reasoning end marker is forced
+    (runner/thinking_budget.py). -1 means no budget. Needs --reasoning-parser or
+    --reasoning-config."""
     extra_args: dict[str, Any] | None = None
     """Arguments for custom logits processors (--logits-processors), which read them; the
     server takes them from the body's `vllm_xargs`. Nothing else reads them."""
@@ -252,6 +257,7 @@ class SamplingParams:
             raise FieldError(
                 str(error), "repetition_detection", self.repetition_detection
             ) from None
+        self.thinking_token_budget = _thinking_token_budget(self.thinking_token_budget)
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
 
@@ -424,6 +430,19 @@ def _normalize_logit_bias(logit_bias: Any) -> dict[int, float]:
             f"{invalid_keys!r}"
         )
     return normalized
+
+
+def _thinking_token_budget(value: Any) -> int | None:
+    """vLLM's rule: a non-negative integer (not a float, not a bool), -1 for no budget."""
+    if value is None:
+        return None
+    if not _is_int(value) or value < -1:
+        raise FieldError(
+            "`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+            "thinking_token_budget",
+            value,
+        )
+    return None if value == -1 else value
 
 
 _DEFAULTS = SamplingParams()

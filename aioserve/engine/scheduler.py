@@ -408,9 +408,12 @@ class Scheduler:
         """The drafts of a decode scheduled this step, at most `room` and as many as its
         max_tokens and the context leave room for. A constrained sequence (structured
         output, bad words) drafts once its reasoning has ended, and never past an EOS
-        token: its step masks follow its drafts through its matcher (step_masks.py)."""
+        token: its step masks follow its drafts through its matcher (step_masks.py). A
+        sequence with a thinking budget does not draft (runner/thinking_budget.py)."""
         if request.reasoning_gate is not None or not request.output_token_ids:
             return []
+        if request.sampling_params.thinking_token_budget is not None:
+            return []  # its forced tokens are worked out one row a sequence
         num_output = len(request.output_token_ids)
         num_tokens = len(request.prompt_token_ids) + num_output
         room = min(

@@ -91,9 +91,12 @@ class EngineSettings:
     collect_model_execute_time: bool = False
     """--collect-detailed-traces worker (or all): steps' execute times (step_timing.py)."""
     logits_processor_classes: tuple[type, ...] = ()
+    """--logits-processors: their classes, which check each request's parameters."""
     stream_interval: int = 1
     """--stream-interval: tokens a streamed answer gathers before it sends a chunk."""
-    """--logits-processors: their classes, which check each request's parameters."""
+    thinking_budgets: bool = False
+    """Whether requests may set thinking_token_budget: reasoning is configured, with
+    markers (--reasoning-parser, --reasoning-config; engine/thinking_markers.py)."""
 
     @property
     def runner_type(self) -> str:

@@ -59,6 +59,7 @@ from aioserve.runner.speculative_rows import (
 )
 from aioserve.runner.step_inputs import HostStepInputs, build_host_inputs, host_to_device
 from aioserve.runner.step_plan import StepPlan, StepResult, TokenBitmask, TokenLogprobs
+from aioserve.runner.thinking_budget import ThinkingBudgets, ThinkingMarkers, ThoughtRows
 
 
 @dataclass
@@ -72,6 +73,7 @@ class PreparedStep:
     lora_loads: list[SlotLoad] | None = None  # adapters copied into their slots first
     lora_token_slots: list[int] | None = None  # each token's LoRA slot (-1: none)
     processor_rows: ProcessorRows | None = None  # the rows as custom logits processors see them
+    thought_rows: ThoughtRows | None = None  # the rows with a thinking budget
 
 
 @dataclass
@@ -119,10 +121,13 @@ class ModelRunner:
         logprobs_mode: str = "raw_logprobs",
         lora_slots: tuple[int, int, torch.dtype] | None = None,
         logits_processors: list[LogitsProcessor] | None = None,
+        thinking_markers: ThinkingMarkers | None = None,
     ) -> None:
         """`lora_slots`: (max_loras, max_lora_rank, dtype) to serve LoRA adapters
         (lora_slots.py); decode steps then run without decode graphs. `logits_processors`:
-        the custom ones (--logits-processors, custom_logits.py), built for this runner."""
+        the custom ones (--logits-processors, custom_logits.py), built for this runner.
+        `thinking_markers`: the tokens of a thought, for requests' thinking budgets
+        (thinking_budget.py); None: reasoning is not configured."""
         if lora_slots is not None and decode_graph_sizes:
             raise ValueError("LoRA adapters run without decode graphs (models/lora_op.py)")
         if logprobs_mode not in LOGPROBS_MODES:
@@ -161,6 +166,7 @@ class ModelRunner:
         self.custom_logits = (
             CustomLogitsProcessors(logits_processors) if logits_processors else None
         )
+        self.thinking = ThinkingBudgets(thinking_markers) if thinking_markers else None
         self.lora = None
         if lora_slots is not None:
             max_loras, max_rank, lora_dtype = lora_slots
@@ -224,17 +230,21 @@ class ModelRunner:
     # -- host, while earlier steps may still run -----------------------------------------------
 
     def prepare(self, plan: StepPlan) -> PreparedStep:
-        custom = self.custom_logits
+        custom, thinking = self.custom_logits, self.thinking
         for seq_id in plan.finished_seq_ids:
             self.slots.forget(seq_id)
+            if thinking is not None:
+                thinking.forget(seq_id)
             if self.lora is not None:
                 self.lora.forget(seq_id)
             if custom is not None:
                 custom.forget(seq_id)
         admissions = [self.slots.admit(seq) for seq in plan.new_sequences]
-        if custom is not None:
-            for seq in plan.new_sequences:
+        for seq in plan.new_sequences:
+            if custom is not None:
                 custom.admit(seq)
+            if thinking is not None:
+                thinking.admit(seq)
         lora_loads = lora_token_slots = None
         if self.lora is not None:
             lora_loads = [load for seq in plan.new_sequences if (load := self.lora.admit(seq))]
@@ -262,6 +272,10 @@ class ModelRunner:
         if self.decode_graphs is not None:
             inputs = self.decode_graphs.pad(inputs)
         sampled_seq_ids = [plan.chunks[row].seq_id for row in sampled_rows]
+        thought_rows = None
+        if thinking is not None and sampled_rows:
+            first_rows = range(len(sampled_rows)) if drafts is None else drafts.first_rows.tolist()
+            thought_rows = thinking.plan_rows(sampled_seq_ids, first_rows)
         return PreparedStep(
             admissions=admissions,
             inputs=inputs,
@@ -272,6 +286,7 @@ class ModelRunner:
             lora_loads=lora_loads,
             lora_token_slots=lora_token_slots,
             processor_rows=custom.plan_rows(sampled_seq_ids) if custom and sampled_rows else None,
+            thought_rows=thought_rows,
         )
 
     # -- the model thread, in step order ------------------------------------------------------
@@ -318,13 +333,20 @@ class ModelRunner:
         batch = step.sampling.to_batch(
             state, slots, self.device, step.token_bitmask, self.logprobs_mode
         )
-        rows = step.processor_rows
-        if rows is None:
+        rows, thoughts = step.processor_rows, step.thought_rows
+        processed = logits
+        if rows is not None:
+            processed = self.custom_logits.apply(rows, logits, batch.all_greedy)
+        if thoughts is not None:
+            processed = ThinkingBudgets.apply(thoughts, processed)
+        if processed is logits:
             out = sample(logits, batch, self.race)
         else:
-            processed = self.custom_logits.apply(rows, logits, batch.all_greedy)
             out = sample(processed, batch, self.race, raw=logits)
+        if rows is not None:
             self.custom_logits.record(rows, out.token_ids)
+        if thoughts is not None:
+            ThinkingBudgets.record(thoughts, out.token_ids)
         penalty_rows = step.sampling.penalty_rows
         if penalty_rows is not None:
             penalty_rows = host_to_device(penalty_rows, self.device)

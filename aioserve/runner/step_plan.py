@@ -50,6 +50,7 @@ class SamplingSettings:
     # The tokens whose logprobs each position reports instead of the top ones (logprobs 0).
     logprob_token_ids: tuple[int, ...] | None = None
     prompt_logprobs: int | None = None  # the same for each prompt token; None: none
+    thinking_token_budget: int | None = None  # runner/thinking_budget.py; None: no budget
 
     @property
     def uses_penalties(self) -> bool:

@@ -21,14 +21,14 @@ builds it (entrypoints/anthropic/serving.py, to_chat_completion_request).
   `temperature`, `top_p`, `top_k` and `stream` (with usage in every chunk) are chat's;
   `output_config.format` (a JSON schema) is chat's response_format, `output_config.effort`
   its reasoning_effort; `thinking` "disabled" sets the reasoning_effort the handler found
-  for it, "adaptive" nothing; `metadata` is checked and otherwise unused. vLLM's own
+  for it, "enabled" chat's thinking_token_budget (its budget_tokens), "adaptive" nothing;
+  `metadata` is checked and otherwise unused. vLLM's own
   extras (`cache_salt`, `chat_template_kwargs`, `vllm_xargs`, `watermarking`,
   `kv_transfer_params`, `ec_transfer_params`, `mm_payload`, `return_mm_kwargs`) go along
   to chat, which refuses those aioserve does not serve.
 
-Refused, by name: image blocks (aioserve serves text models), `thinking` "enabled" (its
-budget is vLLM's thinking_token_budget, which aioserve does not implement), and tool_result
-content other than text and tool_reference blocks. Every wrong type or value is a 400
+Refused, by name: image blocks (aioserve serves text models) and tool_result content other
+than text and tool_reference blocks. Every wrong type or value is a 400
 naming the field.
 """
 
@@ -427,7 +427,8 @@ def _thinking(
     body: dict[str, Any], chat: dict[str, Any], disabled_effort: str, count_only: bool
 ) -> None:
     """`thinking`: "disabled" sets chat's reasoning_effort (over output_config's effort),
-    "adaptive" nothing; "enabled" (a thinking budget) is refused."""
+    "adaptive" nothing; "enabled" sets chat's thinking_token_budget to its budget_tokens
+    (refused there unless reasoning is configured, as vLLM refuses it)."""
     thinking = body.get("thinking")
     if thinking is None:
         return
@@ -458,12 +459,7 @@ def _thinking(
                 budget,
                 "thinking.budget_tokens must be less than max_tokens",
             )
-        raise bad_parameter(
-            "thinking",
-            shown_value(thinking),
-            'thinking {"type": "enabled"} is not supported by aioserve yet (its budget is '
-            "vLLM's thinking_token_budget); send adaptive or disabled",
-        )
+        chat["thinking_token_budget"] = budget
     elif kind != "adaptive":
         raise bad_parameter(
             "thinking.type",

@@ -67,6 +67,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "stop_token_ids": ([],),
     "min_tokens": (0,),
     "repetition_detection": (),
+    "thinking_token_budget": (-1,),
     "prompt_logprobs": (),
     "vllm_xargs": ({},),
     "spaces_between_special_tokens": (True,),

@@ -86,7 +86,6 @@ _UNSUPPORTED: dict[str, str] = {
     "functions": "function calling is not supported by aioserve yet",
     "logits_processors": "logits processors are not supported by aioserve",
     # vLLM request fields that would change the prompt, the output or its isolation.
-    "thinking_token_budget": "thinking_token_budget is not supported by aioserve yet",
     "return_token_offsets": "return_token_offsets is not supported by aioserve yet",
     "watermarking": "watermarking is not supported by aioserve",
     "kv_transfer_params": "KV transfer is not supported by aioserve",

@@ -71,6 +71,7 @@ SAMPLING_BODY_FIELDS: dict[str, BodyField] = _declare(
     BodyField("logprob_token_ids", _TOKEN_IDS),
     BodyField("skip_special_tokens", _BOOLEAN),
     BodyField("stream_interval", {"type": "integer", "minimum": 1}),
+    BodyField("thinking_token_budget", _INTEGER),
     BodyField(
         "repetition_detection",
         {

@@ -234,7 +234,7 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400, "type must be"),
         ({"stop_sequences": "Red"}, 400, "stop_sequences must be an array of strings"),
         ({"stop_sequences": list("abcde")}, 400, "VLLM_MAX_STOP_STRINGS"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 2048}, "max_tokens": 4096}, 400,
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 1500}, 400,
          "thinking_token_budget"),
         ({"tools": [{"name": "f", "input_schema": {}}]}, 400, "--enable-auto-tool-choice"),
         ({"tool_choice": {"type": "tool"}}, 400, "tool_choice.name is required"),

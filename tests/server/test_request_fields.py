@@ -207,7 +207,7 @@ def test_every_vllm_field_is_read_refused_or_harmless_to_ignore(server, monkeypa
     [
         ("completions", "logprob_token_ids", [1]),
         ("completions", "add_special_tokens", False),
-        ("completions", "thinking_token_budget", 8),
+        ("completions", "return_token_offsets", True),
     ],
 )
 def test_a_vllm_field_aioserve_cannot_honour_is_a_400_naming_it(server, route, field, value):
