@@ -14,6 +14,7 @@ from aioserve.config.compilation import CompilationSettings
 from aioserve.config.declaration import FRONTEND, ConfigError
 from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
 from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, add_engine_arguments
+from aioserve.config.profiler import ProfilerSettings
 from aioserve.config.speculative import NgramSpeculation
 
 GiB = 2**30
@@ -184,6 +185,12 @@ SUPPORTED_FLAGS = [
     (["--compilation-config", "0"], "compilation.compilation_config", CompilationSettings(level=0)),
     (["--device", "cpu"], "device.device", "cpu"),
     (["--collect-detailed-traces", "model,worker", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"], "observability.collect_detailed_traces", ["model", "worker"]),
+    (["--logging-config", '{"log_level": "DEBUG", "formatter": "json"}'], "logging.logging_config", {"log_level": "DEBUG", "formatter": "json"}),
+    (["--logging-config", '{"configure_logging": false}'], "logging.logging_config", {"configure_logging": False}),
+    (["--log-level", "WARNING"], "logging.log_level", "WARNING"),
+    (["--log-config-file", "/etc/log.json"], "logging.log_config_file", "/etc/log.json"),
+    (["--profiler-config", '{"profiler": "torch", "torch_profiler_dir": "/tmp/t", "torch_profiler_record_shapes": true}'], "profiler.profiler_config", ProfilerSettings("/tmp/t", torch_profiler_record_shapes=True)),
+    (["--profiler-config", '{"profiler": "torch", "torch_profiler_dir": "/tmp/t", "torch_profiler_activities": ["CPU"]}'], "profiler.profiler_config", ProfilerSettings("/tmp/t", ("CPU",))),
 ]  # fmt: skip
 
 
@@ -212,6 +219,8 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
         config.compilation,
         config.device,
         config.observability,
+        config.logging,
+        config.profiler,
     )
     fields = {field.name for section in sections for field in dataclasses.fields(section)}
     assert fields == {a.dest for a in engine_arguments} | {"cpu_kvcache_space_bytes"}

@@ -18,6 +18,7 @@ from aioserve.config.declaration import (
     DECODING,
     DEVICE,
     LOAD,
+    LOGGING,
     LORA,
     MODEL,
     MULTIMODAL,
@@ -33,6 +34,8 @@ from aioserve.config.declaration import (
     vllm_only,
 )
 from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
+from aioserve.config.logging_args import LOG_CONFIG_FILE_DEPRECATION, LOG_LEVELS, logging_config
+from aioserve.config.profiler import profiler_config
 from aioserve.config.recent_arguments import RECENT_ARGUMENTS
 from aioserve.config.scheduler_arguments import SCHEDULER_032_ARGUMENTS
 from aioserve.config.speculative import speculative_config
@@ -525,6 +528,19 @@ ARGUMENTS: tuple[Argument, ...] = (
              "for the host; outputs reach the host one step later. Off on the CPU, where host "
              "and model share the cores.", "bool",
              convert=values.boolean),
+    # --- LoggingConfig ---------------------------------------------------------------------
+    Argument("logging-config", LOGGING, {},
+             "vLLM's logging settings, as JSON or key by key (--logging-config.log_level "
+             "DEBUG): log_level, formatter (text, or json: one JSON object a line), "
+             "configure_logging (false leaves Python's logging alone) and "
+             "pylogging_config_file (a dictConfig JSON file applied after the default). A key "
+             "left out takes its VLLM_* environment variable.",
+             "json", convert=logging_config),
+    Argument("log-level", LOGGING, None,
+             "Shortcut for --logging-config.log_level; overrides that field if both are given.",
+             convert=values.string, choices=LOG_LEVELS),
+    Argument("log-config-file", LOGGING, None, LOG_CONFIG_FILE_DEPRECATION,
+             convert=values.string, metavar="PYLOGGING_CONFIG_FILE"),
     # --- VllmConfig ------------------------------------------------------------------------
     Argument("compilation-config", VLLM, CompilationSettings(),
              "torch.compile and CUDA-graph settings: a level 0-3 (-O3, -O 0) or JSON. Level 0 "
@@ -542,6 +558,15 @@ ARGUMENTS: tuple[Argument, ...] = (
              "vLLM 0.32's shorthand for --compilation-config's max_cudagraph_capture_size: "
              "the largest of the default decode graph sizes.",
              convert=values.integer_at_least(1)),
+    Argument("profiler-config", VLLM, {},
+             "The profiler of /start_profile and /stop_profile (and LLM.start_profile), as "
+             'JSON: {"profiler": "torch", "torch_profiler_dir": DIR} writes one trace of the '
+             "engine's steps a session in DIR; torch_profiler_activities (CPU, CUDA), "
+             "torch_profiler_with_stack, _with_flops, _record_shapes, _with_memory, _use_gzip "
+             "and _dump_cuda_time_total as in vLLM. Without a profiler here, "
+             "VLLM_TORCH_PROFILER_DIR sets the torch one. Other profilers and keys are refused "
+             "by name.",
+             "json", convert=profiler_config),
     vllm_only("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
     vllm_only("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
     vllm_only("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),

@@ -16,7 +16,10 @@ the platform defaults (`PlatformDefault`: block_size, max_num_seqs,
 max_num_batched_tokens, async_scheduling).
 
 Besides arguments, the CPU KV-cache size comes from vLLM's environment variable
-VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`.
+VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`,
+and VLLM_TORCH_PROFILER_DIR where --profiler-config names no profiler (config/profiler.py).
+The logging arguments stay as given: their environment variables are read where logging is
+set up (server/log_setup.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from aioserve.config.arguments import (
 )
 from aioserve.config.compilation import CompilationSettings, with_capture_flags
 from aioserve.config.declaration import ConfigError, checked_values
+from aioserve.config.profiler import ProfilerSettings, profiler_settings
 from aioserve.config.speculative import NgramSpeculation
 
 
@@ -171,6 +175,29 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True)
+class LoggingConfig:
+    """The logging arguments as given (server/log_setup.py adds the environment's)."""
+
+    logging_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # keys given
+    log_level: str | None = None  # wins over logging_config's log_level
+    log_config_file: str | None = None  # wins over its pylogging_config_file
+
+    @property
+    def given(self) -> bool:
+        return (
+            bool(self.logging_config)
+            or self.log_level is not None
+            or (self.log_config_file is not None)
+        )
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    # the torch profiler of /start_profile and /stop_profile; None: none (config/profiler.py)
+    profiler_config: ProfilerSettings | None = None
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     load: LoadConfig
@@ -182,6 +209,8 @@ class EngineConfig:
     compilation: CompilationConfig = CompilationConfig(CompilationSettings())
     device: DeviceConfig = DeviceConfig("auto")
     observability: ObservabilityConfig = ObservabilityConfig()
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    profiler: ProfilerConfig = ProfilerConfig()
     # For `serve` (vLLM's OPENAI_API_SERVER usage context), not the offline engine: some
     # platform defaults differ between the two (PlatformDefault.cpu_server).
     serving: bool = False
@@ -222,6 +251,7 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
     def section(cls):
         return cls(**{field.name: fields[field.name] for field in dataclasses.fields(cls)})
 
+    fields["profiler_config"] = profiler_settings(fields["profiler_config"])
     scheduler = _checked_scheduler(section(SchedulerConfig))
     model = section(ModelConfig)
     return EngineConfig(
@@ -235,6 +265,8 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         compilation=_checked_compilation(section(CompilationConfig), scheduler),
         device=section(DeviceConfig),
         observability=_checked_observability(section(ObservabilityConfig), fields),
+        logging=_checked_logging(section(LoggingConfig)),
+        profiler=section(ProfilerConfig),
         serving=serving,
     )
 
@@ -250,6 +282,23 @@ def _checked_observability(
             "times go into the request spans sent there)"
         )
     return observability
+
+
+def _checked_logging(logging: LoggingConfig) -> LoggingConfig:
+    """vLLM's rule: a dictConfig file needs logging configured (checked again against the
+    environment when logging is set up)."""
+    if logging.logging_config.get("configure_logging") is False:
+        if logging.log_config_file is not None:
+            given = "--log-config-file"
+        elif logging.logging_config.get("pylogging_config_file") is not None:
+            given = "--logging-config.pylogging_config_file"
+        else:
+            return logging
+        raise ConfigError(
+            f"{given} needs logging to be configured, but --logging-config.configure_logging "
+            "is false"
+        )
+    return logging
 
 
 def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:

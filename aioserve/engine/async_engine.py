@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aioserve.config.engine import EngineConfig
+from aioserve.config.profiler import ProfilerSettings
 from aioserve.engine.admission import (
     PromptType,
     cache_salt_of,
@@ -267,13 +268,13 @@ class AsyncEngine(EngineLoop):
 
     # -- profiling (the server's /start_profile and /stop_profile) ------------------------
 
-    async def start_profile(self, directory: Path) -> None:
-        """Start torch's profiler on the model thread, between two steps, for a trace in
-        `directory` (step_profiler.py). ProfilerStateError while a session runs."""
-        if self._profiler is None or self._profiler.directory != directory:
+    async def start_profile(self, settings: ProfilerSettings) -> None:
+        """Start torch's profiler on the model thread, between two steps, as `settings` say
+        (step_profiler.py). ProfilerStateError while a session runs."""
+        if self._profiler is None or self._profiler.settings != settings:
             if self._profiler is not None and self._profiler.running:
                 raise ProfilerStateError("the profiler is already running: stop it first")
-            self._profiler = StepProfiler(directory)
+            self._profiler = StepProfiler(settings)
         await asyncio.wrap_future(self._model_thread.submit(self._profiler.start))
 
     async def stop_profile(self) -> Path:

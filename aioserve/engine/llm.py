@@ -31,6 +31,8 @@ from aioserve.engine.outputs import (
 )
 from aioserve.engine.pooling_params import PoolingParams
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
+from aioserve.engine.step_profiler import torch_activities
+from aioserve.server.log_setup import configure_logging
 
 ChatMessages = list[dict[str, Any]]
 _T = TypeVar("_T")
@@ -58,16 +60,20 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         if model is not None:
             engine_args["model"] = model
-        self._start(engine_config_from_kwargs(**engine_args))
+        self._start(engine_config_from_kwargs(**engine_args), keywords=True)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
         """An LLM for an already built configuration (e.g. from the command line's arguments)."""
         llm = cls.__new__(cls)
-        llm._start(config)
+        llm._start(config, keywords=False)
         return llm
 
-    def _start(self, config: EngineConfig) -> None:
+    def _start(self, config: EngineConfig, *, keywords: bool) -> None:
+        if config.logging.given:  # vLLM's LLM sets its logging up from these arguments
+            configure_logging("info", args=config.logging, keywords=keywords)
+        if config.profiler.profiler_config is not None:
+            torch_activities(config.profiler.profiler_config)
         self.config = config
         self._loop = _new_event_loop()
         self._engine: AsyncEngine | None = AsyncEngine.from_config(config)
@@ -86,6 +92,21 @@ class LLM:
             coroutine.close()
             raise RuntimeError(_CLOSED)
         return self._loop.run_until_complete(coroutine)
+
+    def start_profile(self) -> None:
+        """Start torch's profiler over the engine's steps, as `profiler_config` says (the
+        trace is written by `stop_profile`). RuntimeError without a profiler configured."""
+        settings = self.config.profiler.profiler_config
+        if settings is None:
+            raise RuntimeError(
+                "Profiling is not enabled: pass profiler_config={'profiler': 'torch', "
+                "'torch_profiler_dir': DIR} (or set VLLM_TORCH_PROFILER_DIR)"
+            )
+        self._complete(self.engine.start_profile(settings))
+
+    def stop_profile(self) -> None:
+        """Stop the profiler and write its trace in torch_profiler_dir."""
+        self._complete(self.engine.stop_profile())
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -5,9 +5,9 @@
 OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes of
 its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), SageMaker's
 /invocations in front of those (invocations.py), the profiler's routes where
-VLLM_TORCH_PROFILER_DIR is set (profile_routes.py), the development routes with
-VLLM_SERVER_DEV_MODE=1 (dev_routes.py), the metrics (metrics.py), the request tracer
-with --otlp-traces-endpoint (tracing.py), GET /tokenizer_info with
+--profiler-config (or VLLM_TORCH_PROFILER_DIR) asks for one (profile_routes.py), the
+development routes with VLLM_SERVER_DEV_MODE=1 (dev_routes.py), the metrics (metrics.py),
+the request tracer with --otlp-traces-endpoint (tracing.py), GET /tokenizer_info with
 --enable-tokenizer-info-endpoint (tokenizer_info.py) and the schema and docs pages
 (openapi.py).
 `serve.py` runs the app; tests run it in-process.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from aioserve.engine.step_profiler import profiler_dir
 from aioserve.server.dev_routes import add_dev_routes, dev_mode
 from aioserve.server.errors import LOG_ERROR_STACK, error_middleware
 from aioserve.server.invocations import add_invocations_route
@@ -109,8 +108,8 @@ def build_app(state: ServerState) -> web.Application:
         add_openai_routes(app)
         add_lora_routes(app)
     add_invocations_route(app)
-    if (trace_dir := profiler_dir()) is not None:
-        add_profile_routes(app, trace_dir)
+    if state.profiler is not None:
+        add_profile_routes(app, state.profiler)
     if dev_mode():
         add_dev_routes(app)
     add_metrics(app, state, log_stats=not frontend.disable_log_stats)

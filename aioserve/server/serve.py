@@ -60,6 +60,7 @@ from aioserve.server.unix_socket import UnixSocket, check_socket_path
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
     from aioserve.engine.settings import EngineSettings
+    from aioserve.engine.step_profiler import torch_activities
     from aioserve.server.state import ServerState
 
 logger = logging.getLogger("aioserve")
@@ -119,7 +120,7 @@ def run_serve(args: argparse.Namespace) -> int:
     started = time.monotonic()
     config = engine_config_from_args(args, serving=True)
     frontend = frontend_config_from_args(args)
-    configure_logging(frontend.uvicorn_log_level)
+    configure_logging(frontend.uvicorn_log_level, args=config.logging)
     ssl_context = build_ssl_context(frontend)
     if frontend.uds is not None:
         check_socket_path(frontend.uds)
@@ -137,6 +138,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from aioserve.server.state import ServerState
     from aioserve.server.tracing import check_tracing
 
+    if config.profiler.profiler_config is not None:
+        torch_activities(config.profiler.profiler_config)  # CUDA needs a GPU
     if frontend.otlp_traces_endpoint is not None:
         check_tracing()
     if frontend.chat_template is not None:
@@ -155,7 +158,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the loop (and its signal handlers) runs
         logger.info("Interrupted while loading the model")
         return 130
-    state = ServerState(engine, list(engine.settings.served_model_names), frontend)
+    state = ServerState(
+        engine,
+        list(engine.settings.served_model_names),
+        frontend,
+        profiler=config.profiler.profiler_config,
+    )
     app = build_app(state)
     status = run_on_uvloop(_serve(app, state, ssl_context, started))
     logger.info("Finished server process")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from aioserve.config.frontend import FrontendConfig, frontend_config
+from aioserve.config.profiler import ProfilerSettings, profiler_settings
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.server.fingerprint import system_fingerprint
@@ -40,6 +41,9 @@ class ServerState:
         repr=False,
     )
     """Where prompts are tokenized and chat templates rendered (see `off_loop`)."""
+    profiler: ProfilerSettings | None = field(default_factory=lambda: profiler_settings({}))
+    """The torch profiler of /start_profile and /stop_profile (None: no such routes): the
+    engine's --profiler-config; by default, VLLM_TORCH_PROFILER_DIR's (config/profiler.py)."""
     tracer: RequestTracer | None = None
     """With --otlp-traces-endpoint, what sends the requests' spans (tracing.py; build_app
     makes it)."""

@@ -22,6 +22,7 @@ from aiohttp import web
 from transformers import AutoTokenizer
 
 from aioserve import AsyncEngine
+from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import frontend_config_from_args
 from aioserve.config.parser import build_engine_parser
 from aioserve.server.app import build_app
@@ -96,8 +97,11 @@ def serve_app(server_loop: BackgroundLoop, app: web.Application) -> Iterator[str
 @contextmanager
 def serve_built(server_loop: BackgroundLoop, engine: AsyncEngine, *argv: str) -> Iterator[str]:
     """The app `aioserve serve <argv>` builds for `engine`, on a free port: its base URL."""
-    options = frontend_config_from_args(build_engine_parser("aioserve serve").parse_args(argv))
-    with serve_app(server_loop, build_app(ServerState(engine, [MODEL], options))) as url:
+    args = build_engine_parser("aioserve serve").parse_args(argv)
+    options = frontend_config_from_args(args)
+    profiler = engine_config_from_args(args).profiler.profiler_config  # --profiler-config
+    state = ServerState(engine, [MODEL], options, profiler=profiler)
+    with serve_app(server_loop, build_app(state)) as url:
         yield url
 
 

@@ -51,7 +51,9 @@ def test_completions_pass_vllm_xargs_to_the_processors(url, target):
         extra_body={"vllm_xargs": {"target_token": token}},
     )
     assert forced.choices[0].text == text * 4
-    plain = client(url).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.0)
+    plain = client(url).completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.0
+    )
     assert plain.choices[0].text != text * 4
 
 

@@ -1,6 +1,7 @@
-"""/start_profile and /stop_profile (VLLM_TORCH_PROFILER_DIR): a session's trace holds the
-ops of the steps it covered, written where the variable says; the routes exist only when
-it is set; starting twice or stopping a stopped profiler is a 400; --api-key protects them.
+"""/start_profile and /stop_profile (--profiler-config, or VLLM_TORCH_PROFILER_DIR): a
+session's trace holds the ops of the steps it covered, written where the flag (or else the
+variable) says, with the flag's options; the routes exist only when one asks for the torch
+profiler; starting twice or stopping a stopped profiler is a 400; --api-key protects them.
 The profiler itself: engine/step_profiler.py, tests/engine/test_step_profiler.py.
 """
 
@@ -27,12 +28,40 @@ def test_a_session_traces_the_steps_it_covers(server_loop, engine, tmp_path, mon
         assert reply.status == 200
         stop = post(url, "/stop_profile")
         assert stop.status == 200 and stop.body == b""
-    [trace] = traces.iterdir()
-    assert trace.name.endswith(".pt.trace.json.gz")
+    [trace] = traces.glob("*.pt.trace.json.gz")
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     ops = [event["name"] for event in events if event.get("cat") == "cpu_op"]
     # The model's products of the steps the session covered (run on the model thread).
     assert ops.count("aten::mm") >= engine.hf_config.num_hidden_layers
+
+
+def test_the_flag_says_where_and_what(server_loop, engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path / "from-the-variable"))
+    config = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(tmp_path / "from-the-flag"),
+        "torch_profiler_use_gzip": False,
+        "torch_profiler_record_shapes": True,
+        "torch_profiler_with_stack": False,
+    }
+    with serve_built(server_loop, engine, "--profiler-config", json.dumps(config)) as url:
+        assert post(url, "/start_profile").status == 200
+        assert post(url, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status == 200
+        assert post(url, "/stop_profile").status == 200
+    assert not (tmp_path / "from-the-variable").exists()
+    [trace] = (tmp_path / "from-the-flag").glob("*.pt.trace.json")  # not gzipped
+    events = json.loads(trace.read_bytes())["traceEvents"]
+    shapes = [e["args"].get("Input Dims") for e in events if e.get("name") == "aten::mm"]
+    assert shapes and all(len(dims) == 2 for dims in shapes)  # record_shapes
+    assert not [e for e in events if e.get("cat") == "python_function"]  # with_stack false
+
+
+def test_the_flag_without_a_profiler_turns_the_variable_off(
+    server_loop, engine, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("VLLM_TORCH_PROFILER_DIR", str(tmp_path))
+    with serve_built(server_loop, engine, "--profiler-config.profiler", "null") as url:
+        assert post(url, "/start_profile").status == 404
 
 
 def test_starting_twice_or_stopping_a_stopped_profiler_is_a_400(
