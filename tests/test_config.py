@@ -184,6 +184,12 @@ SUPPORTED_FLAGS = [
     (["--compilation-config", "0"], "compilation.compilation_config", CompilationSettings(level=0)),
     (["--device", "cpu"], "device.device", "cpu"),
     (["--collect-detailed-traces", "model,worker", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"], "observability.collect_detailed_traces", ["model", "worker"]),
+    (["--kv-cache-metrics"], "observability.kv_cache_metrics", True),
+    (["--no-kv-cache-metrics"], "observability.kv_cache_metrics", False),
+    (["--kv-cache-metrics-sample", "0.5"], "observability.kv_cache_metrics_sample", 0.5),
+    (["--kv-cache-metrics-sample", "1"], "observability.kv_cache_metrics_sample", 1.0),
+    (["--enable-mfu-metrics"], "observability.enable_mfu_metrics", True),
+    (["--enable-logging-iteration-details"], "observability.enable_logging_iteration_details", True),
 ]  # fmt: skip
 
 
