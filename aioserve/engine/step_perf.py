@@ -73,8 +73,8 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     intermediate_size: int
-    weight_bytes: float
-    activation_bytes: int
+    weight_bytes: float  # of the layers' weights: the quantization method's, if any
+    activation_bytes: int  # also the unembedding's weights, never quantized in vLLM's count
     cache_bytes: int
     layer_windows: tuple[int, ...] = ()  # each layer's sliding window, 0: full attention
     num_moe_layers: int = 0
@@ -141,7 +141,7 @@ class ModelShape:
         logits = sum(1 if prefill else n for n, _, prefill in step.sequences)
         return (
             2 * logits * D * V,
-            logits * D * self.activation_bytes + D * V * self.weight_bytes,
+            logits * D * self.activation_bytes + D * V * self.activation_bytes,
             logits * V * self.activation_bytes,
         )
 
