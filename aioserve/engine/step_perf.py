@@ -153,20 +153,22 @@ class ModelShape:
         flops = 2 * T * D * (q + 2 * kv) * d * L + 2 * T * D * q * d * L
         read = T * D * act * L + D * (q + 2 * kv) * d * self.weight_bytes * L
         read += T * q * d * act * L + q * d * D * self.weight_bytes * L
-        for window in self.layer_windows or (0,) * L:
+        windows = self.layer_windows or (0,) * L
+        for window in set(windows):  # the same sums for every layer of one window
+            layers = windows.count(window)
 
             def ctx(c: int, w: int = window) -> int:
                 return min(c, w) if w else c
 
-            flops += 4 * q * d * sum(n * ctx(c) for n, c, _ in seqs)
+            flops += 4 * q * d * sum(n * ctx(c) for n, c, _ in seqs) * layers
             pre_t = sum(n for n, _, p in seqs if p)
             pre_c = sum(ctx(c) for _, c, p in seqs if p)
             dec_t = sum(n for n, _, p in seqs if not p)
             dec_c = sum(ctx(c) for _, c, p in seqs if not p)
             if pre_t:
-                read += (pre_t * q + 2 * pre_c * kv) * d * act
+                read += (pre_t * q + 2 * pre_c * kv) * d * act * layers
             if dec_t:
-                read += dec_t * q * d * act + 2 * dec_c * kv * d * cache
+                read += (dec_t * q * d * act + 2 * dec_c * kv * d * cache) * layers
         write = T * (q + 2 * kv) * d * act * L + 2 * T * kv * d * cache * L + T * D * act * L
         return flops, read, write
 
