@@ -393,7 +393,7 @@ def test_every_vllm_032_option_is_known(parser):
     "argv",
     [
         ["--attention-backend", "FLASH_ATTN"],
-        ["--no-enable-mfu-metrics"],
+        ["--no-jit-monitor-verbose"],
         ["-asc", "2"],
         ["--kernel-config.moe_backend", "triton"],
         ["--numa-bind-nodes", "0", "1"],

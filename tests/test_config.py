@@ -191,6 +191,12 @@ SUPPORTED_FLAGS = [
     (["--log-config-file", "/etc/log.json"], "logging.log_config_file", "/etc/log.json"),
     (["--profiler-config", '{"profiler": "torch", "torch_profiler_dir": "/tmp/t", "torch_profiler_record_shapes": true}'], "profiler.profiler_config", ProfilerSettings("/tmp/t", torch_profiler_record_shapes=True)),
     (["--profiler-config", '{"profiler": "torch", "torch_profiler_dir": "/tmp/t", "torch_profiler_activities": ["CPU"]}'], "profiler.profiler_config", ProfilerSettings("/tmp/t", ("CPU",))),
+    (["--kv-cache-metrics"], "observability.kv_cache_metrics", True),
+    (["--no-kv-cache-metrics"], "observability.kv_cache_metrics", False),
+    (["--kv-cache-metrics-sample", "0.5"], "observability.kv_cache_metrics_sample", 0.5),
+    (["--kv-cache-metrics-sample", "1"], "observability.kv_cache_metrics_sample", 1.0),
+    (["--enable-mfu-metrics"], "observability.enable_mfu_metrics", True),
+    (["--enable-logging-iteration-details"], "observability.enable_logging_iteration_details", True),
 ]  # fmt: skip
 
 

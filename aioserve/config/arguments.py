@@ -459,6 +459,29 @@ ARGUMENTS: tuple[Argument, ...] = (
              "both. Several as a list or separated by commas (model,worker). Timed by CUDA/HIP "
              "events on a GPU; nothing is timed without it.",
              "list", convert=values.detailed_trace_modules, metavar="{model,worker,all}"),
+    Argument("kv-cache-metrics", OBSERVABILITY, False,
+             "KV-cache block residency on /metrics: a sample of the blocks taken from the "
+             "free queue (--kv-cache-metrics-sample) is followed until the block is taken "
+             "again; vllm:kv_block_lifetime_seconds (taken to evicted), "
+             "vllm:kv_block_idle_before_evict_seconds (last prefix-cache hit, or taken, to "
+             "evicted) and vllm:kv_block_reuse_gap_seconds (between its last four hits). "
+             "Observed with prefix caching only, as in vLLM. Buckets: the "
+             "kv_cache_residency family of --custom-histogram-buckets.",
+             "bool", convert=values.boolean),
+    Argument("kv-cache-metrics-sample", OBSERVABILITY, 0.01,
+             "Share of block allocations --kv-cache-metrics follows, in (0, 1].",
+             convert=values.fraction),
+    Argument("enable-mfu-metrics", OBSERVABILITY, False,
+             "Estimate each step's floating-point operations and memory traffic from the "
+             "model's config, its tokens and context lengths, as vLLM does: counted in "
+             "vllm:estimated_flops_per_gpu_total, vllm:estimated_read_bytes_per_gpu_total "
+             "and vllm:estimated_write_bytes_per_gpu_total, and logged with the stats line "
+             "as TF/s and GB/s.",
+             "bool", convert=values.boolean),
+    Argument("enable-logging-iteration-details", OBSERVABILITY, False,
+             "Log one line per engine step with tokens: its context and generation requests "
+             "and tokens, its time and the KV-cache usage (not with --disable-log-stats).",
+             "bool", convert=values.boolean),
     # --- SchedulerConfig -------------------------------------------------------------------
     # vLLM-CPU's defaults by usage context: 2048 tokens and 128 sequences for its server,
     # 4096 and 256 for its LLM class (the offline benchmarks).

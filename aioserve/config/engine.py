@@ -125,6 +125,10 @@ class SchedulerConfig:
 class ObservabilityConfig:
     # model, worker, all: the step times added to request spans (engine/step_timing.py)
     collect_detailed_traces: list[str] | None = None
+    kv_cache_metrics: bool = False  # engine/kv_residency.py
+    kv_cache_metrics_sample: float = 0.01
+    enable_mfu_metrics: bool = False  # engine/step_perf.py
+    enable_logging_iteration_details: bool = False  # engine/step_observation.py
 
     @property
     def collect_model_forward_time(self) -> bool:

@@ -172,8 +172,7 @@ def json_object(value: Any) -> dict[str, Any]:
     return copy.deepcopy(value)
 
 
-# vLLM 0.32's histogram bucket families (v1/metrics/buckets.py), but kv_cache_residency:
-# aioserve has no KV-cache residency metrics (--kv-cache-metrics).
+# vLLM 0.32's histogram bucket families (v1/metrics/buckets.py).
 HISTOGRAM_FAMILIES = (
     "request_latency",
     "time_to_first_token",
@@ -182,6 +181,7 @@ HISTOGRAM_FAMILIES = (
     "request_params_n",
     "request_num_preemptions",
     "request_tokens",
+    "kv_cache_residency",
 )
 
 
@@ -192,12 +192,8 @@ def histogram_buckets(value: Any) -> dict[str, list[float]]:
     checked = {}
     for family, bounds in families.items():
         if family not in HISTOGRAM_FAMILIES:
-            why = (
-                "aioserve has no KV-cache residency metrics"
-                if family == "kv_cache_residency"
-                else f"known families: {sorted(HISTOGRAM_FAMILIES)}"
-            )
-            raise ValueError(f"unknown bucket family {family!r}; {why}")
+            known = sorted(HISTOGRAM_FAMILIES)
+            raise ValueError(f"unknown bucket family {family!r}; known families: {known}")
         if not isinstance(bounds, list) or not bounds:
             raise ValueError(f"[{family!r}]: bucket list must be a non-empty list of numbers")
         for bound in bounds:

@@ -61,6 +61,7 @@ from aioserve.engine.resolution import (
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler_limits import resolve_scheduler_limits
 from aioserve.engine.settings import EngineParts, EngineSettings
+from aioserve.engine.step_observation import engine_observability
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.engine.thinking_markers import thinking_markers
 from aioserve.kernels import dispatch
@@ -555,6 +556,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         logits_processor_classes=tuple(processor_classes),
         thinking_budgets=markers is not None,
         stream_interval=sched_cfg.stream_interval,
+        observability=engine_observability(config, checkpoint, dtype, kv_dtype),
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "

@@ -56,6 +56,7 @@ from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.settings import EngineParts
 from aioserve.engine.stats import StatLogger, StatsReporter, StepTally
+from aioserve.engine.step_observation import StepObservation, StepObserver, residency_tracker
 from aioserve.engine.step_timing import StepTiming, step_timer
 from aioserve.engine.steps_in_flight import StepInFlight, StepWaiter, run_timed
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
@@ -77,7 +78,11 @@ class EngineLoop:
         self.runner = parts.runner
         s = self.settings
         self.kv_cache = KVCacheManager(
-            s.num_blocks, s.block_size, s.enable_prefix_caching, s.prefix_caching_hash_algo
+            s.num_blocks,
+            s.block_size,
+            s.enable_prefix_caching,
+            s.prefix_caching_hash_algo,
+            residency=residency_tracker(s.observability),
         )
         self.scheduler = Scheduler(
             self.kv_cache,
@@ -127,6 +132,7 @@ class EngineLoop:
         self._failures = StepFailures()
         self.loop_clock = LoopClock()
         self._stats = StatsReporter(kv_cache_in_memory=s.pooler is None)
+        self._observer = StepObserver(s.observability) if s.observability.observes_steps else None
         self.stat_loggers: list[StatLogger] = self._stats.loggers
 
     def abort(self, request_id: str) -> None:
@@ -227,7 +233,8 @@ class EngineLoop:
         future = self._model_thread.submit(
             run_timed, self.runner, prepared, started, self._step_timer
         )
-        return StepInFlight(index, output, future, started, masks)
+        observed = None if self._observer is None else self._observer.launched(output)
+        return StepInFlight(index, output, future, started, masks, observed)
 
     async def _finish_step(self, step: StepInFlight, next_step: StepInFlight | None) -> None:
         """Wait for a step's tokens, record them and deliver the outputs; then fill the
@@ -288,7 +295,8 @@ class EngineLoop:
         if executed.timing is not None:
             self._add_step_times(step.scheduled, executed.timing)
         finished = self.scheduler.update(step.scheduled, result.sampled)
-        self._process_step(step.scheduled, result, finished, host_gap)
+        observed = step.observed and StepObserver.finished(step.observed)
+        self._process_step(step.scheduled, result, finished, host_gap, observed)
 
     def _add_step_times(self, output: SchedulerOutput, timing: StepTiming) -> None:
         """--collect-detailed-traces: the step's times added to each request in it, once."""
@@ -316,6 +324,7 @@ class EngineLoop:
         result: StepResult,
         finished: list[Request],
         host_gap: float | None,
+        observed: StepObservation | None = None,
     ) -> None:
         touched: dict[str, RequestState] = {}
         stopped_by_text: list[str] = []
@@ -385,7 +394,7 @@ class EngineLoop:
             self._end_with_error(off_constraint, "a sampled token broke its structured output")
         for state in touched.values():
             self._deliver(state)
-        self._stats.step_done(self.scheduler, self.kv_cache, tally, host_gap)
+        self._stats.step_done(self.scheduler, self.kv_cache, tally, host_gap, observed)
 
     def _deliver(self, state: RequestState, record: bool = True) -> None:
         """Tell the request's consumer it has news, if an output is due; the output is

@@ -12,6 +12,8 @@ The device memory itself lives in the model runner; this module only hands out b
 - A block whose last owner finishes goes to the free queue but keeps its hash, so a later
   request can still hit it; when blocks are needed, the least recently freed one is taken
   and its hash forgotten (LRU eviction).
+- With --kv-cache-metrics, `residency` samples blocks as they are taken, shared and
+  evicted (kv_residency.py); None otherwise, and then nothing is tracked.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from aioserve.engine.block_hashing import (
     BlockHasher,
     block_extra_keys,
 )
+from aioserve.engine.kv_residency import BlockResidencyTracker
 from aioserve.engine.request import Request
 
 
@@ -51,6 +54,7 @@ class KVCacheManager:
     enable_prefix_caching: bool
     hash_algorithm: str = DEFAULT_HASH_ALGORITHM  # --prefix-caching-hash-algo
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    residency: BlockResidencyTracker | None = None  # --kv-cache-metrics
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -159,11 +163,14 @@ class KVCacheManager:
         num_prefix_from_free = sum(1 for b in cached_prefix if self._blocks[b].ref_count == 0)
         if max(num_new_blocks, 0) + num_prefix_from_free + keep_free > len(self._free):
             return False
+        residency = self.residency
         for block_id in cached_prefix:
             block = self._blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
+            if residency is not None:
+                residency.accessed(block_id)
         table = table + list(cached_prefix)
         for _ in range(max(num_new_blocks, 0)):
             table.append(self._take_free_block())
@@ -220,13 +227,21 @@ class KVCacheManager:
         for block in self._cached.values():
             block.block_hash = None
         self._cached.clear()
+        if self.residency is not None:
+            self.residency.reset()
         return True
 
     def _take_free_block(self) -> int:
         block_id, _ = self._free.popitem(last=False)
         block = self._blocks[block_id]
+        residency = self.residency
+        if residency is not None and self.enable_prefix_caching:
+            # vLLM's eviction hook: every block the caching pool takes, hashed or not.
+            residency.evicted(block_id)
         if block.block_hash is not None:
             del self._cached[block.block_hash]
             block.block_hash = None
         block.ref_count = 1
+        if residency is not None:
+            residency.allocated(block_id)
         return block_id

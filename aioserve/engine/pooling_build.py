@@ -38,6 +38,7 @@ from aioserve.engine.resolution import (
 )
 from aioserve.engine.scheduler_limits import resolve_scheduler_limits
 from aioserve.engine.settings import EngineParts, EngineSettings
+from aioserve.engine.step_observation import engine_observability
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import pack_weights
 from aioserve.models.loader import load_model
@@ -204,6 +205,7 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
     num_blocks = 2 * (-(-max_tokens // block_size) + max_num_seqs)  # two steps in flight
     served = model_cfg.served_model_name or [model_cfg.model]
     settings = EngineSettings(
+        observability=engine_observability(config, checkpoint, dtype, dtype),
         model_name=model_cfg.model,
         served_model_names=list(served),
         dtype=dtype,

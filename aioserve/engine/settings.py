@@ -13,6 +13,7 @@ from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.load_report import LoadReport
 from aioserve.engine.partial_prefills import PartialPrefillLimits
 from aioserve.engine.scheduler_limits import SchedulerLimits
+from aioserve.engine.step_observation import ObservabilitySettings
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.runner.model_runner import ModelRunner
 
@@ -94,6 +95,9 @@ class EngineSettings:
     """--logits-processors: their classes, which check each request's parameters."""
     stream_interval: int = 1
     """--stream-interval: tokens a streamed answer gathers before it sends a chunk."""
+    observability: ObservabilitySettings = ObservabilitySettings()
+    """--kv-cache-metrics, --enable-mfu-metrics, --enable-logging-iteration-details
+    (step_observation.py); all off by default."""
     thinking_budgets: bool = False
     """Whether requests may set thinking_token_budget: reasoning is configured, with
     markers (--reasoning-parser, --reasoning-config; engine/thinking_markers.py)."""

@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from aioserve.engine.kv_cache_manager import KVCacheManager
+    from aioserve.engine.kv_residency import ResidencySample
     from aioserve.engine.output_processor import RequestState
     from aioserve.engine.outputs import RequestMetrics
     from aioserve.engine.scheduler import Scheduler, SchedulerStats
+    from aioserve.engine.step_observation import IterationDetails, StepObservation
+    from aioserve.engine.step_perf import StepPerf
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,12 @@ class StepStats:
     """With LoRA: the adapters of the running requests and those of the waiting ones."""
     speculation: SpeculationCounts | None = None
     """With speculative decoding: what this step drafted and kept (None: no speculation)."""
+    kv_block_residency: list[ResidencySample] = field(default_factory=list)
+    """--kv-cache-metrics: the sampled blocks evicted since the previous report."""
+    perf: StepPerf | None = None
+    """--enable-mfu-metrics: the step's estimated FLOPs and bytes."""
+    iteration: IterationDetails | None = None
+    """--enable-logging-iteration-details: the step's requests, tokens and time."""
 
     @property
     def num_tokens(self) -> int:
@@ -204,9 +213,13 @@ class StatsReporter:
         kv_cache: KVCacheManager,
         tally: StepTally | None = None,
         host_gap: float | None = None,
+        observed: StepObservation | None = None,
     ) -> None:
-        """Tell every logger what the last step (`tally`; None for an abort) did."""
+        """Tell every logger what the last step (`tally`; None for an abort) did, with what
+        the observability flags saw of it (`observed`)."""
         if not self.loggers:
+            if kv_cache.residency is not None:
+                kv_cache.residency.drain()  # unreported, as vLLM's without stat loggers
             return
         tally = tally or StepTally()
         counters = (
@@ -235,7 +248,11 @@ class StatsReporter:
             speculation=self._speculation_since(scheduler.stats)
             if scheduler.speculation is not None
             else None,
+            perf=None if observed is None else observed.perf,
+            iteration=None if observed is None else observed.iteration,
         )
+        if kv_cache.residency is not None:
+            stats.kv_block_residency.extend(kv_cache.residency.drain())
         self._finished = []
         for stat_logger in self.loggers:
             stat_logger.record(stats)

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from aioserve.engine.scheduler import SchedulerOutput
+from aioserve.engine.step_observation import StepObservation
 from aioserve.engine.step_timing import StepTimer, StepTiming
 from aioserve.engine.structured_outputs.step_masks import StepMasks
 from aioserve.runner.model_runner import ModelRunner, PreparedStep, StepOutput
@@ -41,6 +42,7 @@ class StepInFlight:
     future: Future  # of an ExecutedStep, from the model thread
     started: threading.Event  # set by the model thread as it begins the step
     masks: StepMasks | None  # its structured-output masks, filled before it samples
+    observed: StepObservation | None = None  # the observability flags' view of it
 
 
 def run_timed(

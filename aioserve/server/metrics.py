@@ -60,8 +60,11 @@ Left out because aioserve cannot measure them (or has no such feature): speculat
 decoding (`vllm:spec_decode_*`), multimodal and
 external/KV-connector caches (`vllm:mm_cache_*`, `vllm:external_prefix_cache_*`,
 `vllm:prompt_tokens_by_source`, `vllm:prompt_tokens_cached*`), sleep mode (`vllm:engine_sleep_state`), waiting
-reasons (`vllm:num_requests_waiting_by_reason`), FLOP/byte estimates
-(`vllm:estimated_*_per_gpu_total`) and the HTTP instrumentator (`http_*`).
+reasons (`vllm:num_requests_waiting_by_reason`) and the HTTP instrumentator (`http_*`).
+
+vLLM's FLOP/byte estimates (`vllm:estimated_*_per_gpu_total`, counting with
+--enable-mfu-metrics) and KV-block residency histograms (--kv-cache-metrics) are in
+observability_metrics.py.
 
 Where the counting differs from vLLM's: vLLM forks a request with n > 1 into n child
 requests and counts each child as one finished request; aioserve counts the user request
@@ -94,6 +97,7 @@ from aioserve.engine.load_shedding import REASONS, LoadShedder
 from aioserve.engine.stats import SpeculationCounts, StepStats
 from aioserve.platform import is_gpu
 from aioserve.server.bulk_observe import observe_each
+from aioserve.server.observability_metrics import ObservabilityMetrics
 from aioserve.server.state import ServerState
 from aioserve.server.stats_log import StatsLine
 
@@ -213,8 +217,10 @@ class PrometheusStatLogger:
         max_loras: int = 0,
         num_speculative_tokens: int = 0,
         custom_buckets: Mapping[str, list[float]] | None = None,
+        kv_cache_metrics: bool = False,
     ) -> None:
-        """`max_loras`: --max-loras when LoRA is enabled (0: it is not);
+        """`kv_cache_metrics`: --kv-cache-metrics (observability_metrics.py);
+        `max_loras`: --max-loras when LoRA is enabled (0: it is not);
         `num_speculative_tokens`: the drafts a step with speculative decoding (0: none);
         `custom_buckets`: --custom-histogram-buckets, bounds by vLLM's family names."""
         self.model_name = model_name
@@ -242,6 +248,13 @@ class PrometheusStatLogger:
         request_latency = buckets("request_latency", REQUEST_LATENCY_BUCKETS)
         token_latency = buckets("inter_token_latency", TOKEN_LATENCY_BUCKETS)
 
+        self.observability = ObservabilityMetrics(
+            registry,
+            LABELS,
+            labels,
+            kv_cache_metrics=kv_cache_metrics,
+            custom_buckets=custom_buckets,
+        )
         self._max_lora = str(max_loras)
         self.lora_requests_info = None
         if max_loras:
@@ -434,6 +447,7 @@ class PrometheusStatLogger:
             self.request_time_per_output_token.observe(request.mean_time_per_output_token)
         if stats.host_gap is not None:
             self.host_gap.observe(stats.host_gap)
+        self.observability.record(stats)
         self._observe_step_duration(stats)
 
     def _observe_step_duration(self, stats: StepStats) -> None:
@@ -530,6 +544,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         max_loras=engine.settings.max_loras,
         num_speculative_tokens=num_speculative_tokens,
         custom_buckets=state.frontend.custom_histogram_buckets,
+        kv_cache_metrics=engine.settings.observability.kv_cache_metrics_sample is not None,
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
     stats_line = StatsLine("GPU" if is_gpu() else "CPU") if log_stats else None

@@ -22,6 +22,13 @@ With speculative decoding, a second line follows while sequences drafted, vLLM's
     tokens, Per-position acceptance rate: 0.800, 0.600, 0.400, 0.300, Avg Draft acceptance
     rate: 61.2%
 
+With --enable-mfu-metrics, a line with the estimated FLOPs and memory traffic over the
+interval follows, as vLLM's: "Engine 000: MFU: 12.3 TF/s/device 456.7 GB/s/device". With
+--enable-logging-iteration-details, every step with tokens is logged at once, as vLLM
+logs it: "Engine 000: Iteration(7): 1 context requests, 12 context tokens, 3 generation
+requests, 3 generation tokens, iteration elapsed time: 25.31 ms, CPU KV cache usage: 2.0%"
+(the time from the step's launch to its result on the host).
+
 Throughputs are averages since the previous line. Running, waiting and KV usage are as of
 the latest step. The prefix-cache hit rate is over the lookups of the last
 `PREFIX_HIT_RATE_WINDOW` steps that made any (vLLM also reports a recent, not a lifetime,
@@ -57,9 +64,15 @@ class StatsLine:
         self._num_host_gaps = 0
         self._last_throughputs = (0.0, 0.0)
         self._drafts: list[int] = []  # drafts, draft tokens, accepted, then per position
+        self._flops = self._bytes = 0  # --enable-mfu-metrics, since the last line
 
     def record(self, stats: StepStats) -> None:
         """Count one engine step (or abort) towards the next line."""
+        if stats.iteration is not None:
+            self._log_iteration(stats)
+        if stats.perf is not None:
+            self._flops += stats.perf.flops
+            self._bytes += stats.perf.read_bytes + stats.perf.write_bytes
         self._prompt_tokens += stats.num_prompt_tokens
         self._generation_tokens += stats.num_generation_tokens
         self._latest = stats
@@ -110,10 +123,35 @@ class StatsLine:
         )
         if self._drafts:
             self._log_speculation(level, elapsed)
+        if self._flops or self._bytes:
+            logger.log(
+                level,
+                "Engine 000: MFU: %.1f TF/s/device %.1f GB/s/device",
+                self._flops / elapsed / 1e12,
+                self._bytes / elapsed / 1e9,
+            )
+            self._flops = self._bytes = 0
         self._last_log_time = now
         self._host_gaps, self._num_host_gaps = 0.0, 0
         self._prompt_tokens = self._generation_tokens = 0
         self._last_throughputs = (prompt_throughput, generation_throughput)
+
+    def _log_iteration(self, stats: StepStats) -> None:
+        details = stats.iteration
+        assert details is not None
+        logger.info(
+            "Engine 000: Iteration(%d): %d context requests, %d context tokens, %d generation "
+            "requests, %d generation tokens, iteration elapsed time: %.2f ms, %s KV cache "
+            "usage: %.1f%%",
+            details.index,
+            details.num_ctx_requests,
+            details.num_ctx_tokens,
+            details.num_generation_requests,
+            details.num_generation_tokens,
+            details.elapsed_ms,
+            self._kv_cache_device,
+            stats.kv_cache_usage * 100,
+        )
 
     def _log_speculation(self, level: int, elapsed: float) -> None:
         drafts, draft_tokens, accepted, *per_position = self._drafts

@@ -66,7 +66,6 @@ def _frontend(*argv: str):
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ('{"kv_cache_residency": [1]}', "no KV-cache residency metrics"),
         ('{"latency": [1]}', "unknown bucket family 'latency'"),
         ('{"request_latency": []}', "must be a non-empty list"),
         ('{"request_latency": [0, 1]}', "must be finite and greater than 0"),
