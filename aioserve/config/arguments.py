@@ -18,11 +18,9 @@ from aioserve.config.declaration import (
     DECODING,
     DEVICE,
     LOAD,
-    LOGGING,
     LORA,
     MODEL,
     MULTIMODAL,
-    OBSERVABILITY,
     PARALLEL,
     PROMPT_ADAPTER,
     SCHEDULER,
@@ -34,8 +32,7 @@ from aioserve.config.declaration import (
     vllm_only,
 )
 from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
-from aioserve.config.logging_args import LOG_CONFIG_FILE_DEPRECATION, LOG_LEVELS, logging_config
-from aioserve.config.profiler import profiler_config
+from aioserve.config.observability_arguments import OBSERVABILITY_ARGUMENTS
 from aioserve.config.recent_arguments import RECENT_ARGUMENTS
 from aioserve.config.scheduler_arguments import SCHEDULER_032_ARGUMENTS
 from aioserve.config.speculative import speculative_config
@@ -447,41 +444,7 @@ ARGUMENTS: tuple[Argument, ...] = (
           "Entropy scaling of typical acceptance."),
     vllm_only("disable-logprobs-during-spec-decoding", SPECULATIVE, True,
           "Skip logprobs while speculating.", "optional"),
-    # --- ObservabilityConfig ---------------------------------------------------------------
-    vllm_only("show-hidden-metrics-for-version", OBSERVABILITY, None,
-          "Show metrics hidden since this version."),
-    Argument("collect-detailed-traces", OBSERVABILITY, None,
-             "With --otlp-traces-endpoint (required), time every model step and add the "
-             "times of the steps a request took part in to its span, in seconds: model: "
-             "gen_ai.latency.time_in_model_forward (the forward pass: the model's layers and "
-             "output head); worker: gen_ai.latency.time_in_model_execute (the whole step on "
-             "the model thread: inputs to the device, forward, sampling, results back); all: "
-             "both. Several as a list or separated by commas (model,worker). Timed by CUDA/HIP "
-             "events on a GPU; nothing is timed without it.",
-             "list", convert=values.detailed_trace_modules, metavar="{model,worker,all}"),
-    Argument("kv-cache-metrics", OBSERVABILITY, False,
-             "KV-cache block residency on /metrics: a sample of the blocks taken from the "
-             "free queue (--kv-cache-metrics-sample) is followed until the block is taken "
-             "again; vllm:kv_block_lifetime_seconds (taken to evicted), "
-             "vllm:kv_block_idle_before_evict_seconds (last prefix-cache hit, or taken, to "
-             "evicted) and vllm:kv_block_reuse_gap_seconds (between its last four hits). "
-             "Observed with prefix caching only, as in vLLM. Buckets: the "
-             "kv_cache_residency family of --custom-histogram-buckets.",
-             "bool", convert=values.boolean),
-    Argument("kv-cache-metrics-sample", OBSERVABILITY, 0.01,
-             "Share of block allocations --kv-cache-metrics follows, in (0, 1].",
-             convert=values.fraction),
-    Argument("enable-mfu-metrics", OBSERVABILITY, False,
-             "Estimate each step's floating-point operations and memory traffic from the "
-             "model's config, its tokens and context lengths, as vLLM does: counted in "
-             "vllm:estimated_flops_per_gpu_total, vllm:estimated_read_bytes_per_gpu_total "
-             "and vllm:estimated_write_bytes_per_gpu_total, and logged with the stats line "
-             "as TF/s and GB/s.",
-             "bool", convert=values.boolean),
-    Argument("enable-logging-iteration-details", OBSERVABILITY, False,
-             "Log one line per engine step with tokens: its context and generation requests "
-             "and tokens, its time and the KV-cache usage (not with --disable-log-stats).",
-             "bool", convert=values.boolean),
+    *OBSERVABILITY_ARGUMENTS,
     # --- SchedulerConfig -------------------------------------------------------------------
     # vLLM-CPU's defaults by usage context: 2048 tokens and 128 sequences for its server,
     # 4096 and 256 for its LLM class (the offline benchmarks).
@@ -551,19 +514,6 @@ ARGUMENTS: tuple[Argument, ...] = (
              "for the host; outputs reach the host one step later. Off on the CPU, where host "
              "and model share the cores.", "bool",
              convert=values.boolean),
-    # --- LoggingConfig ---------------------------------------------------------------------
-    Argument("logging-config", LOGGING, {},
-             "vLLM's logging settings, as JSON or key by key (--logging-config.log_level "
-             "DEBUG): log_level, formatter (text, or json: one JSON object a line), "
-             "configure_logging (false leaves Python's logging alone) and "
-             "pylogging_config_file (a dictConfig JSON file applied after the default). A key "
-             "left out takes its VLLM_* environment variable.",
-             "json", convert=logging_config),
-    Argument("log-level", LOGGING, None,
-             "Shortcut for --logging-config.log_level; overrides that field if both are given.",
-             convert=values.string, choices=LOG_LEVELS),
-    Argument("log-config-file", LOGGING, None, LOG_CONFIG_FILE_DEPRECATION,
-             convert=values.string, metavar="PYLOGGING_CONFIG_FILE"),
     # --- VllmConfig ------------------------------------------------------------------------
     Argument("compilation-config", VLLM, CompilationSettings(),
              "torch.compile and CUDA-graph settings: a level 0-3 (-O3, -O 0) or JSON. Level 0 "
@@ -581,15 +531,6 @@ ARGUMENTS: tuple[Argument, ...] = (
              "vLLM 0.32's shorthand for --compilation-config's max_cudagraph_capture_size: "
              "the largest of the default decode graph sizes.",
              convert=values.integer_at_least(1)),
-    Argument("profiler-config", VLLM, {},
-             "The profiler of /start_profile and /stop_profile (and LLM.start_profile), as "
-             'JSON: {"profiler": "torch", "torch_profiler_dir": DIR} writes one trace of the '
-             "engine's steps a session in DIR; torch_profiler_activities (CPU, CUDA), "
-             "torch_profiler_with_stack, _with_flops, _record_shapes, _with_memory, _use_gzip "
-             "and _dump_cuda_time_total as in vLLM. Without a profiler here, "
-             "VLLM_TORCH_PROFILER_DIR sets the torch one. Other profilers and keys are refused "
-             "by name.",
-             "json", convert=profiler_config),
     vllm_only("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
     vllm_only("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
     vllm_only("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),

@@ -43,7 +43,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from aioserve.config.compilation import CompilationSettings
-from aioserve.config.engine import DecodingConfig, EngineConfig
+from aioserve.config.engine import EngineConfig
 from aioserve.config.values import AUTO_FIT
 from aioserve.engine.block_hashing import check_hash_algorithm
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
@@ -548,7 +548,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         collect_model_execute_time=config.observability.collect_model_execute_time,
         max_num_queued_tokens=sched_cfg.max_num_queued_tokens,
         reasoning_parser=config.decoding.reasoning_parser,
-        structured_outputs=structured_outputs_config(config.decoding),
+        structured_outputs=StructuredOutputsConfig.from_decoding(config.decoding),
         load_report=build_load_report(
             model_cfg.model, checkpoint, runner, kv_cache_sized_by(cache_cfg, platform)
         ),
@@ -586,17 +586,6 @@ def num_speculative_tokens(config: EngineConfig) -> int:
     """The most drafts a sequence checks in a step (0 without speculative decoding)."""
     speculation = config.speculative.speculative_config
     return 0 if speculation is None else speculation.num_speculative_tokens
-
-
-def structured_outputs_config(decoding: DecodingConfig) -> StructuredOutputsConfig:
-    """The --guided-decoding-* settings, overridden by --structured-outputs-config's keys."""
-    settings = {
-        "backend": decoding.guided_decoding_backend,
-        "disable_fallback": decoding.guided_decoding_disable_fallback,
-        "disable_any_whitespace": decoding.guided_decoding_disable_any_whitespace,
-        "disable_additional_properties": decoding.guided_decoding_disable_additional_properties,
-    }
-    return StructuredOutputsConfig(**{**settings, **decoding.structured_outputs_config})
 
 
 def default_sampling_params(settings: EngineSettings) -> SamplingParams:

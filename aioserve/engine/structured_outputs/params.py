@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from aioserve.config.engine import DecodingConfig
 from aioserve.engine.structured_outputs.json_schemas import parse_schema
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -104,6 +105,17 @@ class StructuredOutputsConfig:
     disable_fallback: bool = False
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
+
+    @classmethod
+    def from_decoding(cls, decoding: DecodingConfig) -> StructuredOutputsConfig:
+        """The --guided-decoding-* settings, overridden by --structured-outputs-config's keys."""
+        settings = {
+            "backend": decoding.guided_decoding_backend,
+            "disable_fallback": decoding.guided_decoding_disable_fallback,
+            "disable_any_whitespace": decoding.guided_decoding_disable_any_whitespace,
+            "disable_additional_properties": decoding.guided_decoding_disable_additional_properties,
+        }
+        return cls(**{**settings, **decoding.structured_outputs_config})
 
 
 GuidedDecodingParams = StructuredOutputsParams

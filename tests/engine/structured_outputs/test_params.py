@@ -79,7 +79,6 @@ def test_forbid_additional_properties_closes_every_listed_object():
 
 def test_the_server_settings_merge_with_the_newer_config_winning():
     from aioserve.config.engine import engine_config_from_kwargs
-    from aioserve.engine.build import structured_outputs_config
     from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 
     config = engine_config_from_kwargs(
@@ -87,6 +86,6 @@ def test_the_server_settings_merge_with_the_newer_config_winning():
         guided_decoding_disable_any_whitespace=True,
         structured_outputs_config={"backend": "guidance", "disable_fallback": True},
     )
-    assert structured_outputs_config(config.decoding) == StructuredOutputsConfig(
+    assert StructuredOutputsConfig.from_decoding(config.decoding) == StructuredOutputsConfig(
         backend="guidance", disable_fallback=True, disable_any_whitespace=True
     )
