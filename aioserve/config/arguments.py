@@ -35,7 +35,7 @@ from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
 from aioserve.config.observability_arguments import OBSERVABILITY_ARGUMENTS
 from aioserve.config.recent_arguments import RECENT_ARGUMENTS
 from aioserve.config.scheduler_arguments import SCHEDULER_032_ARGUMENTS
-from aioserve.config.speculative import speculative_config
+from aioserve.config.speculative import spec_model, speculative_settings
 
 # The model served when none is given. It must equal aioserve.models.resolve.DEFAULT_MODEL
 # (a test checks); it is repeated here so that `--help` does not import the model code.
@@ -66,6 +66,16 @@ _VLLM_REASONING_PARSERS = (
     "muse_glimmer", "nemotron_v3", "olmo3", "openai_gptoss", "plamo3", "poolside_v1",
     "seed_oss", "step3", "step3p5",
 )  # vLLM 0.32's others (vllm/reasoning/__init__.py)
+_VLLM_SPEC_METHODS = (
+    "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp", "custom_class", "deepseek_mtp", "dflash",
+    "dots3_note_mtp", "draft_model", "dspark", "eagle", "eagle3", "ernie_mtp",
+    "exaone4_5_mtp", "exaone_moe_mtp", "extract_hidden_states", "gemma4_mtp",
+    "glm4_moe_lite_mtp", "glm4_moe_mtp", "glm5_next_mtp", "glm_ocr_mtp", "hy_v3_mtp",
+    "hy_v4_mtp", "inkling_mtp", "kimi_k3_mtp", "longcat_flash_mtp", "medusa", "mimo_mtp",
+    "mimo_v2_mtp", "minimax_m3_mtp", "mlp_speculator", "mtp", "nemotron_h_mtp", "ngram_gpu",
+    "pangu_ultra_moe_mtp", "qwen3_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp", "step3p5_mtp",
+    "suffix",
+)  # vLLM 0.32's other --spec-method choices
 # fmt: on
 
 # fmt: off
@@ -423,7 +433,17 @@ ARGUMENTS: tuple[Argument, ...] = (
              "4, \"prompt_lookup_max\": 5, \"prompt_lookup_min\": 2} drafts tokens by finding "
              "the output's last n-gram earlier in the sequence; a step checks them all at once "
              "(engine/speculation.py). Without --async-scheduling.", "json",
-             convert=speculative_config, aliases=("-sc",)),
+             convert=speculative_settings, aliases=("-sc",)),
+    Argument("spec-method", VLLM, None,
+             "vLLM 0.32's shorthand for --speculative-config's method: ngram.",
+             convert=values.string, choices=("ngram",), vllm_choices=_VLLM_SPEC_METHODS,
+             choice_noun="speculative method"),
+    Argument("spec-model", VLLM, None,
+             "vLLM 0.32's shorthand for --speculative-config's model (the draft model; "
+             "n-gram lookup has none, so only ngram).", convert=spec_model),
+    Argument("spec-tokens", VLLM, None,
+             "vLLM 0.32's shorthand for --speculative-config's num_speculative_tokens.",
+             convert=values.integer_at_least(1)),
     vllm_only("speculative-model", SPECULATIVE, None, "Draft model."),
     vllm_only("speculative-model-quantization", SPECULATIVE, None, "Quantization of the draft model."),
     vllm_only("num-speculative-tokens", SPECULATIVE, None, "Tokens the draft proposes per step."),

@@ -41,7 +41,7 @@ from aioserve.config.arguments import (
 from aioserve.config.compilation import CompilationSettings, with_capture_flags
 from aioserve.config.declaration import ConfigError, checked_values
 from aioserve.config.profiler import ProfilerSettings, profiler_settings
-from aioserve.config.speculative import NgramSpeculation
+from aioserve.config.speculative import SHORTHANDS, NgramSpeculation, with_shorthands
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,9 @@ class DecodingConfig:
 @dataclass(frozen=True)
 class SpeculativeConfig:
     speculative_config: NgramSpeculation | None  # None: no speculative decoding
+    spec_method: str | None = None  # vLLM 0.32's shorthands, folded into the above
+    spec_model: str | None = None
+    spec_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -235,8 +238,9 @@ def cpu_kvcache_space_bytes(environ: Mapping[str, str] | None = None) -> int:
     return int(gib * 2**30)
 
 
-def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
-    """The EngineConfig from the checked values (dest -> value) of the set arguments.
+def _build(values: dict[str, Any], serving: bool = False, keywords: bool = False) -> EngineConfig:
+    """The EngineConfig from the checked values (dest -> value) of the set arguments; errors
+    name keywords rather than flags with `keywords`.
 
     Values of arguments that are not EngineConfig fields (the Frontend ones) are left out.
     """
@@ -265,7 +269,7 @@ def _build(values: dict[str, Any], serving: bool = False) -> EngineConfig:
         scheduler=scheduler,
         decoding=section(DecodingConfig),
         lora=_checked_lora(section(LoRAConfig)),
-        speculative=_checked_speculative(section(SpeculativeConfig), scheduler, model),
+        speculative=_checked_speculative(section(SpeculativeConfig), scheduler, model, keywords),
         compilation=_checked_compilation(section(CompilationConfig), scheduler),
         device=section(DeviceConfig),
         observability=_checked_observability(section(ObservabilityConfig), fields),
@@ -328,11 +332,19 @@ def _checked_scheduler(scheduler: SchedulerConfig) -> SchedulerConfig:
 
 
 def _checked_speculative(
-    speculative: SpeculativeConfig, scheduler: SchedulerConfig, model: ModelConfig
+    speculative: SpeculativeConfig,
+    scheduler: SchedulerConfig,
+    model: ModelConfig,
+    keywords: bool = False,
 ) -> SpeculativeConfig:
-    """Speculation needs the host to know each step's tokens before it plans the next:
-    refused with --async-scheduling, before any model is loaded; and custom logits
-    processors see one row a sequence (vLLM refuses them together too)."""
+    """--speculative-config with the --spec-* shorthands folded in. Speculation needs the
+    host to know each step's tokens before it plans the next: refused with
+    --async-scheduling, before any model is loaded; and custom logits processors see one row
+    a sequence (vLLM refuses them together too)."""
+    shorthands = {dest: getattr(speculative, dest) for dest, _, _ in SHORTHANDS}
+    speculative = SpeculativeConfig(
+        with_shorthands(speculative.speculative_config, shorthands, keywords)
+    )
     if speculative.speculative_config is not None and model.logits_processors:
         raise ConfigError(
             "--logits-processors: Custom logits processors are not supported when "
@@ -411,4 +423,4 @@ def engine_config_from_kwargs(**kwargs: Any) -> EngineConfig:
             "disable_log_stats=False: the engine on its own logs no statistics "
             "(`aioserve serve` logs them, and exports them at /metrics)"
         )
-    return _build(values)
+    return _build(values, keywords=True)

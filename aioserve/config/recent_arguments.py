@@ -259,12 +259,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
     # --- VllmConfig --------------------------------------------------------------------------
     vllm_only("fail-on-environ-validation", VLLM, False,
               "Stop at start-up when the environment fails vLLM's checks.", "bool"),
-    vllm_only("spec-method", VLLM, None,
-              "Speculative method (a shorthand in the speculative settings)."),
-    vllm_only("spec-model", VLLM, None,
-              "Draft model (a shorthand in the speculative settings)."),
-    vllm_only("spec-tokens", VLLM, None,
-              "Draft tokens a step (a shorthand in the speculative settings)."),
     vllm_only("watermark-config", VLLM, None, "Watermarking of generated text.", "json"),
     vllm_only("diffusion-config", VLLM, None,
               "Settings of diffusion language models.", "json", aliases=("-dc",)),

@@ -235,3 +235,44 @@ def test_a_pooling_model_is_refused(minilm_folder):
     )
     with pytest.raises(ValueError, match=f"^{FLAG}: a pooling model samples no tokens to draft"):
         build_engine(config)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            [
+                "--spec-tokens",
+                "3",
+                "--speculative-config",
+                '{"method": "ngram", "num_speculative_tokens": 2}',
+            ],
+            r"--spec-tokens and --speculative-config\['num_speculative_tokens'\] are mutually exclusive",
+        ),
+        (["--spec-method", "ngram"], r"--spec-method needs num_speculative_tokens"),
+        (["--spec-tokens", "2"], r'--spec-tokens needs a "method"'),
+        (
+            ["--spec-method", "eagle3", "--spec-tokens", "2"],
+            "speculative method 'eagle3' is not supported by aioserve yet",
+        ),
+        (
+            ["--spec-model", "org/draft", "--spec-tokens", "2"],
+            "--spec-model 'org/draft': aioserve runs the method \"ngram\" only",
+        ),
+        (["--spec-tokens", "0", "--spec-method", "ngram"], "--spec-tokens must be at least 1"),
+        (
+            ["--speculative-config", '{"prompt_lookup_max": 3}', "--spec-tokens", "2"],
+            r'--speculative-config and --spec-tokens needs a "method"',
+        ),
+    ],
+)
+def test_vllm_032_shorthands_are_refused_as_vllm_refuses_them(argv, message):
+    """vLLM 0.32's --spec-method, --spec-model and --spec-tokens each set one key of
+    --speculative-config; a key set both ways is vLLM's error."""
+    with pytest.raises(ConfigError, match=message):
+        engine_config_from_args(_parser().parse_args(argv))
+
+
+def test_vllm_032_shorthands_as_keywords():
+    config = engine_config_from_kwargs(spec_method="ngram", spec_tokens=3)
+    assert config.speculative.speculative_config == NgramSpeculation(3, 5, 5)
