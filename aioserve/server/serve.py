@@ -60,7 +60,6 @@ from aioserve.server.unix_socket import UnixSocket, check_socket_path
 if TYPE_CHECKING:
     from aioserve.engine.async_engine import AsyncEngine
     from aioserve.engine.settings import EngineSettings
-    from aioserve.engine.step_profiler import torch_activities
     from aioserve.server.state import ServerState
 
 logger = logging.getLogger("aioserve")
@@ -133,6 +132,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # The modules below load torch and transformers (seconds): a refused argument is
     # reported before that.
     from aioserve.engine.async_engine import AsyncEngine
+    from aioserve.engine.step_profiler import torch_activities
     from aioserve.server.app import build_app
     from aioserve.server.chat_template import load_chat_template
     from aioserve.server.state import ServerState

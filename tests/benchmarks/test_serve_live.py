@@ -105,8 +105,12 @@ def _bench(base_url: str, tiny_model: str, *more: str) -> int:
 def test_profile_traces_the_timed_requests(live_server, tiny_model, trace_dir):
     before = set(trace_dir.iterdir())
     assert _bench(live_server, tiny_model, "--profile") == 0
-    [trace] = set(trace_dir.iterdir()) - before
-    assert trace.name.endswith(".pt.trace.json.gz") and trace.stat().st_size > 0
+    new = set(trace_dir.iterdir()) - before
+    [trace] = [path for path in new if path.name.endswith(".pt.trace.json.gz")]
+    assert trace.stat().st_size > 0
+    # Beside it, as vLLM's workers write one, the table of op times (engine/step_profiler.py).
+    [table] = new - {trace}
+    assert table.name.endswith(".profiler_out.txt") and table.stat().st_size > 0
 
 
 def test_profile_stops_the_run_where_the_server_has_no_profiler(live_server, tiny_model, capsys):
