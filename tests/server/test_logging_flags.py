@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -234,6 +235,10 @@ def test_serve_writes_json_lines(smollm2_gguf, tmp_path):
     options = ("--max-model-len", "256", "--enforce-eager", "--logging-config.formatter", "json")
     with serve_model(smollm2_gguf, MODEL, log, *options) as url:
         assert post(url, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status == 200
+        # The access line follows the response: wait for it before the server is killed.
+        deadline = time.monotonic() + 10
+        while "POST /v1/completions" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
     records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     names = {(r["name"], r["levelname"]) for r in records}
     assert ("aioserve", "INFO") in names and ("aioserve.access", "INFO") in names
