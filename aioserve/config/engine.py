@@ -19,7 +19,7 @@ Besides arguments, the CPU KV-cache size comes from vLLM's environment variable
 VLLM_CPU_KVCACHE_SPACE (GiB, default 4), resolved into `CacheConfig.cpu_kvcache_space_bytes`,
 and VLLM_TORCH_PROFILER_DIR where --profiler-config names no profiler (config/profiler.py).
 The logging arguments stay as given: their environment variables are read where logging is
-set up (server/log_setup.py).
+set up (aioserve/log_setup.py).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ class LoRAConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    """The logging arguments as given (server/log_setup.py adds the environment's)."""
+    """The logging arguments as given (aioserve/log_setup.py adds the environment's)."""
 
     logging_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # keys given
     log_level: str | None = None  # wins over logging_config's log_level

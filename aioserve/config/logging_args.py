@@ -4,7 +4,7 @@
 DEBUG`) with vLLM's four keys: log_level, formatter ("text" or "json"), configure_logging
 and pylogging_config_file. --log-level overrides its log_level, --log-config-file (deprecated
 in vLLM 0.32) its pylogging_config_file. A key left out takes its VLLM_* environment
-variable when logging is set up (server/log_setup.py), as vLLM's LoggingConfig defaults do.
+variable when logging is set up (aioserve/log_setup.py), as vLLM's LoggingConfig defaults do.
 This module checks the values; it reads no environment.
 """
 

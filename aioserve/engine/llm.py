@@ -32,7 +32,7 @@ from aioserve.engine.outputs import (
 from aioserve.engine.pooling_params import PoolingParams
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.step_profiler import torch_activities
-from aioserve.server.log_setup import configure_logging
+from aioserve.log_setup import configure_logging
 
 ChatMessages = list[dict[str, Any]]
 _T = TypeVar("_T")

@@ -39,7 +39,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.web_log import AccessLogger
 
 from aioserve.config.frontend import FrontendConfig
-from aioserve.server.log_setup import ACCESS_LOGGER
+from aioserve.log_setup import ACCESS_LOGGER
 
 # Once draining has ended, how long aborted requests get to write their last bytes.
 CLOSE_GRACE_S = 5.0

@@ -48,9 +48,9 @@ from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.log_setup import configure_logging
 from aioserve.server.errors import APIError
 from aioserve.server.http_runner import make_runner
-from aioserve.server.log_setup import configure_logging
 from aioserve.server.middlewares import IN_FLIGHT, RequestsInFlight, import_middlewares
 from aioserve.server.systemd_notify import SystemdService
 from aioserve.server.tls_refresh import TLSRefresher

@@ -33,8 +33,8 @@ from aioserve import __version__
 from aioserve.config.declaration import ConfigError
 from aioserve.config.frontend import frontend_config_from_args
 from aioserve.config.parser import build_engine_parser
+from aioserve.log_setup import ACCESS_LOGGER
 from aioserve.server.app import build_app
-from aioserve.server.log_setup import ACCESS_LOGGER
 from aioserve.server.middlewares import MAX_REQUEST_BODY_BYTES
 from aioserve.server.serve import build_ssl_context, make_runner
 from aioserve.server.state import ServerState

@@ -24,8 +24,8 @@ import pytest
 from aiohttp import web
 
 from aioserve.config.frontend import frontend_config
+from aioserve.log_setup import ACCESS_LOGGER
 from aioserve.server.http_runner import logged_path, make_runner
-from aioserve.server.log_setup import ACCESS_LOGGER
 
 
 async def _answer(request: web.Request) -> web.Response:

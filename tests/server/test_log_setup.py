@@ -1,4 +1,4 @@
-"""vLLM's logging variables as `aioserve serve` reads them (server/log_setup.py): the level,
+"""vLLM's logging variables as `aioserve serve` reads them (aioserve/log_setup.py): the level,
 prefix and stream of aioserve's lines, a dictConfig file applied after them, logging left
 alone with VLLM_CONFIGURE_LOGGING=0, and every bad value refused naming its variable.
 
@@ -16,11 +16,11 @@ import sys
 import pytest
 
 from aioserve.config.declaration import ConfigError
-from aioserve.server.log_setup import logging_config
+from aioserve.log_setup import logging_config
 
 _LOG_SOME = """
 import logging, sys
-from aioserve.server.log_setup import configure_logging
+from aioserve.log_setup import configure_logging
 configure_logging(sys.argv[1])
 logging.getLogger("aioserve").debug("debug line")
 logging.getLogger("aioserve").info("info line")

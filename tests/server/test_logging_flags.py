@@ -1,5 +1,5 @@
 """vLLM 0.32's logging arguments (--logging-config, --log-level, --log-config-file) as
-aioserve applies them (server/log_setup.py): they win over the VLLM_* variables as in vLLM,
+aioserve applies them (aioserve/log_setup.py): they win over the VLLM_* variables as in vLLM,
 the json formatter writes one JSON object a line with the fields of vLLM's (python-json-logger
 with vLLM's JSON_FORMAT), bad values stop the start naming the flag, and the offline LLM
 applies them too. The variables alone: test_log_setup.py.
@@ -23,7 +23,7 @@ import pytest
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import LoggingConfig, engine_config_from_args
 from aioserve.config.parser import build_engine_parser
-from aioserve.server.log_setup import logging_config
+from aioserve.log_setup import logging_config
 from tests.server.conftest import MODEL
 from tests.server.openai_helpers import post
 from tests.server.serve_process import serve_model
@@ -32,7 +32,7 @@ _LOG_SOME = """
 import json, logging, os, sys
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.parser import build_engine_parser
-from aioserve.server.log_setup import configure_logging
+from aioserve.log_setup import configure_logging
 args = build_engine_parser("aioserve serve").parse_args(sys.argv[1:])
 configure_logging("info", args=engine_config_from_args(args).logging)
 log = logging.getLogger("aioserve")
