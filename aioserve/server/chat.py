@@ -98,9 +98,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             )
             keep_alive = state.frontend.sse_keep_alive_interval
             return await stream_events(request, events, keep_alive=keep_alive)
-        return await _full_response(
+        body = await full_chat_body(
             state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
         )
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 def settle_reasoning(state: ServerState, parsed: ChatRequest, prompt: str) -> bool:
@@ -120,23 +121,6 @@ def _echoed_text(parsed: ChatRequest, role: str) -> str:
     if not parsed.echo or last.get("role") != role:
         return ""
     return content_text(last)
-
-
-async def _full_response(
-    state: ServerState,
-    parsed: ChatRequest,
-    prompt_text: str | None,
-    prompt_token_ids: list[int],
-    prompt_closed: bool,
-    role: str,
-    echo: str,
-    head: ResponseHead,
-    outputs: AsyncIterator[RequestOutput],
-) -> web.Response:
-    body = await full_chat_body(
-        state, parsed, prompt_text, prompt_token_ids, prompt_closed, role, echo, head, outputs
-    )
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 async def full_chat_body(
