@@ -300,13 +300,14 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         ),
         (["--max-num-queued-tokens", "1.5K"], "--max-num-queued-tokens takes whole numbers"),
         (
-            ["--guided-decoding-backend", "xgrammar"],
-            "structured-output backend 'xgrammar' is not supported by aioserve yet "
-            "(--guided-decoding-backend accepts auto, outlines, guidance)",
+            ["--guided-decoding-backend", "lm-format-enforcer"],
+            "structured-output backend 'lm-format-enforcer' is not supported by aioserve yet "
+            "(--guided-decoding-backend accepts auto, outlines, guidance, xgrammar)",
         ),
         (
-            ["--structured-outputs-config", '{"backend": "xgrammar"}'],
-            "--structured-outputs-config key 'backend' must be one of auto, outlines, guidance",
+            ["--structured-outputs-config", '{"backend": "lm-format-enforcer"}'],
+            "--structured-outputs-config key 'backend' must be one of auto, outlines, guidance, "
+            "xgrammar",
         ),
         (
             ["--structured-outputs-config", '{"enable_in_reasoning": true}'],

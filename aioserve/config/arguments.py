@@ -45,7 +45,7 @@ CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 DEFAULT_CPU_KVCACHE_SPACE_GIB = 4.0
 
 
-_STRUCTURED_OUTPUT_BACKENDS = ("auto", "outlines", "guidance")
+_STRUCTURED_OUTPUT_BACKENDS = ("auto", "outlines", "guidance", "xgrammar")
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 # fmt: off
 _VLLM_QUANTIZATIONS = (
@@ -255,9 +255,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     # --- DecodingConfig --------------------------------------------------------------------
     Argument("guided-decoding-backend", DECODING, "auto",
              "Default structured-output backend: auto (outlines where it enforces the whole "
-             "constraint, else guidance), outlines or guidance (llguidance). A request may "
-             "pick its own (guided_decoding_backend).", convert=values.string,
-             choices=_STRUCTURED_OUTPUT_BACKENDS, vllm_choices=("lm-format-enforcer", "xgrammar"),
+             "constraint, else guidance; xgrammar for structural tags), outlines, guidance "
+             "(llguidance) or xgrammar. A request may pick its own "
+             "(guided_decoding_backend).", convert=values.string,
+             choices=_STRUCTURED_OUTPUT_BACKENDS, vllm_choices=("lm-format-enforcer",),
              choice_noun="structured-output backend"),
     Argument("guided-decoding-disable-fallback", DECODING, False,
              "With backend auto, refuse a constraint outlines cannot compile rather than "

@@ -3,9 +3,11 @@
 Three spellings reach the same constraint:
 
 - OpenAI's `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`,
-  `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`;
-- vLLM's `structured_outputs` object (json, regex, choice, grammar, json_object and the
-  options), which `response_format` overrides as in vLLM;
+  `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`, and vLLM's
+  `{"type": "structural_tag", ...}` (either form of structural_tags.py, the object being
+  the tag);
+- vLLM's `structured_outputs` object (json, regex, choice, grammar, json_object,
+  structural_tag and the options), which `response_format` overrides as in vLLM;
 - the older top-level `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`,
   with `guided_whitespace_pattern` and `guided_decoding_backend`. vLLM 0.32 ignores these
   (with a warning); aioserve honours them, as the vLLM versions that defined them did.
@@ -31,7 +33,7 @@ GUIDED_FIELDS = {
     "guided_choice": "choice",
     "guided_grammar": "grammar",
 }
-_RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+_RESPONSE_FORMATS = ("text", "json_object", "json_schema", "structural_tag")
 
 
 def read_structured_outputs(fields: BodyFields) -> tuple[StructuredOutputsParams | None, str]:
@@ -77,15 +79,14 @@ def _response_format_constraint(response_format: Any) -> dict[str, Any] | None:
         return None
     kind = response_format.get("type")
     if kind not in _RESPONSE_FORMATS:
-        if kind == "structural_tag":
-            message = "the structural_tag response format is not supported by aioserve yet"
-        else:
-            message = f"response_format type must be one of {', '.join(_RESPONSE_FORMATS)}"
+        message = f"response_format type must be one of {', '.join(_RESPONSE_FORMATS)}"
         raise bad_parameter(field, shown_value(response_format), message)
     if kind == "text":
         return None
     if kind == "json_object":
         return {"json_object": True}
+    if kind == "structural_tag":
+        return {"structural_tag": response_format}
     json_schema = response_format.get("json_schema")
     if not isinstance(json_schema, dict):
         raise bad_parameter(

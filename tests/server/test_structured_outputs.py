@@ -90,6 +90,57 @@ def test_json_object_parses(api):
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
 
 
+def test_a_structural_tag_as_response_format_streamed_and_not(api):
+    """xgrammar's form, as vLLM takes it in response_format: fixed text, then one tag."""
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "sequence",
+            "elements": [
+                {"type": "const_string", "value": "Answer: "},
+                {"type": "tag", "begin": "<n>", "end": "</n>",
+                 "content": {"type": "regex", "pattern": "[0-9]{1,3}"}},
+            ],
+        },
+    }  # fmt: skip
+    request = dict(
+        model=model(api),
+        messages=[{"role": "user", "content": "How many legs has a spider?"}],
+        response_format=tag,
+        max_tokens=20,
+    )
+    reply = api.chat.completions.create(**request)
+    assert re.fullmatch(r"Answer: <n>[0-9]{1,3}</n>", reply.choices[0].message.content)
+    assert reply.choices[0].finish_reason == "stop"
+    stream = api.chat.completions.create(stream=True, **request)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert re.fullmatch(r"Answer: <n>[0-9]{1,3}</n>", text)
+
+
+@pytest.mark.parametrize("backend", ["guidance", "xgrammar"])
+def test_a_structural_tag_of_the_trigger_form_in_structured_outputs(api, backend):
+    """A call the model makes validates; text without one is left free."""
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"]}
+    tag = {"structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}], "triggers": ["<f>"]}
+    reply = api.completions.create(
+        model=model(api),
+        prompt="Call the tool f: <f>",
+        max_tokens=24,
+        seed=1,
+        temperature=1.0,
+        extra_body={"structured_outputs": {"structural_tag": json.dumps(tag)},
+                    "guided_decoding_backend": backend},
+    )  # fmt: skip
+    text = reply.choices[0].text
+    calls = re.findall(r"<f>(.*?)</f>", text, re.DOTALL)
+    opened = text.count("<f>")
+    assert opened == len(calls) or (
+        opened == len(calls) + 1 and reply.choices[0].finish_reason == "length"
+    )
+    for content in calls:
+        jsonschema.validate(json.loads(content), schema)
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "message"),
     [
@@ -104,7 +155,12 @@ def test_json_object_parses(api):
             "strin",
         ),
         ({"response_format": {"type": "json_schema"}}, "response_format", "'json_schema' field"),
-        ({"response_format": {"type": "structural_tag"}}, "response_format", "not supported"),
+        ({"response_format": {"type": "structural_tag"}}, "response_format", '"structures"'),
+        (
+            {"response_format": {"type": "structural_tag", "format": {"type": "nope"}}},
+            "response_format",
+            "cannot be compiled by xgrammar",
+        ),
         ({"response_format": {"type": "xml"}}, "response_format", "must be one of"),
         (
             {"structured_outputs": {"regex": "a", "choice": ["a"]}},
@@ -124,9 +180,9 @@ def test_json_object_parses(api):
             "one structured-output",
         ),
         (
-            {"guided_choice": ["a"], "guided_decoding_backend": "xgrammar"},
+            {"guided_choice": ["a"], "guided_decoding_backend": "lm-format-enforcer"},
             "guided_decoding_backend",
-            "xgrammar",
+            "lm-format-enforcer",
         ),
         ({"guided_choice": "a"}, "guided_choice", "array"),
     ],

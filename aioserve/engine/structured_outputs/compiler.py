@@ -1,15 +1,21 @@
 """Constraints compiled once, cached, and turned into one matcher per sequence.
 
-`StructuredOutputCompiler.compile(params)` picks the backend (matchers.py) and compiles:
+`StructuredOutputCompiler.compile(params)` picks the backend (matchers.py,
+xgrammar_backend.py) and compiles:
 
-- `auto` (the default, as in vLLM): outlines for regexes, choices and the JSON schemas its
-  regexes enforce entirely; guidance for grammars, any-JSON objects and the schemas that
-  use a keyword outlines would silently ignore (`minimum`, `multipleOf`, ...), so that
-  every output validates against its schema. A constraint outlines refuses falls back to
-  guidance unless --guided-decoding-disable-fallback.
+- `auto` (the default): outlines for regexes, choices and the JSON schemas its regexes
+  enforce entirely; guidance for grammars, any-JSON objects and the schemas that use a
+  keyword outlines would silently ignore (`minimum`, `multipleOf`, ...), so that every
+  output validates against its schema; guidance for structural tags of the trigger form
+  (their JSON spaced as other JSON here), xgrammar for xgrammar's form. A constraint
+  outlines refuses falls back to guidance unless --guided-decoding-disable-fallback.
+  (vLLM's `auto` tries xgrammar first for everything; xgrammar lets JSON hold any
+  whitespace, which a small model fills until max_tokens.)
 - `outlines`: as auto without the fallback, grammars excepted (outlines hands them to
-  llguidance too); a schema keyword it cannot enforce is refused by name.
-- `guidance`: everything through llguidance.
+  llguidance too); a schema keyword it cannot enforce is refused by name, and so are
+  structural tags.
+- `guidance`: everything through llguidance; structural tags of the trigger form only.
+- `xgrammar`: everything through xgrammar, with vLLM's settings for it.
 
 Compiled constraints are cached by (backend, kind, constraint, whitespace) in a small LRU.
 `compile_async` compiles on a thread of its own, so that a slow schema never holds up the
@@ -33,12 +39,14 @@ from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.structured_outputs.json_schemas import (
     forbid_additional_properties,
     keyword_outlines_ignores,
+    keyword_xgrammar_ignores,
     parse_schema,
 )
 from aioserve.engine.structured_outputs.params import (
     StructuredOutputsConfig,
     StructuredOutputsParams,
 )
+from aioserve.engine.structured_outputs.structural_tags import tagged_structures, uses_triggers
 
 if TYPE_CHECKING:  # the backends load with the first constraint (see _backends)
     from aioserve.engine.structured_outputs.matchers import (
@@ -47,11 +55,15 @@ if TYPE_CHECKING:  # the backends load with the first constraint (see _backends)
         OutlinesIndex,
         TokenBytes,
     )
+    from aioserve.engine.structured_outputs.xgrammar_backend import (
+        XgrammarCompiler,
+        XgrammarGrammar,
+    )
 
-    Compiled = OutlinesIndex | GuidanceGrammar
+    Compiled = OutlinesIndex | GuidanceGrammar | XgrammarGrammar
 
-BACKENDS = ("auto", "outlines", "guidance")
-VLLM_BACKENDS = ("xgrammar", "lm-format-enforcer")  # vLLM's others: refused by name
+BACKENDS = ("auto", "outlines", "guidance", "xgrammar")
+VLLM_BACKENDS = ("lm-format-enforcer",)  # vLLM's other: refused by name
 CACHE_SIZE = 256
 
 # outlines' own default: at most one space where JSON allows whitespace. Free whitespace
@@ -67,6 +79,13 @@ def _backends():
     return matchers
 
 
+def _xgrammar():
+    """xgrammar_backend.py, imported on first use, as _backends."""
+    from aioserve.engine.structured_outputs import xgrammar_backend
+
+    return xgrammar_backend
+
+
 class StructuredOutputCompiler:
     def __init__(
         self,
@@ -80,6 +99,7 @@ class StructuredOutputCompiler:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._tokens: TokenBytes | None = None
+        self._xgrammar: XgrammarCompiler | None = None
         self._lock = threading.Lock()  # the cache's; held for lookups only
         self._tokens_lock = threading.Lock()  # held while the token bytes are read (0.4 s)
         self._cache: OrderedDict[tuple, Compiled] = OrderedDict()
@@ -149,18 +169,29 @@ class StructuredOutputCompiler:
         )
         return (backend, *params.kind_and_spec(), whitespace, no_additional)
 
+    def _loaded_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self._tokenizer is None:
+            raise InvalidRequest(
+                "structured outputs need the tokenizer, which is not loaded "
+                "(--skip-tokenizer-init)",
+                "structured_outputs",
+                None,
+            )
+        return self._tokenizer
+
     def _token_bytes(self) -> TokenBytes:
         with self._tokens_lock:
             if self._tokens is None:
-                if self._tokenizer is None:
-                    raise InvalidRequest(
-                        "structured outputs need the tokenizer, which is not loaded "
-                        "(--skip-tokenizer-init)",
-                        "structured_outputs",
-                        None,
-                    )
-                self._tokens = _backends().TokenBytes(self._tokenizer, self._vocab_size)
+                tokenizer = self._loaded_tokenizer()
+                self._tokens = _backends().TokenBytes(tokenizer, self._vocab_size)
             return self._tokens
+
+    def _xgrammar_compiler(self) -> XgrammarCompiler:
+        with self._tokens_lock:
+            if self._xgrammar is None:
+                tokenizer = self._loaded_tokenizer()
+                self._xgrammar = _xgrammar().XgrammarCompiler(tokenizer, self._vocab_size)
+            return self._xgrammar
 
     def _compile(
         self, params: StructuredOutputsParams, backend: str, kind: str, spec: str,
@@ -168,7 +199,13 @@ class StructuredOutputCompiler:
     ) -> Compiled:  # fmt: skip
         field = f"structured_outputs.{kind}"
         value: Any = getattr(params, kind)
+        if backend == "auto" and kind == "structural_tag" and not uses_triggers(json.loads(spec)):
+            backend = "xgrammar"  # the only reader of xgrammar's form
+        if backend == "xgrammar":
+            return self._compile_xgrammar(params, kind, spec, no_additional)
         tokens = self._token_bytes()
+        if kind == "structural_tag":
+            return self._compile_tag_guidance(backend, spec, whitespace, tokens, value)
         if kind == "json":
             schema = parse_schema(spec)  # StructuredOutputsParams checked it
             if no_additional:
@@ -204,6 +241,72 @@ class StructuredOutputCompiler:
                 reason = f"{outlines_error} (outlines); {reason} (guidance)"
             raise InvalidRequest(
                 f"the {kind} constraint cannot be compiled: {reason}", field, value
+            ) from None
+
+    def _compile_xgrammar(
+        self, params: StructuredOutputsParams, kind: str, spec: str, no_additional: bool
+    ) -> XgrammarGrammar:
+        field = f"structured_outputs.{kind}"
+        if params.whitespace_pattern is not None:
+            raise InvalidRequest(
+                "the xgrammar backend does not take whitespace_pattern (outlines and "
+                "guidance do); use disable_any_whitespace, or another backend",
+                "structured_outputs.whitespace_pattern",
+                params.whitespace_pattern,
+            )
+        if kind == "json":
+            schema = parse_schema(spec)
+            if no_additional:
+                schema = forbid_additional_properties(copy.deepcopy(schema))
+            ignored = keyword_xgrammar_ignores(schema)
+            if ignored is not None:
+                raise InvalidRequest(
+                    f"the json constraint cannot be compiled by xgrammar: it does not "
+                    f"enforce {ignored} (the guidance backend does)",
+                    field,
+                    params.json,
+                )
+            spec = json.dumps(schema)
+        any_whitespace = not (params.disable_any_whitespace or self.config.disable_any_whitespace)
+        compiler = self._xgrammar_compiler()
+        try:
+            return compiler.compile(kind, spec, any_whitespace)
+        except ValueError as error:
+            raise InvalidRequest(
+                f"the {kind} constraint cannot be compiled by xgrammar: {error}",
+                field,
+                getattr(params, kind),
+            ) from None
+
+    @staticmethod
+    def _compile_tag_guidance(
+        backend: str, spec: str, whitespace: str, tokens: TokenBytes, value: Any
+    ) -> GuidanceGrammar:
+        field = "structured_outputs.structural_tag"
+        if backend == "outlines":
+            raise InvalidRequest(
+                "the outlines backend does not enforce structural tags (xgrammar and guidance do)",
+                field,
+                value,
+            )
+        tag = json.loads(spec)
+        if not uses_triggers(tag):
+            raise InvalidRequest(
+                'the guidance backend takes structural tags of "structures" and "triggers" '
+                'only; xgrammar reads the "format" form',
+                field,
+                value,
+            )
+        grammar = _backends().guidance_tag_grammar(
+            tagged_structures(tag), whitespace, tokens.special_tokens
+        )
+        try:
+            return _backends().GuidanceGrammar.compile(grammar, tokens)
+        except ValueError as error:
+            raise InvalidRequest(
+                f"the structural_tag constraint cannot be compiled: {str(error).strip()}",
+                field,
+                value,
             ) from None
 
     @staticmethod

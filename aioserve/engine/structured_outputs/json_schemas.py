@@ -4,6 +4,8 @@ outlines turns a schema into a regex and skips the keywords a regex cannot expre
 (`minimum`, `multipleOf`, `uniqueItems`, ...): its outputs could then break the schema.
 `keyword_outlines_ignores` finds the first keyword outside the set outlines enforces, so
 that such a schema goes to guidance (or is refused by name under `outlines`).
+xgrammar enforces more, but not everything: `keyword_xgrammar_ignores` finds what it would
+let through (the combinations vLLM's xgrammar backend lists), to refuse it by name.
 """
 
 from __future__ import annotations
@@ -77,3 +79,71 @@ def forbid_additional_properties(schema: dict[str, Any]) -> dict[str, Any]:
     if "additionalProperties" not in schema and isinstance(schema.get("properties"), dict):
         schema["additionalProperties"] = False
     return schema
+
+
+# The string formats xgrammar enforces (its json_schema_converter).
+_XGRAMMAR_FORMATS = frozenset(
+    {
+        "email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid",
+        "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
+    }
+)  # fmt: skip
+
+
+def keyword_xgrammar_ignores(schema: dict[str, Any]) -> str | None:
+    """What of `schema` (or of a schema inside it) xgrammar does not enforce, in words."""
+    found = _xgrammar_gap(schema)
+    if found is not None:
+        return found
+    for inner in subschemas(schema):
+        found = keyword_xgrammar_ignores(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def _xgrammar_gap(schema: dict[str, Any]) -> str | None:
+    types = _types(schema)
+    if types & {"integer", "number"} and "multipleOf" in schema:
+        return "multipleOf"
+    if "array" in types:
+        for key in ("uniqueItems", "contains", "minContains", "maxContains"):
+            if key in schema:
+                return key
+    if "string" in types:
+        if "format" in schema and schema["format"] not in _XGRAMMAR_FORMATS:
+            return f"format {schema['format']!r}"
+        if _pattern_with_length(schema):
+            return "minLength/maxLength with a pattern or format"
+    if "object" in types and "propertyNames" in schema:
+        names = schema["propertyNames"]
+        if (
+            (isinstance(names, dict) and _pattern_with_length(names))
+            or "patternProperties" in schema
+            or "properties" in schema
+            or schema.get("unevaluatedProperties", True) is not True
+        ):
+            return "propertyNames with other property keywords"
+    patterns = schema.get("patternProperties")
+    if "object" in types and isinstance(patterns, dict):
+        if "properties" in schema or len(patterns) > 1:
+            return "patternProperties with properties or with another pattern"
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list) and len(all_of) > 1:
+        return "allOf of more than one schema"
+    return None
+
+
+def _types(schema: dict[str, Any]) -> set[str]:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return {item for item in kind if isinstance(item, str)}
+    return set()
+
+
+def _pattern_with_length(schema: dict[str, Any]) -> bool:
+    return ("pattern" in schema or "format" in schema) and (
+        "minLength" in schema or "maxLength" in schema
+    )

@@ -1,4 +1,5 @@
-"""The two structured-output backends, and the matcher each gives a request.
+"""Two of the structured-output backends (xgrammar_backend.py holds the third), and the
+matcher each gives a request.
 
 - **outlines** (`outlines_core`): a regex, or a JSON schema turned into one, compiled to an
   index of every token allowed in every state of its automaton. Compiling takes a while
@@ -6,7 +7,8 @@
   copy out of the index, ~6 µs a row.
 - **guidance** (`llguidance`, which outlines itself uses for context-free grammars):
   grammars (Lark or GBNF), JSON schemas beyond what outlines' regexes enforce (numeric
-  bounds, ...) and any JSON object. Nothing to compile ahead; each mask is computed from
+  bounds, ...), any JSON object and structural tags of the trigger form
+  (structural_tags.py). Nothing to compile ahead; each mask is computed from
   the parser's state, ~40 µs a row.
 
 A matcher follows one sequence: `fill_bitmask` writes the tokens allowed next into one row
@@ -29,6 +31,8 @@ import outlines_core
 from outlines_core.json_schema import build_regex_from_schema
 from transformers import PreTrainedTokenizerBase
 
+from aioserve.engine.structured_outputs.structural_tags import TaggedStructure
+
 
 class Matcher(Protocol):
     def fill_bitmask(self, words: np.ndarray) -> None:
@@ -48,10 +52,15 @@ class TokenBytes:
         self.guidance = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
         self.eos_token_id = self.guidance.eos_token
         token_ids: dict[bytes, list[int]] = {}
+        special = []
         for token_id in range(min(vocab_size, len(tokenizer))):
-            if not self.guidance.is_special_token(token_id):
+            if self.guidance.is_special_token(token_id):
+                special.append(token_id)
+            else:
                 token_ids.setdefault(self.guidance.decode_bytes([token_id]), []).append(token_id)
         self.outlines = outlines_core.Vocabulary(self.eos_token_id, token_ids)
+        # The special tokens' texts, as grammars name them (guidance_tag_grammar).
+        self.special_tokens = frozenset(tokenizer.convert_ids_to_tokens(special))
 
 
 # -- outlines -----------------------------------------------------------------------------------
@@ -142,6 +151,38 @@ def guidance_json_grammar(schema: dict[str, Any], whitespace: str) -> str:
     return llguidance.LLMatcher.grammar_from_json_schema(
         json.dumps(schema), defaults={"whitespace_pattern": whitespace}
     )
+
+
+def guidance_tag_grammar(
+    structures: list[TaggedStructure], whitespace: str, special_tokens: frozenset[str]
+) -> str:
+    """A structural tag's trigger form in llguidance's Lark: free text (TEXT), in which a
+    trigger opens its structure — begin's rest, the JSON (`whitespace` between its tokens),
+    end — after which text is free again. A trigger is lazy: the text takes the shortest
+    match, so the structure starts as soon as the trigger is written. A trigger or end that
+    is one of the tokenizer's `special_tokens` is matched as that token (the model writes it
+    as one token, which text never matches)."""
+
+    def piece(text: str) -> str:
+        if text in special_tokens:
+            return text
+        return json.dumps(text) if text else ""
+
+    rules = [
+        "%llguidance {}",
+        "start: (" + " | ".join(f"tag_{i}" for i in range(len(structures))) + ")* TEXT",
+        "TEXT: /(.|\\n)*/",
+    ]
+    for i, structure in enumerate(structures):
+        schema = {**structure.schema, "x-guidance": {"whitespace_pattern": whitespace}}
+        rest = structure.begin[len(structure.trigger) :]
+        body = f"{piece(rest)} %json {json.dumps(schema)} {piece(structure.end)}"
+        if structure.trigger in special_tokens:
+            rules.append(f"tag_{i}: TEXT {structure.trigger} {body}")
+        else:
+            rules.append(f"tag_{i}_trigger[lazy]: TEXT {json.dumps(structure.trigger)}")
+            rules.append(f"tag_{i}: tag_{i}_trigger {body}")
+    return "\n".join(rules) + "\n"
 
 
 def guidance_grammar(kind: str, spec: str) -> str:

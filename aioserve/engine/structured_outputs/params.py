@@ -2,7 +2,8 @@
 
 Exactly one constraint is set: `json` (a JSON schema, as a dict or its JSON text), `regex`,
 `choice` (a list of strings; the output is one of them), `grammar` (Lark, or the GBNF/EBNF
-that vLLM's examples use) or `json_object` (any JSON object). The options shape it:
+that vLLM's examples use), `json_object` (any JSON object) or `structural_tag` (free text
+with tagged parts held to schemas, structural_tags.py; a JSON text). The options shape it:
 `disable_any_whitespace` (no whitespace at all between JSON's tokens),
 `disable_additional_properties` (objects take only the properties their schema lists) and
 `whitespace_pattern` (the regex of the whitespace JSON may have between its tokens; by
@@ -20,8 +21,9 @@ from typing import Any
 
 from aioserve.config.engine import DecodingConfig
 from aioserve.engine.structured_outputs.json_schemas import parse_schema
+from aioserve.engine.structured_outputs.structural_tags import read_structural_tag
 
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
@@ -31,6 +33,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
@@ -42,7 +45,7 @@ class StructuredOutputsParams:
         if len(given) != 1:
             raise ValueError(
                 "structured outputs take exactly one constraint of json, regex, choice, "
-                f"grammar and json_object; got {len(given)}"
+                f"grammar, json_object and structural_tag; got {len(given)}"
                 + (f" ({', '.join(given)})" if given else "")
             )
         if self.json is not None and not isinstance(self.json, (str, dict)):
@@ -60,6 +63,8 @@ class StructuredOutputsParams:
                 raise ValueError(f"choice must be a non-empty list of strings, got {self.choice!r}")
             # vLLM turns each choice into text; numbers and booleans are common in clients.
             self.choice = [c if isinstance(c, str) else json.dumps(c) for c in self.choice]
+        if self.structural_tag is not None:
+            read_structural_tag(self.structural_tag)
         if self.json_object is not None and self.json_object is not True:
             raise ValueError(f"json_object must be true when given, got {self.json_object!r}")
         for name in ("disable_any_whitespace", "disable_additional_properties"):
@@ -81,6 +86,8 @@ class StructuredOutputsParams:
             return kind, json.dumps(self.choice)
         if kind == "json_object":
             return kind, ""
+        if kind == "structural_tag":
+            return kind, json.dumps(read_structural_tag(self.structural_tag), separators=(",", ":"))
         return kind, getattr(self, kind)
 
     @classmethod
@@ -91,8 +98,6 @@ class StructuredOutputsParams:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(str(key) for key in data if key not in known)
         if unknown:
-            if "structural_tag" in unknown:
-                raise ValueError("structural_tag is not supported by aioserve yet")
             raise ValueError(f"unknown structured_outputs field(s): {', '.join(unknown)}")
         return cls(**{key: value for key, value in data.items() if value is not None})
 

@@ -1,19 +1,17 @@
 """The compiler's backend choice, its errors, its cache, and the matchers of both backends.
 
-The matchers are checked by random walks on the real tokenizer: from each mask draw an
-allowed token (seeded), advance, and stop on EOS; the decoded text must then satisfy the
-constraint as an independent checker reads it (`re.fullmatch`, `jsonschema`, `lark`).
+The matchers are checked by random walks on the real tokenizer (walks.py): the decoded
+text must satisfy the constraint as an independent checker reads it (`re.fullmatch`,
+`jsonschema`, `lark`).
 """
 
 from __future__ import annotations
 
 import json
-import random
 import re
 
 import jsonschema
 import lark
-import numpy as np
 import pytest
 
 from aioserve.engine.admission import InvalidRequest
@@ -22,8 +20,8 @@ from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.matchers import GuidanceGrammar, OutlinesIndex
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.models.checkpoint import open_checkpoint
+from tests.engine.structured_outputs.walks import VOCAB, random_walk
 
-VOCAB = 49152
 PERSON = {
     "type": "object",
     "properties": {
@@ -64,33 +62,6 @@ def tokenizer(smollm2_gguf):
 @pytest.fixture(scope="module")
 def compiler(tokenizer) -> StructuredOutputCompiler:
     return StructuredOutputCompiler(tokenizer, VOCAB, StructuredOutputsConfig())
-
-
-def allowed(words: np.ndarray) -> np.ndarray:
-    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
-    return np.flatnonzero(bits[:VOCAB])
-
-
-def random_walk(compiler, tokenizer, constraint: Constraint, seed: int, limit: int = 120) -> str:
-    matcher = compiler.new_matcher(constraint)
-    rng = random.Random(seed)
-    words = np.zeros(-(-VOCAB // 32), dtype=np.int32)
-    tokens = []
-    for _ in range(limit):
-        matcher.fill_bitmask(words)
-        choices = allowed(words)
-        assert choices.size, "the matcher allows nothing before the end"
-        # Prefer ending once allowed half the time, so that walks stay short.
-        eos = tokenizer.eos_token_id
-        if eos in choices and rng.random() < 0.5:
-            token = eos
-        else:
-            token = int(rng.choice(choices.tolist()))
-        assert matcher.accept(token)
-        if token == eos:
-            return tokenizer.decode(tokens)
-        tokens.append(token)
-    pytest.fail(f"no EOS after {limit} tokens: {tokenizer.decode(tokens)!r}")
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -176,7 +147,11 @@ def test_without_fallback_auto_refuses_what_outlines_cannot_compile(tokenizer):
         (Constraint(regex="(a"), "structured_outputs.regex", "unclosed"),
         (Constraint(grammar="start: foo"), "structured_outputs.grammar", "foo"),
         (Constraint(json={"uniqueItems": True}), "structured_outputs.json", "uniqueItems"),
-        (Constraint(regex="a", backend="xgrammar"), "structured_outputs.backend", "not supported"),
+        (
+            Constraint(regex="a", backend="lm-format-enforcer"),
+            "structured_outputs.backend",
+            "not supported",
+        ),
         (Constraint(regex="a", backend="nope"), "structured_outputs.backend", "unknown"),
     ],
 )

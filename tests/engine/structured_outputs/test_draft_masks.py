@@ -39,6 +39,10 @@ CONSTRAINTS = {
     "regex-outlines": Constraint(regex=r"[a-z]{3,9}( [a-z]{3,9}){9,12}"),
     "grammar-guidance": Constraint(grammar='start: "SELECT " NAME ", " NAME ", " NAME " FROM "'
                                    ' NAME ";"\nNAME: /[a-z]{2,6}/'),
+    "json-xgrammar": Constraint(json=PERSON, backend="xgrammar"),
+    "tag-guidance": Constraint(structural_tag={
+        "structures": [{"begin": "<f>", "schema": PERSON, "end": "</f>"}], "triggers": ["<f>"],
+    }),
 }  # fmt: skip
 
 

@@ -30,11 +30,9 @@ def test_exactly_one_well_typed_constraint(fields, message):
         StructuredOutputsParams(**fields)
 
 
-def test_from_dict_refuses_unknown_keys_and_structural_tags():
+def test_from_dict_refuses_unknown_keys():
     with pytest.raises(ValueError, match="unknown structured_outputs field"):
         StructuredOutputsParams.from_dict({"regex": "a", "foo": 1})
-    with pytest.raises(ValueError, match="structural_tag is not supported"):
-        StructuredOutputsParams.from_dict({"structural_tag": "{}"})
 
 
 def test_choices_become_text_and_schemas_keep_their_order():
