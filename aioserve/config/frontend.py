@@ -49,6 +49,7 @@ class FrontendConfig:
     enable_request_id_headers: bool
     enable_auto_tool_choice: bool
     tool_call_parser: str | None
+    tool_strict_level: str  # auto, function or parameter (server/tool_calls/strict_tags.py)
     tool_parser_plugin: str  # "": none
     exclude_tools_when_tool_choice_none: bool
     enable_prompt_tokens_details: bool

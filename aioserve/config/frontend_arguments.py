@@ -6,6 +6,8 @@ from __future__ import annotations
 from aioserve.config import values
 from aioserve.config.declaration import FRONTEND, Argument, vllm_only
 
+TOOL_STRICT_LEVELS = ("auto", "function", "parameter")
+
 # fmt: off
 FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
     Argument("host", FRONTEND, None, "Address the HTTP server binds to. Default: all interfaces.",
@@ -103,6 +105,13 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              "hermes, internlm, llama3_json, mistral, phi4_mini_json, pythonic, qwen3_coder or "
              "xlam (vLLM's formats), or one a --tool-parser-plugin registers.",
              convert=values.string),
+    Argument("tool-strict-level", FRONTEND, "auto",
+             "With tool_choice 'auto', hold calls to the request's tools by a structural tag: "
+             "auto (only when a tool says strict), function (always; arguments checked for "
+             "strict tools) or parameter (every tool's arguments checked). Needs a "
+             "--tool-call-parser with a structural form (hermes, llama3_json, qwen3_coder, "
+             "deepseek_v3) unless auto.", convert=values.string, choices=TOOL_STRICT_LEVELS,
+             choice_noun="tool strict level"),
     Argument("tool-parser-plugin", FRONTEND, "",
              "A Python file that registers more tool-call parsers "
              "(aioserve.server.tool_calls.register_tool_parser).", convert=values.string),

@@ -43,8 +43,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
               "Log statistics summed over data-parallel engines.", "flag"),
     vllm_only("trust-request-mm-kwargs", FRONTEND, False,
               "Take multimodal processor options from requests.", "bool"),
-    vllm_only("tool-strict-level", FRONTEND, "auto",
-              "How strictly tool calls are held to their schemas by structural tags."),
     vllm_only("tool-server", FRONTEND, None,
               "MCP tool servers for the Responses API's built-in tools."),
     vllm_only("cohere-is-reasoning-model", FRONTEND, True,

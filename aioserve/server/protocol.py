@@ -338,6 +338,8 @@ def parse_chat_request(
                 f"and so does {structured_output_field}: give one",
             )
         structured_outputs, structured_output_field = tool_use.constraint, "tool_choice"
+    elif tool_use.call_tag is not None and structured_outputs is None:
+        structured_outputs, structured_output_field = tool_use.call_tag, "tools"
     params = sampling_params_of(
         state,
         fields,

@@ -5,7 +5,8 @@ output becomes tool calls.
   (`apply_chat_template(tools=...)`), or left out with --exclude-tools-when-tool-choice-none.
 - "auto" (the default when tools are given): with --enable-auto-tool-choice and a
   --tool-call-parser, the output is read by that parser (tool_calls/parsers.py) and a
-  call made gives finish_reason "tool_calls"; without them, vLLM's 400.
+  call made gives finish_reason "tool_calls"; without them, vLLM's 400. Where
+  --tool-strict-level asks, the calls are held to the tools (tool_calls/strict_tags.py).
 - "required" and a named function: enforced by structured outputs (tool_calls/forced.py),
   so the output is always a valid call; "required" finishes with "tool_calls", a named
   function with "stop", as in vLLM.
@@ -35,6 +36,7 @@ from aioserve.server.tool_calls.forced import (
     required_calls_schema,
 )
 from aioserve.server.tool_calls.parsers import ToolParser, new_tool_parser
+from aioserve.server.tool_calls.strict_tags import strict_call_tag
 
 _NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
@@ -48,6 +50,7 @@ class ToolUse:
     constraint: StructuredOutputsParams | None = None  # forces the output into calls
     calls_finish_as_tool_calls: bool = True  # finish_reason "tool_calls" once calls are made
     single_call: bool = False  # parallel_tool_calls: false
+    call_tag: StructuredOutputsParams | None = None  # holds "auto" calls to the tools
 
 
 def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
@@ -90,7 +93,12 @@ def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
                 "to be set"
             )
         parser = new_tool_parser(frontend.tool_call_parser, tools)
-        return ToolUse(tools, parser, single_call=single)
+        tag = strict_call_tag(parser.structural_form, tools, frontend.tool_strict_level, single)
+        # The tag is xgrammar's form, which only xgrammar reads.
+        call_tag = (
+            None if tag is None else StructuredOutputsParams(structural_tag=tag, backend="xgrammar")
+        )
+        return ToolUse(tools, parser, single_call=single, call_tag=call_tag)
     raise refusal(
         f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
         '"required" are supported.',

@@ -86,6 +86,7 @@ FRONTEND_FLAGS = [
     (["--enable-auto-tool-choice"], "enable_auto_tool_choice", True),
     (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
     (["--tool-parser-plugin", "/x/plugin.py"], "tool_parser_plugin", "/x/plugin.py"),
+    (["--tool-strict-level", "parameter"], "tool_strict_level", "parameter"),
     (
         ["--exclude-tools-when-tool-choice-none"],
         "exclude_tools_when_tool_choice_none",

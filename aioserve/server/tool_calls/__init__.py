@@ -4,7 +4,8 @@
 registry a --tool-parser-plugin adds to; `json_list_formats` (granite, phi4_mini_json,
 xlam), `special_token_formats` (internlm, deepseek_v3) and `xml_formats` (qwen3_coder)
 register more, imported here for that. `forced` reads the outputs of tool_choice
-"required" and of a named function (enforced by structured outputs), `streaming` makes the
+"required" and of a named function (enforced by structured outputs), `strict_tags` holds
+"auto" calls to the tools (--tool-strict-level), `streaming` makes the
 deltas of one choice, and `partial_json` reads JSON still being generated.
 """
 
@@ -22,14 +23,20 @@ from aioserve.server.tool_calls import (  # noqa: F401
     special_token_formats,
     xml_formats,
 )
-from aioserve.server.tool_calls.parsers import ToolParser, register_tool_parser, tool_parser_names
+from aioserve.server.tool_calls.parsers import (
+    ToolParser,
+    new_tool_parser,
+    register_tool_parser,
+    tool_parser_names,
+)
 
 __all__ = ["ToolParser", "check_tool_call_settings", "register_tool_parser"]
 
 
 def check_tool_call_settings(frontend: FrontendConfig) -> None:
-    """Import --tool-parser-plugin, then check --tool-call-parser and
-    --enable-auto-tool-choice; a ConfigError naming the flag otherwise."""
+    """Import --tool-parser-plugin, then check --tool-call-parser,
+    --enable-auto-tool-choice and --tool-strict-level; a ConfigError naming the flag
+    otherwise."""
     if frontend.tool_parser_plugin:
         _import_plugin(Path(frontend.tool_parser_plugin))
     if (
@@ -43,6 +50,15 @@ def check_tool_call_settings(frontend: FrontendConfig) -> None:
         )
     if frontend.enable_auto_tool_choice and frontend.tool_call_parser is None:
         raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")
+    if frontend.tool_strict_level != "auto":
+        parser = frontend.tool_call_parser
+        if parser is None or new_tool_parser(parser).structural_form is None:
+            with_form = [n for n in tool_parser_names() if new_tool_parser(n).structural_form]
+            raise ConfigError(
+                f"--tool-strict-level {frontend.tool_strict_level} needs a --tool-call-parser "
+                f"whose calls have a structural form ({', '.join(with_form)}); "
+                + (f"{parser!r} has none" if parser else "none is given")
+            )
 
 
 def _import_plugin(path: Path) -> None:

@@ -163,6 +163,7 @@ class ToolParser:
     name = ""
     skip_special_tokens = True  # False where the markers are special tokens
     json_arguments = True  # False where vLLM passes the model's arguments on unchecked
+    structural_form: str | None = None  # its calls' structural tag (strict_tags.py)
     tools: Sequence[dict[str, Any]] = ()  # the request's tools (set by new_tool_parser)
 
     def read(self, text: str, final: bool) -> ParsedOutput:
@@ -186,6 +187,7 @@ class ToolParser:
 class HermesParser(ToolParser):
     name = "hermes"
     skip_special_tokens = False
+    structural_form = "hermes"
     start, end = "<tool_call>", "</tool_call>"
 
     def read_whole(self, text: str) -> ParsedOutput:
@@ -226,6 +228,7 @@ class HermesParser(ToolParser):
 
 class Llama3JsonParser(ToolParser):
     name = "llama3_json"
+    structural_form = "llama"
     tag = "<|python_tag|>"
 
     def read_whole(self, text: str) -> ParsedOutput:

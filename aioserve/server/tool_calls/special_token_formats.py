@@ -57,6 +57,7 @@ class InternLMParser(ToolParser):
 @register_tool_parser("deepseek_v3")
 class DeepSeekV3Parser(ToolParser):
     name = "deepseek_v3"
+    structural_form = "deepseek_r1"
     skip_special_tokens = False
     json_arguments = False
     calls_begin, calls_end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"

@@ -65,6 +65,7 @@ _NOT_JSON = object()
 @register_tool_parser("qwen3_coder")
 class Qwen3CoderParser(ToolParser):
     name = "qwen3_coder"
+    structural_form = "qwen_3_coder"
     skip_special_tokens = False
     call_start, call_end = "<tool_call>", "</tool_call>"
     function_start, function_end = "<function=", "</function>"
