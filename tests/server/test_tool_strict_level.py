@@ -16,7 +16,6 @@ from aioserve.config.frontend import frontend_config
 from aioserve.engine.structured_outputs import StructuredOutputsParams
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
-from aioserve.models.checkpoint import open_checkpoint
 from aioserve.server.body_fields import BodyFields
 from aioserve.server.request_schema import CHAT_BODY
 from aioserve.server.tool_calls import check_tool_call_settings
@@ -40,8 +39,8 @@ HERMES_CALL = re.compile(
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm2_gguf):
-    return open_checkpoint(str(smollm2_gguf)).load_tokenizer()
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ let through (the combinations vLLM's xgrammar backend lists), to refuse it by na
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 # Keywords whose meaning outlines' regex enforces, or that constrain nothing. Not allOf:
@@ -60,11 +61,22 @@ def subschemas(schema: dict[str, Any]) -> list[dict[str, Any]]:
 
 def keyword_outlines_ignores(schema: dict[str, Any]) -> str | None:
     """The first keyword of `schema` (or of a schema inside it) that outlines does not enforce."""
-    for key in schema:
-        if key not in _OUTLINES_KEYWORDS:
-            return key
+    return _first_found(schema, _outlines_gap)
+
+
+def _outlines_gap(schema: dict[str, Any]) -> str | None:
+    return next((key for key in schema if key not in _OUTLINES_KEYWORDS), None)
+
+
+def _first_found(
+    schema: dict[str, Any], find: Callable[[dict[str, Any]], str | None]
+) -> str | None:
+    """What `find` finds first in `schema`, else in the schemas inside it, depth first."""
+    found = find(schema)
+    if found is not None:
+        return found
     for inner in subschemas(schema):
-        found = keyword_outlines_ignores(inner)
+        found = _first_found(inner, find)
         if found is not None:
             return found
     return None
@@ -92,14 +104,7 @@ _XGRAMMAR_FORMATS = frozenset(
 
 def keyword_xgrammar_ignores(schema: dict[str, Any]) -> str | None:
     """What of `schema` (or of a schema inside it) xgrammar does not enforce, in words."""
-    found = _xgrammar_gap(schema)
-    if found is not None:
-        return found
-    for inner in subschemas(schema):
-        found = keyword_xgrammar_ignores(inner)
-        if found is not None:
-            return found
-    return None
+    return _first_found(schema, _xgrammar_gap)
 
 
 def _xgrammar_gap(schema: dict[str, Any]) -> str | None:

@@ -19,7 +19,6 @@ from aioserve.engine.structured_outputs import StructuredOutputsParams as Constr
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.matchers import GuidanceGrammar, OutlinesIndex
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
-from aioserve.models.checkpoint import open_checkpoint
 from tests.engine.structured_outputs.walks import VOCAB, random_walk
 
 PERSON = {
@@ -52,16 +51,6 @@ BOTH = {
     "additionalProperties": False,
 }
 DATE = {"type": "string", "format": "date"}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_gguf):
-    return open_checkpoint(str(smollm2_gguf)).load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer) -> StructuredOutputCompiler:
-    return StructuredOutputCompiler(tokenizer, VOCAB, StructuredOutputsConfig())
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -21,7 +21,6 @@ from aioserve.engine.structured_outputs import StructuredOutputsParams as Constr
 from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.engine.structured_outputs.step_masks import StepMasks, allows, fill_draft_rows
-from aioserve.models.checkpoint import open_checkpoint
 from aioserve.runner.step_plan import StepPlan
 
 VOCAB = 49152
@@ -44,11 +43,6 @@ CONSTRAINTS = {
         "structures": [{"begin": "<f>", "schema": PERSON, "end": "</f>"}], "triggers": ["<f>"],
     }),
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_gguf):
-    return open_checkpoint(str(smollm2_gguf)).load_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,8 @@ import pytest
 
 from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.structured_outputs import StructuredOutputsParams as Constraint
-from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
-from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.engine.structured_outputs.structural_tags import read_structural_tag
-from aioserve.models.checkpoint import open_checkpoint
-from tests.engine.structured_outputs.walks import VOCAB, random_walk
+from tests.engine.structured_outputs.walks import random_walk
 
 WEATHER = {
     "type": "object",
@@ -54,16 +51,6 @@ FORCED_CALL = {
         ],
     },
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_gguf):
-    return open_checkpoint(str(smollm2_gguf)).load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer) -> StructuredOutputCompiler:
-    return StructuredOutputCompiler(tokenizer, VOCAB, StructuredOutputsConfig())
 
 
 def check_calls(text: str) -> int:

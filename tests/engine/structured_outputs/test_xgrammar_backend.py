@@ -16,7 +16,6 @@ from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
 from aioserve.engine.structured_outputs.json_schemas import keyword_xgrammar_ignores
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.engine.structured_outputs.xgrammar_backend import XgrammarGrammar, is_lark
-from aioserve.models.checkpoint import open_checkpoint
 from tests.engine.structured_outputs.walks import VOCAB, random_walk
 
 ORDER = {
@@ -31,16 +30,6 @@ ORDER = {
 LARK_SQL = 'start: "SELECT " NAME " FROM " NAME ";"\nNAME: /[a-z]{1,6}/'
 EBNF_SUM = 'root ::= num (" + " num)*\nnum ::= [1-9] [0-9]?'
 CHOICES = ["yes", 'say "no"', "back\\slash", "tab\there"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_gguf):
-    return open_checkpoint(str(smollm2_gguf)).load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer) -> StructuredOutputCompiler:
-    return StructuredOutputCompiler(tokenizer, VOCAB, StructuredOutputsConfig())
 
 
 def xgrammar(**constraint) -> Constraint:
