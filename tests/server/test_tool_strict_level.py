@@ -14,14 +14,12 @@ import pytest
 from aioserve.config.declaration import ConfigError
 from aioserve.config.frontend import frontend_config
 from aioserve.engine.structured_outputs import StructuredOutputsParams
-from aioserve.engine.structured_outputs.compiler import StructuredOutputCompiler
-from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.server.body_fields import BodyFields
 from aioserve.server.request_schema import CHAT_BODY
 from aioserve.server.tool_calls import check_tool_call_settings
 from aioserve.server.tool_calls.strict_tags import strict_call_tag
 from aioserve.server.tools import read_tool_use
-from tests.engine.structured_outputs.walks import VOCAB, random_walk
+from tests.engine.structured_outputs.walks import random_walk
 from tests.server.conftest import MODEL
 from tests.server.openai_helpers import client
 
@@ -36,16 +34,6 @@ CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {"type"
 HERMES_CALL = re.compile(
     r'<tool_call>\n?\{"name": "(\w+)", "arguments": (.*?)\}\n?</tool_call>', re.S
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_tokenizer):
-    return smollm2_tokenizer
-
-
-@pytest.fixture(scope="module")
-def compiler(tokenizer) -> StructuredOutputCompiler:
-    return StructuredOutputCompiler(tokenizer, VOCAB, StructuredOutputsConfig())
 
 
 def compiled_tag(form, tools, level="auto", single_call=False) -> StructuredOutputsParams:
@@ -69,47 +57,66 @@ def test_which_requests_get_a_tag(tools, level, single_call, tagged):
     assert strict_call_tag(None, tools, "parameter", single_call) is None
 
 
-def test_a_strict_tool_is_held_to_its_schema_and_names_only_the_tools(compiler, tokenizer):
+def test_a_strict_tool_is_held_to_its_schema_and_names_only_the_tools(
+    smollm2_compiler, smollm2_tokenizer
+):
     constraint = compiled_tag("hermes", [CLOCK, WEATHER])
     for seed in range(4):
         prefix = 'Sure. <tool_call>\n{"name": "weather'
-        text = random_walk(compiler, tokenizer, constraint, seed, prefix=prefix, skip_blanks=True)
+        text = random_walk(
+            smollm2_compiler, smollm2_tokenizer, constraint, seed, prefix=prefix, skip_blanks=True
+        )
         calls = HERMES_CALL.findall(text)
         assert calls and calls[0][0] == "weather", text
         jsonschema.validate(json.loads(calls[0][1]), CITY)
     with pytest.raises(AssertionError, match="masked"):
-        random_walk(compiler, tokenizer, constraint, 0, prefix='<tool_call>{"name": "rm')
+        random_walk(
+            smollm2_compiler, smollm2_tokenizer, constraint, 0, prefix='<tool_call>{"name": "rm'
+        )
     with pytest.raises(AssertionError, match="masked"):  # days must be 1, 2 or 3
         prefix = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo", "days": 7'
-        random_walk(compiler, tokenizer, constraint, 0, prefix=prefix)
+        random_walk(smollm2_compiler, smollm2_tokenizer, constraint, 0, prefix=prefix)
 
 
 @pytest.mark.parametrize(("level", "free"), [("function", True), ("parameter", False)])
-def test_a_tool_without_strict_is_free_below_the_parameter_level(compiler, tokenizer, level, free):
+def test_a_tool_without_strict_is_free_below_the_parameter_level(
+    smollm2_compiler, smollm2_tokenizer, level, free
+):
     clock = {"type": "function", "function": {"name": "clock", "parameters": CITY}}
     constraint = compiled_tag("hermes", [clock], level)
     prefix = '<tool_call>{"name": "clock", "arguments": {"zone": 1}}</tool_call>'
     if free:
-        random_walk(compiler, tokenizer, constraint, 0, prefix=prefix)
+        random_walk(smollm2_compiler, smollm2_tokenizer, constraint, 0, prefix=prefix)
     else:
         with pytest.raises(AssertionError, match="masked"):
-            random_walk(compiler, tokenizer, constraint, 0, prefix=prefix)
+            random_walk(smollm2_compiler, smollm2_tokenizer, constraint, 0, prefix=prefix)
 
 
-def test_one_call_only_ends_the_calls_after_the_first(compiler, tokenizer):
+def test_one_call_only_ends_the_calls_after_the_first(smollm2_compiler, smollm2_tokenizer):
     constraint = compiled_tag("hermes", [WEATHER], single_call=True)
     first = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo", "days": 1}}</tool_call>'
     with pytest.raises(AssertionError, match="masked"):
-        random_walk(compiler, tokenizer, constraint, 0, prefix=first + " <tool_call>")
+        random_walk(
+            smollm2_compiler, smollm2_tokenizer, constraint, 0, prefix=first + " <tool_call>"
+        )
     many = compiled_tag("hermes", [WEATHER])
-    random_walk(compiler, tokenizer, many, 0, prefix=first + " <tool_call>", skip_blanks=True)
+    random_walk(
+        smollm2_compiler,
+        smollm2_tokenizer,
+        many,
+        0,
+        prefix=first + " <tool_call>",
+        skip_blanks=True,
+    )
 
 
-def test_llama3_json_calls_follow_xgrammars_llama_form(compiler, tokenizer):
+def test_llama3_json_calls_follow_xgrammars_llama_form(smollm2_compiler, smollm2_tokenizer):
     constraint = compiled_tag("llama", [CLOCK, WEATHER])
     for seed in range(3):
         prefix = '{"name": "weather", "parameters": '
-        text = random_walk(compiler, tokenizer, constraint, seed, prefix=prefix, skip_blanks=True)
+        text = random_walk(
+            smollm2_compiler, smollm2_tokenizer, constraint, seed, prefix=prefix, skip_blanks=True
+        )
         call, _ = json.JSONDecoder().raw_decode(text)  # the text after the call is free
         assert call["name"] == "weather"
         jsonschema.validate(call["parameters"], CITY)
