@@ -310,8 +310,8 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
             "xgrammar",
         ),
         (
-            ["--structured-outputs-config", '{"enable_in_reasoning": true}'],
-            "--structured-outputs-config key 'enable_in_reasoning' is not supported by aioserve yet",
+            ["--structured-outputs-config", '{"reasoning_parser": "qwen3"}'],
+            "--structured-outputs-config key 'reasoning_parser' is not supported by aioserve yet",
         ),
         (["--structured-outputs-config", '{"foo": 1}'], "--structured-outputs-config has no key 'foo'"),
         (["--seed", "1.5"], "--seed must be an integer, got '1.5'"),

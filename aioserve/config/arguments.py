@@ -271,15 +271,16 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("structured-outputs-config", DECODING, {},
              "vLLM's newer form of the four --guided-decoding-* settings, as JSON: "
              '{"backend": "guidance", "disable_any_whitespace": true}; it wins where both '
-             "are given.", "json",
+             "are given. enable_in_reasoning: true constrains the reasoning too.", "json",
              convert=values.json_settings(
                  {
                      "backend": values.one_of(*_STRUCTURED_OUTPUT_BACKENDS),
                      "disable_fallback": values.boolean,
                      "disable_any_whitespace": values.boolean,
                      "disable_additional_properties": values.boolean,
+                     "enable_in_reasoning": values.boolean,
                  },
-                 unsupported=("reasoning_parser", "reasoning_parser_plugin", "enable_in_reasoning"),
+                 unsupported=("reasoning_parser", "reasoning_parser_plugin"),
              )),
     vllm_only("enable-reasoning", DECODING, None,
           "Deprecated in vLLM (--reasoning-parser alone enables reasoning).", "bool"),

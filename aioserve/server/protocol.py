@@ -359,8 +359,11 @@ def parse_chat_request(
         documents=_documents(body.get("documents")),
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
     )
-    if params.structured_outputs is not None and thinks(
-        state.engine.settings.reasoning_parser, template_kwargs
+    in_reasoning = state.engine.settings.structured_outputs.enable_in_reasoning
+    if (
+        params.structured_outputs is not None
+        and not in_reasoning
+        and thinks(state.engine.settings.reasoning_parser, template_kwargs)
     ):
         params.reasoning_end = THINK_END  # the answer after the reasoning is constrained
     request = ChatRequest(

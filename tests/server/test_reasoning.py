@@ -282,3 +282,22 @@ def test_an_answer_after_a_closed_reasoning_in_the_prompt_is_content(parsed_by, 
     )  # fmt: skip
     content = "".join(c.delta.content or "" for chunk in stream for c in chunk.choices)
     assert content == plain
+
+
+def test_enable_in_reasoning_constrains_from_the_first_token(parsed_by, engine, monkeypatch):
+    """--structured-outputs-config '{"enable_in_reasoning": true}': the reasoning is held
+    to the constraint too; by default the constraint waits for the end of the thinking."""
+    url = parsed_by("deepseek_r1")
+
+    def with_in_reasoning(on: bool) -> None:
+        config = dataclasses.replace(engine.settings.structured_outputs, enable_in_reasoning=on)
+        settings = dataclasses.replace(engine.settings, structured_outputs=config)
+        monkeypatch.setattr(engine, "settings", settings)
+
+    fields = {"structured_outputs": {"regex": "Red"}, "ignore_eos": False}
+    with_in_reasoning(True)
+    message = answer(url, **fields)
+    assert message["reasoning"] == "Red" and message["content"] is None
+    with_in_reasoning(False)
+    message = answer(url, **fields)
+    assert message["reasoning"] != "Red"  # free until a </think> (none in 8 tokens here)

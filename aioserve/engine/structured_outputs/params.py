@@ -110,6 +110,9 @@ class StructuredOutputsConfig:
     disable_fallback: bool = False
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
+    enable_in_reasoning: bool = False
+    """Constrain the reasoning too, from the first token (by default a constraint starts
+    after the reasoning parser's end marker)."""
 
     @classmethod
     def from_decoding(cls, decoding: DecodingConfig) -> StructuredOutputsConfig:

@@ -82,8 +82,13 @@ def test_the_server_settings_merge_with_the_newer_config_winning():
     config = engine_config_from_kwargs(
         guided_decoding_backend="outlines",
         guided_decoding_disable_any_whitespace=True,
-        structured_outputs_config={"backend": "guidance", "disable_fallback": True},
-    )
+        structured_outputs_config={
+            "backend": "guidance", "disable_fallback": True, "enable_in_reasoning": True
+        },
+    )  # fmt: skip
     assert StructuredOutputsConfig.from_decoding(config.decoding) == StructuredOutputsConfig(
-        backend="guidance", disable_fallback=True, disable_any_whitespace=True
+        backend="guidance",
+        disable_fallback=True,
+        disable_any_whitespace=True,
+        enable_in_reasoning=True,
     )
