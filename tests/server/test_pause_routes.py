@@ -88,7 +88,14 @@ class Scene:
         return self.engine.scheduler.get(sequence_id)
 
     async def output_tokens(self, sequence_id: str) -> int:
-        return await self.on_server(lambda: self.sequence(sequence_id).num_output_tokens)
+        """The tokens the sequence has so far; it must still be in the engine."""
+
+        def count() -> int:
+            request = self.sequence(sequence_id)
+            assert request is not None, f"{sequence_id} has ended"
+            return request.num_output_tokens
+
+        return await self.on_server(count)
 
     async def until_generating(self, *sequence_ids: str) -> None:
         def generating() -> bool:
@@ -130,9 +137,9 @@ class Scene:
         assert status == 200, answer
         return answer
 
-    async def stream(self, path: str, body: dict, request_id: str) -> list[dict]:
-        """Every event of a streamed answer; it must end with [DONE]."""
-        body = {"model": MODEL, "stream": True, **GREEDY, **body}
+    async def stream(self, path: str, request_id: str, **fields: Any) -> list[dict]:
+        """Every event of a streamed answer (with its token ids); it must end with [DONE]."""
+        body = {"model": MODEL, "stream": True, "return_token_ids": True, **GREEDY, **fields}
         headers = {"X-Request-Id": request_id}
         async with self.session.post(self.url + path, json=body, headers=headers) as response:
             assert response.status == 200, await response.text()
@@ -162,15 +169,25 @@ def _finish_reasons(events: list[dict]) -> list[str]:
     return [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
 
 
-async def _held_until_resume(scene: Scene, prompt: list[int], reference: list[int]) -> None:
-    """A request sent while paused gets no token until /resume, then runs to its end."""
+async def _send_while_paused(scene: Scene, prompt: list[int]) -> asyncio.Future:
+    """A request sent while paused ("held"): once the loop has gone round since it came
+    in, and parked, it is queued without a token."""
     held = asyncio.ensure_future(scene.complete("held", SHORT, prompt))
     await scene.until_parked_with("cmpl-held-0")
+    await _still_held(scene, held)
+    return held
+
+
+async def _still_held(scene: Scene, held: asyncio.Future) -> None:
     assert await scene.output_tokens("cmpl-held-0") == 0
     assert await scene.on_server(lambda: scene.sequence("cmpl-held-0").status) is (
         RequestStatus.WAITING
     )
     assert not held.done()
+
+
+async def _resume(scene: Scene, held: asyncio.Future, reference: list[int]) -> None:
+    """/resume: the held request then runs to its end."""
     assert await scene.call("GET", "/is_paused") == (200, {"is_paused": True})
     async with scene.session.get(scene.url + "/health") as health:
         assert health.status == 200  # paused is healthy, as in vLLM
@@ -188,12 +205,10 @@ def test_abort_mode_ends_the_requests_in_flight_and_holds_new_ones(
         streamed = asyncio.ensure_future(
             scene.stream(
                 "/v1/chat/completions",
-                {
-                    "messages": [{"role": "user", "content": "Tell me a long story."}],
-                    "max_tokens": LONG,
-                },
                 "s",
-            )  # fmt: skip
+                messages=[{"role": "user", "content": "Tell me a long story."}],
+                max_tokens=LONG,
+            )
         )
         whole = asyncio.ensure_future(scene.complete("w", LONG, prompt))
         await scene.until_generating("chatcmpl-s", "cmpl-w-0")
@@ -218,7 +233,7 @@ def test_abort_mode_ends_the_requests_in_flight_and_holds_new_ones(
             == 2
         )
 
-        await _held_until_resume(scene, prompt, reference)
+        await _resume(scene, await _send_while_paused(scene, prompt), reference)
 
     play(server_loop, engine, dev_server, scenario)
 
@@ -228,15 +243,7 @@ def test_keep_mode_freezes_the_requests_with_their_blocks_until_resumed(
 ):
     async def scenario(scene: Scene) -> None:
         streamed = asyncio.ensure_future(
-            scene.stream(
-                "/v1/completions",
-                {
-                    "prompt": prompt,
-                    "max_tokens": SHORT,
-                    "return_token_ids": True,
-                },
-                "s",
-            )  # fmt: skip
+            scene.stream("/v1/completions", "s", prompt=prompt, max_tokens=SHORT)
         )
         whole = asyncio.ensure_future(scene.complete("w", SHORT, prompt))
         await scene.until_generating("cmpl-s-0", "cmpl-w-0")
@@ -298,30 +305,24 @@ def test_wait_mode_answers_once_the_running_requests_are_done(
 
     async def scenario(scene: Scene) -> None:
         streamed = asyncio.ensure_future(
-            scene.stream(
-                "/v1/completions",
-                {
-                    "prompt": prompt,
-                    "max_tokens": SHORT,
-                    "return_token_ids": True,
-                },
-                "s",
-            )  # fmt: skip
+            scene.stream("/v1/completions", "s", prompt=prompt, max_tokens=SHORT)
         )
         whole = asyncio.ensure_future(scene.complete("w", SHORT, prompt))
         await scene.until_generating("cmpl-s-0", "cmpl-w-0")
         await scene.call("POST", "/pause?mode=keep&clear_cache=false")
         assert await scene.output_tokens("cmpl-w-0") < SHORT
+        held = await _send_while_paused(scene, prompt)
         assert await scene.call("POST", "/pause?mode=wait") == (200, {"status": "paused"})
-        # Answered once both had run to their end.
-        assert await scene.on_server(lambda: scene.engine.num_unfinished_requests) == 0
+        # Answered once both had run to their end; the held request did not start.
+        assert await scene.on_server(lambda: scene.engine.num_unfinished_requests) == 1
+        await _still_held(scene, held)
         events = await streamed
         assert _finish_reasons(events) == ["length"]
         assert _streamed_tokens(events) == reference
         choice = (await whole)["choices"][0]
         assert choice["finish_reason"] == "length" and choice["token_ids"] == reference
 
-        await _held_until_resume(scene, prompt, reference)
+        await _resume(scene, held, reference)
 
     play(server_loop, engine, dev_server, scenario)
 
@@ -332,12 +333,10 @@ def test_abort_requests_by_id_then_all(dev_server, server_loop, engine, prompt, 
         chat = asyncio.ensure_future(
             scene.stream(
                 "/v1/chat/completions",
-                {
-                    "messages": [{"role": "user", "content": "Count to a thousand."}],
-                    "max_tokens": LONG,
-                },
                 "a",
-            )  # fmt: skip
+                messages=[{"role": "user", "content": "Count to a thousand."}],
+                max_tokens=LONG,
+            )
         )
         pair = asyncio.ensure_future(scene.complete("b", LONG, prompt, n=2, temperature=1))
         await scene.until_generating("chatcmpl-a", "cmpl-b-0#0", "cmpl-b-0#1")
