@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from typing import Literal, get_args
 
 from aioserve.engine.scheduler import Scheduler
+
+logger = logging.getLogger("aioserve")
 
 PauseMode = Literal["abort", "wait", "keep"]
 PAUSE_MODES: tuple[str, ...] = get_args(PauseMode)
@@ -50,13 +53,16 @@ class Pause:
 
     def begin(self, mode: PauseMode) -> None:
         """Pause (again) in `mode`: no request starts until `end`."""
-        self.state = PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW
-        self._scheduler.admitting = False
+        self._set(PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW)
 
     def end(self) -> None:
         """Resume: the queued requests may start again."""
-        self.state = PauseState.UNPAUSED
-        self._scheduler.admitting = True
+        self._set(PauseState.UNPAUSED)
+
+    def _set(self, state: PauseState) -> None:
+        logger.info("setting pause state to %s", state.name)  # vLLM's scheduler's line
+        self.state = state
+        self._scheduler.admitting = state is PauseState.UNPAUSED
 
     def has_work(self) -> bool:
         """Whether the loop has a step to schedule: the scheduler's unfinished requests,
