@@ -6,6 +6,8 @@ vector. Both check the request first (InvalidRequest with vLLM's messages), refu
 a queue cap is reached (QueueFullError), and abort it when their caller goes away (the
 iterator closed, the task cancelled). The loop that runs them is `EngineLoop`'s.
 `start_profile` and `stop_profile` run torch's profiler over its steps (step_profiler.py).
+`pause_generation` and `resume_generation` hold the requests back and let them go again
+(pause.py says how).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from aioserve.engine.admission import (
 from aioserve.engine.bad_words import bad_words_of, constrain
 from aioserve.engine.build import build_engine, default_sampling_params
 from aioserve.engine.engine_loop import SHUTDOWN_WAIT_S, EngineLoop
-from aioserve.engine.health import EngineDeadError
+from aioserve.engine.health import EngineDeadError, death_message
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import RequestState
 from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import PoolingRequestOutput, RequestMetrics, RequestOutput
+from aioserve.engine.pause import PAUSE_MODES, PauseMode
 from aioserve.engine.pooling_params import (
     PoolingParams,
     check_pooling_request,
@@ -265,6 +268,57 @@ class AsyncEngine(EngineLoop):
         """Forget every cached prefix block; False (nothing forgotten) while a request holds
         blocks, a step in flight included."""
         return self.kv_cache.reset_prefix_cache()
+
+    # -- pausing (the server's /pause, /resume, /is_paused and /abort_requests) -------------
+
+    async def pause_generation(self, mode: PauseMode = "abort", clear_cache: bool = True) -> None:
+        """Pause generation in `mode` (pause.py); return once the pause is complete.
+
+        With `clear_cache` (vLLM's default) the prefix cache is then forgotten, and the
+        requests a "keep" pause froze running are preempted first (their blocks freed,
+        their KV computed again after the resume), as vLLM's engine core does. ValueError
+        for an unknown mode; EngineDeadError when the engine is dead."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"Invalid pause mode: {mode}")
+        if self._dead is not None:
+            raise EngineDeadError(death_message(self._dead))
+        if mode == "abort":
+            for request_id in list(self._states):
+                # Recorded, as vLLM's engine core sends these aborts back as finished requests.
+                self.abort(request_id, record=True)
+        self._pause.begin(mode)
+        self._ensure_loop()
+        complete = self._pause.completion()
+        self._wakeup.set()
+        await complete
+        if self._dead is not None:
+            raise EngineDeadError(death_message(self._dead))
+        if clear_cache:
+            # Nothing is in flight: the loop has parked and cannot go on before this runs.
+            self.scheduler.preempt_running()
+            if not self.kv_cache.reset_prefix_cache():
+                raise RuntimeError("the prefix cache was not reset: requests still hold blocks")
+            self._stats.step_done(self.scheduler, self.kv_cache)
+
+    def resume_generation(self) -> None:
+        """End the pause: the queued and frozen requests go on."""
+        self._pause.end()
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    @property
+    def is_paused(self) -> bool:
+        return self._pause.paused
+
+    def abort_all(self) -> int:
+        """Abort every request in flight; how many vLLM would say it aborted: each unfinished
+        sequence, and the parent of an n > 1 request (vLLM's output processor tracks both)."""
+        count = 0
+        for request_id, state in list(self._states.items()):
+            count += sum(s.finish_reason is None for s in state.samples)
+            count += len(state.samples) > 1
+            self.abort(request_id)
+        return count
 
     # -- profiling (the server's /start_profile and /stop_profile) ------------------------
 

@@ -51,6 +51,7 @@ from aioserve.engine.load_shedding import LoadShedder
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
 from aioserve.engine.output_stream import OutputStream
+from aioserve.engine.pause import Pause
 from aioserve.engine.prompt_delay import prompt_delay
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
@@ -99,6 +100,7 @@ class EngineLoop:
             limits=s.scheduler_limits,
         )
         self.lora_adapters = parts.lora_adapters
+        self._pause = Pause(self.scheduler)  # /pause and /resume (pause.py)
         self.load_shedder = LoadShedder(
             self.scheduler, s.max_num_queued_reqs, s.max_num_queued_tokens
         )
@@ -135,8 +137,10 @@ class EngineLoop:
         self._observer = StepObserver(s.observability) if s.observability.observes_steps else None
         self.stat_loggers: list[StatLogger] = self._stats.loggers
 
-    def abort(self, request_id: str) -> None:
-        """End a request now; its blocks are free before the next step is scheduled."""
+    def abort(self, request_id: str, record: bool = False) -> None:
+        """End a request now; its blocks are free before the next step is scheduled. As
+        vLLM's abort, a request ended by its client (not `record`ed) leaves the per-request
+        figures (finish reasons, latencies, token counts) alone."""
         state = self._states.get(request_id)
         if state is None:
             return
@@ -147,9 +151,7 @@ class EngineLoop:
         for sample in unfinished:  # a sibling that already ended has said so once
             self.output_processor.finish_sample(sample)
             state.changed.add(sample.index)
-        # As vLLM's abort, a request ended by its client leaves the per-request figures
-        # (finish reasons, latencies, token counts) alone.
-        self._deliver(state, record=False)
+        self._deliver(state, record=record)
         self._stats.step_done(self.scheduler, self.kv_cache)
 
     # -- the engine loop --------------------------------------------------------------------
@@ -173,7 +175,7 @@ class EngineLoop:
         try:
             while True:
                 clock.last_tick = time.monotonic()
-                if len(in_flight) < depth and self.scheduler.has_unfinished():
+                if len(in_flight) < depth and self._pause.has_work():
                     output = self.scheduler.schedule()
                     if not output.is_empty:
                         step = self._launch_step(output, fill_masks=not in_flight)
@@ -184,10 +186,11 @@ class EngineLoop:
                     step = in_flight.popleft()
                     await self._finish_step(step, in_flight[0] if in_flight else None)
                     continue
-                if self.scheduler.has_unfinished():
+                if self._pause.has_work():
                     raise RuntimeError(
                         "the scheduler found nothing to run although requests are waiting"
                     )
+                self._pause.settle()
                 self._wakeup.clear()
                 clock.parked = True
                 await self._wakeup.wait()
@@ -198,6 +201,7 @@ class EngineLoop:
             self._die(error)
         finally:
             clock.parked = True  # stopped, dead or cancelled: not a stall
+            self._pause.settle()
             for step in in_flight:  # no step may wait for masks that will never come
                 if step.masks is not None and not step.masks.bitmask.is_ready:
                     step.masks.abandon()

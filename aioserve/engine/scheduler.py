@@ -160,6 +160,7 @@ class Scheduler:
         self._tiebreak = itertools.count()
         self._requests: dict[str, Request] = {}
         self._left_runner: list[str] = []  # sequences the next plan tells the runner to forget
+        self.admitting = True  # False while generation is paused (pause.py): none start
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -299,7 +300,13 @@ class Scheduler:
         if delay is not None:
             now, was_running = delay.step_begins(), bool(self.running)
         max_active, watermark_blocks = self.max_num_active_seqs, self.watermark_blocks
-        while self._waiting and not preempted and budget > 0 and len(self.running) < max_active:
+        while (
+            self.admitting
+            and self._waiting
+            and not preempted
+            and budget > 0
+            and len(self.running) < max_active
+        ):
             if delay is not None and not delay.admits(
                 now, (e[2] for e in self._waiting), was_running
             ):
@@ -460,6 +467,13 @@ class Scheduler:
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
         heapq.heappush(self._waiting, (self._rank(request), next(self._tiebreak), request))
+
+    def preempt_running(self) -> None:
+        """Preempt every running sequence: its blocks freed, it waits to be computed again.
+        Only with no step in flight (no pending token may be lost)."""
+        running, self.running = self.running, []
+        for request in running:
+            self._preempt(request)
 
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         """Record a finished step: its sampled tokens are appended, its full blocks cached.

@@ -7,6 +7,9 @@
                                resolved settings and the frontend's configuration
                                (?config_format=text, the default: their reprs; json: as
                                objects), the VLLM_* variables, and environment_info()
+    POST /pause, POST /resume, GET /is_paused, POST /abort_requests
+                               vLLM's routes for RL frameworks: generation paused around a
+                               weight update, requests aborted (pause_routes.py)
 
 "vllm_config" is aioserve's own configuration (EngineSettings, the values the engine
 resolved, such as max_model_len; FrontendConfig, its api_key "<hidden>"), not vLLM's
@@ -15,8 +18,9 @@ collect_env report. "vllm_env" leaves out every variable whose name holds KEY, T
 SECRET or PASSWORD (vLLM's leaves out only KEY). /reset_prefix_cache's query parameters
 `reset_running_requests` (preempt the running requests first) and `reset_external` (a KV
 connector's cache, which aioserve has none of) are refused when true. vLLM's other
-development routes (sleep and wake, collective RPC, multimodal caches) belong to features
-aioserve does not have. Not for production: the server logs a warning when they are on.
+development routes (sleep and wake, collective RPC, multimodal caches, and the RL routes
+that transfer, update and check weights) belong to features aioserve does not have. Not
+for production: the server logs a warning when they are on.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from aiohttp import web
 
 from aioserve.environment import environment_info, is_secret
 from aioserve.server.errors import bad_parameter
+from aioserve.server.pause_routes import add_pause_routes
 from aioserve.server.state import STATE
 
 logger = logging.getLogger("aioserve")
@@ -116,9 +121,11 @@ async def server_info(request: web.Request) -> web.Response:
 def add_dev_routes(app: web.Application) -> None:
     """Register the development routes on `app`."""
     logger.warning(
-        "%s is set: the development routes (/reset_prefix_cache, /server_info) are on. "
+        "%s is set: the development routes (/reset_prefix_cache, /server_info, /pause, "
+        "/resume, /is_paused, /abort_requests) are on. "
         "Do not use this in production.",
         DEV_MODE_ENV,
     )
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/server_info", server_info)
+    add_pause_routes(app)

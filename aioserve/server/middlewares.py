@@ -266,7 +266,17 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
 
 
 _PROTECTED_ROUTES = frozenset(
-    {"/invocations", "/start_profile", "/stop_profile", "/reset_prefix_cache", "/server_info"}
+    {
+        "/invocations",
+        "/start_profile",
+        "/stop_profile",
+        "/reset_prefix_cache",
+        "/server_info",
+        "/pause",
+        "/resume",
+        "/is_paused",
+        "/abort_requests",
+    }
 )
 
 

@@ -20,6 +20,7 @@ from aioserve.server.anthropic_api import ANTHROPIC_OPERATIONS, ANTHROPIC_SCHEMA
 from aioserve.server.classify import CLASSIFY_BODY
 from aioserve.server.docs_page import docs_page
 from aioserve.server.embeddings import EMBEDDING_BODY, POOLING_BODY
+from aioserve.server.pause_routes import PAUSE_OPERATIONS
 from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY, properties
 from aioserve.server.scoring import RERANK_BODY, SCORE_BODY
 
@@ -532,6 +533,7 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             **_AUTH_ERROR,
         },
     },
+    **PAUSE_OPERATIONS,
     ("get", "/metrics"): {
         "summary": "Prometheus metrics, with vLLM's names",
         "responses": {

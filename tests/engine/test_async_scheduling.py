@@ -4,8 +4,8 @@ Each scenario runs twice on one float32 engine, once with step N+1 planned while
 runs and once without, and the user-visible results are compared: token ids, text, finish
 and stop reasons, logprobs. The scenarios cover greedy and seeded sampling, n > 1,
 logprobs, penalties, min_tokens, stop strings, prefix caching, preemption (a second engine
-with a small KV pool), abort and a consumer that goes away. After each run the pool is
-whole again.
+with a small KV pool), abort and a consumer that goes away, and pauses (/pause's three
+modes, with and without clearing the cache). After each run the pool is whole again.
 
 Logprobs are compared to 1e-4: the two modes batch the same requests differently (with
 overlap, a request that just stopped still has a row in the step planned before its end,
@@ -22,7 +22,13 @@ import pytest
 
 from aioserve import AsyncEngine, SamplingParams
 from aioserve.config.engine import engine_config_from_kwargs
-from tests.engine.smollm2 import LONG_PASSAGE, SHARED_PREFIX, collect, float32_engine
+from tests.engine.smollm2 import (
+    LONG_PASSAGE,
+    SHARED_PREFIX,
+    collect,
+    float32_engine,
+    hf_greedy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -221,6 +227,64 @@ async def crowded(engine):
     )
     assert engine.scheduler.stats.num_preemptions > before
     return outputs
+
+
+async def until_generating(engine: AsyncEngine, *sequence_ids: str) -> None:
+    def generating(sequence_id: str) -> bool:
+        request = engine.scheduler.get(sequence_id)
+        return request is not None and request.num_output_tokens > 0
+
+    while not all(map(generating, sequence_ids)):
+        await asyncio.sleep(0.005)
+
+
+PROMPTS = ("The lighthouse keeper wrote that", "Glaciers carve valleys because", "Sourdough")
+
+
+async def paused_and_resumed(engine):
+    """Requests frozen by a "keep" pause (no step in flight once it is complete), then
+    made to compute their KV again by a second one that clears the cache; one sent while
+    paused; a "wait" pause that lets them finish first; an "abort" pause that ends one."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    frozen = [
+        asyncio.ensure_future(final(engine, PROMPTS[0], params, "a")),
+        asyncio.ensure_future(final(engine, PROMPTS[1], params, "b")),
+    ]
+    await until_generating(engine, "a", "b")
+    await engine.pause_generation("keep", clear_cache=False)
+    assert not any(r.num_pending_tokens for r in engine.scheduler.running)  # none in flight
+    made = [engine.scheduler.get(i).num_output_tokens for i in ("a", "b")]
+    assert all(0 < n < 16 for n in made) and engine.scheduler.num_running == 2
+    held = asyncio.ensure_future(final(engine, PROMPTS[2], params, "held"))
+    while engine.scheduler.get("held") is None or not engine.loop_clock.parked:
+        await asyncio.sleep(0.005)
+    assert not engine._wakeup.is_set()  # the loop has gone round since, and parked
+    assert [engine.scheduler.get(i).num_output_tokens for i in ("a", "b")] == made
+    await engine.pause_generation("keep")  # clearing the cache preempts them
+    assert engine.scheduler.num_running == 0
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+    engine.resume_generation()
+    await until_generating(engine, "held")
+    await engine.pause_generation("wait")  # answered once the three have finished
+    assert engine.num_unfinished_requests == 0
+    outputs = await asyncio.gather(*frozen, held)
+    engine.resume_generation()
+
+    long = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+    ended = asyncio.ensure_future(final(engine, "Tell me a long story.", long, "ended"))
+    await until_generating(engine, "ended")
+    await engine.pause_generation("abort")
+    assert (await ended).outputs[0].finish_reason == "abort"
+    engine.resume_generation()
+    return outputs
+
+
+def test_pauses_are_the_same_with_and_without_overlap(engine, smollm2_gguf):
+    on, off = run_both_ways(engine, paused_and_resumed)
+    assert_same(on, off)
+    for entry, prompt in zip(on, PROMPTS, strict=True):  # transformers' tokens, each
+        expected = hf_greedy(str(smollm2_gguf), engine.tokenizer(prompt).input_ids, 16)
+        assert entry[2] == expected, entry[0]
 
 
 def test_preemption_is_the_same_with_and_without_overlap(small_pool_engine):
