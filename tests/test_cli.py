@@ -107,8 +107,10 @@ def test_json_argument_forms(parser, argv, expected):
 def test_dotted_keys_work_for_every_json_argument(parser):
     args = parser.parse_args(["--override-generation-config.temperature", "0.5"])
     assert engine_config_from_args(args).model.override_generation_config == {"temperature": 0.5}
+    assert parser.parse_args(["-cc.level=3"]).compilation_config == {"level": 3}
+    # The older vLLM's -O.key still sets --compilation-config's key (-O3 is vLLM 0.32's
+    # --optimization-level: tests/config/test_optimization_level.py).
     assert parser.parse_args(["-O.level=3"]).compilation_config == {"level": 3}
-    assert parser.parse_args(["-O3"]).compilation_config == 3
     config = engine_config_from_args(parser.parse_args(["-O.level", "0"]))
     assert config.compilation.compilation_config.level == 0
 
@@ -119,7 +121,7 @@ def test_dotted_keys_work_for_every_json_argument(parser):
         (["--hf-overrides", "{oops"], "argument --hf-overrides: not valid JSON"),
         (["--hf-overrides.a"], "argument --hf-overrides.a: expected a value"),
         (["--hf-overrides..a", "1"], "argument --hf-overrides..a: empty key"),
-        (["-O", "3", "-O.level", "2"], "argument --compilation-config/-O/-cc: cannot set keys of the non-object value 3"),
+        (["-cc", "3", "-cc.level", "2"], "argument --compilation-config/-cc: cannot set keys of the non-object value 3"),
         (["--max-num-seqs.a", "1"], "unrecognized arguments: --max-num-seqs.a"),
     ],
 )  # fmt: skip

@@ -186,6 +186,8 @@ SUPPORTED_FLAGS = [
     (["--spec-model", "[ngram]", "--spec-tokens", "2"], "speculative.speculative_config", NgramSpeculation(2, 5, 5)),
     (["--spec-tokens", "4", "--speculative-config", '{"method": "ngram", "prompt_lookup_max": 3}'], "speculative.speculative_config", NgramSpeculation(4, 3, 3)),
     (["--compilation-config", "0"], "compilation.compilation_config", CompilationSettings(level=0)),
+    (["--optimization-level", "0"], "compilation.optimization_level", 0),
+    (["--performance-mode", "throughput"], "compilation.performance_mode", "throughput"),
     (["--device", "cpu"], "device.device", "cpu"),
     (["--collect-detailed-traces", "model,worker", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"], "observability.collect_detailed_traces", ["model", "worker"]),
     (["--logging-config", '{"log_level": "DEBUG", "formatter": "json"}'], "logging.logging_config", {"log_level": "DEBUG", "formatter": "json"}),

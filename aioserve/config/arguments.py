@@ -33,6 +33,7 @@ from aioserve.config.declaration import (
 )
 from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
 from aioserve.config.observability_arguments import OBSERVABILITY_ARGUMENTS
+from aioserve.config.optimization import OPTIMIZATION_ARGUMENTS
 from aioserve.config.recent_arguments import RECENT_ARGUMENTS
 from aioserve.config.scheduler_arguments import SCHEDULER_032_ARGUMENTS
 from aioserve.config.speculative import spec_model, speculative_settings
@@ -538,13 +539,14 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.boolean),
     # --- VllmConfig ------------------------------------------------------------------------
     Argument("compilation-config", VLLM, CompilationSettings(),
-             "torch.compile and CUDA-graph settings: a level 0-3 (-O3, -O 0) or JSON. Level 0 "
-             "runs the CPU's model step eagerly (CUDA/HIP graphs kept); 1-3 compile it. JSON "
-             "keys: level (or mode), cudagraph_mode (FULL_DECODE_ONLY, or NONE: no graphs and "
-             "no padded decodes), use_cudagraph, cudagraph_capture_sizes (exactly these "
-             "sizes), max_capture_size (or max_cudagraph_capture_size: the largest of the "
-             "default sizes); -O.level=0 sets one key. Other keys are refused by name.",
-             "json", convert=compilation_config, aliases=("-O", "-cc")),
+             "torch.compile and CUDA-graph settings: a level 0-3 or JSON (also -O with JSON, "
+             "-O.level=0). Level 0 runs the CPU's model step eagerly (CUDA/HIP graphs kept); "
+             "1-3 compile it; not given, --optimization-level decides. JSON keys: level (or "
+             "mode), cudagraph_mode (FULL_DECODE_ONLY, or NONE: no graphs and no padded "
+             "decodes), use_cudagraph, cudagraph_capture_sizes (exactly these sizes), "
+             "max_capture_size (or max_cudagraph_capture_size: the largest of the default "
+             "sizes); -cc.level=0 sets one key. Other keys are refused by name.",
+             "json", convert=compilation_config, aliases=("-cc",)),
     Argument("cudagraph-capture-sizes", VLLM, None,
              "vLLM 0.32's shorthand for --compilation-config's cudagraph_capture_sizes: the "
              "decode batch sizes captured (padded to on the CPU), exactly these.",
@@ -553,6 +555,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              "vLLM 0.32's shorthand for --compilation-config's max_cudagraph_capture_size: "
              "the largest of the default decode graph sizes.",
              convert=values.integer_at_least(1)),
+    *OPTIMIZATION_ARGUMENTS,
     vllm_only("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
     vllm_only("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
     vllm_only("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),

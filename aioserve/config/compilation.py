@@ -1,17 +1,22 @@
-"""--compilation-config (-O): vLLM's torch.compile and CUDA-graph settings, as aioserve
+"""--compilation-config (-cc): vLLM's torch.compile and CUDA-graph settings, as aioserve
 reads them.
 
-vLLM takes a level (`-O3`, `-O 0`) or a JSON object. aioserve honours:
+vLLM takes a level (`-cc 3`) or a JSON object (`-cc '{"level": 0}'`, or one key:
+`-cc.level=0`); `-O` with a JSON object or a dotted key sets it too, as in the older vLLM
+whose documentation aioserve follows (`-O3` is vLLM 0.32's --optimization-level:
+config/optimization.py). aioserve honours:
 
 - `level` (vLLM's newer name: `mode`), 0 to 3: 0 runs the model step eagerly, as
   --enforce-eager does on the CPU (no torch.compile) but keeping CUDA/HIP graphs; 1 to 3
-  compile the CPU's model step ahead of time (runner/compiled_step.py), the default. vLLM
-  keeps levels 1 and 2 for its own tests; aioserve has one compiled step for all three.
+  compile the CPU's model step ahead of time (runner/compiled_step.py). vLLM keeps levels
+  1 and 2 for its own tests; aioserve has one compiled step for all three. Not given, the
+  optimization level decides: 0 at --optimization-level 0, else 3.
   On a GPU aioserve runs its Triton kernels without torch.compile at every level.
 - `cudagraph_mode`: "FULL_DECODE_ONLY" (what aioserve captures: whole decode steps, other
   steps eager) or "NONE" (no graphs, and no padding of decode steps). vLLM's piecewise and
-  full-for-every-step modes are refused by name.
-- `use_cudagraph`: false is `cudagraph_mode` "NONE".
+  full-for-every-step modes are refused by name. Not given, the optimization level decides
+  (NONE at level 0).
+- `use_cudagraph`: false is `cudagraph_mode` "NONE", true "FULL_DECODE_ONLY".
 - `cudagraph_capture_sizes`: the decode batch sizes captured, exactly these (where
   --cuda-graph-sizes expands one value N into 1, 2, 4 and the multiples of 8 up to N).
 - `max_capture_size` (vLLM's newer name: `max_cudagraph_capture_size`): the largest size
@@ -30,7 +35,8 @@ from typing import Any
 
 from aioserve.config.values import json_object
 
-DEFAULT_LEVEL = 3
+# vLLM's CompilationMode.VLLM_COMPILE: the level optimization levels 1 to 3 give.
+VLLM_COMPILE = 3
 CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY")
 # vLLM's modes that capture other steps than decodes, or pieces of steps.
 _OTHER_CUDAGRAPH_MODES = ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
@@ -50,17 +56,18 @@ _KEYS = (
 
 @dataclass(frozen=True)
 class CompilationSettings:
-    """What --compilation-config asked for; None: not given, the platform's."""
+    """What --compilation-config asked for; None: not given (the level and graph mode: the
+    optimization level's, config/optimization.py; the sizes: the platform's)."""
 
-    level: int = DEFAULT_LEVEL
+    level: int | None = None
     cudagraph_mode: str | None = None
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     max_capture_size: int | None = None
 
     @property
     def compiles(self) -> bool:
-        """Whether the CPU's model step may be compiled (level 1 to 3)."""
-        return self.level > 0
+        """Whether the CPU's model step may be compiled (level 1 to 3, or the default)."""
+        return self.level != 0
 
     @property
     def captures_graphs(self) -> bool:
@@ -68,7 +75,9 @@ class CompilationSettings:
         return self.cudagraph_mode != "NONE"
 
     def __str__(self) -> str:
-        given = {"level": self.level}
+        given: dict[str, Any] = {}
+        if self.level is not None:
+            given["level"] = self.level
         if self.cudagraph_mode is not None:
             given["cudagraph_mode"] = self.cudagraph_mode
         if self.cudagraph_capture_sizes is not None:
@@ -106,7 +115,7 @@ def compilation_config(value: Any) -> CompilationSettings:
                 f"({max(sizes)}) when both are given"
             )
     return CompilationSettings(
-        level=DEFAULT_LEVEL if level is None else _level(level, f"key {_named(settings)!r}"),
+        level=None if level is None else _level(level, f"key {_named(settings)!r}"),
         cudagraph_mode=mode,
         cudagraph_capture_sizes=sizes,
         max_capture_size=largest,
@@ -181,7 +190,9 @@ def _cudagraph_mode(settings: dict[str, Any]) -> str | None:
             )
         if use is False and mode != "NONE":
             raise ValueError(f"use_cudagraph false and cudagraph_mode {mode!r} disagree")
-    return "NONE" if use is False else mode
+    if use is None or mode is not None:
+        return mode
+    return "FULL_DECODE_ONLY" if use else "NONE"
 
 
 def _sizes(value: Any) -> tuple[int, ...]:

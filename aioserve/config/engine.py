@@ -40,6 +40,7 @@ from aioserve.config.arguments import (
 )
 from aioserve.config.compilation import CompilationSettings, with_capture_flags
 from aioserve.config.declaration import ConfigError, checked_values
+from aioserve.config.optimization import DEFAULT_OPTIMIZATION_LEVEL, with_optimization_level
 from aioserve.config.profiler import ProfilerSettings, profiler_settings
 from aioserve.config.speculative import SHORTHANDS, NgramSpeculation, with_shorthands
 
@@ -167,9 +168,12 @@ class DeviceConfig:
 
 @dataclass(frozen=True)
 class CompilationConfig:
-    compilation_config: CompilationSettings  # with the two below folded in
+    # with the two below and the optimization level's defaults folded in
+    compilation_config: CompilationSettings
     cudagraph_capture_sizes: list[int] | None = None  # vLLM 0.32's shorthands
     max_cudagraph_capture_size: int | None = None
+    optimization_level: int = DEFAULT_OPTIMIZATION_LEVEL  # config/optimization.py
+    performance_mode: str = "balanced"  # the batch defaults and decode sizes it tunes
 
 
 @dataclass(frozen=True)
@@ -362,7 +366,8 @@ def _checked_compilation(
     compilation: CompilationConfig, scheduler: SchedulerConfig
 ) -> CompilationConfig:
     """The decode sizes are given once: by --cuda-graph-sizes or in --compilation-config
-    (or its shorthands --cudagraph-capture-sizes and --max-cudagraph-capture-size)."""
+    (or its shorthands --cudagraph-capture-sizes and --max-cudagraph-capture-size). The
+    optimization level's defaults fill what they leave open."""
     try:
         settings = with_capture_flags(
             compilation.compilation_config,
@@ -371,14 +376,16 @@ def _checked_compilation(
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    compilation = dataclasses.replace(compilation, compilation_config=settings)
     given = settings.cudagraph_capture_sizes is not None or settings.max_capture_size is not None
     if given and scheduler.cuda_graph_sizes:
         raise ConfigError(
             "--cuda-graph-sizes and --compilation-config's cudagraph_capture_sizes or "
             "max_capture_size both set the decode sizes: give one"
         )
-    return compilation
+    settings = with_optimization_level(
+        settings, compilation.optimization_level, given or bool(scheduler.cuda_graph_sizes)
+    )
+    return dataclasses.replace(compilation, compilation_config=settings)
 
 
 def _checked_lora(lora: LoRAConfig) -> LoRAConfig:

@@ -10,6 +10,9 @@ FILE.yaml`. Its class, EngineArgumentParser, adds vLLM's syntax on top of argpar
   {"a": {"b": 1}}, `--hf-overrides.a+ x,y` appends "x" and "y" to the list at "a". Values
   are read as JSON when they parse, else as strings; the keys merge into the value given
   in full (`--hf-overrides '{...}'`), whatever the order.
+- `-O` is vLLM 0.32's alias of `--optimization-level` (`-O3`, `-O=3`, `-O 3`); with a
+  JSON object or a dotted key (`-O.level=0`) it sets `--compilation-config`, as in the
+  older vLLM (config/optimization.py).
 - `--config FILE.yaml` reads options from a YAML mapping whose keys are long option names
   without dashes, in snake or kebab case; options on the command line win, and options that
   may be repeated add to the file's values.
@@ -32,6 +35,7 @@ from typing import Any, NoReturn
 
 from aioserve.config.arguments import ARGUMENTS, argument
 from aioserve.config.declaration import FRONTEND, GROUP_DESCRIPTIONS, Argument
+from aioserve.config.optimization import compilation_config_dash_o
 
 
 class JsonArgumentAction(argparse.Action):
@@ -142,7 +146,8 @@ def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
 
 
 class EngineArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser that also reads vLLM's dotted JSON keys, `--config` and `--help=`.
+    """An ArgumentParser that also reads vLLM's dotted JSON keys, `-O`, `--config` and
+    `--help=`.
 
     Each feature applies only when the parser has what it needs (JSON arguments, a
     `--config` option, a `model_tag` positional), so a parser without them behaves like a
@@ -163,6 +168,8 @@ class EngineArgumentParser(argparse.ArgumentParser):
             # A parser with subcommands (`bench`) leaves `--help=` to the subcommand's parser.
             if token.startswith("--help=") and self._subparsers is None:
                 self._print_part_of_help(token.removeprefix("--help="))
+        if "--compilation-config" in self._option_string_actions:
+            tokens = compilation_config_dash_o(tokens)
         tokens, dotted = self._pull_dotted_json(tokens)
         namespace = argparse.Namespace() if namespace is None else namespace
         model_from_file = None

@@ -267,9 +267,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
     vllm_only("engram-config", VLLM, None, "Settings of Engram memory layers.", "json"),
     vllm_only("kernel-config", VLLM, {}, "Kernel settings.", "json"),
     vllm_only("aux-output-config", VLLM, {}, "Auxiliary outputs of requests.", "json"),
-    vllm_only("optimization-level", VLLM, 2, "Start-up time against speed: 0 to 3."),
-    vllm_only("performance-mode", VLLM, "balanced",
-              "Tune for throughput, interactivity or a balance."),
     vllm_only("weight-transfer-config", VLLM, None, "Weight transfer from a trainer.", "json"),
 )
 # fmt: on

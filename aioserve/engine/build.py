@@ -25,7 +25,8 @@ model's engine is pooling_build.py's):
 - max_num_seqs, max_num_batched_tokens and asynchronous scheduling: their declared
   `PlatformDefault` (aioserve/config/arguments.py) for this device and use (`serve` on the
   CPU takes vLLM's server defaults, 128 sequences and 2,048 tokens; the offline engine 256
-  and 4,096); without chunked prefill the token budget is at least max_model_len;
+  and 4,096), doubled by --performance-mode throughput; without chunked prefill the token
+  budget is at least max_model_len;
 - KV blocks: --num-gpu-blocks-override, else VLLM_CPU_KVCACHE_SPACE on the CPU, else
   what --gpu-memory-utilization leaves after the weights and a profiled peak step.
 
@@ -42,7 +43,6 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from aioserve.config.compilation import CompilationSettings
 from aioserve.config.engine import EngineConfig
 from aioserve.config.values import AUTO_FIT
 from aioserve.engine.block_hashing import check_hash_algorithm
@@ -51,9 +51,11 @@ from aioserve.engine.lora_requests import LoRAAdapterCache
 from aioserve.engine.partial_prefills import partial_prefill_limits
 from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
 from aioserve.engine.resolution import (
+    batch_default,
     fit_max_model_len,
     platform_default,
     resolve_async_scheduling,
+    resolve_decode_graph_sizes,
     resolve_dtype,
     resolve_max_model_len,
     resolve_packed_weights,
@@ -86,7 +88,6 @@ from aioserve.platform import (
     e4m3_missing,
     is_gpu,
 )
-from aioserve.runner.decode_graphs import capture_sizes
 from aioserve.runner.kv_memory import kv_cache_torch_dtype, num_kv_blocks
 from aioserve.runner.model_runner import ModelRunner
 
@@ -252,28 +253,6 @@ def check_moe_weights(checkpoint: Checkpoint) -> None:
     )
 
 
-def resolve_decode_graph_sizes(
-    requested: list[int],
-    max_num_seqs: int,
-    enforce_eager: bool,
-    compilation: CompilationSettings,
-) -> list[int]:
-    """The batch sizes decode steps are padded to (runner/decode_graphs.py), from
-    --cuda-graph-sizes (`requested`) or --compilation-config's sizes: none under
-    --enforce-eager or cudagraph_mode NONE; on the CPU, which captures no graph, only
-    those asked for."""
-    if enforce_eager or not compilation.captures_graphs:
-        return []
-    if compilation.cudagraph_capture_sizes is not None:
-        # Exactly these, where one --cuda-graph-sizes value N stands for several.
-        return [size for size in compilation.cudagraph_capture_sizes if size <= max_num_seqs]
-    if compilation.max_capture_size is not None:
-        requested = [compilation.max_capture_size]
-    if current_platform() == "cpu" and not requested:
-        return []
-    return capture_sizes(requested, max_num_seqs)
-
-
 def _generation_defaults(config: EngineConfig, checkpoint: Checkpoint) -> dict:
     source = config.model.generation_config
     if source == "vllm":
@@ -324,6 +303,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
     )
     check_quantize_to_fp8(checkpoint)
     check_moe_weights(checkpoint)
+    performance_mode = config.compilation.performance_mode
+    if performance_mode != "balanced":
+        logger.info("Performance mode set to '%s'.", performance_mode)
     hf_config = checkpoint.hf_config
     tokenizer = None
     if not model_cfg.skip_tokenizer_init:
@@ -352,7 +334,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
     block_size = cache_cfg.block_size or platform_default("block_size", platform)
     max_tokens = sched_cfg.max_num_batched_tokens
     if max_tokens is None:
-        max_tokens = platform_default("max_num_batched_tokens", platform, config.serving)
+        max_tokens = batch_default(
+            "max_num_batched_tokens", platform, config.serving, performance_mode
+        )
         if not chunked:
             max_tokens = max(max_tokens, max_model_len)
     elif not chunked and max_tokens < max_model_len:
@@ -379,7 +363,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     fit_rope_to_context(hf_config, max_model_len)
     max_num_seqs = sched_cfg.max_num_seqs
     if max_num_seqs is None:
-        max_num_seqs = platform_default("max_num_seqs", platform, config.serving)
+        max_num_seqs = batch_default("max_num_seqs", platform, config.serving, performance_mode)
     limits = resolve_scheduler_limits(sched_cfg, max_tokens, max_num_seqs, max_model_len, chunked)
 
     model = load_model(
@@ -477,6 +461,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
             max_num_seqs,
             model_cfg.enforce_eager or lora_cfg.enable_lora,
             compilation,
+            performance_mode,
         ),
         max_seq_len_to_capture=model_cfg.max_seq_len_to_capture,
         kv_cache_dtype=kv_dtype,

@@ -29,8 +29,8 @@ from aioserve.config.values import AUTO_FIT
 from aioserve.engine.load_report import build_load_report
 from aioserve.engine.resolution import (
     LONG_MAX_MODEL_LEN_ENV,
+    batch_default,
     check_long_max_model_len,
-    platform_default,
     resolve_async_scheduling,
     resolve_dtype,
     resolve_max_model_len,
@@ -161,18 +161,20 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
     dev = device()
     max_model_len = resolve_pooling_max_model_len(model_cfg, checkpoint)
+    mode = config.compilation.performance_mode
     max_tokens = sched_cfg.max_num_batched_tokens
     if max_tokens is None:
         max_tokens = max(
-            platform_default("max_num_batched_tokens", platform, config.serving), max_model_len
+            batch_default("max_num_batched_tokens", platform, config.serving, mode),
+            max_model_len,
         )
     elif max_tokens < max_model_len:
         raise ValueError(
             f"--max-num-batched-tokens ({max_tokens}) is smaller than --max-model-len "
             f"({max_model_len}): a pooling model runs each prompt whole in one step"
         )
-    max_num_seqs = sched_cfg.max_num_seqs or platform_default(
-        "max_num_seqs", platform, config.serving
+    max_num_seqs = sched_cfg.max_num_seqs or batch_default(
+        "max_num_seqs", platform, config.serving, mode
     )
     # A pooling model runs each prompt whole: as without chunked prefill.
     scheduler_limits = resolve_scheduler_limits(

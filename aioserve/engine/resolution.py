@@ -1,7 +1,8 @@
 """How the values a configuration leaves open are decided, for a generative or a pooling
 model alike (build.py, pooling_build.py): dtype "auto", max_model_len, the arguments whose
-default depends on the platform (`PlatformDefault`), asynchronous scheduling, and whether
-the dense layers run on weights packed for oneDNN."""
+default depends on the platform (`PlatformDefault`) and, for the batch limits, on
+--performance-mode, asynchronous scheduling, whether the dense layers run on weights packed
+for oneDNN; and, for a generative model, the batch sizes its decode steps are padded to."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from transformers import PretrainedConfig
 
 from aioserve.config.arguments import argument
+from aioserve.config.compilation import CompilationSettings
 from aioserve.config.declaration import PlatformDefault
 from aioserve.config.values import AUTO_FIT
 from aioserve.kernels import dispatch
@@ -21,6 +23,7 @@ from aioserve.models.linear import onednn_packs
 from aioserve.models.rope_parameters import rope_scaling, scaled_context_length, scaling_type
 from aioserve.models.sliding_windows import configured_window
 from aioserve.platform import FAST_BF16_CPU_FLAGS, cpu_fast_bf16_flag, current_platform
+from aioserve.runner.decode_graphs import capture_sizes
 
 logger = logging.getLogger("aioserve")
 
@@ -160,6 +163,36 @@ def platform_default(dest: str, platform: str, serving: bool = False) -> Any:
     declared = argument(dest)
     assert declared is not None and isinstance(declared.default, PlatformDefault), dest
     return declared.default.on(platform, serving)
+
+
+def batch_default(dest: str, platform: str, serving: bool, performance_mode: str) -> int:
+    """The default --max-num-seqs or --max-num-batched-tokens (`dest`): the platform's,
+    doubled in the throughput performance mode (vLLM 0.32's rule)."""
+    value = platform_default(dest, platform, serving)
+    return 2 * value if performance_mode == "throughput" else value
+
+
+def resolve_decode_graph_sizes(
+    requested: list[int],
+    max_num_seqs: int,
+    enforce_eager: bool,
+    compilation: CompilationSettings,
+    performance_mode: str = "balanced",
+) -> list[int]:
+    """The batch sizes decode steps are padded to (runner/decode_graphs.py), from
+    --cuda-graph-sizes (`requested`) or --compilation-config's sizes: none under
+    --enforce-eager or cudagraph_mode NONE; on the CPU, which captures no graph, only
+    those asked for. The interactivity performance mode makes the default list finer."""
+    if enforce_eager or not compilation.captures_graphs:
+        return []
+    if compilation.cudagraph_capture_sizes is not None:
+        # Exactly these, where one --cuda-graph-sizes value N stands for several.
+        return [size for size in compilation.cudagraph_capture_sizes if size <= max_num_seqs]
+    if compilation.max_capture_size is not None:
+        requested = [compilation.max_capture_size]
+    if current_platform() == "cpu" and not requested:
+        return []
+    return capture_sizes(requested, max_num_seqs, fine_grained=performance_mode == "interactivity")
 
 
 def resolve_packed_weights(dtype: torch.dtype) -> bool:

@@ -43,18 +43,23 @@ from aioserve.runner.step_inputs import HostStepInputs, host_to_device
 logger = logging.getLogger("aioserve")
 
 
-def capture_sizes(requested: list[int], max_num_seqs: int) -> list[int]:
+def capture_sizes(
+    requested: list[int], max_num_seqs: int, *, fine_grained: bool = False
+) -> list[int]:
     """The batch sizes to pad decode steps to, as vLLM reads --cuda-graph-sizes.
 
     Nothing given: vLLM's default of one value, min(2 * max_num_seqs, 512). One value N:
-    1, 2, 4, then every multiple of 8 up to N. Several values: those. Sizes above
-    max_num_seqs are dropped (no step is that large); sorted, without repeats.
+    1, 2, 4, then every multiple of 8 up to N; `fine_grained` (vLLM 0.32's interactivity
+    performance mode), every size from 1 to min(N, 32) instead of 1, 2, 4, so that small
+    batches are barely padded. Several values: those. Sizes above max_num_seqs are dropped
+    (no step is that large); sorted, without repeats.
     """
     if not requested:
         requested = [min(2 * max_num_seqs, 512)]
     if len(requested) == 1:
         largest = requested[0]
-        sizes = [size for size in (1, 2, 4) if size <= largest]
+        small = range(1, min(largest, 32) + 1) if fine_grained else (1, 2, 4)
+        sizes = [size for size in small if size <= largest]
         sizes += range(8, largest + 1, 8)
     else:
         sizes = requested

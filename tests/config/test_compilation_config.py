@@ -1,6 +1,8 @@
-"""--compilation-config (-O, -cc): the levels and JSON keys aioserve honours, as the command
-line, the dotted keys and LLM(...) give them; every other key and value refused by name;
-and the decode sizes each setting leads the engine to pad to.
+"""--compilation-config (-cc, and -O with JSON or a dotted key): the levels and JSON keys
+aioserve honours, as the command line, the dotted keys and LLM(...) give them; every other
+key and value refused by name; and the decode sizes each setting leads the engine to pad to.
+What is not given is the default --optimization-level's (2: compiled, graphs): how the
+levels fill it is tests/config/test_optimization_level.py's.
 
 That a level-0 engine runs eagerly and a sized one pads its decodes, with transformers'
 tokens, is tests/engine/test_compilation_config_engine.py's.
@@ -14,7 +16,7 @@ from aioserve.cli import build_engine_parser
 from aioserve.config.compilation import CompilationSettings
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
-from aioserve.engine import build
+from aioserve.engine import resolution
 
 
 @pytest.fixture(autouse=True)
@@ -31,24 +33,27 @@ def _settings(*argv: str) -> CompilationSettings:
     ("argv", "expected"),
     [
         ([], CompilationSettings(level=3)),
-        (["-O3"], CompilationSettings(level=3)),
-        (["-O0"], CompilationSettings(level=0)),
-        (["-O", "1"], CompilationSettings(level=1)),
+        (["-cc", "3"], CompilationSettings(level=3)),
+        (["-cc", "0"], CompilationSettings(level=0)),
+        (["--compilation-config", "1"], CompilationSettings(level=1)),
         (["--compilation-config", "2"], CompilationSettings(level=2)),
         (["-cc", '{"level": 0}'], CompilationSettings(level=0)),
+        # The older vLLM's -O forms that cannot be a level still set --compilation-config.
         (["-O.level=0"], CompilationSettings(level=0)),
         (["-O.mode", "0"], CompilationSettings(level=0)),
         (["-O", '{"level": 3, "mode": 3}'], CompilationSettings(level=3)),
-        (["-O.cudagraph_mode=NONE"], CompilationSettings(cudagraph_mode="NONE")),
+        (['-O={"level": 1}'], CompilationSettings(level=1)),
+        (["-cc.cudagraph_mode=NONE"], CompilationSettings(level=3, cudagraph_mode="NONE")),
         (["-O", '{"cudagraph_mode": "FULL_DECODE_ONLY"}'],
-         CompilationSettings(cudagraph_mode="FULL_DECODE_ONLY")),
-        (["-O", '{"use_cudagraph": false}'], CompilationSettings(cudagraph_mode="NONE")),
-        (["-O", '{"use_cudagraph": true}'], CompilationSettings()),
-        (["-O", '{"cudagraph_capture_sizes": [8, 1, 4, 4]}'],
-         CompilationSettings(cudagraph_capture_sizes=(1, 4, 8))),
-        (["-O.max_capture_size=16"], CompilationSettings(max_capture_size=16)),
-        (["-O", '{"max_cudagraph_capture_size": 16, "cudagraph_capture_sizes": [2, 16]}'],
-         CompilationSettings(cudagraph_capture_sizes=(2, 16), max_capture_size=16)),
+         CompilationSettings(level=3, cudagraph_mode="FULL_DECODE_ONLY")),
+        (["-cc", '{"use_cudagraph": false}'], CompilationSettings(level=3, cudagraph_mode="NONE")),
+        (["-cc", '{"use_cudagraph": true}'],
+         CompilationSettings(level=3, cudagraph_mode="FULL_DECODE_ONLY")),
+        (["-cc", '{"cudagraph_capture_sizes": [8, 1, 4, 4]}'],
+         CompilationSettings(level=3, cudagraph_capture_sizes=(1, 4, 8))),
+        (["-O.max_capture_size=16"], CompilationSettings(level=3, max_capture_size=16)),
+        (["-cc", '{"max_cudagraph_capture_size": 16, "cudagraph_capture_sizes": [2, 16]}'],
+         CompilationSettings(level=3, cudagraph_capture_sizes=(2, 16), max_capture_size=16)),
     ],
 )  # fmt: skip
 def test_levels_and_keys_aioserve_honours(argv, expected):
@@ -99,7 +104,7 @@ def test_the_python_api_takes_a_level_or_a_dict():
 
 def test_the_sizes_are_given_once():
     with pytest.raises(ConfigError, match="--cuda-graph-sizes and --compilation-config's"):
-        _settings("--cuda-graph-sizes", "8", "-O", '{"cudagraph_capture_sizes": [2]}')
+        _settings("--cuda-graph-sizes", "8", "-cc", '{"cudagraph_capture_sizes": [2]}')
     with pytest.raises(ConfigError, match="give one"):
         _settings("--cuda-graph-sizes", "8", "-O.max_capture_size=16")
 
@@ -109,16 +114,24 @@ def test_the_sizes_are_given_once():
     [
         (
             ["--cudagraph-capture-sizes", "8", "1", "4", "4"],
-            CompilationSettings(cudagraph_capture_sizes=(1, 4, 8)),
+            CompilationSettings(level=3, cudagraph_capture_sizes=(1, 4, 8)),
         ),
-        (["--max-cudagraph-capture-size", "16"], CompilationSettings(max_capture_size=16)),
+        (["--max-cudagraph-capture-size", "16"], CompilationSettings(level=3, max_capture_size=16)),
         (
-            ["-O1", "--cudagraph-capture-sizes", "2", "6", "--max-cudagraph-capture-size", "6"],
+            [
+                "-cc",
+                "1",
+                "--cudagraph-capture-sizes",
+                "2",
+                "6",
+                "--max-cudagraph-capture-size",
+                "6",
+            ],
             CompilationSettings(level=1, cudagraph_capture_sizes=(2, 6), max_capture_size=6),
         ),
         (
-            ["-O.cudagraph_mode=NONE", "--max-cudagraph-capture-size", "4"],
-            CompilationSettings(cudagraph_mode="NONE", max_capture_size=4),
+            ["-cc.cudagraph_mode=NONE", "--max-cudagraph-capture-size", "4"],
+            CompilationSettings(level=3, cudagraph_mode="NONE", max_capture_size=4),
         ),
     ],
 )
@@ -168,6 +181,6 @@ def test_the_shorthands_are_refused_beside_what_they_repeat(argv, message):
 def test_the_decode_sizes_each_setting_pads_to(
     monkeypatch, platform, requested, settings, expected
 ):
-    monkeypatch.setattr(build, "current_platform", lambda: platform)
-    assert build.resolve_decode_graph_sizes(requested, 8, False, settings) == expected
-    assert build.resolve_decode_graph_sizes(requested, 8, True, settings) == []
+    monkeypatch.setattr(resolution, "current_platform", lambda: platform)
+    assert resolution.resolve_decode_graph_sizes(requested, 8, False, settings) == expected
+    assert resolution.resolve_decode_graph_sizes(requested, 8, True, settings) == []

@@ -1,8 +1,10 @@
-"""--compilation-config in a built engine: level 0 runs the model step eagerly, exact
-capture sizes pad the decodes to those sizes, cudagraph_mode NONE pads none; each engine's
-greedy tokens are transformers' on the same weights.
+"""--compilation-config and --optimization-level in a built engine: level 0 runs the model
+step eagerly, exact capture sizes pad the decodes to those sizes (under -O0 too),
+cudagraph_mode NONE pads none; each engine's greedy tokens are transformers' on the same
+weights.
 
-The values the flag takes and refuses are tests/config/test_compilation_config.py's.
+The values the flags take and refuse are tests/config/test_compilation_config.py's and
+tests/config/test_optimization_level.py's.
 """
 
 from __future__ import annotations
@@ -86,5 +88,27 @@ def test_cudagraph_mode_none_pads_nothing(tiny_folder, hf_tokens):
     try:
         assert llm.engine.runner.decode_graphs is None
         assert _greedy(llm) == hf_tokens
+    finally:
+        llm.close()
+
+
+def test_optimization_level_0_runs_the_step_uncompiled(tiny_folder, hf_tokens):
+    llm = _engine(tiny_folder, optimization_level=0)
+    try:
+        assert not llm.engine.runner.model_step.compiled
+        assert llm.engine.runner.decode_graphs is None
+        assert _greedy(llm) == hf_tokens
+    finally:
+        llm.close()
+
+
+def test_optimization_level_0_pads_to_the_sizes_given(tiny_folder, hf_tokens):
+    llm = _engine(tiny_folder, optimization_level=0, cudagraph_capture_sizes=[4])
+    try:
+        assert not llm.engine.runner.model_step.compiled
+        assert llm.engine.runner.decode_graphs.sizes == [4]
+        padded = record_padded_sizes(llm.engine.runner)
+        assert _greedy(llm) == hf_tokens
+        assert set(padded) == {4}
     finally:
         llm.close()

@@ -152,8 +152,10 @@ def test_padding_rows_write_no_kv_slot():
 def test_the_engine_pads_where_graphs_are_captured_or_sizes_given(
     monkeypatch, platform, requested, enforce_eager, expected
 ):
-    from aioserve.engine import build
+    from aioserve.engine import resolution
 
-    monkeypatch.setattr(build, "current_platform", lambda: platform)
-    sizes = build.resolve_decode_graph_sizes(requested, 8, enforce_eager, CompilationSettings())
+    monkeypatch.setattr(resolution, "current_platform", lambda: platform)
+    sizes = resolution.resolve_decode_graph_sizes(
+        requested, 8, enforce_eager, CompilationSettings()
+    )
     assert sizes == expected
