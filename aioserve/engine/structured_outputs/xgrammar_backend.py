@@ -83,22 +83,44 @@ class XgrammarGrammar:
 
     def new_matcher(self, max_rollback: int) -> XgrammarMatcher:
         # -1: xgrammar keeps every state, so any rollback is allowed.
-        return XgrammarMatcher(xgrammar.GrammarMatcher(self.compiled, max_rollback_tokens=-1))
+        matcher = xgrammar.GrammarMatcher(self.compiled, max_rollback_tokens=-1)
+        return XgrammarMatcher(matcher, self.compiled.tokenizer_info.stop_token_ids)
 
 
 class XgrammarMatcher:
-    def __init__(self, matcher: xgrammar.GrammarMatcher) -> None:
+    """A sequence's xgrammar matcher. Once it has accepted a stop token (the constraint has
+    ended) it allows stop tokens alone, as the other backends' matchers do, where xgrammar
+    itself refuses to be asked again: a request with ignore_eos goes on after its EOS."""
+
+    def __init__(self, matcher: xgrammar.GrammarMatcher, stop_token_ids: list[int]) -> None:
         self._matcher = matcher
+        self._stop_token_ids = frozenset(stop_token_ids)
+        self._after_end: int | None = None  # tokens accepted after the stop token
 
     def fill_bitmask(self, words: np.ndarray) -> None:
-        # xgrammar writes into a torch tensor; this one is a view of the row.
-        self._matcher.fill_next_token_bitmask(torch.from_numpy(words).view(1, -1), 0)
+        if self._after_end is None:
+            # xgrammar writes into a torch tensor; this one is a view of the row.
+            self._matcher.fill_next_token_bitmask(torch.from_numpy(words).view(1, -1), 0)
+            return
+        words.fill(0)
+        bits = words.view(np.uint32)
+        for token_id in self._stop_token_ids:
+            bits[token_id // 32] |= np.uint32(1 << (token_id % 32))
 
     def accept(self, token_id: int) -> bool:
-        # A stop token is accepted where the constraint may end (and ends it).
-        return self._matcher.accept_token(token_id)
+        if self._after_end is not None:
+            self._after_end += 1
+            return token_id in self._stop_token_ids
+        accepted = self._matcher.accept_token(token_id)
+        if accepted and self._matcher.is_terminated():
+            self._after_end = 0
+        return accepted
 
     def rollback(self, num_tokens: int) -> None:
+        if self._after_end is not None:
+            # Drafts follow the stop token only under ignore_eos; never the stop token itself.
+            self._after_end -= num_tokens
+            return
         self._matcher.rollback(num_tokens)
 
 

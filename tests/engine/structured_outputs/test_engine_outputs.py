@@ -116,6 +116,10 @@ def test_other_constraints_hold(engine):
                     params(Constraint(regex=r"\(\d{3}\) \d{3}-\d{4}"), temperature=0.0),
                 ),
                 "choice": (yes_no, params(Constraint(choice=["yes", "no"]), temperature=1.0, n=3)),
+                "xgrammar": (
+                    phone,
+                    params(Constraint(regex=r"\d{3}-\d{4}", backend="xgrammar"), temperature=0.8),
+                ),
                 "grammar": (chat, params(Constraint(grammar=SQL), temperature=0.0)),
                 "object": (obj, params(Constraint(json_object=True), temperature=0.0)),
             },
@@ -123,8 +127,36 @@ def test_other_constraints_hold(engine):
     )
     assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", outputs["regex"][0].text)
     assert {o.text for o in outputs["choice"]} <= {"yes", "no"}
+    assert re.fullmatch(r"\d{3}-\d{4}", outputs["xgrammar"][0].text)
     lark.Lark(SQL).parse(outputs["grammar"][0].text)
     assert isinstance(json.loads(outputs["object"][0].text), dict)
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_ignore_eos_goes_on_with_eos_alone_once_the_constraint_ended(engine):
+    """Every backend's matcher allows only EOS after the constraint's EOS (xgrammar itself
+    would refuse to be asked again), so an ignore_eos request runs to max_tokens."""
+    prompt = chat_prompt(engine, [{"role": "user", "content": "Is the sky green?"}])
+    requests = {
+        backend: (
+            prompt,
+            SamplingParams(
+                max_tokens=8,
+                temperature=1.0,
+                seed=5,
+                ignore_eos=True,
+                structured_outputs=Constraint(choice=["yes", "no"], backend=backend),
+            ),
+        )  # fmt: skip
+        for backend in ("outlines", "guidance", "xgrammar")
+    }
+    outputs = asyncio.run(run_all(engine, requests))
+    eos = engine.tokenizer.eos_token_id
+    for backend, (output,) in outputs.items():
+        assert output.text in ("yes", "no"), backend
+        assert len(output.token_ids) == 8 and output.finish_reason == "length", backend
+        answer = len(engine.tokenizer.encode(output.text, add_special_tokens=False))
+        assert set(output.token_ids[answer:]) == {eos}, backend
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
