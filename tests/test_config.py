@@ -202,6 +202,8 @@ SUPPORTED_FLAGS = [
     (["--kv-cache-metrics-sample", "1"], "observability.kv_cache_metrics_sample", 1.0),
     (["--enable-mfu-metrics"], "observability.enable_mfu_metrics", True),
     (["--enable-logging-iteration-details"], "observability.enable_logging_iteration_details", True),
+    (["--cudagraph-metrics"], "observability.cudagraph_metrics", True),
+    (["--no-cudagraph-metrics"], "observability.cudagraph_metrics", False),
 ]  # fmt: skip
 
 

@@ -13,6 +13,9 @@ from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
 from aioserve.config.parser import add_engine_arguments
 from aioserve.engine.step_observation import observability_settings
+from aioserve.runner.cudagraph_stats import CUDAGraphSettings
+
+NO_GRAPHS = CUDAGraphSettings()
 
 
 def _config(*argv: str):
@@ -36,12 +39,15 @@ def test_the_llm_keywords_are_checked_too():
 
 def test_the_flags_reach_the_engine_only_when_set():
     hf = LlamaConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, vocab_size=10)
-    off = observability_settings(_config().observability, hf, torch.float16, torch.float16, None)
-    assert (off.kv_cache_metrics_sample, off.mfu_model, off.iteration_details) == (
-        None,
-        None,
-        False,
+    off = observability_settings(
+        _config().observability, hf, torch.float16, torch.float16, None, NO_GRAPHS
     )
+    assert (
+        off.kv_cache_metrics_sample,
+        off.mfu_model,
+        off.iteration_details,
+        off.cudagraphs,
+    ) == (None, None, False, None)
     assert not off.observes_steps
     on = observability_settings(
         _config(
@@ -55,6 +61,7 @@ def test_the_flags_reach_the_engine_only_when_set():
         torch.float16,
         torch.float8_e4m3fn,
         None,
+        NO_GRAPHS,
     )
     assert on.kv_cache_metrics_sample == 0.25 and on.iteration_details and on.observes_steps
     assert on.mfu_model is not None
@@ -63,7 +70,17 @@ def test_the_flags_reach_the_engine_only_when_set():
     rate_only = _config("--kv-cache-metrics-sample", "0.5").observability
     assert (
         observability_settings(
-            rate_only, hf, torch.float16, torch.float16, None
+            rate_only, hf, torch.float16, torch.float16, None, NO_GRAPHS
         ).kv_cache_metrics_sample
         is None
     )
+
+
+def test_cudagraph_metrics_keep_the_runners_graph_settings():
+    hf = LlamaConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2, vocab_size=10)
+    graphs = CUDAGraphSettings("FULL_DECODE_ONLY", (1, 2, 4))
+    on = observability_settings(
+        _config("--cudagraph-metrics").observability, hf, torch.float16, torch.float16, None, graphs
+    )
+    assert on.cudagraphs is graphs and on.observes_steps
+    assert on.mfu_model is None and not on.iteration_details

@@ -128,6 +128,7 @@ class ObservabilityConfig:
     collect_detailed_traces: list[str] | None = None
     kv_cache_metrics: bool = False  # engine/kv_residency.py
     kv_cache_metrics_sample: float = 0.01
+    cudagraph_metrics: bool = False  # runner/cudagraph_stats.py
     enable_mfu_metrics: bool = False  # engine/step_perf.py
     enable_logging_iteration_details: bool = False  # engine/step_observation.py
 

@@ -1,7 +1,8 @@
 """The arguments that watch the engine rather than change it: vLLM's ObservabilityConfig
-(request traces, KV-cache residency, FLOP estimates, per-step logs), LoggingConfig and the
-profiler of VllmConfig. Declared here, and spliced into `arguments.ARGUMENTS` where vLLM's
-ObservabilityConfig group stands, to keep arguments.py small.
+(request traces, KV-cache residency, FLOP estimates, CUDA-graph use, per-step logs),
+LoggingConfig and the profiler of VllmConfig. Declared here, and spliced into
+`arguments.ARGUMENTS` where vLLM's ObservabilityConfig group stands, to keep arguments.py
+small.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ OBSERVABILITY_ARGUMENTS: tuple[Argument, ...] = (
     Argument("kv-cache-metrics-sample", OBSERVABILITY, 0.01,
              "Share of block allocations --kv-cache-metrics follows, in (0, 1].",
              convert=values.fraction),
+    Argument("cudagraph-metrics", OBSERVABILITY, False,
+             "Log with the stats line, as vLLM does, a table of the interval's model steps: "
+             "their tokens, the tokens they ran as (a decode step padded to a decode graph "
+             "size), the padding and the CUDA-graph mode (FULL: a captured graph replayed; "
+             "NONE: eager, as every step is on the CPU), with how many steps had each, most "
+             "frequent first (not with --disable-log-stats).",
+             "bool", convert=values.boolean),
     Argument("enable-mfu-metrics", OBSERVABILITY, False,
              "Estimate each step's floating-point operations and memory traffic from the "
              "model's config, its tokens and context lengths, as vLLM does: counted in "

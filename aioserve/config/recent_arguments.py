@@ -247,7 +247,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
     # --- ObservabilityConfig -----------------------------------------------------------------
     vllm_only("per-request-spec-decode-metrics", OBSERVABILITY, "none",
               "Speculative-decoding metrics of each request."),
-    vllm_only("cudagraph-metrics", OBSERVABILITY, False, "Metrics of CUDA graph use.", "bool"),
     vllm_only("enable-layerwise-nvtx-tracing", OBSERVABILITY, False,
               "NVTX ranges around each layer.", "bool"),
     vllm_only("jit-monitor-mode", OBSERVABILITY, "warn",

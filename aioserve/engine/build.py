@@ -541,7 +541,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
         logits_processor_classes=tuple(processor_classes),
         thinking_budgets=markers is not None,
         stream_interval=sched_cfg.stream_interval,
-        observability=engine_observability(config, checkpoint, dtype, kv_dtype),
+        observability=engine_observability(
+            config, checkpoint, dtype, kv_dtype, runner.graph_settings
+        ),
     )
     logger.info(
         "engine ready: %s, %s on %s, %d KV blocks of %d tokens, max_model_len %d, "

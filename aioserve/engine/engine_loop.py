@@ -134,7 +134,9 @@ class EngineLoop:
         self._failures = StepFailures()
         self.loop_clock = LoopClock()
         self._stats = StatsReporter(kv_cache_in_memory=s.pooler is None)
-        self._observer = StepObserver(s.observability) if s.observability.observes_steps else None
+        self._observer = (
+            StepObserver(s.observability, self.runner) if s.observability.observes_steps else None
+        )
         self.stat_loggers: list[StatLogger] = self._stats.loggers
 
     def abort(self, request_id: str, record: bool = False) -> None:
@@ -237,7 +239,7 @@ class EngineLoop:
         future = self._model_thread.submit(
             run_timed, self.runner, prepared, started, self._step_timer
         )
-        observed = None if self._observer is None else self._observer.launched(output)
+        observed = None if self._observer is None else self._observer.launched(output, prepared)
         return StepInFlight(index, output, future, started, masks, observed)
 
     async def _finish_step(self, step: StepInFlight, next_step: StepInFlight | None) -> None:

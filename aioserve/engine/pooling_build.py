@@ -207,7 +207,7 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
     num_blocks = 2 * (-(-max_tokens // block_size) + max_num_seqs)  # two steps in flight
     served = model_cfg.served_model_name or [model_cfg.model]
     settings = EngineSettings(
-        observability=engine_observability(config, checkpoint, dtype, dtype),
+        observability=engine_observability(config, checkpoint, dtype, dtype, runner.graph_settings),
         model_name=model_cfg.model,
         served_model_names=list(served),
         dtype=dtype,

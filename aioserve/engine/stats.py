@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from aioserve.engine.scheduler import Scheduler, SchedulerStats
     from aioserve.engine.step_observation import IterationDetails, StepObservation
     from aioserve.engine.step_perf import StepPerf
+    from aioserve.runner.cudagraph_stats import CUDAGraphStat
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ class StepStats:
     """--enable-mfu-metrics: the step's estimated FLOPs and bytes."""
     iteration: IterationDetails | None = None
     """--enable-logging-iteration-details: the step's requests, tokens and time."""
+    cudagraph: CUDAGraphStat | None = None
+    """--cudagraph-metrics: the step's tokens, padded tokens and graph mode."""
 
     @property
     def num_tokens(self) -> int:
@@ -250,6 +253,7 @@ class StatsReporter:
             else None,
             perf=None if observed is None else observed.perf,
             iteration=None if observed is None else observed.iteration,
+            cudagraph=None if observed is None else observed.cudagraph,
         )
         if kv_cache.residency is not None:
             stats.kv_block_residency.extend(kv_cache.residency.drain())

@@ -35,6 +35,7 @@ from aioserve.kernels.sampling import (
 from aioserve.logits_processor import LogitsProcessor
 from aioserve.models.step_context import step_context
 from aioserve.runner.compiled_step import ModelStep
+from aioserve.runner.cudagraph_stats import CUDAGraphSettings, CUDAGraphStat
 from aioserve.runner.custom_logits import CustomLogitsProcessors, ProcessorRows
 from aioserve.runner.decode_graphs import DecodeGraphs
 from aioserve.runner.kv_memory import allocate_kv_caches, layer_kv_scales
@@ -68,6 +69,7 @@ class PreparedStep:
     inputs: HostStepInputs
     sampling: HostSampling | None
     sampled_seq_ids: list[str]  # the sequences that sample, in logits row order
+    num_tokens: int  # the step's tokens, before any padding
     prompt_logprobs: HostPromptLogprobs | None = None
     token_bitmask: TokenBitmask | None = None  # structured-output masks, filled late
     lora_loads: list[SlotLoad] | None = None  # adapters copied into their slots first
@@ -281,6 +283,7 @@ class ModelRunner:
             inputs=inputs,
             sampling=sampling,
             sampled_seq_ids=sampled_seq_ids,
+            num_tokens=plan.num_tokens,
             prompt_logprobs=prompt_logprobs,
             token_bitmask=plan.token_bitmask,
             lora_loads=lora_loads,
@@ -288,6 +291,22 @@ class ModelRunner:
             processor_rows=custom.plan_rows(sampled_seq_ids) if custom and sampled_rows else None,
             thought_rows=thought_rows,
         )
+
+    @property
+    def graph_settings(self) -> CUDAGraphSettings:
+        """--cudagraph-metrics' header: graphs replayed on CUDA and ROCm only."""
+        graphs = self.decode_graphs
+        if graphs is None:
+            return CUDAGraphSettings()
+        mode = "FULL_DECODE_ONLY" if self.device.type == "cuda" else "NONE"
+        return CUDAGraphSettings(mode, tuple(graphs.sizes))
+
+    def graph_stat(self, step: PreparedStep) -> CUDAGraphStat:
+        """--cudagraph-metrics: how `step` runs (cudagraph_stats.py)."""
+        size = step.inputs.graph_size
+        if not size:
+            return CUDAGraphStat.eager(step.num_tokens)
+        return CUDAGraphStat.padded(step.num_tokens, size, size in self.decode_graphs.graphs)
 
     # -- the model thread, in step order ------------------------------------------------------
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from aioserve.models.pooler import pool
+from aioserve.runner.cudagraph_stats import CUDAGraphSettings, CUDAGraphStat
 from aioserve.runner.step_plan import StepPlan, StepResult
 
 
@@ -55,6 +56,7 @@ class PooledStep:
 
 class PoolingRunner:
     kv_caches: list = []  # an encoder keeps no KV cache (the load report reads this)
+    graph_settings = CUDAGraphSettings()  # no graphs: every step runs eagerly
 
     def __init__(
         self,
@@ -127,6 +129,11 @@ class PoolingRunner:
             cu_seqlens=torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
             max_seqlen=max(lengths),
         )
+
+    @staticmethod
+    def graph_stat(step: PreparedPooling) -> CUDAGraphStat:
+        """--cudagraph-metrics: the step's tokens, unpadded (runner/cudagraph_stats.py)."""
+        return CUDAGraphStat.eager(step.input_ids.numel())
 
     # -- the model thread ---------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from aioserve.runner.cudagraph_stats import CUDAGraphSettings, CUDAGraphStat
 from aioserve.runner.step_plan import StepPlan, StepResult, TokenLogprobs
 
 
@@ -68,6 +69,8 @@ def _sleep_overshoot(seconds: float, samples: int = 15) -> float:
 
 
 class StandInRunner:
+    graph_settings = CUDAGraphSettings()  # no graphs: every step runs as it is
+
     def __init__(
         self,
         vocab_size: int,
@@ -112,6 +115,10 @@ class StandInRunner:
                 self._seqs[chunk.seq_id] = (seed, step + 1)
                 rows.append((chunk.seq_id, seed, step, self._logprobs[chunk.seq_id]))
         return _StandInStep(plan, placeholders, rows)
+
+    @staticmethod
+    def graph_stat(step: _StandInStep) -> CUDAGraphStat:
+        return CUDAGraphStat.eager(step.plan.num_tokens)
 
     def execute(self, step: _StandInStep) -> _StandInOutput:
         started = time.perf_counter()

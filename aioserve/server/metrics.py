@@ -95,11 +95,10 @@ from prometheus_client.core import CounterMetricFamily
 
 from aioserve.engine.load_shedding import REASONS, LoadShedder
 from aioserve.engine.stats import SpeculationCounts, StepStats
-from aioserve.platform import is_gpu
 from aioserve.server.bulk_observe import observe_each
 from aioserve.server.observability_metrics import ObservabilityMetrics
 from aioserve.server.state import ServerState
-from aioserve.server.stats_log import StatsLine
+from aioserve.server.stats_log import engine_stats_line
 
 if TYPE_CHECKING:
     from aioserve.engine.settings import EngineSettings
@@ -547,7 +546,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         kv_cache_metrics=engine.settings.observability.kv_cache_metrics_sample is not None,
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
-    stats_line = StatsLine("GPU" if is_gpu() else "CPU") if log_stats else None
+    stats_line = engine_stats_line(engine.settings) if log_stats else None
     app[METRICS] = metrics
     app.router.add_get("/metrics", serve_metrics)
 

@@ -27,7 +27,9 @@ interval follows, as vLLM's: "Engine 000: MFU: 12.3 TF/s/device 456.7 GB/s/devic
 --enable-logging-iteration-details, every step with tokens is logged at once, as vLLM
 logs it: "Engine 000: Iteration(7): 1 context requests, 12 context tokens, 3 generation
 requests, 3 generation tokens, iteration elapsed time: 25.31 ms, CPU KV cache usage: 2.0%"
-(the time from the step's launch to its result on the host).
+(the time from the step's launch to its result on the host). With --cudagraph-metrics,
+vLLM's table of the interval's steps by tokens, padding and CUDA-graph mode follows the
+speculative-decoding line (cudagraph_table.py), at the line's level.
 
 Throughputs are averages since the previous line. Running, waiting and KV usage are as of
 the latest step. The prefix-cache hit rate is over the lookups of the last
@@ -41,8 +43,15 @@ import asyncio
 import logging
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from aioserve.engine.stats import StepStats
+from aioserve.platform import is_gpu
+from aioserve.runner.cudagraph_stats import CUDAGraphSettings
+from aioserve.server.cudagraph_table import CUDAGraphTable
+
+if TYPE_CHECKING:
+    from aioserve.engine.settings import EngineSettings
 
 logger = logging.getLogger("aioserve.stats")
 
@@ -53,7 +62,12 @@ PREFIX_HIT_RATE_WINDOW = 1000
 class StatsLine:
     """Accumulates engine steps and logs vLLM's periodic stats line."""
 
-    def __init__(self, kv_cache_device: str, now: float | None = None) -> None:
+    def __init__(
+        self,
+        kv_cache_device: str,
+        now: float | None = None,
+        cudagraphs: CUDAGraphSettings | None = None,
+    ) -> None:
         self._kv_cache_device = kv_cache_device  # "GPU" or "CPU"
         self._last_log_time = time.monotonic() if now is None else now
         self._prompt_tokens = 0
@@ -65,11 +79,15 @@ class StatsLine:
         self._last_throughputs = (0.0, 0.0)
         self._drafts: list[int] = []  # drafts, draft tokens, accepted, then per position
         self._flops = self._bytes = 0  # --enable-mfu-metrics, since the last line
+        # --cudagraph-metrics: the steps since the last line
+        self._cudagraphs = None if cudagraphs is None else CUDAGraphTable(cudagraphs)
 
     def record(self, stats: StepStats) -> None:
         """Count one engine step (or abort) towards the next line."""
         if stats.iteration is not None:
             self._log_iteration(stats)
+        if stats.cudagraph is not None and self._cudagraphs is not None:
+            self._cudagraphs.observe(stats.cudagraph)
         if stats.perf is not None:
             self._flops += stats.perf.flops
             self._bytes += stats.perf.read_bytes + stats.perf.write_bytes
@@ -123,6 +141,9 @@ class StatsLine:
         )
         if self._drafts:
             self._log_speculation(level, elapsed)
+        table = None if self._cudagraphs is None else self._cudagraphs.take()
+        if table is not None:
+            logger.log(level, "%s", table)
         if self._flops or self._bytes:
             logger.log(
                 level,
@@ -175,3 +196,9 @@ class StatsLine:
         while True:
             await asyncio.sleep(interval)
             self.log()
+
+
+def engine_stats_line(settings: EngineSettings) -> StatsLine:
+    """The server's stats line for an engine: its KV cache's device ("GPU" or "CPU") and,
+    with --cudagraph-metrics, the table of its steps."""
+    return StatsLine("GPU" if is_gpu() else "CPU", cudagraphs=settings.observability.cudagraphs)

@@ -1,5 +1,6 @@
 """Decode steps padded to the graph sizes, from static buffers (runner/decode_graphs.py), on
-the CPU: which steps are padded and how, and that padding changes no token or logprob."""
+the CPU: which steps are padded and how (and what --cudagraph-metrics reports of them),
+and that padding changes no token or logprob."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from aioserve.config.compilation import CompilationSettings
+from aioserve.runner.cudagraph_stats import CUDAGraphSettings, CUDAGraphStat
 from aioserve.runner.decode_graphs import capture_sizes
 from aioserve.runner.step_plan import SamplingSettings
 from tests.runner.plans import PlanMaker, record_padded_sizes, run_step, tiny_runner
@@ -54,6 +56,23 @@ def test_a_decode_step_is_padded_to_the_next_size_with_rows_that_write_nothing()
     assert step.block_tables.shape == (4, graphs.max_blocks)
     assert not step.block_tables[3].any()
     assert step.logits_indices.tolist() == [0, 1, 2], "padding rows are never sampled"
+
+
+def test_cudagraph_metrics_see_the_padding_and_a_replay_only_where_a_graph_was_captured():
+    _, runner = tiny_runner(decode_graph_sizes=[1, 2, 4], block_size=4)
+    assert runner.graph_settings == CUDAGraphSettings("NONE", (1, 2, 4)), "the CPU captures none"
+    maker = PlanMaker(4, 64)
+    for seq_id in PROMPTS:
+        maker.admit(seq_id, PROMPTS[seq_id], output=[5])
+    prefill = runner.prepare(maker.plan([(s, len(p)) for s, p in PROMPTS.items()]))
+    num_prompt_tokens = sum(len(p) for p in PROMPTS.values())
+    assert runner.graph_stat(prefill) == CUDAGraphStat(
+        num_prompt_tokens, num_prompt_tokens, 0, "NONE"
+    )
+    decode = runner.prepare(maker.plan([(s, 1) for s in PROMPTS], known=False))
+    assert runner.graph_stat(decode) == CUDAGraphStat(3, 4, 1, "NONE")
+    runner.decode_graphs.graphs[4] = object()  # as `capture` files size 4's graph on a GPU
+    assert runner.graph_stat(decode) == CUDAGraphStat(3, 4, 1, "FULL")
 
 
 def test_steps_past_the_largest_size_or_the_capture_length_run_as_they_are():
