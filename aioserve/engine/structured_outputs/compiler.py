@@ -262,7 +262,7 @@ class StructuredOutputCompiler:
             if ignored is not None:
                 raise InvalidRequest(
                     f"the json constraint cannot be compiled by xgrammar: it does not "
-                    f"enforce {ignored} (the guidance backend does)",
+                    f"enforce {ignored}",
                     field,
                     params.json,
                 )
