@@ -72,3 +72,17 @@ def test_keys_of_a_non_cryptographic_hash_differ_between_processes(monkeypatch, 
     pytest.importorskip("xxhash")
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     assert BlockHasher(algorithm).root != BlockHasher(algorithm).root
+
+
+def test_a_missing_pyzmq_is_a_start_error_naming_the_install(monkeypatch):
+    from aioserve.config.declaration import ConfigError
+    from aioserve.config.kv_events import kv_events_settings
+    from aioserve.engine import kv_events
+
+    real = kv_events.importlib.util.find_spec
+    monkeypatch.setattr(
+        kv_events.importlib.util, "find_spec", lambda n: None if n == "zmq" else real(n)
+    )
+    with pytest.raises(ConfigError, match=r"needs zmq \(pip install pyzmq msgspec\)"):
+        kv_events.check_publisher_packages(kv_events_settings({"enable_kv_cache_events": True}))
+    kv_events.check_publisher_packages(kv_events_settings({"enable_kv_cache_events": False}))
