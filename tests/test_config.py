@@ -13,6 +13,7 @@ from aioserve.config.arguments import ARGUMENTS
 from aioserve.config.compilation import CompilationSettings
 from aioserve.config.declaration import FRONTEND, ConfigError
 from aioserve.config.engine import engine_config_from_args, engine_config_from_kwargs
+from aioserve.config.kv_events import KVEventsSettings
 from aioserve.config.parser import UNSUPPORTED_GROUP_TITLE, add_engine_arguments
 from aioserve.config.profiler import ProfilerSettings
 from aioserve.config.speculative import NgramSpeculation
@@ -181,6 +182,9 @@ SUPPORTED_FLAGS = [
     (["--guided-decoding-disable-any-whitespace"], "decoding.guided_decoding_disable_any_whitespace", True),
     (["--guided-decoding-disable-additional-properties"], "decoding.guided_decoding_disable_additional_properties", True),
     (["--structured-outputs-config", '{"backend": "outlines"}'], "decoding.structured_outputs_config", {"backend": "outlines"}),
+    (["--kv-events-config", '{"enable_kv_cache_events": true}'], "cache.kv_events_config", KVEventsSettings(True, "zmq")),
+    (["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "null", "topic": "t"}'], "cache.kv_events_config", KVEventsSettings(True, "null", topic="t")),
+    (["--kv-events-config", '{"endpoint": "tcp://127.0.0.1:5600", "replay_endpoint": "ipc:///tmp/r", "buffer_steps": 5, "hwm": 0, "max_queue_size": 9}'], "cache.kv_events_config", KVEventsSettings(False, "null", "tcp://127.0.0.1:5600", "ipc:///tmp/r", 5, 0, 9)),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative.speculative_config", NgramSpeculation(3, 5, 5)),
     (["--spec-method", "ngram", "--spec-tokens", "3"], "speculative.speculative_config", NgramSpeculation(3, 5, 5)),
     (["--spec-model", "[ngram]", "--spec-tokens", "2"], "speculative.speculative_config", NgramSpeculation(2, 5, 5)),
@@ -318,6 +322,13 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
             "--structured-outputs-config key 'reasoning_parser' is not supported by aioserve yet",
         ),
         (["--structured-outputs-config", '{"foo": 1}'], "--structured-outputs-config has no key 'foo'"),
+        (["--kv-events-config", '{"enable_kv_cache_events": true, "foo": 1}'], "--kv-events-config has no key 'foo' (it takes enable_kv_cache_events, publisher, endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic)"),
+        (["--kv-events-config", '{"publisher": "kafka"}'], "--kv-events-config key 'publisher' must be one of null, zmq, got 'kafka'"),
+        (["--kv-events-config", '{"publisher": "zmq"}'], '--kv-events-config publisher "zmq" publishes nothing without "enable_kv_cache_events": true'),
+        (["--kv-events-config", '{"endpoint": "localhost:5557"}'], "--kv-events-config key 'endpoint' must be a ZMQ endpoint"),
+        (["--kv-events-config", '{"buffer_steps": 0}'], "--kv-events-config key 'buffer_steps' must be at least 1, got 0"),
+        (["--kv-events-config", "[]"], "--kv-events-config must be a JSON object, got []"),
+        (["--kv-events-config", '{"enable_kv_cache_events": true}', "--no-enable-prefix-caching"], "--kv-events-config: enable_kv_cache_events needs prefix caching, which --no-enable-prefix-caching turns off"),
         (["--seed", "1.5"], "--seed must be an integer, got '1.5'"),
         (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be a number greater than 0"),
         (["--gpu-memory-utilization", "1.01"], "--gpu-memory-utilization must be a number greater than 0"),

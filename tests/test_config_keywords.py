@@ -181,3 +181,18 @@ def test_partial_prefills_take_4_percent_of_the_context_as_long_without_a_thresh
     assert partial_prefill_limits(2, 1, 0, 2048) == PartialPrefillLimits(2, 1, 81)
     assert partial_prefill_limits(4, 2, 300, 2048) == PartialPrefillLimits(4, 2, 300)
     assert partial_prefill_limits(1, 1, 0, 2048) is None  # the default: scheduling as without
+
+
+def test_kv_events_config_keyword_takes_a_dict_and_names_the_keyword():
+    config = engine_config_from_kwargs(model="m", kv_events_config={"enable_kv_cache_events": True})
+    assert config.cache.kv_events_config.publishes
+    with pytest.raises(ConfigError) as error:
+        engine_config_from_kwargs(
+            model="m",
+            kv_events_config={"enable_kv_cache_events": True},
+            enable_prefix_caching=False,
+        )
+    assert str(error.value) == (
+        "kv_events_config: enable_kv_cache_events needs prefix caching, which "
+        "enable_prefix_caching=False turns off"
+    )

@@ -32,6 +32,7 @@ from aioserve.config.declaration import (
     vllm_only,
 )
 from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
+from aioserve.config.kv_events import kv_events_settings
 from aioserve.config.observability_arguments import OBSERVABILITY_ARGUMENTS
 from aioserve.config.optimization import OPTIMIZATION_ARGUMENTS
 from aioserve.config.recent_arguments import RECENT_ARGUMENTS
@@ -557,7 +558,13 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.integer_at_least(1)),
     *OPTIMIZATION_ARGUMENTS,
     vllm_only("kv-transfer-config", VLLM, None, "KV-cache transfer between instances.", "json"),
-    vllm_only("kv-events-config", VLLM, None, "Publish KV-cache block events.", "json"),
+    Argument("kv-events-config", VLLM, None,
+             "KV-cache events for KV-aware routers, as JSON (vLLM's KVEventsConfig): "
+             '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"} publishes the '
+             "prefix-cache blocks stored, evicted and cleared, once a step, over ZMQ in "
+             "vLLM's format (needs prefix caching and pip install pyzmq msgspec). Keys: "
+             "enable_kv_cache_events, publisher (null, zmq), endpoint, replay_endpoint, "
+             "buffer_steps, hwm, max_queue_size, topic.", "json", convert=kv_events_settings),
     vllm_only("additional-config", VLLM, {}, "Settings for a platform plugin.", "json"),
     # --- TokenizerPoolConfig ---------------------------------------------------------------
     vllm_only("tokenizer-pool-size", TOKENIZER_POOL, 0, "Deprecated in vLLM: size of the tokenizer pool."),

@@ -40,6 +40,7 @@ from aioserve.config.arguments import (
 )
 from aioserve.config.compilation import CompilationSettings, with_capture_flags
 from aioserve.config.declaration import ConfigError, checked_values
+from aioserve.config.kv_events import KVEventsSettings
 from aioserve.config.optimization import DEFAULT_OPTIMIZATION_LEVEL, with_optimization_level
 from aioserve.config.profiler import ProfilerSettings, profiler_settings
 from aioserve.config.speculative import SHORTHANDS, NgramSpeculation, with_shorthands
@@ -97,6 +98,7 @@ class CacheConfig:
     calculate_kv_scales: bool = False  # an fp8 cache's scales from the first step
     prefix_caching_hash_algo: str = "sha256"  # how full blocks are keyed (block_hashing.py)
     kv_cache_memory_bytes: int | None = None  # the KV pool's size; None: from the device
+    kv_events_config: KVEventsSettings | None = None  # --kv-events-config (config/kv_events.py)
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,7 @@ def _build(values: dict[str, Any], serving: bool = False, keywords: bool = False
     return EngineConfig(
         model=model,
         load=section(LoadConfig),
-        cache=section(CacheConfig),
+        cache=_checked_cache(section(CacheConfig), keywords),
         scheduler=scheduler,
         decoding=section(DecodingConfig),
         lora=_checked_lora(section(LoRAConfig)),
@@ -282,6 +284,22 @@ def _build(values: dict[str, Any], serving: bool = False, keywords: bool = False
         profiler=section(ProfilerConfig),
         serving=serving,
     )
+
+
+def _checked_cache(cache: CacheConfig, keywords: bool) -> CacheConfig:
+    """KV-cache events are the prefix cache's: without it no block is ever stored. vLLM
+    warns and publishes nothing; refused here, as a setting that would be ignored."""
+    events = cache.kv_events_config
+    if events is not None and events.enable_kv_cache_events and not cache.enable_prefix_caching:
+        flag, caching = (
+            ("kv_events_config", "enable_prefix_caching=False")
+            if keywords
+            else ("--kv-events-config", "--no-enable-prefix-caching")
+        )
+        raise ConfigError(
+            f"{flag}: enable_kv_cache_events needs prefix caching, which {caching} turns off"
+        )
+    return cache
 
 
 def _checked_observability(

@@ -266,8 +266,12 @@ class AsyncEngine(EngineLoop):
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing forgotten) while a request holds
-        blocks, a step in flight included."""
-        return self.kv_cache.reset_prefix_cache()
+        blocks, a step in flight included. Its AllBlocksCleared event is published at
+        once, not held until the next step."""
+        reset = self.kv_cache.reset_prefix_cache()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+        return reset
 
     # -- pausing (the server's /pause, /resume, /is_paused and /abort_requests) -------------
 
@@ -296,7 +300,7 @@ class AsyncEngine(EngineLoop):
         if clear_cache:
             # Nothing is in flight: the loop has parked and cannot go on before this runs.
             self.scheduler.preempt_running()
-            if not self.kv_cache.reset_prefix_cache():
+            if not self.reset_prefix_cache():
                 raise RuntimeError("the prefix cache was not reset: requests still hold blocks")
             self._stats.step_done(self.scheduler, self.kv_cache)
 

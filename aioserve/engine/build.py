@@ -46,6 +46,7 @@ from transformers import PreTrainedTokenizerBase
 from aioserve.config.engine import EngineConfig
 from aioserve.config.values import AUTO_FIT
 from aioserve.engine.block_hashing import check_hash_algorithm
+from aioserve.engine.kv_events import check_publisher_packages
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
 from aioserve.engine.lora_requests import LoRAAdapterCache
 from aioserve.engine.partial_prefills import partial_prefill_limits
@@ -288,6 +289,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     model_cfg, cache_cfg, sched_cfg = config.model, config.cache, config.scheduler
     check_device(config.device.device)
     check_hash_algorithm(cache_cfg.prefix_caching_hash_algo)
+    check_publisher_packages(cache_cfg.kv_events_config)
     checkpoint = open_checkpoint(
         model_cfg.model,
         load_format=config.load.load_format,
@@ -511,6 +513,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         enable_chunked_prefill=chunked,
         enable_prefix_caching=cache_cfg.enable_prefix_caching,
         prefix_caching_hash_algo=cache_cfg.prefix_caching_hash_algo,
+        kv_events=cache_cfg.kv_events_config,
         enable_prompt_embeds=model_cfg.enable_prompt_embeds,
         hidden_size=hf_config.hidden_size,
         scheduling_policy=sched_cfg.scheduling_policy,

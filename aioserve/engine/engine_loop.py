@@ -47,6 +47,7 @@ from collections import deque
 
 from aioserve.engine.health import EngineDeadError, LoopClock, StepFailures, death_message
 from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.kv_events import kv_event_stream
 from aioserve.engine.load_shedding import LoadShedder
 from aioserve.engine.model_thread import ModelThread
 from aioserve.engine.output_processor import OutputProcessor, RequestState
@@ -78,12 +79,14 @@ class EngineLoop:
         self.hf_config = parts.hf_config
         self.runner = parts.runner
         s = self.settings
+        self.kv_events = kv_event_stream(s.kv_events)  # None without --kv-events-config
         self.kv_cache = KVCacheManager(
             s.num_blocks,
             s.block_size,
             s.enable_prefix_caching,
             s.prefix_caching_hash_algo,
             residency=residency_tracker(s.observability),
+            events=None if self.kv_events is None else self.kv_events.recorder,
         )
         self.scheduler = Scheduler(
             self.kv_cache,
@@ -401,6 +404,8 @@ class EngineLoop:
         for state in touched.values():
             self._deliver(state)
         self._stats.step_done(self.scheduler, self.kv_cache, tally, host_gap, observed)
+        if self.kv_events is not None:
+            self.kv_events.flush()  # one batch a step, queued for the publisher's thread
 
     def _deliver(self, state: RequestState, record: bool = True) -> None:
         """Tell the request's consumer it has news, if an output is due; the output is
@@ -495,6 +500,8 @@ class EngineLoop:
             self.abort(request_id)
         await self.stop_loop()
         self.structured_outputs.shutdown()
+        if self.kv_events is not None:
+            self.kv_events.shutdown()
         self._model_thread.shutdown(wait=False)
         if self._waiter is not None:
             self._waiter.shutdown(wait=False)

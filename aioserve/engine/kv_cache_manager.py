@@ -14,6 +14,8 @@ The device memory itself lives in the model runner; this module only hands out b
   and its hash forgotten (LRU eviction).
 - With --kv-cache-metrics, `residency` samples blocks as they are taken, shared and
   evicted (kv_residency.py); None otherwise, and then nothing is tracked.
+- With --kv-events-config, `events` records the blocks that enter the cache, those evicted
+  and the cache's resets, for KV-aware routers (kv_events.py); None otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from aioserve.engine.block_hashing import (
     BlockHasher,
     block_extra_keys,
 )
+from aioserve.engine.kv_events import KVEventRecorder, untagged
 from aioserve.engine.kv_residency import BlockResidencyTracker
 from aioserve.engine.request import Request
 
@@ -55,6 +58,7 @@ class KVCacheManager:
     hash_algorithm: str = DEFAULT_HASH_ALGORITHM  # --prefix-caching-hash-algo
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     residency: BlockResidencyTracker | None = None  # --kv-cache-metrics
+    events: KVEventRecorder | None = None  # --kv-events-config
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -192,6 +196,7 @@ class KVCacheManager:
         self.update_block_hashes(request)
         table = self._block_tables.get(request.request_id, [])
         n_computed_full = min(num_known // self.block_size, len(table))
+        newly_cached: list[int] = []
         for i in range(request.num_registered_blocks, n_computed_full):
             block = self._blocks[table[i]]
             if block.block_hash is not None:
@@ -201,7 +206,35 @@ class KVCacheManager:
                 continue  # an equal block is cached already; this copy stays private
             block.block_hash = block_hash
             self._cached[block_hash] = block
+            newly_cached.append(i)
         request.num_registered_blocks = max(request.num_registered_blocks, n_computed_full)
+        if self.events is not None and newly_cached:
+            self._record_stored(request, newly_cached)
+
+    def _record_stored(self, request: Request, indices: list[int]) -> None:
+        """One BlockStored event for each run of consecutive newly cached blocks, so that
+        every event's hashes chain on its parent."""
+        assert self.events is not None
+        size = self.block_size
+        lora = None if request.lora is None else (request.lora.lora_int_id, request.lora.lora_name)
+        runs: list[list[int]] = []
+        for i in indices:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            first, end = run[0], run[-1] + 1
+            self.events.stored(
+                [request.block_hashes[i] for i in run],
+                parent=request.block_hashes[first - 1] if first > 0 else None,
+                token_ids=list(request.token_ids_range(first * size, end * size)),
+                block_size=size,
+                lora=lora,
+                extra_keys=[
+                    untagged(block_extra_keys(request, i * size, (i + 1) * size)) for i in run
+                ],
+            )
 
     # -- release ----------------------------------------------------------------------------
 
@@ -227,6 +260,8 @@ class KVCacheManager:
         for block in self._cached.values():
             block.block_hash = None
         self._cached.clear()
+        if self.events is not None:
+            self.events.cleared()
         if self.residency is not None:
             self.residency.reset()
         return True
@@ -240,6 +275,8 @@ class KVCacheManager:
             residency.evicted(block_id)
         if block.block_hash is not None:
             del self._cached[block.block_hash]
+            if self.events is not None:
+                self.events.removed(block.block_hash)
             block.block_hash = None
         block.ref_count = 1
         if residency is not None:

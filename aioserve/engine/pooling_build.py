@@ -156,6 +156,11 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
         )
     if checkpoint.int8_scheme or checkpoint.quantize_to_fp8:
         raise ValueError("a pooling model cannot be quantized by aioserve yet (--quantization)")
+    events = config.cache.kv_events_config
+    if events is not None and events.enable_kv_cache_events:
+        raise ValueError(
+            "--kv-events-config: a pooling model has no prefix cache, so no KV-cache events"
+        )
     hf_config = checkpoint.hf_config
     platform = current_platform()
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from aioserve.config.kv_events import KVEventsSettings
 from aioserve.config.speculative import NgramSpeculation
 from aioserve.engine.load_report import LoadReport
 from aioserve.engine.partial_prefills import PartialPrefillLimits
@@ -63,6 +64,8 @@ class EngineSettings:
     """The model's hidden size: the width of a prompt's embeddings."""
     prefix_caching_hash_algo: str = "sha256"
     """--prefix-caching-hash-algo: how full blocks are keyed (block_hashing.py)."""
+    kv_events: KVEventsSettings | None = None
+    """--kv-events-config: the KV-cache events published for routers (kv_events.py)."""
     reasoning_parser: str = ""
     """--reasoning-parser: how chat answers split into reasoning and content ("": none)."""
     structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
