@@ -58,8 +58,13 @@ def _greedy(llm: LLM) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def test_level_0_runs_the_step_eagerly(tiny_folder, hf_tokens):
-    llm = _engine(tiny_folder, compilation_config=0)
+@pytest.mark.parametrize(
+    "level_0", [{"compilation_config": 0}, {"optimization_level": 0}], ids=["cc", "O"]
+)
+def test_level_0_runs_the_step_eagerly(tiny_folder, hf_tokens, level_0):
+    """--compilation-config 0 and --optimization-level 0 alike (the latter without graphs
+    by its own rule, the former because the CPU captures none by default)."""
+    llm = _engine(tiny_folder, **level_0)
     try:
         assert not llm.engine.runner.model_step.compiled
         assert llm.engine.runner.decode_graphs is None
@@ -86,16 +91,6 @@ def test_cudagraph_mode_none_pads_nothing(tiny_folder, hf_tokens):
         compilation_config={"level": 0, "cudagraph_mode": "NONE"},
     )
     try:
-        assert llm.engine.runner.decode_graphs is None
-        assert _greedy(llm) == hf_tokens
-    finally:
-        llm.close()
-
-
-def test_optimization_level_0_runs_the_step_uncompiled(tiny_folder, hf_tokens):
-    llm = _engine(tiny_folder, optimization_level=0)
-    try:
-        assert not llm.engine.runner.model_step.compiled
         assert llm.engine.runner.decode_graphs is None
         assert _greedy(llm) == hf_tokens
     finally:
