@@ -11,6 +11,7 @@ vocabulary build).
 
     python bench/structured_outputs.py            # the outlines path (no numeric bounds)
     python bench/structured_outputs.py --guidance  # a schema with bounds: llguidance
+    python bench/structured_outputs.py --backend xgrammar  # the record schema, one backend
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ async def main() -> None:
         )
         for i in range(NUM_REQUESTS)
     ]
-    constraint = StructuredOutputsParams(json=schema)
+    backend = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else None
+    constraint = StructuredOutputsParams(json=schema, backend=backend)
     start = time.perf_counter()
     await engine.compile_structured_output(SamplingParams(structured_outputs=constraint))
     first_compile = time.perf_counter() - start
