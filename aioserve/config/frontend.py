@@ -51,6 +51,7 @@ class FrontendConfig:
     tool_call_parser: str | None
     tool_strict_level: str  # auto, function or parameter (server/tool_calls/strict_tags.py)
     tool_parser_plugin: str  # "": none
+    anthropic_disabled_thinking_effort: str  # "auto": probed (server/anthropic_api.py)
     exclude_tools_when_tool_choice_none: bool
     enable_prompt_tokens_details: bool
     enable_server_load_tracking: bool

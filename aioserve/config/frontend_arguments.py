@@ -7,6 +7,8 @@ from aioserve.config import values
 from aioserve.config.declaration import FRONTEND, Argument, vllm_only
 
 TOOL_STRICT_LEVELS = ("auto", "function", "parameter")
+# vLLM's AnthropicDisabledThinkingEffortOption: "auto", "none" and Anthropic's efforts.
+DISABLED_THINKING_EFFORTS = ("auto", "none", "low", "medium", "high", "xhigh", "max")
 
 # fmt: off
 FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
@@ -112,6 +114,12 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              "--tool-call-parser with a structural form (hermes, llama3_json, qwen3_coder, "
              "deepseek_v3) unless auto.", convert=values.string, choices=TOOL_STRICT_LEVELS,
              choice_noun="tool strict level"),
+    Argument("anthropic-disabled-thinking-effort", FRONTEND, "auto",
+             "The reasoning_effort /v1/messages gives the chat template for thinking "
+             "'disabled': auto (none, unless the template refuses it or renders it as a "
+             "thinking effort: then low, found once by rendering) or that effort.",
+             convert=values.string, choices=DISABLED_THINKING_EFFORTS,
+             choice_noun="disabled thinking effort"),
     Argument("tool-parser-plugin", FRONTEND, "",
              "A Python file that registers more tool-call parsers "
              "(aioserve.server.tool_calls.register_tool_parser).", convert=values.string),

@@ -123,7 +123,9 @@ async def _parsed_request(
     probes = request.app[_PROBES]
     effort = "none"
     if thinking_type(body) == "disabled":
-        effort = await _probed(state, probes, "disabled_effort", _disabled_thinking_effort)
+        effort = state.frontend.anthropic_disabled_thinking_effort
+        if effort == "auto":
+            effort = await _probed(state, probes, "disabled_effort", _disabled_thinking_effort)
     chat_body = messages_chat_body(
         body,
         state.model_name,

@@ -215,6 +215,35 @@ def test_thinking_disabled_and_adaptive_run_as_chat_with_their_effort(openai_ser
         assert got["content"] == plain["content"] and got["usage"] == plain["usage"]
 
 
+# A template for which reasoning efforts matter: "max" thinks aloud, the others do not.
+EFFORT_TEMPLATE = (
+    "{% if reasoning_effort == 'max' %}Think hard, think long, think again. {% endif %}"
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(("option", "effort"), [("max", "max"), ("auto", "low")])
+def test_disabled_thinking_gets_the_effort_set_at_start_or_probed(
+    start_openai_server, option, effort
+):
+    """--anthropic-disabled-thinking-effort: the template gets that effort for thinking
+    "disabled"; auto probes the template ("none" renders as "low" does here: so "low")."""
+    from aioserve.config.frontend import frontend_config
+
+    url = start_openai_server(
+        frontend=frontend_config(
+            chat_template=EFFORT_TEMPLATE, anthropic_disabled_thinking_effort=option
+        )
+    )
+    hi = [{"role": "user", "content": "Hi"}]
+    body = {"model": MODEL, "messages": hi, "thinking": {"type": "disabled"}}
+    counted = post(url, "/v1/messages/count_tokens", body).json()["input_tokens"]
+    as_chat = chat(url, hi, max_tokens=1, reasoning_effort=effort)["usage"]["prompt_tokens"]
+    thinking_hard = chat(url, hi, max_tokens=1, reasoning_effort="max")["usage"]["prompt_tokens"]
+    assert counted == as_chat
+    assert (counted == thinking_hard) == (effort == "max")
+
+
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}
 
 
