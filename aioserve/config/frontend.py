@@ -57,6 +57,7 @@ class FrontendConfig:
     enable_server_load_tracking: bool
     sse_keep_alive_interval: int  # seconds; 0: no keep-alive comments
     disable_fastapi_docs: bool
+    enable_offline_docs: bool  # always so: the /docs page fetches nothing (docs_page.py)
     h11_max_incomplete_event_size: int
     h11_max_header_count: int
     max_log_len: int | None  # None: no limit

@@ -140,6 +140,11 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
     Argument("disable-fastapi-docs", FRONTEND, False,
              "Hide the OpenAPI schema (/openapi.json) and the documentation page (/docs).", "bool",
              convert=values.boolean),
+    Argument("enable-offline-docs", FRONTEND, False,
+             "Serve /docs with nothing fetched from the internet, for air-gapped hosts. "
+             "aioserve's page is always self-contained (no CDN), so it is the same page "
+             "either way; --disable-fastapi-docs wins, as in vLLM.", "bool",
+             convert=values.boolean),
     # vLLM hands these two to uvicorn's h11 parser (in vLLM 0.32 uvicorn reads only the
     # first, and only when it runs h11 rather than httptools); here they are aiohttp's limits.
     Argument("h11-max-incomplete-event-size", FRONTEND, 4194304,

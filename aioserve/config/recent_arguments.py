@@ -59,8 +59,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
               "Timeout of one data-parallel supervisor probe."),
     vllm_only("dp-supervisor-probe-failure-threshold", FRONTEND, 3,
               "Failed probes before a data-parallel server is unhealthy."),
-    vllm_only("enable-offline-docs", FRONTEND, False,
-              "Serve /docs from bundled assets, for air-gapped hosts.", "bool"),
     vllm_only("enable-flash-late-interaction", FRONTEND, True,
               "Compute late-interaction scores on the device in the API server.", "bool"),
     # --- ModelConfig -------------------------------------------------------------------------

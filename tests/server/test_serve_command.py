@@ -87,6 +87,7 @@ FRONTEND_FLAGS = [
     (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
     (["--tool-parser-plugin", "/x/plugin.py"], "tool_parser_plugin", "/x/plugin.py"),
     (["--tool-strict-level", "parameter"], "tool_strict_level", "parameter"),
+    (["--enable-offline-docs"], "enable_offline_docs", True),
     (["--anthropic-disabled-thinking-effort", "low"], "anthropic_disabled_thinking_effort", "low"),
     (
         ["--exclude-tools-when-tool-choice-none"],
