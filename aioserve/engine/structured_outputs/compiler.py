@@ -199,13 +199,14 @@ class StructuredOutputCompiler:
     ) -> Compiled:  # fmt: skip
         field = f"structured_outputs.{kind}"
         value: Any = getattr(params, kind)
-        if backend == "auto" and kind == "structural_tag" and not uses_triggers(json.loads(spec)):
+        tag = json.loads(spec) if kind == "structural_tag" else None
+        if backend == "auto" and tag is not None and not uses_triggers(tag):
             backend = "xgrammar"  # the only reader of xgrammar's form
         if backend == "xgrammar":
             return self._compile_xgrammar(params, kind, spec, no_additional)
         tokens = self._token_bytes()
-        if kind == "structural_tag":
-            return self._compile_tag_guidance(backend, spec, whitespace, tokens, value)
+        if tag is not None:
+            return self._compile_tag_guidance(backend, tag, whitespace, tokens, value)
         if kind == "json":
             schema = parse_schema(spec)  # StructuredOutputsParams checked it
             if no_additional:
@@ -280,7 +281,7 @@ class StructuredOutputCompiler:
 
     @staticmethod
     def _compile_tag_guidance(
-        backend: str, spec: str, whitespace: str, tokens: TokenBytes, value: Any
+        backend: str, tag: dict[str, Any], whitespace: str, tokens: TokenBytes, value: Any
     ) -> GuidanceGrammar:
         field = "structured_outputs.structural_tag"
         if backend == "outlines":
@@ -289,7 +290,6 @@ class StructuredOutputCompiler:
                 field,
                 value,
             )
-        tag = json.loads(spec)
         if not uses_triggers(tag):
             raise InvalidRequest(
                 'the guidance backend takes structural tags of "structures" and "triggers" '
