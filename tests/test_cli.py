@@ -76,8 +76,8 @@ def test_unknown_and_abbreviated_flags_are_argparse_errors(parser, capsys):
 
 
 def test_unsupported_alias_is_refused_by_name(parser):
-    with pytest.raises(ConfigError, match=r"^--tensor-parallel-size \(-tp\) is a vLLM argument"):
-        engine_config_from_args(parser.parse_args(["org/m", "-tp", "2"]))
+    with pytest.raises(ConfigError, match=r"^--data-parallel-rank \(-dpn\) is a vLLM argument"):
+        engine_config_from_args(parser.parse_args(["org/m", "-dpn", "2"]))
 
 
 # --- JSON arguments ----------------------------------------------------------------------
@@ -190,10 +190,10 @@ def test_command_line_wins_over_config_file(parser, tmp_path):
 
 
 def test_unsupported_argument_in_config_file_is_refused(parser, tmp_path):
-    path = _yaml(tmp_path, "tensor_parallel_size: 2\nheadless: true\n")
+    path = _yaml(tmp_path, "data_parallel_rank: 2\nheadless: true\n")
     with pytest.raises(ConfigError) as error:
         engine_config_from_args(parser.parse_args(["--config", path]))
-    assert "--headless, --tensor-parallel-size (-tp) are vLLM arguments" in str(error.value)
+    assert "--headless, --data-parallel-rank (-dpn) are vLLM arguments" in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,7 @@ def test_engine_parser_help_shows_groups(parser):
     positions = [text.index(f"\n{title}:") for title in titles]
     assert positions == sorted(positions)
     assert text.index("--config FILE.yaml") < positions[2]
-    assert positions[-1] < text.index("--tensor-parallel-size") < text.index("--help=listgroup")
+    assert positions[-1] < text.index("--data-parallel-rank") < text.index("--help=listgroup")
 
 
 def test_help_for_a_group(parser, capsys):

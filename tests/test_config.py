@@ -193,6 +193,12 @@ SUPPORTED_FLAGS = [
     (["--optimization-level", "0"], "compilation.optimization_level", 0),
     (["--performance-mode", "throughput"], "compilation.performance_mode", "throughput"),
     (["--device", "cpu"], "device.device", "cpu"),
+    (["--tensor-parallel-size", "1"], "parallel.tensor_parallel_size", 1),
+    (["--pipeline-parallel-size", "1"], "parallel.pipeline_parallel_size", 1),
+    (["--data-parallel-size", "1"], "parallel.data_parallel_size", 1),
+    (["--distributed-executor-backend", "uni"], "parallel.distributed_executor_backend", "uni"),
+    (["--preemption-mode", "recompute"], "scheduler.preemption_mode", "recompute"),
+    (["--disable-cascade-attn"], "model.disable_cascade_attn", True),
     (["--collect-detailed-traces", "model,worker", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"], "observability.collect_detailed_traces", ["model", "worker"]),
     (["--logging-config", '{"log_level": "DEBUG", "formatter": "json"}'], "logging.logging_config", {"log_level": "DEBUG", "formatter": "json"}),
     (["--logging-config", '{"configure_logging": false}'], "logging.logging_config", {"configure_logging": False}),
@@ -235,6 +241,7 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
         config.speculative,
         config.compilation,
         config.device,
+        config.parallel,
         config.observability,
         config.logging,
         config.profiler,
@@ -394,8 +401,8 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
 @pytest.mark.parametrize(
     ("argv", "spelling"),
     [
-        (["-tp", "2"], "--tensor-parallel-size (-tp)"),
-        (["--tensor-parallel-size", "1"], "--tensor-parallel-size (-tp)"),  # vLLM's default too
+        (["-dpn", "2"], "--data-parallel-rank (-dpn)"),
+        (["--data-parallel-rank", "0"], "--data-parallel-rank (-dpn)"),  # vLLM's default too
         (["--kv-sharing-fast-prefill"], "--kv-sharing-fast-prefill"),
         (["--enable-lora-bias"], "--enable-lora-bias"),
         (["--fully-sharded-loras"], "--fully-sharded-loras"),
@@ -425,9 +432,9 @@ def test_kv_cache_dtype_takes_fp8_and_refuses_fp8_inc_by_name():
 
 def test_several_unsupported_arguments_are_all_named():
     with pytest.raises(ConfigError) as error:
-        _config("-pp", "2", "--swap-space", "8")
+        _config("-dpn", "2", "--swap-space", "8")
     message = str(error.value)
-    assert "--pipeline-parallel-size (-pp)" in message and "--swap-space" in message
+    assert "--data-parallel-rank (-dpn)" in message and "--swap-space" in message
     assert message.endswith("are vLLM arguments that aioserve does not support yet")
 
 
@@ -486,7 +493,7 @@ def test_help_lists_supported_groups_then_the_unsupported_ones():
     assert positions == sorted(positions)
     unsupported_part = text[positions[-1] :]
     for flag in (
-        "--tensor-parallel-size",
+        "--data-parallel-rank",
         "--headless",
         "--kv-sharing-fast-prefill",
         "--speculative-model",

@@ -66,7 +66,7 @@ def test_frontend_names_are_not_engine_kwargs():
 
 
 @pytest.mark.parametrize(
-    "name", ["tensor_parallel_size", "swap_space", "enable_lora_bias", "kv_sharing_fast_prefill"]
+    "name", ["data_parallel_rank", "swap_space", "enable_lora_bias", "kv_sharing_fast_prefill"]
 )
 def test_unsupported_kwargs_raise_value_error_naming_them(name):
     with pytest.raises(

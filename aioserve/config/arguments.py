@@ -183,7 +183,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Attend over the whole context of a model trained with a sliding window, and "
              "cap the context at the window.", "bool",
              convert=values.boolean),
-    vllm_only("disable-cascade-attn", MODEL, False, "Turn cascade attention off.", "bool"),
+    Argument("disable-cascade-attn", MODEL, True,
+             "Turn cascade attention off (vLLM 0.32's default). aioserve has no cascade "
+             "attention: true is accepted, false (--no-disable-cascade-attn) refused.",
+             "bool", convert=values.cascade_attention_off),
     Argument("skip-tokenizer-init", MODEL, False,
              "Load no tokenizer: requests must send token ids and get token ids back.", "bool",
              convert=values.boolean),
@@ -303,11 +306,21 @@ ARGUMENTS: tuple[Argument, ...] = (
                  "reasoning_end_str": values.string,
              })),
     # --- ParallelConfig --------------------------------------------------------------------
-    vllm_only("distributed-executor-backend", PARALLEL, None, "How worker processes are launched.",
-          choices=("ray", "mp", "uni", "external_launcher")),
-    vllm_only("pipeline-parallel-size", PARALLEL, 1, "Pipeline stages.", aliases=("-pp",)),
-    vllm_only("tensor-parallel-size", PARALLEL, 1, "Devices each layer is sharded across.", aliases=("-tp",)),
-    vllm_only("data-parallel-size", PARALLEL, 1, "Data-parallel engine replicas.", aliases=("-dp",)),
+    Argument("distributed-executor-backend", PARALLEL, None,
+             "How worker processes are launched. aioserve runs the model in the server's own "
+             "process, vLLM's uni executor (what vLLM picks for one device): uni is accepted, "
+             "the backends that launch workers are refused.",
+             convert=values.string, choices=("uni",), vllm_choices=("ray", "mp", "external_launcher"),
+             choice_noun="executor backend"),
+    Argument("pipeline-parallel-size", PARALLEL, 1,
+             "Pipeline stages. aioserve runs every layer on one device: 1 only.",
+             aliases=("-pp",), convert=values.one_process("pipeline parallelism")),
+    Argument("tensor-parallel-size", PARALLEL, 1,
+             "Devices each layer is sharded across. aioserve runs on one device: 1 only.",
+             aliases=("-tp",), convert=values.one_process("tensor parallelism")),
+    Argument("data-parallel-size", PARALLEL, 1,
+             "Data-parallel engine replicas. aioserve runs one engine: 1 only.",
+             aliases=("-dp",), convert=values.one_process("data parallelism")),
     vllm_only("data-parallel-rank", PARALLEL, None, "Data-parallel rank of this instance.", aliases=("-dpn",)),
     vllm_only("data-parallel-start-rank", PARALLEL, None, "First data-parallel rank on a secondary node.",
           aliases=("-dpr",)),
@@ -519,8 +532,12 @@ ARGUMENTS: tuple[Argument, ...] = (
              "admitted prompts (from its scheduling to the next one after its result), so "
              "that prompts start in batches (vLLM V0's rule); with nothing running a prompt "
              "starts at once. 0: no delay.", convert=values.non_negative_number),
-    vllm_only("preemption-mode", SCHEDULER, None, "How preempted sequences are evicted.",
-          choices=("recompute", "swap")),
+    Argument("preemption-mode", SCHEDULER, None,
+             "How preempted sequences are evicted. aioserve always recomputes them (frees "
+             "their blocks and prefills them again, as vLLM V1 does): recompute is accepted, "
+             "swap (V0's copy to host memory) refused. Default: recompute.",
+             convert=values.string, choices=("recompute",), vllm_choices=("swap",),
+             choice_noun="preemption mode"),
     vllm_only("num-scheduler-steps", SCHEDULER, 1, "Forward steps per scheduler call."),
     vllm_only("multi-step-stream-outputs", SCHEDULER, True, "With multi-step, stream after every step.", "bool"),
     Argument("scheduling-policy", SCHEDULER, "fcfs",

@@ -75,6 +75,7 @@ class ModelConfig:
     task: str = "auto"  # vLLM's deprecated spelling of the runner
     override_pooler_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     logits_processors: tuple[Any, ...] | None = None  # classes or 'module:Class' names
+    disable_cascade_attn: bool = True  # always: aioserve has no cascade attention
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class SchedulerConfig:
     max_long_partial_prefills: int = 1  # of them, long ones
     stream_interval: int = 1  # tokens a streamed chunk gathers (output_processor.py)
     scheduler_delay_factor: float = 0.0  # prompts held back while requests run (prompt_delay.py)
+    preemption_mode: str | None = None  # recompute, the only way aioserve preempts
     # vLLM 0.32's (engine/scheduler_limits.py)
     max_num_scheduled_tokens: int | None = None  # None: max_num_batched_tokens
     max_num_active_seqs: int | None = None  # None: max_num_seqs
@@ -162,6 +164,16 @@ class SpeculativeConfig:
     spec_method: str | None = None  # vLLM 0.32's shorthands, folded into the above
     spec_model: str | None = None
     spec_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """One device, one process: each value is the one aioserve accepts (values.one_process)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None or "uni"
 
 
 @dataclass(frozen=True)
@@ -221,6 +233,7 @@ class EngineConfig:
     lora: LoRAConfig
     speculative: SpeculativeConfig = SpeculativeConfig(None)
     compilation: CompilationConfig = CompilationConfig(CompilationSettings())
+    parallel: ParallelConfig = ParallelConfig()
     device: DeviceConfig = DeviceConfig("auto")
     observability: ObservabilityConfig = ObservabilityConfig()
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
@@ -279,6 +292,7 @@ def _build(values: dict[str, Any], serving: bool = False, keywords: bool = False
         speculative=_checked_speculative(section(SpeculativeConfig), scheduler, model, keywords),
         compilation=_checked_compilation(section(CompilationConfig), scheduler),
         device=section(DeviceConfig),
+        parallel=section(ParallelConfig),
         observability=_checked_observability(section(ObservabilityConfig), fields),
         logging=_checked_logging(section(LoggingConfig)),
         profiler=section(ProfilerConfig),

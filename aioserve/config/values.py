@@ -264,6 +264,33 @@ def seconds(value: Any) -> float:
     return number
 
 
+def one_process(what: str) -> Callable[[Any], int]:
+    """A parallel size that aioserve honours only at 1 (vLLM's default): the model runs on
+    one device, in the server's own process. `what` names the parallelism for the error."""
+
+    def convert(value: Any) -> int:
+        size = integer(value)
+        if size != 1:
+            raise ValueError(
+                f"{size}: {what} is not supported by aioserve yet (the model runs on one "
+                "device, in the server's own process); only 1 is accepted"
+            )
+        return size
+
+    return convert
+
+
+def cascade_attention_off(value: Any) -> bool:
+    """--disable-cascade-attn: true only (vLLM 0.32's default). aioserve has no cascade
+    attention (vLLM's FlashAttention path for a prefix shared by a whole batch) to turn on."""
+    if not boolean(value):
+        raise ValueError(
+            "false asks for cascade attention, which aioserve does not have: its attention "
+            "reads every sequence's blocks on their own (true, the default, is accepted)"
+        )
+    return True
+
+
 def tokens_only(value: Any) -> bool:
     """--tokens-only: false only. vLLM 0.32's mode skips the tokenizer and serves its
     Tokens In<>Out routes, which aioserve does not have yet: refusing it beats serving
