@@ -4,11 +4,17 @@ Each field is one supported argument of the Frontend group of `aioserve.config.a
 named by its `dest` (a test checks that fields and declarations match); unset arguments
 take their declared default. Unsupported Frontend arguments are refused by
 `engine_config_from_args`, which a command calls first.
+
+`log_stats_interval` reads vLLM's VLLM_LOG_STATS_INTERVAL, the period of the server's
+stats line.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +82,27 @@ class FrontendConfig:
     otlp_traces_endpoint: str | None  # None: no tracing
     custom_histogram_buckets: dict[str, list[float]] | None  # family -> bounds (metrics.py)
     shutdown_timeout: float
+
+
+LOG_STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
+DEFAULT_LOG_STATS_INTERVAL_S = 10.0
+
+
+def log_stats_interval(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between two stats lines: VLLM_LOG_STATS_INTERVAL, as vLLM reads it (10 when
+    unset, 0 or negative). Where vLLM's float() would raise inside its logging loop, a
+    value that is not a number is a ConfigError at start-up."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(LOG_STATS_INTERVAL_ENV)
+    if raw is None:
+        return DEFAULT_LOG_STATS_INTERVAL_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ConfigError(f"{LOG_STATS_INTERVAL_ENV} must be a number of seconds, got {raw!r}")
+    return seconds if seconds > 0 else DEFAULT_LOG_STATS_INTERVAL_S
 
 
 _FRONTEND_ARGUMENTS = tuple(a for a in ARGUMENTS if a.group == FRONTEND and a.supported)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from aioserve.config.frontend import log_stats_interval
 from aioserve.server.dev_routes import add_dev_routes, dev_mode
 from aioserve.server.errors import LOG_ERROR_STACK, error_middleware
 from aioserve.server.invocations import add_invocations_route
@@ -112,7 +113,9 @@ def build_app(state: ServerState) -> web.Application:
         add_profile_routes(app, state.profiler)
     if dev_mode():
         add_dev_routes(app)
-    add_metrics(app, state, log_stats=not frontend.disable_log_stats)
+    add_metrics(
+        app, state, stats_interval=None if frontend.disable_log_stats else log_stats_interval()
+    )
     if not frontend.disable_fastapi_docs:
         add_docs_routes(app, root_path)
     if root_path:

@@ -527,8 +527,9 @@ async def serve_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) -> None:
-    """Serve `GET /metrics` and feed it from the engine; log the stats line when `log_stats`.
+def add_metrics(app: web.Application, state: ServerState, *, stats_interval: float | None) -> None:
+    """Serve `GET /metrics` and feed it from the engine; log the stats line every
+    `stats_interval` seconds (None: not at all).
 
     The stat loggers join `state.engine.stat_loggers` and the background coroutines (lag
     monitor, stats line) start when the app starts; both are undone on app cleanup.
@@ -546,7 +547,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         kv_cache_metrics=engine.settings.observability.kv_cache_metrics_sample is not None,
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
-    stats_line = engine_stats_line(engine.settings) if log_stats else None
+    stats_line = None if stats_interval is None else engine_stats_line(engine.settings)
     app[METRICS] = metrics
     app.router.add_get("/metrics", serve_metrics)
 
@@ -555,7 +556,7 @@ def add_metrics(app: web.Application, state: ServerState, *, log_stats: bool) ->
         engine.stat_loggers.extend(loggers)
         tasks = [asyncio.create_task(monitor_event_loop_lag(metrics.observe_event_loop_lag))]
         if stats_line is not None:
-            tasks.append(asyncio.create_task(stats_line.run()))
+            tasks.append(asyncio.create_task(stats_line.run(stats_interval)))
         yield
         for task in tasks:
             task.cancel()

@@ -1,4 +1,5 @@
-"""The periodic engine stats line, worded as vLLM words it, every 10 seconds.
+"""The periodic engine stats line, worded as vLLM words it, every 10 seconds (vLLM's
+VLLM_LOG_STATS_INTERVAL sets another period: config/frontend.py).
 
     Engine 000: Avg prompt throughput: 52.3 tokens/s, Avg generation throughput: 104.1
     tokens/s, Running: 4 reqs, Waiting: 0 reqs, CPU KV cache usage: 3.1%, Prefix cache hit
@@ -9,7 +10,7 @@ between two steps over the interval (`StepStats.host_gap`), appended after vLLM'
 so that parsers of vLLM's line still read them.
 
 `StatsLine` is a `StatLogger`: the engine feeds it every step; `StatsLine.run` logs the line
-every `STATS_LOG_INTERVAL_S` (vLLM's VLLM_LOG_STATS_INTERVAL default). As in vLLM, an idle
+every interval it is given. As in vLLM, an idle
 server stays quiet: the line goes out at INFO while there is activity and once more after
 it stops (with zero throughput), then at DEBUG. The server turns it off with
 `--disable-log-stats`. The wording is vLLM's, so that log parsers written for vLLM read it:
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aioserve.stats")
 
-STATS_LOG_INTERVAL_S = 10.0
 PREFIX_HIT_RATE_WINDOW = 1000
 
 
@@ -191,7 +191,7 @@ class StatsLine:
             accepted / draft_tokens * 100,
         )
 
-    async def run(self, interval: float = STATS_LOG_INTERVAL_S) -> None:
+    async def run(self, interval: float) -> None:
         """Log the line every `interval` seconds until cancelled."""
         while True:
             await asyncio.sleep(interval)

@@ -1,6 +1,7 @@
 """vLLM's logging variables as `aioserve serve` reads them (aioserve/log_setup.py): the level,
 prefix and stream of aioserve's lines, a dictConfig file applied after them, logging left
-alone with VLLM_CONFIGURE_LOGGING=0, and every bad value refused naming its variable.
+alone with VLLM_CONFIGURE_LOGGING=0, and every bad value refused naming its variable; and
+VLLM_LOG_STATS_INTERVAL, the period of the stats line (served: test_logging_flags.py).
 
 Each case runs in a child interpreter, which sets up its logging as the server does and
 writes a few records: the test process's own logging stays as pytest set it.
@@ -16,6 +17,7 @@ import sys
 import pytest
 
 from aioserve.config.declaration import ConfigError
+from aioserve.config.frontend import log_stats_interval
 from aioserve.log_setup import logging_config
 
 _LOG_SOME = """
@@ -140,3 +142,27 @@ def test_a_bad_config_file_stops_the_start_naming_it(tmp_path, content, message)
     done = _run({"VLLM_LOGGING_CONFIG_PATH": str(path)})
     assert done.returncode != 0
     assert "ConfigError" in done.stderr and message in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [(None, 10.0), ("2.5", 2.5), ("1", 1.0), ("0", 10.0), ("-3", 10.0), (" 7 ", 7.0)],
+)
+def test_stats_interval_is_read_as_vllm_reads_it(raw, seconds):
+    environ = {} if raw is None else {"VLLM_LOG_STATS_INTERVAL": raw}
+    assert log_stats_interval(environ) == seconds
+
+
+@pytest.mark.parametrize("raw", ["soon", "", "nan", "inf"])
+def test_a_stats_interval_that_is_not_a_number_stops_the_start(raw):
+    with pytest.raises(ConfigError, match=r"^VLLM_LOG_STATS_INTERVAL must be a number of seconds"):
+        log_stats_interval({"VLLM_LOG_STATS_INTERVAL": raw})
+    done = subprocess.run(
+        [sys.executable, "-m", "aioserve", "serve", "no/such-model"],
+        env=os.environ | {"VLLM_LOG_STATS_INTERVAL": raw},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "error: VLLM_LOG_STATS_INTERVAL must be a number of seconds" in done.stderr

@@ -230,16 +230,28 @@ def test_the_offline_llm_applies_them(smollm2_gguf, tmp_path):
     assert [e for e in events if e.get("name") == "aten::mm"]  # the model's steps
 
 
-def test_serve_writes_json_lines(smollm2_gguf, tmp_path):
+def _stats_lines(log: Path) -> list[str]:
+    text = log.read_text()
+    return [line for line in text.splitlines() if "Avg prompt throughput" in line]
+
+
+def test_serve_writes_json_lines_and_stats_at_vllms_interval(smollm2_gguf, tmp_path):
     log = tmp_path / "serve.log"
     options = ("--max-model-len", "256", "--enforce-eager", "--logging-config.formatter", "json")
-    with serve_model(smollm2_gguf, MODEL, log, *options) as url:
+    env = {"VLLM_LOG_STATS_INTERVAL": "0.4"}  # vLLM's variable; 10 s without it
+    with serve_model(smollm2_gguf, MODEL, log, *options, env=env) as url:
         assert post(url, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status == 200
-        # The access line follows the response: wait for it before the server is killed.
+        # The access line follows the response: wait for it before the server is killed,
+        # and for the stats lines: one with the request's throughput, one after it.
         deadline = time.monotonic() + 10
-        while "POST /v1/completions" not in log.read_text() and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+            "POST /v1/completions" not in log.read_text() or len(_stats_lines(log)) < 2
+        ):
             time.sleep(0.05)
     records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    stats = [r for r in records if "Avg prompt throughput" in r["message"]]
+    assert len(stats) >= 2 and stats[0]["name"] == "aioserve.stats"
+    assert "Avg generation throughput" in stats[0]["message"]
     names = {(r["name"], r["levelname"]) for r in records}
     assert ("aioserve", "INFO") in names and ("aioserve.access", "INFO") in names
     access = [r["message"] for r in records if r["name"] == "aioserve.access"]

@@ -371,7 +371,7 @@ def test_metrics_endpoint_counts_real_requests(engine):
     async def scenario():
         app = web.Application(middlewares=[error_middleware])
         app[STATE] = ServerState(engine, [MODEL])
-        add_metrics(app, app[STATE], log_stats=True)
+        add_metrics(app, app[STATE], stats_interval=10.0)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
