@@ -199,6 +199,7 @@ SUPPORTED_FLAGS = [
     (["--distributed-executor-backend", "uni"], "parallel.distributed_executor_backend", "uni"),
     (["--preemption-mode", "recompute"], "scheduler.preemption_mode", "recompute"),
     (["--disable-cascade-attn"], "model.disable_cascade_attn", True),
+    (["--model-impl", "transformers"], "model.model_impl", "transformers"),
     (["--collect-detailed-traces", "model,worker", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"], "observability.collect_detailed_traces", ["model", "worker"]),
     (["--logging-config", '{"log_level": "DEBUG", "formatter": "json"}'], "logging.logging_config", {"log_level": "DEBUG", "formatter": "json"}),
     (["--logging-config", '{"configure_logging": false}'], "logging.logging_config", {"configure_logging": False}),

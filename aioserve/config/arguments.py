@@ -227,8 +227,10 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Sampling defaults to add or override (JSON object), e.g. {\"temperature\": 0.5}.",
              "json", convert=values.json_object),
     vllm_only("enable-sleep-mode", MODEL, False, "Let the engine release and regain device memory.", "bool"),
-    vllm_only("model-impl", MODEL, "auto", "Use vLLM's model code or the Transformers one.",
-          choices=("auto", "vllm", "transformers")),
+    Argument("model-impl", MODEL, "auto", "auto: aioserve's own model code where it has it, "
+             "else Transformers' with aioserve's paged attention (eager); vllm: aioserve's own "
+             "only; transformers: Transformers' always.", convert=values.string,
+             choices=("auto", "vllm", "transformers"), vllm_choices=("terratorch",), choice_noun="model implementation"),
     vllm_only("override-attention-dtype", MODEL, None, "Run attention in another dtype."),
     vllm_only("quantization-param-path", MODEL, None, "JSON file of FP8 KV-cache scales."),
     # --- LoadConfig ------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class ModelConfig:
     override_pooler_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     logits_processors: tuple[Any, ...] | None = None  # classes or 'module:Class' names
     disable_cascade_attn: bool = True  # always: aioserve has no cascade attention
+    model_impl: str = "auto"  # models/registry.py MODEL_IMPLS
 
 
 @dataclass(frozen=True)

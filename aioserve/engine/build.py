@@ -375,7 +375,11 @@ def build_engine(config: EngineConfig) -> EngineParts:
         dummy=config.load.load_format == "dummy",
         seed=model_cfg.seed,
         use_tqdm=config.load.use_tqdm_on_load,
+        model_impl=model_cfg.model_impl,
     )
+    compiles = getattr(model, "compiles", True)  # False: the Transformers backend's
+    if not compiles and config.lora.enable_lora:
+        raise ValueError("--enable-lora: the Transformers backend (--model-impl) has no LoRA yet")
     if resolve_gguf_blocks(checkpoint):
         kept = keep_gguf_blocks(model, checkpoint)
         logger.info("the quantized layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
@@ -440,7 +444,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
         )
     lora_cfg = config.lora
     compilation = config.compilation.compilation_config
-    compiled = platform == "cpu" and not model_cfg.enforce_eager and compilation.compiles
+    compiled = compiles and platform == "cpu" and not model_cfg.enforce_eager
+    compiled = compiled and compilation.compiles
     if dispatch.batch_invariant():
         compiled = _batch_invariant_step(compiled)
     lora_dtype = dtype if lora_cfg.lora_dtype == "auto" else getattr(torch, lora_cfg.lora_dtype)
@@ -461,7 +466,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         decode_graph_sizes=resolve_decode_graph_sizes(
             sched_cfg.cuda_graph_sizes,
             max_num_seqs,
-            model_cfg.enforce_eager or lora_cfg.enable_lora,
+            model_cfg.enforce_eager or lora_cfg.enable_lora or not compiles,
             compilation,
             performance_mode,
         ),

@@ -58,6 +58,11 @@ def serves_pooling(model_cfg: ModelConfig, hf_config) -> bool:
     --task) as given, else the architecture's. ValueError for a runner the model cannot
     have."""
     encoder = is_pooling_architecture(hf_config)
+    if encoder and model_cfg.model_impl == "transformers":
+        raise ValueError(
+            "--model-impl transformers: aioserve's Transformers backend serves causal "
+            "language models only, not a pooling model yet"
+        )
     runner = model_cfg.runner
     from_task = {"embed": "pooling", "embedding": "pooling", "generate": "generate"}.get(
         model_cfg.task, "auto"

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.registry import model_class_for
+from aioserve.models.transformers_backend import TransformersForCausalLM
 
 logger = logging.getLogger("aioserve")
 
@@ -23,13 +24,17 @@ def load_model(
     dummy: bool = False,
     seed: int = 0,
     use_tqdm: bool = True,
+    model_impl: str = "auto",
 ) -> nn.Module:
-    """The checkpoint's model on `device` in `dtype`, in eval mode.
+    """The checkpoint's model on `device` in `dtype`, in eval mode, by the implementation
+    --model-impl `model_impl` picks (models/registry.py).
 
     With `dummy`, parameters get small random values instead of the checkpoint's
     (vLLM's `--load-format dummy`: for measuring shapes whose weights are not at hand).
     """
-    model_class = model_class_for(checkpoint.hf_config)
+    model_class = model_class_for(checkpoint.hf_config, model_impl)
+    if model_class is TransformersForCausalLM:
+        _check_transformers_backend(checkpoint)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -42,6 +47,28 @@ def load_model(
     else:
         _load_checkpoint_weights(model, checkpoint, use_tqdm)
     return model.eval().requires_grad_(False)
+
+
+def _check_transformers_backend(checkpoint: Checkpoint) -> None:
+    """The Transformers backend reads plain weights only: aioserve's quantized layers are
+    its own models' (the checkpoint would be dequantized, then kept as stored by code
+    that knows only those)."""
+    quantized = (
+        "a GGUF file"
+        if checkpoint.load_format == "gguf"
+        else "an AWQ/GPTQ checkpoint"
+        if checkpoint.int4_scheme is not None
+        else "an FP8 checkpoint"
+        if checkpoint.fp8_scheme is not None or checkpoint.quantize_to_fp8
+        else "an INT8 checkpoint"
+        if checkpoint.int8_scheme is not None
+        else None
+    )
+    if quantized is not None:
+        raise ValueError(
+            f"the Transformers backend (--model-impl) does not serve {quantized} yet: "
+            "only plain safetensors or PyTorch weights"
+        )
 
 
 def _load_checkpoint_weights(model: nn.Module, checkpoint: Checkpoint, use_tqdm: bool) -> None:

@@ -74,24 +74,58 @@ CLASSIFY_ARCHITECTURES = frozenset(
 )
 
 
+MODEL_IMPLS = ("auto", "vllm", "transformers")
+"""--model-impl: aioserve's own implementation where it has one, else the Transformers
+backend (auto); aioserve's own only (vllm, vLLM's name for its native models); the
+Transformers backend (transformers, models/transformers_backend.py)."""
+
+
+def _native_architecture(config: PretrainedConfig) -> str | None:
+    architectures = getattr(config, "architectures", None) or []
+    return next((a for a in architectures if a in MODEL_CLASSES), None)
+
+
 def architecture_for(config: PretrainedConfig) -> str:
     """The first of the config's `architectures` that aioserve implements."""
-    architectures = getattr(config, "architectures", None) or []
-    for architecture in architectures:
-        if architecture in MODEL_CLASSES:
-            return architecture
-    raise ValueError(
-        f"model architectures {architectures} are not supported yet; "
-        f"supported: {', '.join(sorted(MODEL_CLASSES))}"
+    architecture = _native_architecture(config)
+    if architecture is None:
+        architectures = getattr(config, "architectures", None) or []
+        raise ValueError(
+            f"model architectures {architectures} are not supported yet; "
+            f"supported: {', '.join(sorted(MODEL_CLASSES))}"
+        )
+    return architecture
+
+
+def model_class_for(config: PretrainedConfig, model_impl: str = "vllm") -> type[nn.Module]:
+    """The class that runs the config's model under --model-impl `model_impl`; a
+    ValueError saying why when none can."""
+    from aioserve.models.transformers_backend import (
+        TransformersForCausalLM,
+        transformers_causal_lm_class,
     )
 
-
-def model_class_for(config: PretrainedConfig) -> type[nn.Module]:
-    return MODEL_CLASSES[architecture_for(config)]
+    native = _native_architecture(config)
+    if model_impl == "vllm" or (model_impl == "auto" and native is not None):
+        if native is None:
+            architecture_for(config)  # raises: not supported, and which are
+        return MODEL_CLASSES[native]
+    try:
+        transformers_causal_lm_class(config)
+    except ValueError as error:
+        if model_impl == "transformers":
+            raise ValueError(f"--model-impl transformers: {error}") from None
+        architectures = getattr(config, "architectures", None) or []
+        raise ValueError(
+            f"model architectures {architectures} are not supported yet (aioserve "
+            f"implements {', '.join(sorted(MODEL_CLASSES))}), and its Transformers backend "
+            f"cannot run them: {error}"
+        ) from None
+    return TransformersForCausalLM
 
 
 def is_pooling_architecture(config: PretrainedConfig) -> bool:
     """Whether the config's model is an encoder-only pooling (embedding) model: no KV cache,
-    no sampling, one vector a prompt (models/pooler.py). ValueError when aioserve
-    implements none of its architectures."""
-    return architecture_for(config) in POOLING_ARCHITECTURES
+    no sampling, one vector a prompt (models/pooler.py); False for one aioserve does not
+    implement (the Transformers backend may run it: `model_class_for`)."""
+    return _native_architecture(config) in POOLING_ARCHITECTURES
