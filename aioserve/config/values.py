@@ -280,6 +280,12 @@ def one_process(what: str) -> Callable[[Any], int]:
     return convert
 
 
+CASCADE_ATTENTION_DEPRECATION = (
+    "--disable-cascade-attn is deprecated and has no effect since cascade "
+    "attention has been removed. It will be removed in v0.33.0."
+)  # vLLM 0.32's words, logged when the flag is given
+
+
 def cascade_attention_off(value: Any) -> bool:
     """--disable-cascade-attn: true only (vLLM 0.32's default). aioserve has no cascade
     attention (vLLM's FlashAttention path for a prefix shared by a whole batch) to turn on."""

@@ -47,6 +47,7 @@ from aioserve.config.arguments import argument
 from aioserve.config.declaration import ConfigError
 from aioserve.config.engine import engine_config_from_args
 from aioserve.config.frontend import FrontendConfig, frontend_config_from_args, log_stats_interval
+from aioserve.config.values import CASCADE_ATTENTION_DEPRECATION
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.log_setup import configure_logging
 from aioserve.server.errors import APIError
@@ -127,6 +128,8 @@ def run_serve(args: argparse.Namespace) -> int:
             logger.warning("--host and --port are ignored: the server listens on --uds")
     import_middlewares(frontend.middleware)
     check_tool_call_settings(frontend)
+    if hasattr(args, "disable_cascade_attn"):
+        logger.warning(CASCADE_ATTENTION_DEPRECATION)
     if not frontend.disable_log_stats:
         log_stats_interval()  # a bad VLLM_LOG_STATS_INTERVAL stops the start here
     if frontend.lora_modules and not config.lora.enable_lora:

@@ -8,6 +8,8 @@ LLM(**kwargs) gives the same answers.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -105,3 +107,22 @@ def test_help_lists_them_as_supported():
     for flag in ("--tensor-parallel-size", "--preemption-mode", "--disable-cascade-attn"):
         assert flag in text and flag not in unsupported
     assert "--data-parallel-rank" in unsupported
+
+
+def test_serve_warns_of_the_cascade_flag_in_vllms_words(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aioserve",
+            "serve",
+            str(tmp_path / "absent"),
+            "--disable-cascade-attn",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert "--disable-cascade-attn is deprecated and has no effect" in output
+    assert done.returncode == 2  # the absent model, after the warning
