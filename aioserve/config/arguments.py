@@ -94,10 +94,12 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.string, choices=("auto", "generate", "pooling"),
              vllm_choices=("draft",), choice_noun="runner"),
     Argument("convert", MODEL, "auto",
-             "Adapt a model to a pooling task. aioserve serves encoder-only embedding models "
-             "as they are (auto, none); adapting a generative model is not supported yet.",
-             convert=values.string, choices=("auto", "none"),
-             vllm_choices=("classify", "embed", "reward"), choice_noun="conversion"),
+             "Adapt a model to a pooling task. embed: a generative model serves embeddings "
+             "(its last row's hidden state, normalized, unless its sentence-transformers "
+             "files or --pooler-config say otherwise); auto: so with --runner pooling or a "
+             "sentence-transformers Pooling module, else as it is; none: as it is.",
+             convert=values.string, choices=("auto", "none", "embed"),
+             vllm_choices=("classify", "reward"), choice_noun="conversion"),
     Argument("task", MODEL, "auto",
              "Deprecated in vLLM (use --runner): generate, or embed / embedding for the "
              "pooling runner.",

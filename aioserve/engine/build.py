@@ -313,7 +313,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
     if not model_cfg.skip_tokenizer_init:
         tokenizer = checkpoint.load_tokenizer(model_cfg.tokenizer, model_cfg.tokenizer_mode)
 
-    if serves_pooling(model_cfg, hf_config):
+    if serves_pooling(model_cfg, checkpoint):
         if config.lora.enable_lora:
             raise ValueError("--enable-lora: LoRA adapters on pooling models are not supported yet")
         if config.speculative.speculative_config is not None:

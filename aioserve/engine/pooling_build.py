@@ -42,9 +42,10 @@ from aioserve.engine.step_observation import engine_observability
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import pack_weights
 from aioserve.models.loader import load_model
-from aioserve.models.pooler import PoolerConfig, pooler_config_for
+from aioserve.models.pooler import PoolerConfig, pooler_config_for, sentence_transformers_pooling
 from aioserve.models.registry import is_pooling_architecture, model_class_for
 from aioserve.platform import current_platform, device
+from aioserve.runner.decoder_pooling import DecoderAsEncoder
 from aioserve.runner.pooling_runner import PoolingRunner
 
 logger = logging.getLogger("aioserve")
@@ -53,10 +54,13 @@ BOOKKEEPING_BLOCK_SIZE = 16
 """The block size the scheduler counts a pooling model's prompts in (no memory behind it)."""
 
 
-def serves_pooling(model_cfg: ModelConfig, hf_config) -> bool:
+def serves_pooling(model_cfg: ModelConfig, checkpoint: Checkpoint) -> bool:
     """Whether the model is served by the pooling runner: --runner (or the deprecated
-    --task) as given, else the architecture's. ValueError for a runner the model cannot
-    have."""
+    --task) as given, else the architecture's, as vLLM 0.32 decides: an encoder pools, and
+    so does a generative model converted to embeddings (--convert embed, or --runner
+    pooling, or a sentence-transformers folder's Pooling module, which Qwen3-Embedding has
+    on its Qwen3ForCausalLM). ValueError for a runner the model cannot have."""
+    hf_config = checkpoint.hf_config
     encoder = is_pooling_architecture(hf_config)
     if encoder and model_cfg.model_impl == "transformers":
         raise ValueError(
@@ -71,18 +75,24 @@ def serves_pooling(model_cfg: ModelConfig, hf_config) -> bool:
         runner = from_task
     elif from_task not in ("auto", runner):
         raise ValueError(f"--task {model_cfg.task} contradicts --runner {model_cfg.runner}")
+    convert = model_cfg.convert
     architectures = ", ".join(getattr(hf_config, "architectures", None) or ["unknown"])
-    if runner == "pooling" and not encoder:
+    if runner == "generate" and (encoder or convert == "embed"):
+        what = "an encoder-only model" if encoder else "converted to embeddings (--convert embed)"
         raise ValueError(
-            f"--runner pooling: {architectures} is a generative model; serving one as a "
-            "pooling model (vLLM's --convert embed) is not supported by aioserve yet"
+            f"--runner generate: {architectures} is {what}, which cannot generate text; "
+            "serve it with --runner pooling (or auto)"
         )
-    if runner == "generate" and encoder:
+    if runner == "auto" and not encoder:
+        folder = Path(checkpoint.source.path) if checkpoint.source.kind == "hf_folder" else None
+        st_pooling = folder is not None and sentence_transformers_pooling(folder) is not None
+        runner = "pooling" if convert == "embed" or st_pooling else "generate"
+    if runner == "pooling" and not encoder and convert == "none":
         raise ValueError(
-            f"--runner generate: {architectures} is an encoder-only model, which cannot "
-            "generate text; serve it with --runner pooling (or auto)"
+            f"--runner pooling: {architectures} is a generative model; --convert none keeps "
+            "it one (--convert embed serves it as an embedding model)"
         )
-    return encoder if runner == "auto" else runner == "pooling"
+    return encoder or runner == "pooling"
 
 
 # sentence-transformers' settings file of each encoder family, in vLLM's order.
@@ -115,8 +125,11 @@ def resolve_pooling_max_model_len(model_cfg: ModelConfig, checkpoint: Checkpoint
     max_seq_length; a larger --max-model-len is refused, as vLLM refuses it, unless
     VLLM_ALLOW_LONG_MAX_MODEL_LEN allows it, and never past the position table."""
     hf_config = checkpoint.hf_config
-    table = model_class_for(hf_config).max_prompt_len(hf_config)
-    derived = min(resolve_max_model_len(None, hf_config), table)
+    derived = resolve_max_model_len(None, hf_config)
+    # An encoder's learned position table; a decoder's rotary positions have none.
+    max_prompt_len = getattr(model_class_for(hf_config, "auto"), "max_prompt_len", None)
+    table = derived if max_prompt_len is None else max_prompt_len(hf_config)
+    derived = min(derived, table)
     capped = sentence_transformers_max_len(checkpoint)
     if capped is not None:
         derived = min(derived, capped)
@@ -204,6 +217,15 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
     if resolve_packed_weights(dtype):
         pack_weights(model)
         logger.info("dense products run oneDNN on its packed layout of the weights")
+    if not is_pooling_architecture(hf_config):
+        logger.info("%s converted to an embedding model (--convert embed)", type(model).__name__)
+        model = DecoderAsEncoder(
+            model,
+            max_num_batched_tokens=max_tokens,
+            max_num_seqs=max_num_seqs,
+            dtype=dtype,
+            device=dev,
+        )
     runner = PoolingRunner(
         model,
         pooling_type=pooler.pooling_type,

@@ -9,8 +9,8 @@ Where the settings come from, first match wins, as vLLM 0.32 resolves them
    synonym `seq_pooling_type`) and `use_activation` (for embeddings: L2 normalization);
 2. a sentence-transformers folder: its modules.json's Pooling module (its config.json's
    `pooling_mode` or `pooling_mode_*` flag) and whether a Normalize module is listed;
-3. the architecture's default (models/registry.py POOLING_ARCHITECTURES: CLS for a BERT)
-   and normalization on.
+3. the architecture's default (models/registry.py POOLING_ARCHITECTURES: CLS for a BERT;
+   LAST for a generative model converted to embeddings) and normalization on.
 
 Where aioserve differs from vLLM, it refuses rather than computing something else: a
 sentence-transformers pooling of max, mean_sqrt_len or weighted mean (vLLM falls back to
@@ -39,7 +39,7 @@ from aioserve.models.classifier_activation import classifier_activation
 from aioserve.models.registry import (
     CLASSIFY_ARCHITECTURES,
     POOLING_ARCHITECTURES,
-    architecture_for,
+    native_architecture,
 )
 
 POOLING_TYPES = ("MEAN", "CLS", "LAST")
@@ -118,7 +118,8 @@ def pooler_config_for(
     normalize = overrides.get("use_activation")
     if normalize is not None and not isinstance(normalize, bool):
         raise ValueError(f"--pooler-config use_activation must be true or false, got {normalize!r}")
-    task = "classify" if architecture_for(hf_config) in CLASSIFY_ARCHITECTURES else "embed"
+    architecture = native_architecture(hf_config)
+    task = "classify" if architecture in CLASSIFY_ARCHITECTURES else "embed"
     if overrides.get("task") not in (None, task):
         raise ValueError(
             f"--pooler-config task {overrides['task']!r} is not supported: this model's task "
@@ -132,10 +133,9 @@ def pooler_config_for(
         pooling_type = pooling_type or st_type
         normalize = st_normalize if normalize is None else normalize
     if pooling_type is None:
-        architecture = architecture_for(hf_config)
-        if architecture not in POOLING_ARCHITECTURES:
-            raise ValueError(f"{architecture} is not a pooling (embedding) model")
-        pooling_type = POOLING_ARCHITECTURES[architecture]
+        # A generative model converted to embeddings (--convert embed) pools its last
+        # row, as vLLM's converted models do.
+        pooling_type = POOLING_ARCHITECTURES.get(architecture, "LAST")
     return PoolerConfig(
         pooling_type=pooling_type,
         normalize=True if normalize is None else normalize,

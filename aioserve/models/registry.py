@@ -80,14 +80,15 @@ backend (auto); aioserve's own only (vllm, vLLM's name for its native models); t
 Transformers backend (transformers, models/transformers_backend.py)."""
 
 
-def _native_architecture(config: PretrainedConfig) -> str | None:
+def native_architecture(config: PretrainedConfig) -> str | None:
+    """The first of the config's `architectures` that aioserve implements, None if none."""
     architectures = getattr(config, "architectures", None) or []
     return next((a for a in architectures if a in MODEL_CLASSES), None)
 
 
 def architecture_for(config: PretrainedConfig) -> str:
     """The first of the config's `architectures` that aioserve implements."""
-    architecture = _native_architecture(config)
+    architecture = native_architecture(config)
     if architecture is None:
         architectures = getattr(config, "architectures", None) or []
         raise ValueError(
@@ -105,7 +106,7 @@ def model_class_for(config: PretrainedConfig, model_impl: str = "vllm") -> type[
         transformers_causal_lm_class,
     )
 
-    native = _native_architecture(config)
+    native = native_architecture(config)
     if model_impl == "vllm" or (model_impl == "auto" and native is not None):
         if native is None:
             architecture_for(config)  # raises: not supported, and which are
@@ -128,4 +129,4 @@ def is_pooling_architecture(config: PretrainedConfig) -> bool:
     """Whether the config's model is an encoder-only pooling (embedding) model: no KV cache,
     no sampling, one vector a prompt (models/pooler.py); False for one aioserve does not
     implement (the Transformers backend may run it: `model_class_for`)."""
-    return _native_architecture(config) in POOLING_ARCHITECTURES
+    return native_architecture(config) in POOLING_ARCHITECTURES

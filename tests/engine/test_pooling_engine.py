@@ -163,11 +163,6 @@ def test_settings_a_pooling_model_cannot_have_are_refused(minilm_folder, kwargs,
         LLM(str(minilm_folder), **kwargs)
 
 
-def test_a_generative_model_is_not_served_as_a_pooling_one(tiny_model):
-    with pytest.raises(ValueError, match="is a generative model; serving one as a pooling model"):
-        LLM(tiny_model, runner="pooling")
-
-
 def test_a_vector_is_cut_then_normalized_as_the_request_or_else_the_pooler_says():
     pooled = torch.tensor([3.0, 4.0, 12.0])
     normalizing = PoolerConfig("MEAN", normalize=True)
