@@ -41,6 +41,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from aioserve.config.engine import EngineConfig
@@ -322,6 +323,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
             raise ValueError(
                 "--logits-processors: Pooling models do not support custom logits processors."
             )
+        if model_cfg.enable_sleep_mode:
+            raise ValueError("--enable-sleep-mode: pooling models do not sleep yet")
         return build_pooling_engine(config, checkpoint, tokenizer)
 
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
@@ -368,55 +371,60 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_num_seqs = batch_default("max_num_seqs", platform, config.serving, performance_mode)
     limits = resolve_scheduler_limits(sched_cfg, max_tokens, max_num_seqs, max_model_len, chunked)
 
-    model = load_model(
-        checkpoint,
-        dtype=dtype,
-        device=dev,
-        dummy=config.load.load_format == "dummy",
-        seed=model_cfg.seed,
-        use_tqdm=config.load.use_tqdm_on_load,
-    )
-    if resolve_gguf_blocks(checkpoint):
-        kept = keep_gguf_blocks(model, checkpoint)
-        logger.info("the quantized layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
-    elif resolve_int4_weights(checkpoint, dtype):
-        if checkpoint.int4_scheme is None:
-            added = keep_int4_weights(model, checkpoint, dtype)
-        else:
-            added = keep_int4_cpu_weights(
-                model, checkpoint.int4_group_layers(), checkpoint.int4_scheme, dtype
+    def load_weights() -> nn.Module:
+        """The checkpoint's model in its served form (again for a level-2 wake)."""
+        model = load_model(
+            checkpoint,
+            dtype=dtype,
+            device=dev,
+            dummy=config.load.load_format == "dummy",
+            seed=model_cfg.seed,
+            use_tqdm=config.load.use_tqdm_on_load,
+        )
+        if resolve_gguf_blocks(checkpoint):
+            kept = keep_gguf_blocks(model, checkpoint)
+            logger.info("the quantized layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
+        elif resolve_int4_weights(checkpoint, dtype):
+            if checkpoint.int4_scheme is None:
+                added = keep_int4_weights(model, checkpoint, dtype)
+            else:
+                added = keep_int4_cpu_weights(
+                    model, checkpoint.int4_group_layers(), checkpoint.int4_scheme, dtype
+                )
+            logger.info(
+                "steps of up to %d rows read the checkpoint's 4-bit weights as stored "
+                "(%.0f MiB more memory)",
+                INT4_MAX_ROWS,
+                added / 2**20,
             )
-        logger.info(
-            "steps of up to %d rows read the checkpoint's 4-bit weights as stored "
-            "(%.0f MiB more memory)",
-            INT4_MAX_ROWS,
-            added / 2**20,
-        )
-    elif resolve_int4_group_weights(checkpoint):
-        assert checkpoint.int4_scheme is not None
-        kept = keep_int4_group_weights(
-            model, checkpoint.int4_group_layers(), checkpoint.int4_scheme
-        )
-        logger.info(
-            "the %s 4-bit layers are kept as stored: %.0f MiB",
-            checkpoint.int4_scheme.method.upper(),
-            kept / 2**20,
-        )
-    elif resolve_fp8_weights(checkpoint):
-        kept = keep_fp8_weights(model, checkpoint.fp8_layers(), e4m3_dtype())
-        if num_experts(checkpoint.hf_config):
-            kept += keep_fp8_experts(model, checkpoint.fp8_layers(), e4m3_dtype())
-        logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
-    elif resolve_int8_weights(checkpoint):
-        kept = keep_int8_weights(model, checkpoint.int8_layers())
-        logger.info("the INT8 layers are kept as stored: %.0f MiB", kept / 2**20)
-    elif checkpoint.quantize_to_fp8:
-        kept = quantize_to_fp8(model, e4m3_dtype())
-        logger.info(
-            "--quantization fp8: the decoder layers quantized to FP8 at load, a scale a row: "
-            "%.0f MiB",
-            kept / 2**20,
-        )
+        elif resolve_int4_group_weights(checkpoint):
+            assert checkpoint.int4_scheme is not None
+            kept = keep_int4_group_weights(
+                model, checkpoint.int4_group_layers(), checkpoint.int4_scheme
+            )
+            logger.info(
+                "the %s 4-bit layers are kept as stored: %.0f MiB",
+                checkpoint.int4_scheme.method.upper(),
+                kept / 2**20,
+            )
+        elif resolve_fp8_weights(checkpoint):
+            kept = keep_fp8_weights(model, checkpoint.fp8_layers(), e4m3_dtype())
+            if num_experts(checkpoint.hf_config):
+                kept += keep_fp8_experts(model, checkpoint.fp8_layers(), e4m3_dtype())
+            logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
+        elif resolve_int8_weights(checkpoint):
+            kept = keep_int8_weights(model, checkpoint.int8_layers())
+            logger.info("the INT8 layers are kept as stored: %.0f MiB", kept / 2**20)
+        elif checkpoint.quantize_to_fp8:
+            kept = quantize_to_fp8(model, e4m3_dtype())
+            logger.info(
+                "--quantization fp8: the decoder layers quantized to FP8 at load, a scale a row: "
+                "%.0f MiB",
+                kept / 2**20,
+            )
+        return model
+
+    model = load_weights()
     kv_dtype = kv_cache_torch_dtype(cache_cfg.kv_cache_dtype, dtype)
     num_blocks = num_kv_blocks(
         model,
@@ -515,6 +523,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         prefix_caching_hash_algo=cache_cfg.prefix_caching_hash_algo,
         kv_events=cache_cfg.kv_events_config,
         enable_prompt_embeds=model_cfg.enable_prompt_embeds,
+        enable_sleep_mode=model_cfg.enable_sleep_mode,
         hidden_size=hf_config.hidden_size,
         scheduling_policy=sched_cfg.scheduling_policy,
         async_scheduling=resolve_async_scheduling(
@@ -569,6 +578,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         runner=runner,
         hf_config=hf_config,
         lora_adapters=lora_adapters,
+        load_weights=load_weights,
     )
 
 
