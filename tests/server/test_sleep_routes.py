@@ -149,9 +149,9 @@ def test_level_1_frees_the_pool_and_a_wake_takes_it_again(sleeper, prompt, refer
         reply = await call(session, url, "POST", "/wake_up?tags=kv_cache")
         woke_s = time.monotonic() - started
         assert reply == (200, {"status": "awake", "tags": ["kv_cache"]})
+        assert await call(session, url, "GET", "/is_sleeping") == (200, {"is_sleeping": False})
         assert await held == reference
         assert sleeper.rss_mib() - asleep_rss > 0.9 * POOL_MIB
-        assert await call(session, url, "GET", "/is_sleeping") == (200, {"is_sleeping": False})
         assert await sleep_states(session, url) == {
             "awake": 1, "weights_offloaded": 0, "discard_all": 0
         }  # fmt: skip
