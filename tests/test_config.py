@@ -118,6 +118,7 @@ SUPPORTED_FLAGS = [
     (["--served-model-name", "one", "two"], "model.served_model_name", ["one", "two"]),
     (["--skip-tokenizer-init"], "model.skip_tokenizer_init", True),
     (["--enable-prompt-embeds"], "model.enable_prompt_embeds", True),
+    (["--enable-sleep-mode"], "model.enable_sleep_mode", True),
     (["--logits-processors", "a.b:C", "d:E"], "model.logits_processors", ("a.b:C", "d:E")),
     (["--stream-interval", "4"], "scheduler.stream_interval", 4),
     (["--kv-cache-memory-bytes", "2G"], "cache.kv_cache_memory_bytes", 2**31),
