@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from aioserve import platform
-from aioserve.engine import build
+from aioserve.engine import build, served_weights
 from aioserve.runner.kv_memory import kv_cache_torch_dtype
 
 
@@ -99,10 +99,10 @@ def test_an_nvidia_gpu_before_sm89_refuses_e4m3_by_name(monkeypatch, gpu):
 def test_an_fp8_checkpoint_is_dequantized_on_a_gpu_without_e4m3(monkeypatch, caplog):
     checkpoint = SimpleNamespace(fp8_scheme=object())
     as_device(monkeypatch, "cuda", "sm_90")
-    assert build.resolve_fp8_weights(checkpoint)
+    assert served_weights.resolve_fp8_weights(checkpoint)
     as_device(monkeypatch, "cuda", "sm_80")
     with caplog.at_level(logging.WARNING, logger="aioserve"):
-        assert not build.resolve_fp8_weights(checkpoint)
+        assert not served_weights.resolve_fp8_weights(checkpoint)
     assert "dequantized at load" in caplog.text and "sm_80" in caplog.text
     as_device(monkeypatch, "cpu", "")
-    assert not build.resolve_fp8_weights(checkpoint)
+    assert not served_weights.resolve_fp8_weights(checkpoint)

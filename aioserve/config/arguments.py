@@ -228,7 +228,12 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("override-generation-config", MODEL, {},
              "Sampling defaults to add or override (JSON object), e.g. {\"temperature\": 0.5}.",
              "json", convert=values.json_object),
-    vllm_only("enable-sleep-mode", MODEL, False, "Let the engine release and regain device memory.", "bool"),
+    Argument("enable-sleep-mode", MODEL, False,
+             "Let the engine sleep and wake (VLLM_SERVER_DEV_MODE=1's /sleep, /wake_up, "
+             "/is_sleeping and /release_kv_cache_memory; LLM.sleep and LLM.wake_up): asleep, "
+             "it frees the KV cache's memory and offloads (level 1) or discards (level 2) the "
+             "weights. Without it sleeping only pauses, as in vLLM, and frees nothing.",
+             "bool", convert=values.boolean),
     Argument("model-impl", MODEL, "auto", "auto: aioserve's own model code where it has it, "
              "else Transformers' with aioserve's paged attention (eager); vllm: aioserve's own "
              "only; transformers: Transformers' always.", convert=values.string,

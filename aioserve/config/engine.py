@@ -70,6 +70,7 @@ class ModelConfig:
     served_model_name: list[str] | None
     skip_tokenizer_init: bool
     enable_prompt_embeds: bool = False  # prompts may come as embeddings (prompt_embeds.py)
+    enable_sleep_mode: bool = False  # sleep may free memory (engine/sleep.py)
     runner: str = "auto"  # generate, pooling, or auto: the architecture's
     convert: str = "auto"
     task: str = "auto"  # vLLM's deprecated spelling of the runner

@@ -7,7 +7,8 @@ a queue cap is reached (QueueFullError), and abort it when their caller goes awa
 iterator closed, the task cancelled). The loop that runs them is `EngineLoop`'s.
 `start_profile` and `stop_profile` run torch's profiler over its steps (step_profiler.py).
 `pause_generation` and `resume_generation` hold the requests back and let them go again
-(pause.py says how).
+(pause.py says how); `sleep` and `wake_up` pause and free memory, and bring it back
+(sleep.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aioserve.config.engine import EngineConfig
@@ -53,6 +54,7 @@ from aioserve.engine.prompt_embeds import (
 )
 from aioserve.engine.request import RequestStatus
 from aioserve.engine.sampling_params import SamplingParams
+from aioserve.engine.sleep import EngineAsleepError, SleepRefused, check_level, wake_tags
 from aioserve.engine.step_profiler import ProfilerStateError, StepProfiler
 from aioserve.platform import is_gpu
 
@@ -305,7 +307,14 @@ class AsyncEngine(EngineLoop):
             self._stats.step_done(self.scheduler, self.kv_cache)
 
     def resume_generation(self) -> None:
-        """End the pause: the queued and frozen requests go on."""
+        """End the pause: the queued and frozen requests go on. EngineAsleepError while
+        sleep holds memory back (wake_up resumes)."""
+        if self._sleep.holds_memory:
+            asleep = ", ".join(sorted(self._sleep.sleeping_tags))
+            raise EngineAsleepError(
+                f"the engine is asleep ({asleep} not resident): wake it up (POST /wake_up, "
+                "LLM.wake_up) to resume"
+            )
         self._pause.end()
         if self._wakeup is not None:
             self._wakeup.set()
@@ -323,6 +332,63 @@ class AsyncEngine(EngineLoop):
             count += len(state.samples) > 1
             self.abort(request_id)
         return count
+
+    # -- sleep mode (the server's /sleep, /wake_up, /is_sleeping, /release_kv_cache_memory) --
+
+    async def sleep(self, level: int = 1, mode: PauseMode = "abort") -> None:
+        """Sleep at `level` (sleep.py), the requests in flight handled as a pause in `mode`
+        would. ValueError for an unknown level or mode; SleepRefused for a level 2
+        this engine cannot take."""
+        check_level(level)
+        if level == 2 and (why := self._sleep.level_2_refusal()) is not None:
+            raise SleepRefused(f"sleep level 2 is not supported for this model: {why}")
+        async with self._sleep.lock:
+            await self.pause_generation(mode, clear_cache=level >= 1)
+            if level >= 1:
+                await self._on_model_thread(self._sleep.sleep, level)
+            self._sleep.record(1, level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Bring back the memory of `tags` ("weights", "kv_cache"; None: all), and once
+        all is resident resume generation; whether the engine is fully awake."""
+        async with self._sleep.lock:
+            executor_tags = wake_tags(tags)
+            if executor_tags is None or executor_tags:
+                await self._on_model_thread(self._sleep.wake_up, executor_tags)
+            fully_awake = not self._sleep.sleeping_tags
+            if fully_awake:
+                self.resume_generation()
+                self._sleep.record(0, 0)
+            return fully_awake
+
+    async def release_kv_cache_memory(self) -> None:
+        """Free the KV cache's memory (the tag "kv_cache"), after a completed pause with
+        all memory resident; RuntimeError (vLLM's) otherwise."""
+        async with self._sleep.lock:
+            idle = not self.scheduler.has_unfinished() and self.loop_clock.parked
+            if not (self._pause.paused and idle):
+                raise RuntimeError("release_kv_cache_memory() requires a completed pause first")
+            if self._sleep.sleeping_tags:
+                raise RuntimeError(
+                    "release_kv_cache_memory() requires all executor memory to be resident"
+                )
+            if not self.reset_prefix_cache():
+                raise RuntimeError("the prefix cache was not reset: requests still hold blocks")
+            await self._on_model_thread(self._sleep.discard_kv_cache)
+            self._sleep.record(1, 0)
+
+    @property
+    def is_sleeping(self) -> bool:
+        """Whether the engine sleeps at any level (a pause counts, as in vLLM)."""
+        return self._pause.paused or bool(self._sleep.sleeping_tags)
+
+    @property
+    def sleep_state(self) -> tuple[int, int]:
+        """(asleep, level) as vLLM's `vllm:engine_sleep_state` last recorded them."""
+        return self._sleep.state
+
+    async def _on_model_thread(self, fn: Callable[..., object], *args: object) -> None:
+        await asyncio.wrap_future(self._model_thread.submit(fn, *args))
 
     # -- profiling (the server's /start_profile and /stop_profile) ------------------------
 

@@ -41,6 +41,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from aioserve.config.engine import EngineConfig
@@ -63,29 +64,21 @@ from aioserve.engine.resolution import (
 )
 from aioserve.engine.sampling_params import SamplingParams
 from aioserve.engine.scheduler_limits import resolve_scheduler_limits
+from aioserve.engine.served_weights import load_served_model
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.engine.step_observation import engine_observability
 from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.engine.thinking_markers import thinking_markers
 from aioserve.kernels import dispatch
-from aioserve.kernels.int8_linear_reference import int8_gemm_exact
 from aioserve.logits_processor import ProcessorConfig, build_processors, load_processor_classes
 from aioserve.models.checkpoint import Checkpoint, open_checkpoint
-from aioserve.models.fp8_weights import keep_fp8_weights, quantize_to_fp8
-from aioserve.models.gguf_weights import keep_gguf_blocks, keep_int4_weights
-from aioserve.models.int4_group_weights import keep_int4_cpu_weights, keep_int4_group_weights
-from aioserve.models.int8_weights import keep_int8_weights
-from aioserve.models.linear import INT4_MAX_ROWS
-from aioserve.models.loader import load_model
 from aioserve.models.lora_adapter import read_lora_adapter
 from aioserve.models.moe import num_experts
-from aioserve.models.moe_fp8_weights import keep_fp8_experts
 from aioserve.models.rope_parameters import fit_rope_to_context
 from aioserve.models.sliding_windows import disable_sliding_window
 from aioserve.platform import (
     current_platform,
     device,
-    e4m3_dtype,
     e4m3_missing,
     is_gpu,
 )
@@ -134,55 +127,6 @@ def resolve_row_weight_dtype(
         "bytes; the float32 weights are rounded to the same values (--dtype float32 keeps them)"
     )
     return torch.bfloat16
-
-
-def resolve_gguf_blocks(checkpoint: Checkpoint) -> bool:
-    """Whether a GGUF checkpoint's quantized layers (Q4_0 ... Q6_K) hold only their blocks,
-    read as stored by the Triton kernels (models/gguf_weights.py): on a GPU."""
-    return checkpoint.load_format == "gguf" and is_gpu()
-
-
-def resolve_int4_weights(checkpoint: Checkpoint, dtype: torch.dtype) -> bool:
-    """Whether small steps read a GGUF, AWQ or GPTQ checkpoint's 4-bit weights as stored
-    (models/gguf_weights.py, models/int4_group_weights.py): where the dense products run on
-    packed bfloat16 weights, beside which torch's int4 CPU op serves steps of a few rows."""
-    quantized = checkpoint.load_format == "gguf" or checkpoint.int4_scheme is not None
-    return quantized and resolve_packed_weights(dtype)
-
-
-def resolve_int4_group_weights(checkpoint: Checkpoint) -> bool:
-    """Whether an AWQ or GPTQ checkpoint's layers hold only their 4-bit weights, read as
-    stored by the Triton kernels (models/int4_group_weights.py): on a GPU. The CPU computes
-    on the weights dequantized at load."""
-    return checkpoint.int4_scheme is not None and is_gpu()
-
-
-def resolve_fp8_weights(checkpoint: Checkpoint) -> bool:
-    """Whether an FP8 checkpoint's layers hold only their 8-bit weights, read as stored by
-    the Triton kernels (models/fp8_weights.py): on a GPU that has e4m3 floats. The CPU, and
-    an NVIDIA GPU before sm_89, compute on the weights dequantized at load."""
-    if checkpoint.fp8_scheme is None or not is_gpu():
-        return False
-    missing = e4m3_missing()
-    if missing is not None:
-        logger.warning("the FP8 layers are dequantized at load: %s", missing)
-    return missing is None
-
-
-def resolve_int8_weights(checkpoint: Checkpoint) -> bool:
-    """Whether an INT8 W8A8 checkpoint's layers hold only their int8 weights
-    (models/int8_weights.py): on a GPU, and on a CPU whose int8 GEMM sums exactly (VNNI or
-    AMX). Elsewhere they compute on the weights dequantized at load, as FP8's do."""
-    if checkpoint.int8_scheme is None:
-        return False
-    if is_gpu() or int8_gemm_exact():
-        return True
-    logger.warning(
-        "the INT8 layers are dequantized at load: this CPU's int8 GEMM (oneDNN without VNNI "
-        "or AMX) saturates its 16-bit pair sums, and summing exactly without it is slower "
-        "than the dequantized weights"
-    )
-    return False
 
 
 def check_long_prefill_token_threshold(threshold: int, max_model_len: int) -> None:
@@ -322,6 +266,8 @@ def build_engine(config: EngineConfig) -> EngineParts:
             raise ValueError(
                 "--logits-processors: Pooling models do not support custom logits processors."
             )
+        if model_cfg.enable_sleep_mode:
+            raise ValueError("--enable-sleep-mode: pooling models do not sleep yet")
         return build_pooling_engine(config, checkpoint, tokenizer)
 
     dtype = resolve_dtype(model_cfg.dtype, checkpoint)
@@ -368,59 +314,14 @@ def build_engine(config: EngineConfig) -> EngineParts:
         max_num_seqs = batch_default("max_num_seqs", platform, config.serving, performance_mode)
     limits = resolve_scheduler_limits(sched_cfg, max_tokens, max_num_seqs, max_model_len, chunked)
 
-    model = load_model(
-        checkpoint,
-        dtype=dtype,
-        device=dev,
-        dummy=config.load.load_format == "dummy",
-        seed=model_cfg.seed,
-        use_tqdm=config.load.use_tqdm_on_load,
-        model_impl=model_cfg.model_impl,
-    )
+    def load_weights() -> nn.Module:
+        """The checkpoint's model in its served form (again for a level-2 wake)."""
+        return load_served_model(checkpoint, config, dtype, dev)
+
+    model = load_weights()
     compiles = getattr(model, "compiles", True)  # False: the Transformers backend's
     if not compiles and config.lora.enable_lora:
         raise ValueError("--enable-lora: the Transformers backend (--model-impl) has no LoRA yet")
-    if resolve_gguf_blocks(checkpoint):
-        kept = keep_gguf_blocks(model, checkpoint)
-        logger.info("the quantized layers are kept as stored: %.0f MiB of blocks", kept / 2**20)
-    elif resolve_int4_weights(checkpoint, dtype):
-        if checkpoint.int4_scheme is None:
-            added = keep_int4_weights(model, checkpoint, dtype)
-        else:
-            added = keep_int4_cpu_weights(
-                model, checkpoint.int4_group_layers(), checkpoint.int4_scheme, dtype
-            )
-        logger.info(
-            "steps of up to %d rows read the checkpoint's 4-bit weights as stored "
-            "(%.0f MiB more memory)",
-            INT4_MAX_ROWS,
-            added / 2**20,
-        )
-    elif resolve_int4_group_weights(checkpoint):
-        assert checkpoint.int4_scheme is not None
-        kept = keep_int4_group_weights(
-            model, checkpoint.int4_group_layers(), checkpoint.int4_scheme
-        )
-        logger.info(
-            "the %s 4-bit layers are kept as stored: %.0f MiB",
-            checkpoint.int4_scheme.method.upper(),
-            kept / 2**20,
-        )
-    elif resolve_fp8_weights(checkpoint):
-        kept = keep_fp8_weights(model, checkpoint.fp8_layers(), e4m3_dtype())
-        if num_experts(checkpoint.hf_config):
-            kept += keep_fp8_experts(model, checkpoint.fp8_layers(), e4m3_dtype())
-        logger.info("the FP8 layers are kept as stored: %.0f MiB", kept / 2**20)
-    elif resolve_int8_weights(checkpoint):
-        kept = keep_int8_weights(model, checkpoint.int8_layers())
-        logger.info("the INT8 layers are kept as stored: %.0f MiB", kept / 2**20)
-    elif checkpoint.quantize_to_fp8:
-        kept = quantize_to_fp8(model, e4m3_dtype())
-        logger.info(
-            "--quantization fp8: the decoder layers quantized to FP8 at load, a scale a row: "
-            "%.0f MiB",
-            kept / 2**20,
-        )
     kv_dtype = kv_cache_torch_dtype(cache_cfg.kv_cache_dtype, dtype)
     num_blocks = num_kv_blocks(
         model,
@@ -520,6 +421,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         prefix_caching_hash_algo=cache_cfg.prefix_caching_hash_algo,
         kv_events=cache_cfg.kv_events_config,
         enable_prompt_embeds=model_cfg.enable_prompt_embeds,
+        enable_sleep_mode=model_cfg.enable_sleep_mode,
         hidden_size=hf_config.hidden_size,
         scheduling_policy=sched_cfg.scheduling_policy,
         async_scheduling=resolve_async_scheduling(
@@ -574,6 +476,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         runner=runner,
         hf_config=hf_config,
         lora_adapters=lora_adapters,
+        load_weights=load_weights,
     )
 
 

@@ -57,6 +57,7 @@ from aioserve.engine.prompt_delay import prompt_delay
 from aioserve.engine.request import Request, RequestStatus
 from aioserve.engine.scheduler import Scheduler, SchedulerOutput
 from aioserve.engine.settings import EngineParts
+from aioserve.engine.sleep import engine_sleep
 from aioserve.engine.stats import StatLogger, StatsReporter, StepTally
 from aioserve.engine.step_observation import StepObservation, StepObserver, residency_tracker
 from aioserve.engine.step_timing import StepTiming, step_timer
@@ -104,6 +105,7 @@ class EngineLoop:
         )
         self.lora_adapters = parts.lora_adapters
         self._pause = Pause(self.scheduler)  # /pause and /resume (pause.py)
+        self._sleep = engine_sleep(parts)  # /sleep and /wake_up (sleep.py)
         self.load_shedder = LoadShedder(
             self.scheduler, s.max_num_queued_reqs, s.max_num_queued_tokens
         )

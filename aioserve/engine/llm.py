@@ -29,6 +29,7 @@ from aioserve.engine.outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
+from aioserve.engine.pause import PauseMode
 from aioserve.engine.pooling_params import PoolingParams
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 from aioserve.engine.step_profiler import torch_activities
@@ -107,6 +108,23 @@ class LLM:
     def stop_profile(self) -> None:
         """Stop the profiler and write its trace in torch_profiler_dir."""
         self._complete(self.engine.stop_profile())
+
+    def sleep(self, level: int = 1, mode: PauseMode = "abort") -> None:
+        """Put the engine to sleep (vLLM's LLM.sleep; engine/sleep.py): level 0 pauses
+        scheduling, level 1 also frees the KV cache and offloads the weights (kept in host
+        memory on the CPU), level 2 frees both. Memory is freed with enable_sleep_mode=True
+        only. `mode` ("abort", "wait", "keep") says what becomes of requests in flight."""
+        self._complete(self.engine.sleep(level, mode))
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Bring back the memory of `tags` ("weights", "kv_cache", "scheduling"; None: all)
+        and whether the engine is fully awake (vLLM's LLM.wake_up)."""
+        return self._complete(self.engine.wake_up(tags))
+
+    def release_kv_cache_memory(self) -> None:
+        """Free the KV cache's memory after a completed `sleep(level=0)`; restore it with
+        `wake_up(tags=["kv_cache"])` (vLLM's LLM.release_kv_cache_memory)."""
+        self._complete(self.engine.release_kv_cache_memory())
 
     def get_tokenizer(self):
         return self.engine.tokenizer

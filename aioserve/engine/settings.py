@@ -3,6 +3,7 @@ the parts the AsyncEngine is made of."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,8 @@ from aioserve.engine.structured_outputs.params import StructuredOutputsConfig
 from aioserve.runner.model_runner import ModelRunner
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from aioserve.engine.lora_requests import LoRAAdapterCache
     from aioserve.models.pooler import PoolerConfig
     from aioserve.runner.pooling_runner import PoolingRunner
@@ -60,6 +63,8 @@ class EngineSettings:
     threshold resolved (partial_prefills.py); None: one partial prefill at a time."""
     enable_prompt_embeds: bool = False
     """--enable-prompt-embeds: prompts may come as embeddings (prompt_embeds.py)."""
+    enable_sleep_mode: bool = False
+    """--enable-sleep-mode: sleeping frees the KV cache and the weights (engine/sleep.py)."""
     hidden_size: int = 0
     """The model's hidden size: the width of a prompt's embeddings."""
     prefix_caching_hash_algo: str = "sha256"
@@ -119,3 +124,5 @@ class EngineParts:
     hf_config: object
     lora_adapters: LoRAAdapterCache | None = None
     """The adapters read so far, with --enable-lora (lora_requests.py)."""
+    load_weights: Callable[[], nn.Module] | None = None
+    """Loads the served model again from its checkpoint (a level-2 wake: engine/sleep.py)."""

@@ -73,8 +73,10 @@ class ModelStep:
                 "(%.0f MiB more memory, the output head's copy)",
                 added / 2**20,
             )
-        if compiled and row_weight_dtype is not None:
-            added = keep_row_weights(model, row_weight_dtype)
+        # The dtype of the row copies given to the model (None: none), for `derive_weights`.
+        self.row_weight_dtype = row_weight_dtype if compiled else None
+        if self.row_weight_dtype is not None:
+            added = keep_row_weights(model, self.row_weight_dtype)
             logger.info(
                 "single-row products read %s copies of the weights (%.0f MiB more memory)",
                 str(row_weight_dtype).removeprefix("torch."),
@@ -90,6 +92,13 @@ class ModelStep:
             self._head = LayerDispatch([model], head, _compile(head))
             self._logits = functools.partial(self._head.call, 0)
         self._one_row = OneRowStep(model, dtype, self._layers.uninstalled) if compiled else None
+
+    def derive_weights(self, model: nn.Module) -> nn.Module:
+        """`model`, the served model loaded again, given the row copies this step gave its
+        own (a level-2 wake copies them back: runner/sleep_memory.py)."""
+        if self.row_weight_dtype is not None:
+            keep_row_weights(model, self.row_weight_dtype)
+        return model
 
     def forward(
         self, input_ids: Tensor, positions: Tensor, embeds: PromptEmbeds | None = None

@@ -192,6 +192,12 @@ class DecodeGraphs:
             time.monotonic() - started,
         )
 
+    def recapture(self) -> None:
+        """Capture the graphs again: the memory they read has moved (a wake from sleep)."""
+        self.graphs.clear()
+        self.outputs.clear()
+        self.capture()
+
 
 def _copy_in(target: Tensor, array: np.ndarray) -> None:
     """`array` into the static buffer `target`; from pinned memory, asynchronously, on a GPU."""

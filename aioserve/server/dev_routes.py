@@ -10,6 +10,9 @@
     POST /pause, POST /resume, GET /is_paused, POST /abort_requests
                                vLLM's routes for RL frameworks: generation paused around a
                                weight update, requests aborted (pause_routes.py)
+    POST /sleep, POST /wake_up, GET /is_sleeping, POST /release_kv_cache_memory
+                               vLLM's sleep mode: paused, memory freed and brought back
+                               (sleep_routes.py; memory freed with --enable-sleep-mode)
 
 "vllm_config" is aioserve's own configuration (EngineSettings, the values the engine
 resolved, such as max_model_len; FrontendConfig, its api_key "<hidden>"), not vLLM's
@@ -18,7 +21,7 @@ collect_env report. "vllm_env" leaves out every variable whose name holds KEY, T
 SECRET or PASSWORD (vLLM's leaves out only KEY). /reset_prefix_cache's query parameters
 `reset_running_requests` (preempt the running requests first) and `reset_external` (a KV
 connector's cache, which aioserve has none of) are refused when true. vLLM's other
-development routes (sleep and wake, collective RPC, multimodal caches, and the RL routes
+development routes (collective RPC, multimodal caches, and the RL routes
 that transfer, update and check weights) belong to features aioserve does not have. Not
 for production: the server logs a warning when they are on.
 """
@@ -38,6 +41,7 @@ from aiohttp import web
 from aioserve.environment import environment_info, is_secret
 from aioserve.server.errors import bad_parameter
 from aioserve.server.pause_routes import add_pause_routes
+from aioserve.server.sleep_routes import add_sleep_routes
 from aioserve.server.state import STATE
 
 logger = logging.getLogger("aioserve")
@@ -122,10 +126,12 @@ def add_dev_routes(app: web.Application) -> None:
     """Register the development routes on `app`."""
     logger.warning(
         "%s is set: the development routes (/reset_prefix_cache, /server_info, /pause, "
-        "/resume, /is_paused, /abort_requests) are on. "
+        "/resume, /is_paused, /abort_requests, /sleep, /wake_up, /is_sleeping, "
+        "/release_kv_cache_memory) are on. "
         "Do not use this in production.",
         DEV_MODE_ENV,
     )
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/server_info", server_info)
     add_pause_routes(app)
+    add_sleep_routes(app)

@@ -32,6 +32,10 @@ Exposed, measured by the engine:
     shed        vllm:admission_rejections_total{reason}: requests refused by
                 --max-num-queued-reqs or --max-num-queued-tokens (engine/load_shedding.py),
                 labelled, as vLLM's, by model_name and reason only
+    sleep       vllm:engine_sleep_state{sleep_state}: awake, weights_offloaded (level 1),
+                discard_all (level 2); and from the first /sleep, /wake_up or
+                /release_kv_cache_memory on, vllm:sleep_mode_operation_duration_seconds and
+                vllm:sleep_mode_operations_in_flight by operation (sleep_metrics.py)
     our own     aioserve:event_loop_lag_seconds (how late a coroutine that sleeps
                 LAG_PROBE_INTERVAL_S wakes up: time the loop spent blocked),
                 aioserve:engine_step_duration_seconds (see `_observe_step_duration`),
@@ -59,7 +63,7 @@ every adapter with a request in flight, running or waiting.
 Left out because aioserve cannot measure them (or has no such feature): speculative
 decoding (`vllm:spec_decode_*`), multimodal and
 external/KV-connector caches (`vllm:mm_cache_*`, `vllm:external_prefix_cache_*`,
-`vllm:prompt_tokens_by_source`, `vllm:prompt_tokens_cached*`), sleep mode (`vllm:engine_sleep_state`), waiting
+`vllm:prompt_tokens_by_source`, `vllm:prompt_tokens_cached*`), waiting
 reasons (`vllm:num_requests_waiting_by_reason`) and the HTTP instrumentator (`http_*`).
 
 vLLM's FLOP/byte estimates (`vllm:estimated_*_per_gpu_total`, counting with
@@ -97,6 +101,7 @@ from aioserve.engine.load_shedding import REASONS, LoadShedder
 from aioserve.engine.stats import SpeculationCounts, StepStats
 from aioserve.server.bulk_observe import observe_each
 from aioserve.server.observability_metrics import ObservabilityMetrics
+from aioserve.server.sleep_metrics import EngineSleepState
 from aioserve.server.state import ServerState
 from aioserve.server.stats_log import engine_stats_line
 
@@ -547,6 +552,8 @@ def add_metrics(app: web.Application, state: ServerState, *, stats_interval: flo
         kv_cache_metrics=engine.settings.observability.kv_cache_metrics_sample is not None,
     )
     metrics.registry.register(AdmissionRejections(state.model_name, engine.load_shedder))
+    labels = (state.model_name, ENGINE_INDEX)
+    metrics.registry.register(EngineSleepState(LABELS, labels, engine))
     stats_line = None if stats_interval is None else engine_stats_line(engine.settings)
     app[METRICS] = metrics
     app.router.add_get("/metrics", serve_metrics)

@@ -276,6 +276,10 @@ _PROTECTED_ROUTES = frozenset(
         "/resume",
         "/is_paused",
         "/abort_requests",
+        "/sleep",
+        "/wake_up",
+        "/is_sleeping",
+        "/release_kv_cache_memory",
     }
 )
 

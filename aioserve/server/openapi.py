@@ -23,6 +23,7 @@ from aioserve.server.embeddings import EMBEDDING_BODY, POOLING_BODY
 from aioserve.server.pause_routes import PAUSE_OPERATIONS
 from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY, properties
 from aioserve.server.scoring import RERANK_BODY, SCORE_BODY
+from aioserve.server.sleep_routes import SLEEP_ROUTE_OPERATIONS
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -534,6 +535,7 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         },
     },
     **PAUSE_OPERATIONS,
+    **SLEEP_ROUTE_OPERATIONS,
     ("get", "/metrics"): {
         "summary": "Prometheus metrics, with vLLM's names",
         "responses": {

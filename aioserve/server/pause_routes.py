@@ -6,7 +6,8 @@ push new weights into it (vllm/entrypoints/rl/online/api_router.py; development 
                           let them finish; "keep": freeze them) and clear_cache (default
                           true: forget the prefix cache once paused). engine/pause.py says
                           what each mode does, and what becomes of requests sent meanwhile
-    POST /resume          {"status": "resumed"}
+    POST /resume          {"status": "resumed"}; a 400 while sleep holds memory back
+                          (engine/sleep.py: POST /wake_up resumes)
     GET /is_paused        {"is_paused": true | false}
     POST /abort_requests  {"status": "aborted", "aborted": N}: aborts the requests whose ids
                           the body's "request_ids" lists (each counted, known or not), or,
@@ -26,57 +27,25 @@ string (vLLM takes any iterable, and counts a string's characters).
 
 from __future__ import annotations
 
-import logging
-from http import HTTPStatus
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from aioserve.engine.pause import PAUSE_MODES
+from aioserve.engine.sleep import EngineAsleepError
 from aioserve.server.errors import APIError
+from aioserve.server.query_validation import failed, mode_errors, shown, validation_error
 from aioserve.server.state import STATE
-
-logger = logging.getLogger("aioserve")
 
 # The strings pydantic reads as booleans (FastAPI's bool query parameters), lowercased.
 _TRUE = ("1", "on", "t", "true", "y", "yes")
 _FALSE = ("0", "off", "f", "false", "n", "no")
-_MODES = " or ".join(", ".join(f"'{m}'" for m in PAUSE_MODES).rsplit(", ", 1))
-_MAX_INPUT_CHARS = 200  # vLLM's cut of the value an error echoes
-
-
-def _validation_error(errors: list[dict[str, Any]]) -> APIError:
-    """vLLM's 400 for FastAPI's validation errors: each error's dict, as Python shows it."""
-    label = "error" if len(errors) == 1 else "errors"
-    lines = "".join(f"\n  {error}" for error in errors)
-    return APIError(
-        f"{len(errors)} validation {label}:{lines}",
-        param=errors[0]["loc"],
-        error_type="Bad Request",
-    )
-
-
-def _shown(value: str) -> str:
-    if len(value) > _MAX_INPUT_CHARS:
-        return value[:_MAX_INPUT_CHARS] + "...[truncated]"
-    return value
 
 
 def _pause_query(query: Any) -> tuple[str, bool]:
     """(mode, clear_cache) from /pause's query, or vLLM's 400 for what is wrong in it."""
-    errors = []
-    mode = query.get("mode", "abort")
-    if mode not in PAUSE_MODES:
-        errors.append(
-            {
-                "type": "literal_error",
-                "loc": "query.mode",
-                "msg": f"Input should be {_MODES}",
-                "input": _shown(mode),
-                "ctx": {"expected": _MODES},
-            }
-        )
+    mode, errors = mode_errors(query)
     clear_cache = query.get("clear_cache", "true")
     if clear_cache.lower() not in _TRUE + _FALSE:
         errors.append(
@@ -84,19 +53,12 @@ def _pause_query(query: Any) -> tuple[str, bool]:
                 "type": "bool_parsing",
                 "loc": "query.clear_cache",
                 "msg": "Input should be a valid boolean, unable to interpret input",
-                "input": _shown(clear_cache),
+                "input": shown(clear_cache),
             }
         )
     if errors:
-        raise _validation_error(errors)
+        raise validation_error(errors)
     return mode, clear_cache.lower() in _TRUE
-
-
-def _failed(what: str, error: Exception) -> web.Response:
-    logger.error("Failed to %s", what, exc_info=error)
-    return web.json_response(
-        {"error": f"Failed to {what}: {error}"}, status=HTTPStatus.INTERNAL_SERVER_ERROR
-    )
 
 
 async def pause(request: web.Request) -> web.Response:
@@ -104,12 +66,15 @@ async def pause(request: web.Request) -> web.Response:
     try:
         await request.app[STATE].engine.pause_generation(mode, clear_cache)
     except Exception as error:
-        return _failed("pause generation", error)
+        return failed("pause generation", error)
     return web.json_response({"status": "paused"})
 
 
 async def resume(request: web.Request) -> web.Response:
-    request.app[STATE].engine.resume_generation()
+    try:
+        request.app[STATE].engine.resume_generation()
+    except EngineAsleepError as error:  # engine/sleep.py: not while memory is asleep
+        raise APIError(str(error)) from None
     return web.json_response({"status": "resumed"})
 
 
@@ -157,7 +122,7 @@ def add_pause_routes(app: web.Application) -> None:
     app.router.add_post("/abort_requests", abort_requests)
 
 
-def _answer(summary: str, properties: dict[str, Any], **more: Any) -> dict[str, Any]:
+def dev_operation(summary: str, properties: dict[str, Any], **more: Any) -> dict[str, Any]:
     """An /openapi.json operation answering a JSON object with `properties`."""
     schema = {"type": "object", "properties": properties}
     ok = {"description": "OK", "content": {"application/json": {"schema": schema}}}
@@ -167,7 +132,7 @@ def _answer(summary: str, properties: dict[str, Any], **more: Any) -> dict[str, 
 _STATUS = {"status": {"type": "string"}}
 
 PAUSE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
-    ("post", "/pause"): _answer(
+    ("post", "/pause"): dev_operation(
         "Pause generation, once the requests in flight are aborted, done or frozen",
         _STATUS,
         parameters=[
@@ -175,11 +140,11 @@ PAUSE_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             {"name": "clear_cache", "in": "query", "schema": {"type": "boolean", "default": True}},
         ],
     ),
-    ("post", "/resume"): _answer("Resume generation after /pause", _STATUS),
-    ("get", "/is_paused"): _answer(
+    ("post", "/resume"): dev_operation("Resume generation after /pause", _STATUS),
+    ("get", "/is_paused"): dev_operation(
         "Whether generation is paused", {"is_paused": {"type": "boolean"}}
     ),
-    ("post", "/abort_requests"): _answer(
+    ("post", "/abort_requests"): dev_operation(
         "Abort the requests listed, or all in flight",
         {**_STATUS, "aborted": {"type": "integer"}},
         requestBody={

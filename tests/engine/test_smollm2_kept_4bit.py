@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import aioserve.engine.build as build
+import aioserve.engine.served_weights as served_weights
 from aioserve import LLM, SamplingParams
 from aioserve.models.linear import onednn_packs
 from tests.engine.smollm2 import NEW_TOKENS, prompts
@@ -34,8 +34,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
 def _one_at_a_time(smollm2_gguf, *, kept: bool) -> dict[str, tuple[list[int], list[dict]]]:
     with pytest.MonkeyPatch.context() as patch:
         if not kept:
-            patch.setattr(build, "resolve_int4_weights", lambda checkpoint, dtype: False)
-            patch.setattr(build, "resolve_gguf_blocks", lambda checkpoint: False)
+            patch.setattr(served_weights, "resolve_int4_weights", lambda checkpoint, dtype: False)
+            patch.setattr(served_weights, "resolve_gguf_blocks", lambda checkpoint: False)
         with LLM(model=str(smollm2_gguf), dtype="bfloat16") as engine:
             down_proj = engine.engine.runner.model.layers[0].mlp.down_proj
             held = (down_proj.int4_weight, down_proj.gguf_blocks)
