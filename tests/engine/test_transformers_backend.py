@@ -124,6 +124,35 @@ def test_an_architecture_aioserve_lacks_is_served_by_the_backend(model_type, tin
     _assert_matches_transformers(folder, outputs)
 
 
+def test_chunked_prompts_and_cached_prefixes(tiny_models):
+    """A prompt in chunks of 16 tokens (each chunk attending to the blocks written before
+    it, through the sliding window), then again from the prefix cache."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_models["starcoder2"]
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [[(i * 37 + 11) % 40000 for i in range(45)]]
+    prompts.append(prompts[0][:30])
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    options = dict(max_num_batched_tokens=16, enable_chunked_prefill=True, max_num_seqs=2)
+    llm = LLM(model=folder, dtype="float32", block_size=16, max_model_len=128, **options)
+    try:
+        rounds = [
+            llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            for _ in range(2)
+        ]
+    finally:
+        llm.close()
+    for outputs in rounds:
+        for prompt, output in zip(prompts, outputs, strict=True):
+            want_tokens, want_logprobs = hf_greedy(hf, prompt)
+            got = output.outputs[0]
+            assert list(got.token_ids) == want_tokens
+            logprobs = [lp[t].logprob for lp, t in zip(got.logprobs, got.token_ids, strict=True)]
+            assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
+    assert rounds[1][0].num_cached_tokens > 0  # the second round read the prefix cache
+
+
 def test_a_native_architecture_through_the_backend_when_asked(tiny_model, caplog):
     with caplog.at_level(logging.INFO, logger="aioserve"):
         outputs = _greedy(tiny_model, model_impl="transformers")
