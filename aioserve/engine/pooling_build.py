@@ -37,11 +37,11 @@ from aioserve.engine.resolution import (
     resolve_packed_weights,
 )
 from aioserve.engine.scheduler_limits import resolve_scheduler_limits
+from aioserve.engine.served_weights import load_served_model
 from aioserve.engine.settings import EngineParts, EngineSettings
 from aioserve.engine.step_observation import engine_observability
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import pack_weights
-from aioserve.models.loader import load_model
 from aioserve.models.pooler import PoolerConfig, pooler_config_for, sentence_transformers_pooling
 from aioserve.models.registry import is_pooling_architecture, model_class_for
 from aioserve.platform import current_platform, device
@@ -206,14 +206,7 @@ def build_pooling_engine(config: EngineConfig, checkpoint: Checkpoint, tokenizer
     folder = Path(checkpoint.source.path) if checkpoint.source.kind == "hf_folder" else None
     pooler = pooler_config_for(folder, hf_config, model_cfg.override_pooler_config)
 
-    model = load_model(
-        checkpoint,
-        dtype=dtype,
-        device=dev,
-        dummy=config.load.load_format == "dummy",
-        seed=model_cfg.seed,
-        use_tqdm=config.load.use_tqdm_on_load,
-    )
+    model = load_served_model(checkpoint, config, dtype, dev)
     if resolve_packed_weights(dtype):
         pack_weights(model)
         logger.info("dense products run oneDNN on its packed layout of the weights")

@@ -84,6 +84,7 @@ def test_a_sentence_transformers_decoder_embeds_as_its_files_say(qwen3_embedding
     ("options", "pool"),
     [
         ({"runner": "pooling"}, "LAST"),
+        ({"runner": "pooling", "model_impl": "transformers"}, "LAST"),  # the backend's decoder
         ({"convert": "embed", "override_pooler_config": {"pooling_type": "MEAN"}}, "MEAN"),
     ],
 )

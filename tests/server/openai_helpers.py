@@ -130,3 +130,11 @@ def distinct_shapes(events: list[Any]) -> list[Any]:
         if not shapes or shapes[-1] != shape(event):
             shapes.append(shape(event))
     return shapes
+
+
+def validation_error_body(*errors: str, param: str) -> dict:
+    """vLLM's 400 body for FastAPI's query validation errors (the dev routes' /pause,
+    /sleep): each error as Python prints its dict."""
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:" + "".join(f"\n  {e}" for e in errors)
+    return {"error": {"message": message, "type": "Bad Request", "param": param, "code": 400}}

@@ -23,6 +23,7 @@ import pytest
 from aioserve.engine.request import RequestStatus
 from tests.engine.smollm2 import hf_greedy
 from tests.server.conftest import MODEL, BackgroundLoop, serve_built, wait_until_idle
+from tests.server.openai_helpers import validation_error_body
 from tests.server.serve_process import metric, read_metrics_with
 
 T = TypeVar("T")
@@ -373,12 +374,6 @@ def test_abort_requests_by_id_then_all(dev_server, server_loop, engine, prompt, 
     play(server_loop, engine, dev_server, scenario)
 
 
-def _validation_error(*errors: str, param: str) -> dict:
-    label = "error" if len(errors) == 1 else "errors"
-    message = f"{len(errors)} validation {label}:" + "".join(f"\n  {e}" for e in errors)
-    return {"error": {"message": message, "type": "Bad Request", "param": param, "code": 400}}
-
-
 MODE_ERROR = (
     "{'type': 'literal_error', 'loc': 'query.mode', 'msg': \"Input should be 'abort', 'wait' "
     "or 'keep'\", 'input': 'stop', 'ctx': {'expected': \"'abort', 'wait' or 'keep'\"}}"
@@ -392,11 +387,11 @@ CLEAR_CACHE_ERROR = (
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
-        ("mode=stop", _validation_error(MODE_ERROR, param="query.mode")),
-        ("clear_cache=maybe", _validation_error(CLEAR_CACHE_ERROR, param="query.clear_cache")),
+        ("mode=stop", validation_error_body(MODE_ERROR, param="query.mode")),
+        ("clear_cache=maybe", validation_error_body(CLEAR_CACHE_ERROR, param="query.clear_cache")),
         (
             "mode=stop&clear_cache=maybe",
-            _validation_error(MODE_ERROR, CLEAR_CACHE_ERROR, param="query.mode"),
+            validation_error_body(MODE_ERROR, CLEAR_CACHE_ERROR, param="query.mode"),
         ),
     ],
 )

@@ -25,6 +25,7 @@ import pytest
 from tests.child_process import start_logged
 from tests.engine.smollm2 import hf_greedy
 from tests.server.conftest import MODEL, serve_built, wait_until_idle
+from tests.server.openai_helpers import validation_error_body
 from tests.server.serve_process import (
     API_KEY,
     AUTH,
@@ -227,12 +228,6 @@ def test_level_0_pauses_and_release_kv_cache_memory_needs_it(sleeper, prompt, re
     run(scenario)
 
 
-def _validation(*errors: str, param: str) -> dict:
-    label = "error" if len(errors) == 1 else "errors"
-    message = f"{len(errors)} validation {label}:" + "".join(f"\n  {e}" for e in errors)
-    return {"error": {"message": message, "type": "Bad Request", "param": param, "code": 400}}
-
-
 LE = (
     "{'type': 'less_than_equal', 'loc': 'query.level', 'msg': 'Input should be less than or "
     "equal to 2', 'input': '3', 'ctx': {'le': 2}}"
@@ -254,10 +249,10 @@ MODE = (
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
-        ("level=3", _validation(LE, param="query.level")),
-        ("level=-1", _validation(GE, param="query.level")),
-        ("level=1.5", _validation(NOT_INT, param="query.level")),
-        ("level=3&mode=nap", _validation(LE, MODE, param="query.level")),
+        ("level=3", validation_error_body(LE, param="query.level")),
+        ("level=-1", validation_error_body(GE, param="query.level")),
+        ("level=1.5", validation_error_body(NOT_INT, param="query.level")),
+        ("level=3&mode=nap", validation_error_body(LE, MODE, param="query.level")),
     ],
 )
 def test_a_bad_sleep_query_is_vllms_validation_400(sleeper, query, expected):
