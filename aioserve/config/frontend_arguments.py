@@ -197,6 +197,12 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              choices=("full", "hash", "custom", "none")),
     Argument("fingerprint-value", FRONTEND, None,
              "The system_fingerprint with --fingerprint-mode custom.", convert=values.string),
+    Argument("enable-scale-out", FRONTEND, False,
+             "Serve vLLM's scale-out routes (server/scale_out.py): POST /v1/completions/render "
+             "and /v1/chat/completions/render (a request as token ids and sampling params), "
+             "/inference/v1/generate (tokens in, tokens out) and /inference/v1/abort_requests, "
+             "and the /derender routes. Without it (and without --tokens-only) they answer "
+             "403, as vLLM's.", "bool", convert=values.boolean),
     Argument("tokens-only", FRONTEND, False,
              "vLLM's Tokens In<>Out mode (no tokenizer, POST /inference/v1/generate); refused: "
              "aioserve does not serve those routes yet.", "bool", convert=values.tokens_only),
