@@ -1,6 +1,7 @@
 """vLLM 0.32's scale-out routes, for disaggregated serving, and when they are served.
 
     POST /v1/completions/render, /v1/chat/completions/render      request -> GenerateRequest
+                                                                  (render_routes.py)
     POST /v1/messages/render, /v1/responses/render                (501: not served yet)
     POST /v1/completions/derender, /v1/chat/completions/derender  (501: not served yet)
     POST /inference/v1/generate                                   tokens in, tokens out
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from aioserve.config.frontend import FrontendConfig
 from aioserve.server.errors import APIError
+from aioserve.server.render_routes import render_chat_completion, render_completion
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -53,8 +55,12 @@ def add_scale_out_routes(app: web.Application, frontend: FrontendConfig) -> None
         for path in (*RENDER_PATHS, *DERENDER_PATHS, *GENERATE_PATHS):
             app.router.add_post(path, _disabled)
         return
+    served: dict[str, Handler] = {
+        "/v1/completions/render": render_completion,
+        "/v1/chat/completions/render": render_chat_completion,
+    }
     for path in (*RENDER_PATHS, *DERENDER_PATHS, *GENERATE_PATHS):
-        app.router.add_post(path, _not_served(path))
+        app.router.add_post(path, served.get(path) or _not_served(path))
 
 
 async def _disabled(request: web.Request) -> web.Response:
