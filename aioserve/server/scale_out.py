@@ -6,6 +6,9 @@
     POST /v1/completions/derender, /v1/chat/completions/derender  (501: not served yet)
     POST /inference/v1/generate                                   tokens in, tokens out
     POST /inference/v1/abort_requests                             abort requests by id
+                                                                  (generate_tokens.py)
+    POST /abort_requests         the same, with --tokens-only (unless VLLM_SERVER_DEV_MODE=1
+                                 serves its own there, as in vLLM)
 
 They are served with --enable-scale-out or --tokens-only (vLLM's
 `register_scale_out_api_routers`); without either each path answers vLLM's 403,
@@ -23,7 +26,9 @@ from http import HTTPStatus
 from aiohttp import web
 
 from aioserve.config.frontend import FrontendConfig
+from aioserve.server.dev_routes import dev_mode
 from aioserve.server.errors import APIError
+from aioserve.server.generate_tokens import abort_requests, generate
 from aioserve.server.render_routes import render_chat_completion, render_completion
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -58,9 +63,13 @@ def add_scale_out_routes(app: web.Application, frontend: FrontendConfig) -> None
     served: dict[str, Handler] = {
         "/v1/completions/render": render_completion,
         "/v1/chat/completions/render": render_chat_completion,
+        "/inference/v1/generate": generate,
+        "/inference/v1/abort_requests": abort_requests,
     }
     for path in (*RENDER_PATHS, *DERENDER_PATHS, *GENERATE_PATHS):
         app.router.add_post(path, served.get(path) or _not_served(path))
+    if frontend.tokens_only and not dev_mode():  # vLLM's legacy path; dev mode has its own
+        app.router.add_post("/abort_requests", abort_requests)
 
 
 async def _disabled(request: web.Request) -> web.Response:
