@@ -1,5 +1,7 @@
-"""vLLM 0.32's scale-out routes (server/scale_out.py): off by default (vLLM's 403), and the
-render routes with --enable-scale-out, on the shared in-process engine."""
+"""vLLM 0.32's scale-out routes (server/scale_out.py), on the shared in-process engine: off
+by default (vLLM's 403); with --enable-scale-out the render routes (against GenerateRequests
+built with vLLM's own classes), /inference/v1/generate (render -> generate gives
+/v1/completions' tokens), its refusals, aborts; and --tokens-only."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from aioserve.config.engine import engine_config_from_args
+from aioserve.config.frontend import frontend_config_from_args
+from aioserve.config.parser import build_engine_parser
 from tests.server.conftest import serve_built, wait_until_idle
 from tests.server.openai_helpers import post
 
@@ -248,3 +253,41 @@ def test_abort_requests_ends_a_request_by_its_id(url, engine, server_loop):
     assert len(answer["choices"][0]["token_ids"]) < 900
     assert post(url, "/inference/v1/abort_requests", {}).status == 400
     wait_until_idle(engine, server_loop)
+
+
+# --- --tokens-only -----------------------------------------------------------------------------
+
+
+def test_tokens_only_skips_the_tokenizer():
+    args = build_engine_parser("aioserve serve").parse_args(["--tokens-only"])
+    assert engine_config_from_args(args).model.skip_tokenizer_init is True
+    assert frontend_config_from_args(args).tokens_only is True
+    plain = build_engine_parser("aioserve serve").parse_args([])
+    assert engine_config_from_args(plain).model.skip_tokenizer_init is False
+
+
+def test_tokens_only_serves_generate_without_detokenizing(server_loop, engine):
+    body = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 3, "temperature": 0}}
+    with serve_built(server_loop, engine, "--tokens-only") as tokens_url:
+        answer = post(tokens_url, "/inference/v1/generate", body)
+        assert answer.status == 200  # served without --enable-scale-out
+        reply = post(tokens_url, "/inference/v1/generate", {**body, "output_mode": "text"})
+        assert reply.status == 400 and "requires a tokenizer" in reply.json()["error"]["message"]
+        stop = {**body, "sampling_params": {"max_tokens": 3, "stop": ["x"]}}
+        reply = post(tokens_url, "/inference/v1/generate", stop)
+        assert reply.status == 400
+        assert reply.json()["error"]["message"].startswith("stop strings are not supported on a")
+        assert post(tokens_url, "/abort_requests", {"request_ids": ["none"]}).status == 200
+        detokenized = []
+        engine_generate = engine.generate
+
+        def spy(prompt, params, *args, **kwargs):
+            detokenized.append(params.detokenize)
+            return engine_generate(prompt, params, *args, **kwargs)
+
+        engine.generate = spy
+        try:
+            assert post(tokens_url, "/inference/v1/generate", body).status == 200
+        finally:
+            del engine.generate
+        assert detokenized == [False]
