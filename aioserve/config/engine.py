@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -44,6 +45,8 @@ from aioserve.config.kv_events import KVEventsSettings
 from aioserve.config.optimization import DEFAULT_OPTIMIZATION_LEVEL, with_optimization_level
 from aioserve.config.profiler import ProfilerSettings, profiler_settings
 from aioserve.config.speculative import SHORTHANDS, NgramSpeculation, with_shorthands
+
+logger = logging.getLogger("aioserve.config")
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,9 @@ def _build(values: dict[str, Any], serving: bool = False, keywords: bool = False
     }
     if fields["tokenizer"] is None:
         fields["tokenizer"] = fields["model"]
+    if values.get("tokens_only") and not fields["skip_tokenizer_init"]:
+        fields["skip_tokenizer_init"] = True  # vLLM's create_engine_config does the same
+        logger.info("Skipping tokenizer initialization for tokens-only mode.")
     fields["cpu_kvcache_space_bytes"] = cpu_kvcache_space_bytes()
     if fields["kv_cache_memory_bytes"] is not None and CPU_KVCACHE_SPACE_ENV not in os.environ:
         # vLLM 0.32's CPU platform: the legacy variable, when set, wins over the flag.

@@ -78,7 +78,8 @@ class FrontendConfig:
     enable_tokenizer_info_endpoint: bool
     fingerprint_mode: str  # full, hash, custom or none (server/fingerprint.py)
     fingerprint_value: str | None
-    tokens_only: bool  # always False: refused when set (values.tokens_only)
+    enable_scale_out: bool  # the scale-out routes answer 403 without it (server/scale_out.py)
+    tokens_only: bool  # no tokenizer, scale-out routes, no detokenizing (values.tokens_only)
     otlp_traces_endpoint: str | None  # None: no tracing
     custom_histogram_buckets: dict[str, list[float]] | None  # family -> bounds (metrics.py)
     shutdown_timeout: float

@@ -197,9 +197,18 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
              choices=("full", "hash", "custom", "none")),
     Argument("fingerprint-value", FRONTEND, None,
              "The system_fingerprint with --fingerprint-mode custom.", convert=values.string),
+    Argument("enable-scale-out", FRONTEND, False,
+             "Serve vLLM's scale-out routes (server/scale_out.py): POST /v1/completions/render "
+             "and /v1/chat/completions/render (a request as token ids and sampling params), "
+             "/inference/v1/generate (tokens in, tokens out) and /inference/v1/abort_requests; "
+             "/v1/messages/render, /v1/responses/render and the /derender routes answer 501 "
+             "(not served yet). Without it (and without --tokens-only) they answer 403, as "
+             "vLLM's.", "bool", convert=values.boolean),
     Argument("tokens-only", FRONTEND, False,
-             "vLLM's Tokens In<>Out mode (no tokenizer, POST /inference/v1/generate); refused: "
-             "aioserve does not serve those routes yet.", "bool", convert=values.tokens_only),
+             "vLLM's Tokens In<>Out mode: the tokenizer is not loaded (as with "
+             "--skip-tokenizer-init), the scale-out routes are served (as with "
+             "--enable-scale-out, and POST /abort_requests too), and /inference/v1/generate "
+             "answers token ids only, refusing stop strings and output_mode text.", "bool", convert=values.tokens_only),
     # vLLM's ObservabilityConfig; a Frontend argument here, since the HTTP server makes the
     # spans (server/tracing.py).
     Argument("otlp-traces-endpoint", FRONTEND, None,

@@ -48,8 +48,6 @@ RECENT_ARGUMENTS: tuple[Argument, ...] = (
     vllm_only("cohere-is-reasoning-model", FRONTEND, True,
               "Treat Cohere Command models as reasoning models.", "bool"),
     vllm_only("cohere-format", FRONTEND, "cmd4", "Prompt format of Cohere's chat API route."),
-    vllm_only("enable-scale-out", FRONTEND, False,
-              "Register the endpoints a scale-out deployment needs.", "bool"),
     vllm_only("grpc-port", FRONTEND, None, "Port of the gRPC services of vLLM's Rust frontend."),
     vllm_only("data-parallel-supervisor-port", FRONTEND, 9256,
               "Port of the data-parallel supervisor's health endpoint."),

@@ -298,19 +298,11 @@ def cascade_attention_off(value: Any) -> bool:
 
 
 def tokens_only(value: Any) -> bool:
-    """--tokens-only: false only. vLLM 0.32's mode skips the tokenizer and serves its
-    Tokens In<>Out routes, which aioserve does not have yet: refusing it beats serving
-    text routes that a tokens-only client does not call."""
-    if boolean(value):
-        raise ValueError(
-            "is not supported by aioserve yet: vLLM's tokens-only mode serves the Tokens "
-            "In<>Out route POST /inference/v1/generate (with POST /inference/v1/abort_requests "
-            "and /abort_requests) and the render routes (/v1/completions/render, "
-            "/v1/chat/completions/render, /v1/messages/render, /v1/responses/render and the "
-            "/derender ones), none of which aioserve serves; use /v1/completions with a "
-            "prompt of token ids and return_token_ids instead"
-        )
-    return False
+    """--tokens-only: vLLM 0.32's dedicated Tokens In<>Out mode. True also skips loading the
+    tokenizer (engine.py sets skip_tokenizer_init, as vLLM's create_engine_config does) and
+    serves the scale-out routes without --enable-scale-out (server/scale_out.py), where
+    /inference/v1/generate never detokenizes (server/generate_tokens.py)."""
+    return boolean(value)
 
 
 def json_names(value: Any) -> list[str]:

@@ -2,8 +2,9 @@
 
 `build_app(state)` is the one place where the server's parts meet: the middlewares
 (middlewares.py, in the order described there), this module's routes (routes.py), the
-OpenAI generation routes (openai_routes.py) or, for a pooling model, the pooling routes of
-its task (pooling_routes.py: embeddings.py, classify.py, scoring.py), SageMaker's
+OpenAI generation routes (openai_routes.py) and vLLM's scale-out routes (scale_out.py)
+or, for a pooling model, the pooling routes of its task (pooling_routes.py:
+embeddings.py, classify.py, scoring.py), SageMaker's
 /invocations in front of those (invocations.py), the profiler's routes where
 --profiler-config (or VLLM_TORCH_PROFILER_DIR) asks for one (profile_routes.py), the
 development routes with VLLM_SERVER_DEV_MODE=1 (dev_routes.py), the metrics (metrics.py),
@@ -43,6 +44,7 @@ from aioserve.server.openapi import add_docs_routes
 from aioserve.server.pooling_routes import add_pooling_routes
 from aioserve.server.profile_routes import add_profile_routes
 from aioserve.server.routes import add_routes
+from aioserve.server.scale_out import add_scale_out_routes
 from aioserve.server.state import STATE, ServerState
 from aioserve.server.tokenizer_info import add_tokenizer_info_route
 from aioserve.server.tracing import RequestTracer
@@ -108,6 +110,7 @@ def build_app(state: ServerState) -> web.Application:
     else:
         add_openai_routes(app)
         add_lora_routes(app)
+        add_scale_out_routes(app, frontend)
     add_invocations_route(app)
     if state.profiler is not None:
         add_profile_routes(app, state.profiler)

@@ -54,24 +54,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     await compile_structured_output(state.engine, parsed.params, parsed.structured_output_field)
     engine = state.engine
     with reserve_places(engine, parsed.params.n) as reservation:
-        text, token_ids = await state.off_loop(
-            render_chat,
-            state,
-            parsed.messages,
-            add_generation_prompt=parsed.add_generation_prompt,
-            continue_final_message=parsed.continue_final_message,
-            chat_template_kwargs=parsed.chat_template_kwargs,
-            tools=parsed.tool_use.tools,
-            add_special_tokens=parsed.add_special_tokens,
-            chat_template=parsed.chat_template,
-        )
-        rendered = text  # prompt_text: vLLM cuts the ids only
-        if parsed.truncation is not None:
-            kept = parsed.truncation.apply(token_ids)
-            if kept is not token_ids:
-                text, token_ids = await state.off_loop(engine.tokenizer.decode, kept), kept
-        prompt_closed = settle_reasoning(state, parsed, text)
-        parsed.params = check_prompt(engine, token_ids, parsed, "messages")
+        rendered, text, token_ids, prompt_closed = await chat_prompt(state, parsed)
         if parsed.add_generation_prompt:
             role = state.frontend.response_role
         else:
@@ -102,6 +85,33 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             state, parsed, shown, token_ids, prompt_closed, role, echo, head, outputs
         )
         return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def chat_prompt(state: ServerState, parsed: ChatRequest) -> tuple[str, str, list[int], bool]:
+    """The request's prompt: the rendered template (for prompt_text: vLLM cuts the ids
+    only), the prompt's text and token ids once cut as the request asks, and whether it
+    ended the reasoning (settle_reasoning). `parsed.params` get max_tokens cut to the room
+    the prompt leaves (check_prompt, 400 for a prompt the engine refuses)."""
+    engine = state.engine
+    text, token_ids = await state.off_loop(
+        render_chat,
+        state,
+        parsed.messages,
+        add_generation_prompt=parsed.add_generation_prompt,
+        continue_final_message=parsed.continue_final_message,
+        chat_template_kwargs=parsed.chat_template_kwargs,
+        tools=parsed.tool_use.tools,
+        add_special_tokens=parsed.add_special_tokens,
+        chat_template=parsed.chat_template,
+    )
+    rendered = text
+    if parsed.truncation is not None:
+        kept = parsed.truncation.apply(token_ids)
+        if kept is not token_ids:
+            text, token_ids = await state.off_loop(engine.tokenizer.decode, kept), kept
+    prompt_closed = settle_reasoning(state, parsed, text)
+    parsed.params = check_prompt(engine, token_ids, parsed, "messages")
+    return rendered, text, token_ids, prompt_closed
 
 
 def settle_reasoning(state: ServerState, parsed: ChatRequest, prompt: str) -> bool:

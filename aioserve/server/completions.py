@@ -68,12 +68,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     num_prompts = len(parsed.prompt_embeds) + len(parsed.prompts)
     with reserve_places(engine, num_prompts * parsed.params.n) as reservation:
-        prompts = [
-            await state.off_loop(_embedded, engine, encoded) for encoded in parsed.prompt_embeds
-        ]
-        prompts += [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
-        if parsed.truncation is not None:
-            prompts = [_truncated(prompt, parsed.truncation) for prompt in prompts]
+        prompts = await tokenized_prompts(state, parsed)
         params = [check_prompt(engine, prompt.token_ids, parsed, "prompt") for prompt in prompts]
         if parsed.echo:
             for prompt in prompts:
@@ -102,6 +97,17 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
             keep_alive = state.frontend.sse_keep_alive_interval
             return await stream_events(request, chunks, keep_alive=keep_alive)
         return await _full_response(state, parsed, prompts, head, merged)
+
+
+async def tokenized_prompts(state: ServerState, parsed: CompletionRequest) -> list[_Prompt]:
+    """The request's prompts as the engine takes them: those sent as embeddings first, then
+    the others tokenized, each cut as the request asks (off the event loop)."""
+    engine = state.engine
+    prompts = [await state.off_loop(_embedded, engine, encoded) for encoded in parsed.prompt_embeds]
+    prompts += [await state.off_loop(_tokenize, engine, prompt) for prompt in parsed.prompts]
+    if parsed.truncation is not None:
+        prompts = [_truncated(prompt, parsed.truncation) for prompt in prompts]
+    return prompts
 
 
 def _tokenize(engine: AsyncEngine, prompt: PromptInput) -> _Prompt:

@@ -237,7 +237,7 @@ def api_key_middleware(api_keys: list[str], root_path: str | None) -> Middleware
     """401 for a request to a protected route without `Authorization: Bearer <key>`, one
     of `api_keys`.
 
-    The /v1 and /v2 routes are protected, as in vLLM 0.32, and /invocations, the
+    The /v1, /v2 and /inference routes are protected, as in vLLM 0.32, and /invocations, the
     profiler's and the development routes, which vLLM leaves open although the first
     answers what /v1 does and the others change the server's state; /health, /metrics,
     /tokenize ... are not. Keys are compared as SHA-256 digests with hmac.compare_digest, every one of them,
@@ -285,7 +285,7 @@ _PROTECTED_ROUTES = frozenset(
 
 
 def _is_protected(path: str) -> bool:
-    return path.startswith(("/v1", "/v2")) or path in _PROTECTED_ROUTES
+    return path.startswith(("/v1", "/v2", "/inference")) or path in _PROTECTED_ROUTES
 
 
 # --- route errors and body size ----------------------------------------------------------------

@@ -22,6 +22,7 @@ from aioserve.server.docs_page import docs_page
 from aioserve.server.embeddings import EMBEDDING_BODY, POOLING_BODY
 from aioserve.server.pause_routes import PAUSE_OPERATIONS
 from aioserve.server.request_schema import CHAT_BODY, COMPLETION_BODY, properties
+from aioserve.server.scale_out_schema import SCALE_OUT_OPERATIONS, SCALE_OUT_SCHEMAS
 from aioserve.server.scoring import RERANK_BODY, SCORE_BODY
 from aioserve.server.sleep_routes import SLEEP_ROUTE_OPERATIONS
 
@@ -254,6 +255,7 @@ _SCHEMAS: dict[str, Any] = {
         },
     },
     **ANTHROPIC_SCHEMAS,
+    **SCALE_OUT_SCHEMAS,
     "TokenizeRequest": {
         "type": "object",
         "description": "Either prompt or messages.",
@@ -373,6 +375,7 @@ _OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"200": _json(_ref("ResponsesResponse")), **_ERRORS, **_AUTH_ERROR},
     },
     **ANTHROPIC_OPERATIONS,
+    **SCALE_OUT_OPERATIONS,
     ("get", "/v1/responses/{response_id}"): {
         "summary": "A stored response: aioserve stores none, so always 404",
         "responses": {"200": _json(_ref("ResponsesResponse")), "404": _ERRORS["404"]},

@@ -1,6 +1,6 @@
 """vLLM 0.32's Frontend flags for usage, fingerprints and timings, over real HTTP:
 --enable-force-include-usage, --fingerprint-mode / --fingerprint-value,
---enable-per-request-metrics, and --tokens-only (refused).
+and --enable-per-request-metrics (--tokens-only: test_scale_out.py).
 
 Each server is the app `aioserve serve <flags>` builds (serve_built) on the session's
 engine; the answers are read with the official openai client, and raw where the client
@@ -183,20 +183,12 @@ def test_fingerprint_none_is_null_and_absent_from_streams(server_loop, engine):
             "--enable-per-request-metrics requires engine statistics logging",
         ),
         (["--enable-log-outputs"], "--enable-log-outputs requires --enable-log-requests"),
-        (["--tokens-only"], "--tokens-only is not supported by aioserve yet"),
     ],
 )
 def test_refused_combinations_name_the_flag(argv, message):
     with pytest.raises(ConfigError) as error:
         _options(*argv)
     assert str(error.value).startswith(message)
-
-
-def test_tokens_only_names_the_missing_routes():
-    with pytest.raises(ConfigError) as error:
-        _options("--tokens-only")
-    assert "POST /inference/v1/generate" in str(error.value)
-    assert _options("--no-tokens-only").tokens_only is False
 
 
 # --- --enable-per-request-metrics ------------------------------------------------------------

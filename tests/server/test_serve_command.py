@@ -116,6 +116,8 @@ FRONTEND_FLAGS = [
         "fp-1",
     ),
     (["--no-tokens-only"], "tokens_only", False),
+    (["--tokens-only"], "tokens_only", True),
+    (["--enable-scale-out"], "enable_scale_out", True),
     (
         ["--otlp-traces-endpoint", "http://127.0.0.1:4317"],
         "otlp_traces_endpoint",

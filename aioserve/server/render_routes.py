@@ -1,0 +1,134 @@
+"""POST /v1/completions/render and /v1/chat/completions/render: a request as vLLM 0.32's
+scale-out `GenerateRequest` (its render/serving.py), nothing generated.
+
+The body is read as /v1/completions and /v1/chat/completions read theirs (protocol.py):
+the same checks, the same chat template rendering and tokenization, the same sampling
+parameters with max_tokens cut to the room the prompt leaves. What comes back is what
+POST /inference/v1/generate takes: the prompt's token ids, the sampling params as vLLM
+writes them (vllm_sampling_wire.py), `model` as the request gave it, `stream` and
+`stream_options`, `cache_salt` and `priority`. Completions answer a list, one
+GenerateRequest per prompt (request ids "cmpl-<id>", or "cmpl-<id>-<i>" for several
+prompts); chat one ("chatcmpl-<id>"), with `reasoning_ended` (true when the reasoning is
+not wanted; with --reasoning-parser whether the prompt closed it; else null) and, with a
+reasoning parser, the chat template's kwargs for it.
+
+Refused as vLLM refuses them: beam search ("Beam search is not supported by the render
+endpoint"); and prompts sent as embeddings, which have no token ids to render.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from aiohttp import web
+
+from aioserve.server.body_fields import read_json_body
+from aioserve.server.chat import chat_prompt
+from aioserve.server.completions import tokenized_prompts
+from aioserve.server.errors import APIError
+from aioserve.server.protocol import (
+    GenerationRequest,
+    check_prompt,
+    check_serving,
+    parse_chat_request,
+    parse_completion_request,
+)
+from aioserve.server.state import STATE
+from aioserve.server.vllm_sampling_wire import to_wire
+
+BEAM_SEARCH = "Beam search is not supported by the render endpoint"
+
+
+async def render_completion(request: web.Request) -> web.Response:
+    """POST /v1/completions/render: one GenerateRequest per prompt."""
+    state = request.app[STATE]
+    body = await read_json_body(request)
+    check_serving(state, body)
+    parsed = parse_completion_request(state, body, request.headers)
+    if parsed.beam_search is not None:
+        raise APIError(BEAM_SEARCH)
+    if parsed.prompt_embeds:
+        raise APIError(
+            "prompt_embeds cannot be rendered: a render answers token ids",
+            param="prompt_embeds",
+        )
+    prompts = await tokenized_prompts(state, parsed)
+    base_id = f"cmpl-{parsed.request_id}"
+    rendered = []
+    for i, prompt in enumerate(prompts):
+        params = check_prompt(state.engine, prompt.token_ids, parsed, "prompt")
+        request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+        rendered.append(
+            _generate_request(request_id, prompt.token_ids, params, body, parsed, None, None)
+        )
+    return web.json_response(rendered)
+
+
+async def render_chat_completion(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions/render: the chat template applied, one GenerateRequest."""
+    state = request.app[STATE]
+    body = await read_json_body(request)
+    check_serving(state, body)
+    parsed = parse_chat_request(state, body, request.headers)
+    if parsed.beam_search is not None:
+        raise APIError(BEAM_SEARCH)
+    _, _, token_ids, prompt_closed = await chat_prompt(state, parsed)
+    if parsed.params.max_tokens is None:  # the rest of the context, as vLLM writes it
+        room = state.engine.settings.max_model_len - len(token_ids)
+        parsed.params = dataclasses.replace(parsed.params, max_tokens=room)
+    parser = state.engine.settings.reasoning_parser
+    if not parsed.include_reasoning:
+        reasoning_ended: bool | None = True
+    else:
+        reasoning_ended = prompt_closed if parser else None
+    parser_kwargs = {"chat_template_kwargs": parsed.chat_template_kwargs or {}} if parser else None
+    rendered = _generate_request(
+        f"chatcmpl-{parsed.request_id}",
+        token_ids,
+        parsed.params,
+        body,
+        parsed,
+        reasoning_ended,
+        parser_kwargs,
+    )
+    return web.json_response(rendered)
+
+
+def _generate_request(
+    request_id: str,
+    token_ids: list[int],
+    params: Any,
+    body: dict[str, Any],
+    parsed: GenerationRequest,
+    reasoning_ended: bool | None,
+    reasoning_parser_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """vLLM's GenerateRequest.model_dump(), field by field."""
+    stream_options = None
+    if parsed.stream:
+        given = body.get("stream_options")
+        if given is not None:  # vLLM's StreamOptions, its defaults filled in
+            stream_options = {
+                "include_usage": given.get("include_usage", False),
+                "continuous_usage_stats": given.get("continuous_usage_stats", False),
+            }
+    return {
+        "request_id": request_id,
+        "token_ids": token_ids,
+        "token_offsets": None,
+        "features": None,
+        "content_parts": None,
+        "sampling_params": to_wire(params, top_k_off=-1 if body.get("top_k") == -1 else 0),
+        "model": body.get("model"),
+        "reasoning_ended": reasoning_ended,
+        "reasoning_parser_kwargs": reasoning_parser_kwargs,
+        "return_token_ids": None,
+        "output_mode": "tokens",
+        "stream": parsed.stream,
+        "stream_options": stream_options,
+        "cache_salt": parsed.cache_salt,
+        "priority": parsed.priority,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+    }
