@@ -21,6 +21,7 @@ import pytest
 
 from aioserve.engine.thinking_markers import budget_markers
 from aioserve.server.reasoning import ReasoningSplitter, reasoning_closed, split_whole
+from tests.server.test_reasoning import answer, parsed_by, streamed_fields  # noqa: F401
 
 # (parser, answer, vLLM whole reasoning, whole content, streamed reasoning, streamed content)
 VLLM_SPLITS = [
@@ -217,3 +218,21 @@ def test_a_prompt_that_closed_the_reasoning_is_seen_as_vllm_sees_it(parser, prom
 def test_the_thinking_budget_takes_vllms_markers(parser, markers):
     """vLLM's reasoning_start_str and reasoning_end_str for each parser."""
     assert budget_markers(parser) == markers
+
+
+def test_through_the_server(parsed_by, openai_server):  # noqa: F811
+    """The default model writes no markers: mistral waits for a [THINK] that never comes
+    (all content); glm45 without thinking is all content; minimax_m2_append_think puts
+    <think> before the content; streamed through the openai client and not."""
+    plain = answer(openai_server)["content"]
+    for parser, kwargs, content in [
+        ("mistral", {}, plain),
+        ("glm45", {"chat_template_kwargs": {"thinking": False}}, plain),
+        ("minimax_m2_append_think", {}, "<think>" + plain),
+    ]:
+        url = parsed_by(parser)
+        message = answer(url, **kwargs)
+        assert (message["reasoning"], message["content"]) == (None, content), parser
+        assert streamed_fields(url, **kwargs) == ("", content), parser
+    url = parsed_by("glm45")
+    assert answer(url)["reasoning"] == plain.rstrip()
