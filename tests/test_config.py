@@ -313,7 +313,8 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
         (
             ["--reasoning-parser", "granite"],
             "reasoning parser 'granite' is not supported by aioserve yet (--reasoning-parser "
-            'accepts "" (none), deepseek_r1, qwen3)',
+            'accepts "" (none), deepseek_r1, deepseek_v3, glm45, kimi_k2, minimax_m2, '
+            "minimax_m2_append_think, mistral, qwen3, seed_oss, step3)",
         ),
         (["--max-num-queued-tokens", "1.5K"], "--max-num-queued-tokens takes whole numbers"),
         (

@@ -35,6 +35,7 @@ from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
 from aioserve.config.kv_events import kv_events_settings
 from aioserve.config.observability_arguments import OBSERVABILITY_ARGUMENTS
 from aioserve.config.optimization import OPTIMIZATION_ARGUMENTS
+from aioserve.config.reasoning_names import REASONING_PARSERS, VLLM_OTHER_REASONING_PARSERS
 from aioserve.config.recent_arguments import RECENT_ARGUMENTS
 from aioserve.config.scheduler_arguments import SCHEDULER_032_ARGUMENTS
 from aioserve.config.speculative import spec_model, speculative_settings
@@ -60,14 +61,6 @@ _VLLM_LOAD_FORMATS = (
     "npcache", "tensorizer", "sharded_state", "bitsandbytes", "mistral", "runai_streamer",
     "runai_streamer_sharded", "fastsafetensors",
 )
-_VLLM_REASONING_PARSERS = (
-    "cohere_command3", "cohere_command4", "deepseek_v3", "deepseek_v4", "deepseek_v41",
-    "ernie45", "gemma4", "glm45", "glm47", "granite", "granite_thinking_parser", "hf", "holo2",
-    "hunyuan_a13b", "hy_v3", "hy_v4", "inkling", "k2_horizon", "kimi_k2", "kimi_k3", "ling3",
-    "mimo", "minicpmv", "minimax_m2", "minimax_m2_append_think", "minimax_m3", "mistral",
-    "muse_glimmer", "nemotron_v3", "olmo3", "openai_gptoss", "plamo3", "poolside_v1",
-    "seed_oss", "step3", "step3p5",
-)  # vLLM 0.32's others (vllm/reasoning/__init__.py)
 _VLLM_SPEC_METHODS = (
     "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp", "custom_class", "deepseek_mtp", "dflash",
     "dots3_note_mtp", "draft_model", "dspark", "eagle", "eagle3", "ernie_mtp",
@@ -300,8 +293,8 @@ ARGUMENTS: tuple[Argument, ...] = (
           "Deprecated in vLLM (--reasoning-parser alone enables reasoning).", "bool"),
     Argument("reasoning-parser", DECODING, "",
              "Split a chat answer's <think>...</think> part into the message's `reasoning` "
-             "field: deepseek_r1 or qwen3 (server/reasoning.py).", convert=values.string,
-             choices=("", "deepseek_r1", "qwen3"), vllm_choices=_VLLM_REASONING_PARSERS,
+             "field (server/reasoning_parsers.py lists the parsers).", convert=values.string,
+             choices=("", *REASONING_PARSERS), vllm_choices=VLLM_OTHER_REASONING_PARSERS,
              choice_noun="reasoning parser"),
     Argument("reasoning-config", VLLM, {},
              "The markers of a thought, for requests' thinking_token_budget, as JSON: "
@@ -310,7 +303,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              "them, the reasoning parser's markers (--reasoning-parser, or this JSON's "
              "reasoning_parser key); a thought also ends at the parser's own end marker.",
              "json", convert=values.json_settings({
-                 "reasoning_parser": values.one_of("deepseek_r1", "qwen3"),
+                 "reasoning_parser": values.one_of(*REASONING_PARSERS),
                  "reasoning_start_str": values.string,
                  "reasoning_end_str": values.string,
              })),

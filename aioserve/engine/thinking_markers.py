@@ -3,7 +3,8 @@ ReasoningConfig, resolved once the tokenizer is loaded.
 
 Reasoning is configured by --reasoning-parser, --reasoning-config, or both (the parser
 named on the command line wins over the JSON's `reasoning_parser`). The start and forced
-end strings are the JSON's, else the parser's markers; a thought ends naturally at the
+end strings are the JSON's, else the parser's markers (vLLM's reasoning_start_str and
+reasoning_end_str: server/reasoning_parsers.py); a thought ends naturally at the
 parser's end marker, or without a parser at the forced end string. Each is tokenized
 without special tokens, as vLLM does.
 """
@@ -15,14 +16,9 @@ from typing import Any
 
 from aioserve.config.engine import DecodingConfig
 from aioserve.runner.thinking_budget import ThinkingMarkers
+from aioserve.server.reasoning_parsers import budget_markers
 
 logger = logging.getLogger(__name__)
-
-# The markers of aioserve's reasoning parsers (server/reasoning.py): vLLM's for the same.
-PARSER_MARKERS: dict[str, tuple[str, str]] = {
-    "deepseek_r1": ("<think>", "</think>"),
-    "qwen3": ("<think>", "</think>"),
-}
 
 
 def thinking_markers(decoding: DecodingConfig, tokenizer: Any) -> ThinkingMarkers | None:
@@ -32,7 +28,7 @@ def thinking_markers(decoding: DecodingConfig, tokenizer: Any) -> ThinkingMarker
     parser = decoding.reasoning_parser or settings.get("reasoning_parser", "")
     if not parser and not settings:
         return None
-    parser_start, parser_end = PARSER_MARKERS.get(parser, ("", ""))
+    parser_start, parser_end = budget_markers(parser)
     start = settings.get("reasoning_start_str") or parser_start
     end = settings.get("reasoning_end_str") or parser_end
     natural_end = parser_end or end

@@ -62,7 +62,7 @@ from aioserve.server.chat_template import template_kwargs as template_kwargs_of
 from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.prompt_embeds_field import read_prompt_embeds
 from aioserve.server.prompt_truncation import PromptTruncation, read_truncation
-from aioserve.server.reasoning import THINK_END, thinks
+from aioserve.server.reasoning import reasoning_end_marker, thinks
 from aioserve.server.request_fields import CHAT_COMPLETION_FIELDS, COMPLETION_FIELDS
 from aioserve.server.request_schema import (
     CHAT_BODY,
@@ -360,12 +360,14 @@ def parse_chat_request(
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
     )
     in_reasoning = state.engine.settings.structured_outputs.enable_in_reasoning
+    reasoning_parser = state.engine.settings.reasoning_parser
     if (
         params.structured_outputs is not None
         and not in_reasoning
-        and thinks(state.engine.settings.reasoning_parser, template_kwargs)
+        and thinks(reasoning_parser, template_kwargs)
     ):
-        params.reasoning_end = THINK_END  # the answer after the reasoning is constrained
+        # The answer after the reasoning is constrained.
+        params.reasoning_end = reasoning_end_marker(reasoning_parser)
     request = ChatRequest(
         messages=messages,
         add_generation_prompt=fields.get("add_generation_prompt", True),
