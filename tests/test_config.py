@@ -107,6 +107,10 @@ SUPPORTED_FLAGS = [
      {"rope_type": "yarn", "factor": 4}),
     (["--rope-theta", "1e6"], "model.rope_theta", 1e6),
     (["--hf-config-path", "/models/config-only"], "model.hf_config_path", "/models/config-only"),
+    (["--revision", "v1.1"], "model.revision", "v1.1"),
+    (["--tokenizer-revision", "0123abc"], "model.tokenizer_revision", "0123abc"),
+    (["--hf-token", "hf_abc"], "model.hf_token", "hf_abc"),
+    (["--hf-token"], "model.hf_token", True),  # the token `hf auth login` stored
     (["--disable-sliding-window"], "model.disable_sliding_window", True),
     (["--served-model-name", "one"], "model.served_model_name", ["one"]),
     (["--enable-lora"], "lora.enable_lora", True),
@@ -255,6 +259,36 @@ def test_every_supported_engine_argument_is_tested_and_fills_a_field():
 def test_tokenizer_follows_model_unless_given():
     assert _config("--model", "org/m").model.tokenizer == "org/m"
     assert _config("--model", "org/m", "--tokenizer", "org/t").model.tokenizer == "org/t"
+
+
+def test_hub_arguments_are_unset_by_default_and_the_token_never_shown():
+    model = _config("--revision", "v2", "--hf-token", "hf_secret").model
+    assert (model.revision, model.tokenizer_revision) == ("v2", None)  # None: --revision's
+    assert "hf_secret" not in repr(model) and "hf_secret" not in repr(_config("--hf-token", "x"))
+    assert engine_config_from_kwargs(hf_token=False).model.hf_token is False  # no token at all
+
+
+def test_code_revision_is_refused_with_its_reason():
+    with pytest.raises(ConfigError) as error:
+        _config("--code-revision", "v1", "--trust-remote-code")
+    assert str(error.value) == (
+        "--code-revision is a vLLM argument that aioserve does not support: it picks the "
+        "revision of the code a model's repository ships (its auto_map classes, run with "
+        "--trust-remote-code), and aioserve never runs code shipped with a model"
+    )
+    with pytest.raises(ConfigError, match="^code_revision is a vLLM argument .*auto_map"):
+        engine_config_from_kwargs(code_revision="v1")
+
+
+@pytest.mark.parametrize(("value", "got"), [("", "an empty string"), (42, "a value of type int")])
+def test_a_bad_hf_token_is_refused_without_repeating_it(value, got):
+    with pytest.raises(ConfigError) as error:
+        engine_config_from_kwargs(hf_token=value)
+    assert str(error.value) == (
+        "hf_token must be a token (a non-empty string), or true for the token stored by "
+        f"`hf auth login`; got {got}"
+    )
+    assert "42" not in str(error.value)
 
 
 def test_generation_config_folder(tmp_path):
@@ -411,7 +445,6 @@ def test_bad_json_text_is_an_argparse_error_naming_the_flag(capsys):
         (["--fully-sharded-loras"], "--fully-sharded-loras"),
         (["--num-speculative-tokens", "4"], "--num-speculative-tokens"),
         (["--use-v2-block-manager"], "--use-v2-block-manager"),
-        (["--hf-token"], "--hf-token"),
         (["--lora-extra-vocab-size", "256"], "--lora-extra-vocab-size"),
         (["--prompt-adapters", "a=/x"], "--prompt-adapters"),
     ],

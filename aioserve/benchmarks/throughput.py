@@ -193,6 +193,7 @@ def run_aioserve_async(
 def run_hf(config: EngineConfig, args: argparse.Namespace) -> tuple[list[SampleRequest], float]:
     """The workload on transformers' `generate`: (requests, seconds)."""
     from aioserve.benchmarks.hf_backend import load_transformers_model, run_transformers
+    from aioserve.engine.resolution import hub_options
     from aioserve.models.checkpoint import open_checkpoint
 
     model_cfg = config.model
@@ -204,9 +205,9 @@ def run_hf(config: EngineConfig, args: argparse.Namespace) -> tuple[list[SampleR
         hf_config_path=model_cfg.hf_config_path,
         rope_scaling=model_cfg.rope_scaling,
         rope_theta=model_cfg.rope_theta,
+        hub=hub_options(model_cfg),
     )
-    tokenizer_name = None if model_cfg.tokenizer == model_cfg.model else model_cfg.tokenizer
-    tokenizer = checkpoint.load_tokenizer(tokenizer_name, model_cfg.tokenizer_mode)
+    tokenizer = checkpoint.load_tokenizer(model_cfg.tokenizer, model_cfg.tokenizer_mode)
     requests = throughput_requests(args, tokenizer, model_cfg.seed, chat=False)
     warmups = warmup_requests(args, tokenizer, model_cfg.seed, chat=False)
     model = load_transformers_model(checkpoint, model_cfg.dtype)

@@ -32,6 +32,7 @@ from aioserve.config.declaration import (
     vllm_only,
 )
 from aioserve.config.frontend_arguments import FRONTEND_ARGUMENTS
+from aioserve.config.hub_arguments import HUB_ARGUMENTS
 from aioserve.config.kv_events import kv_events_settings
 from aioserve.config.observability_arguments import OBSERVABILITY_ARGUMENTS
 from aioserve.config.optimization import OPTIMIZATION_ARGUMENTS
@@ -121,9 +122,7 @@ ARGUMENTS: tuple[Argument, ...] = (
              convert=values.string),
     vllm_only("allowed-local-media-path", MODEL, "",
           "Folder from which requests may read local images and videos."),
-    vllm_only("revision", MODEL, None, "Model revision (branch, tag or commit) to download."),
-    vllm_only("code-revision", MODEL, None, "Revision of the model's remote code."),
-    vllm_only("tokenizer-revision", MODEL, None, "Tokenizer revision (branch, tag or commit)."),
+    *HUB_ARGUMENTS,
     Argument("rope-scaling", MODEL, {},
              "Replace the model's RoPE scaling (JSON object), e.g. "
              "{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32768}. "
@@ -195,8 +194,6 @@ ARGUMENTS: tuple[Argument, ...] = (
     vllm_only("disable-async-output-proc", MODEL, False,
           "Do not overlap output processing with the model step.", "flag"),
     vllm_only("config-format", MODEL, "auto", "Format of the model config.", choices=("auto", "hf", "mistral")),
-    vllm_only("hf-token", MODEL, None,
-          "Hugging Face token; the bare flag uses the token stored by huggingface-cli login.", "optional"),
     Argument("hf-overrides", MODEL, {}, "Keys forced into the model's HF config (JSON object).",
              "json", convert=values.json_object),
     vllm_only("override-neuron-config", MODEL, {}, "Overrides for AWS Neuron devices.", "json"),

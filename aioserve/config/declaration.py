@@ -124,6 +124,7 @@ class Argument:
     aliases: tuple[str, ...] = ()  # other spellings: ("-tp",)
     keyword: bool | None = None  # accepted by LLM(**kwargs); default: not a Frontend one
     metavar: str | None = None  # how --help shows the value, where choices do not say it
+    why: str = ""  # an unsupported argument's refusal, where "not yet" is not the reason
 
     @property
     def supported(self) -> bool:
@@ -182,14 +183,17 @@ def checked_values(
     Errors name the flag (`--tensor-parallel-size (-tp)` for an unsupported argument), or
     the keyword with `keywords=True`. Every problem is reported in one ConfigError, so that
     a command line with several unsupported arguments or values is fixed in one go: first
-    the unsupported arguments, then each refused value.
+    the unsupported arguments (those refused for a reason of their own, `why`, each with
+    it), then each refused value.
     """
     given = list(given)
-    unsupported = [a.dest if keywords else a.spelling for a, _ in given if not a.supported]
+    refused = [a for a, _ in given if not a.supported]
+    unsupported = [a.dest if keywords else a.spelling for a in refused if not a.why]
     problems = []
     if unsupported:
         verb = "is a vLLM argument" if len(unsupported) == 1 else "are vLLM arguments"
         problems.append(f"{', '.join(unsupported)} {verb} that aioserve does not support yet")
+    problems += [f"{a.dest if keywords else a.spelling} {a.why}" for a in refused if a.why]
     checked = {}
     for argument, value in given:
         if argument.supported:

@@ -81,6 +81,9 @@ class ModelConfig:
     logits_processors: tuple[Any, ...] | None = None  # classes or 'module:Class' names
     disable_cascade_attn: bool = True  # always: aioserve has no cascade attention
     model_impl: str = "auto"  # models/registry.py MODEL_IMPLS
+    revision: str | None = None  # of a hub model (models/resolve.py: HubOptions)
+    tokenizer_revision: str | None = None  # None: --revision's, for a tokenizer from the hub
+    hf_token: str | bool | None = dataclasses.field(default=None, repr=False)  # never shown
 
 
 @dataclass(frozen=True)

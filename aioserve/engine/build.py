@@ -55,6 +55,7 @@ from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
 from aioserve.engine.resolution import (
     batch_default,
     fit_max_model_len,
+    hub_options,
     platform_default,
     resolve_async_scheduling,
     resolve_decode_graph_sizes,
@@ -246,6 +247,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         rope_theta=model_cfg.rope_theta,
         ignore_patterns=config.load.ignore_patterns,
         pt_load_map_location=config.load.pt_load_map_location,
+        hub=hub_options(model_cfg),
     )
     check_quantize_to_fp8(checkpoint)
     check_moe_weights(checkpoint)

@@ -2,7 +2,8 @@
 model alike (build.py, pooling_build.py): dtype "auto", max_model_len, the arguments whose
 default depends on the platform (`PlatformDefault`) and, for the batch limits, on
 --performance-mode, asynchronous scheduling, whether the dense layers run on weights packed
-for oneDNN; and, for a generative model, the batch sizes its decode steps are padded to."""
+for oneDNN; for a generative model, the batch sizes its decode steps are padded to; and
+the Hugging Face hub's revisions and token (`hub_options`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from transformers import PretrainedConfig
 from aioserve.config.arguments import argument
 from aioserve.config.compilation import CompilationSettings
 from aioserve.config.declaration import PlatformDefault
+from aioserve.config.engine import ModelConfig
 from aioserve.config.values import AUTO_FIT
 from aioserve.kernels import dispatch
 from aioserve.models.checkpoint import Checkpoint
 from aioserve.models.linear import onednn_packs
+from aioserve.models.resolve import HubOptions, check_hub_options
 from aioserve.models.rope_parameters import rope_scaling, scaled_context_length, scaling_type
 from aioserve.models.sliding_windows import configured_window
 from aioserve.platform import FAST_BF16_CPU_FLAGS, cpu_fast_bf16_flag, current_platform
@@ -200,3 +203,12 @@ def resolve_packed_weights(dtype: torch.dtype) -> bool:
     CPU with bfloat16 arithmetic, for a bfloat16 model, outside batch-invariant mode (whose
     products go in tiles of one shape)."""
     return current_platform() == "cpu" and onednn_packs(dtype) and not dispatch.batch_invariant()
+
+
+def hub_options(model: ModelConfig) -> HubOptions:
+    """--revision, --tokenizer-revision and --hf-token for the downloads; a ValueError naming
+    the flag where one would select nothing (models/resolve.py's check_hub_options)."""
+    hub = HubOptions(model.revision, model.tokenizer_revision, model.hf_token)
+    tokenizer = None if model.skip_tokenizer_init else model.tokenizer
+    check_hub_options(hub, model.model, tokenizer, model.hf_config_path)
+    return hub
