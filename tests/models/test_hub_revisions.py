@@ -15,6 +15,7 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
+import aioserve.server.serve
 from aioserve import LLM, SamplingParams
 from aioserve.cli import main
 from aioserve.config.engine import engine_config_from_kwargs
@@ -130,7 +131,12 @@ def test_a_gated_repo_without_its_token_is_a_clear_error(hub, tmp_path, token, s
     assert "\n" not in message and "hf_wrong" not in message
 
 
-def test_a_bad_revision_stops_the_start_naming_it(hub, tmp_path, capsys):
+def test_a_bad_revision_stops_the_start_naming_it(hub, tmp_path, capsys, monkeypatch):
+    def serve(coroutine):  # were the revision passed over, the server must not run on
+        coroutine.close()
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(aioserve.server.serve, "run_on_uvloop", serve)
     argv = ["serve", REPO, "--revision", "no-such-branch", "--hf-token", TOKEN]
     assert main([*argv, "--download-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
