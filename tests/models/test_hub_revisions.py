@@ -137,6 +137,7 @@ def test_a_bad_revision_stops_the_start_naming_it(hub, tmp_path, capsys, monkeyp
         raise AssertionError("the server started")
 
     monkeypatch.setattr(aioserve.server.serve, "run_on_uvloop", serve)
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "0")  # this process's logging stays the tests'
     argv = ["serve", REPO, "--revision", "no-such-branch", "--hf-token", TOKEN]
     assert main([*argv, "--download-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
