@@ -62,7 +62,8 @@ def _help(argument: Argument, default: Any) -> str:
         if default not in (None, {}):
             text += f" (default: {default})"
     else:
-        text = f"[{argument.group}, not supported yet] {argument.help}"
+        status = "refused" if argument.why else "not supported yet"
+        text = f"[{argument.group}, {status}] {argument.help}"
     return text.replace("%", "%%")  # argparse formats help strings with %
 
 
