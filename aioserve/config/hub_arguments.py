@@ -49,6 +49,6 @@ HUB_ARGUMENTS: tuple[Argument, ...] = (
              "of the model, its tokenizer and --hf-config-path; the bare flag sends the token "
              "stored by `hf auth login` (HF_TOKEN, when set, wins over it). Default: "
              "huggingface_hub's own choice, HF_TOKEN or the stored token. Never logged.",
-             "optional", convert=hf_token, metavar="TOKEN"),
+             "optional", convert=hf_token),
 )
 # fmt: on

@@ -51,7 +51,8 @@ _HUB_PATTERNS = ["*.json", "*.jinja", "tokenizer.model", "*.tiktoken", "*.txt"]
 
 
 class ModelNotFoundError(ValueError):
-    """The model is not a local path, not a packaged model, and the hub could not give it."""
+    """The model is not a local path, not a packaged model, and the hub could not give it
+    (or a revision was asked of a local path)."""
 
 
 @dataclass(frozen=True)
