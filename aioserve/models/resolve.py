@@ -158,7 +158,7 @@ def check_hub_options(
     )
     if options.tokenizer_revision is not None and not tokenizer_from_hub:
         where = (
-            "--skip-tokenizer-init loads no tokenizer"
+            "no tokenizer is loaded (--skip-tokenizer-init, or --tokens-only)"
             if tokenizer is None
             else f"the tokenizer {tokenizer!r} is a local path, whose only version is on disk"
         )
