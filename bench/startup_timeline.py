@@ -72,14 +72,14 @@ def main() -> None:
     import torch  # noqa: F401 - timed on its own: the largest single import
 
     stamp("torch imported")
-    from aioserve.engine import build
+    from aioserve.engine import build, served_weights
     from aioserve.runner import compiled_step, kv_memory, model_runner
 
     stamp("aioserve's engine imported")
     from aioserve import cli
 
     timed(build, "open_checkpoint", "opening the checkpoint")
-    timed(build, "load_model", "loading the model")
+    timed(served_weights, "load_model", "loading the model")
     timed(model_runner.ModelRunner, "__init__", "building the runner")
     timed(kv_memory.KVZeroing, "_zero_on_one_core", "zeroing the KV pool on its thread")
     timed(kv_memory.KVZeroing, "join", "joining the KV pool's zeroing")

@@ -166,8 +166,9 @@ def test_a_hub_download_skips_the_ignored_weights_only(tmp_path, monkeypatch):
     folder = _folder(tmp_path)
     calls = []
 
-    def snapshot_download(repo_id, *, allow_patterns, ignore_patterns, cache_dir):
-        calls.append((repo_id, allow_patterns, ignore_patterns, cache_dir))
+    def snapshot_download(repo_id, *, revision, allow_patterns, ignore_patterns, cache_dir, token):
+        assert token is None  # no --hf-token given
+        calls.append((repo_id, revision, allow_patterns, ignore_patterns, cache_dir))
         if allow_patterns == ["*.safetensors"] and not (folder / "model.safetensors").exists():
             save_file(_state(0), folder / "model.safetensors")
         if allow_patterns == ["*.bin", "*.pt"]:
@@ -178,14 +179,16 @@ def test_a_hub_download_skips_the_ignored_weights_only(tmp_path, monkeypatch):
     source = resolve.resolve_model("org/tiny", str(tmp_path / "dl"), ["*.safetensors"])
     assert source == resolve.ResolvedModel("hf_folder", folder, "org/tiny")
     dl = str(tmp_path / "dl")
+    # The weights at the commit the metadata's snapshot is (the folder's name).
+    commit = folder.name
     assert calls == [
-        ("org/tiny", resolve._HUB_PATTERNS, None, dl),
-        ("org/tiny", ["*.safetensors"], ["*.safetensors"], dl),
-        ("org/tiny", ["*.bin", "*.pt"], ["*.safetensors"], dl),
+        ("org/tiny", None, resolve._HUB_PATTERNS, None, dl),
+        ("org/tiny", commit, ["*.safetensors"], ["*.safetensors"], dl),
+        ("org/tiny", commit, ["*.bin", "*.pt"], ["*.safetensors"], dl),
     ]
     calls.clear()
     assert resolve.resolve_model("org/tiny", dl, DEFAULT).path == folder
-    assert [call[1:3] for call in calls] == [
+    assert [call[2:4] for call in calls] == [
         (resolve._HUB_PATTERNS, None),
         (["*.safetensors"], DEFAULT),
     ]
