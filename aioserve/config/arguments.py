@@ -290,7 +290,7 @@ ARGUMENTS: tuple[Argument, ...] = (
           "Deprecated in vLLM (--reasoning-parser alone enables reasoning).", "bool"),
     Argument("reasoning-parser", DECODING, "",
              "Split a chat answer's <think>...</think> part into the message's `reasoning` "
-             "field (server/reasoning_parsers.py lists the parsers).", convert=values.string,
+             "field (engine/reasoning_parsers.py lists the parsers).", convert=values.string,
              choices=("", *REASONING_PARSERS), vllm_choices=VLLM_OTHER_REASONING_PARSERS,
              choice_noun="reasoning parser"),
     Argument("reasoning-config", VLLM, {},

@@ -1,4 +1,4 @@
-"""The names --reasoning-parser takes: those aioserve implements (server/reasoning_parsers.py
+"""The names --reasoning-parser takes: those aioserve implements (engine/reasoning_parsers.py
 holds their markers; a test checks the two lists agree) and vLLM 0.32's others, refused by
 name (vllm/reasoning/__init__.py)."""
 

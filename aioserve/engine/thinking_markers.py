@@ -4,7 +4,7 @@ ReasoningConfig, resolved once the tokenizer is loaded.
 Reasoning is configured by --reasoning-parser, --reasoning-config, or both (the parser
 named on the command line wins over the JSON's `reasoning_parser`). The start and forced
 end strings are the JSON's, else the parser's markers (vLLM's reasoning_start_str and
-reasoning_end_str: server/reasoning_parsers.py); a thought ends naturally at the
+reasoning_end_str: engine/reasoning_parsers.py); a thought ends naturally at the
 parser's end marker, or without a parser at the forced end string. Each is tokenized
 without special tokens, as vLLM does.
 """
@@ -15,8 +15,8 @@ import logging
 from typing import Any
 
 from aioserve.config.engine import DecodingConfig
+from aioserve.engine.reasoning_parsers import budget_markers
 from aioserve.runner.thinking_budget import ThinkingMarkers
-from aioserve.server.reasoning_parsers import budget_markers
 
 logger = logging.getLogger(__name__)
 

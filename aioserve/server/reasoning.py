@@ -1,6 +1,6 @@
 """Reasoning parsers (--reasoning-parser): a chat answer's reasoning part goes to the
 message's `reasoning` field, the rest to `content`, streamed or not. Each parser is a marker
-spec (server/reasoning_parsers.py, which says what each does); this module's one splitter
+spec (engine/reasoning_parsers.py, which says what each does); this module's one splitter
 runs them all.
 
 The parsers vLLM 0.32 names here split on the text, so the split is the same whatever the
@@ -22,7 +22,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from aioserve.server.reasoning_parsers import SPECS, THINK_END, THINK_START, ParserSpec
+from aioserve.engine.reasoning_parsers import SPECS, THINK_END, THINK_START, ParserSpec
 
 __all__ = ["THINK_END", "THINK_START"]
 

@@ -1,4 +1,4 @@
-"""The reasoning parsers added after deepseek_r1 and qwen3 (server/reasoning_parsers.py),
+"""The reasoning parsers added after deepseek_r1 and qwen3 (engine/reasoning_parsers.py),
 against vLLM 0.32's own parsers of the same names.
 
 The expected values are literals produced by running vLLM's parsers (vllm.parser's

@@ -1,6 +1,7 @@
 """The reasoning parsers aioserve implements (--reasoning-parser), as marker specs that
 server/reasoning.py's one splitter runs: each is vLLM 0.32's parser of the same name
-reduced to the text markers it splits on.
+reduced to the text markers it splits on. Plain data, here in the engine because the
+thinking budget (engine/thinking_markers.py) reads the same markers.
 
 - deepseek_r1: `<think>`…`</think>`; the answer starts in reasoning (the chat template
   opened it); whitespace before a leading `<think>` is dropped.
