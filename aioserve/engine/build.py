@@ -347,8 +347,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
         )
     lora_cfg = config.lora
     compilation = config.compilation.compilation_config
-    compiled = compiles and platform == "cpu" and not model_cfg.enforce_eager
-    compiled = compiled and compilation.compiles
+    compiled = (
+        compiles and platform == "cpu" and not model_cfg.enforce_eager and compilation.compiles
+    )
     if dispatch.batch_invariant():
         compiled = _batch_invariant_step(compiled)
     lora_dtype = dtype if lora_cfg.lora_dtype == "auto" else getattr(torch, lora_cfg.lora_dtype)
