@@ -205,6 +205,8 @@ SUPPORTED_FLAGS = [
     (["--preemption-mode", "recompute"], "scheduler.preemption_mode", "recompute"),
     (["--disable-cascade-attn"], "model.disable_cascade_attn", True),
     (["--model-impl", "transformers"], "model.model_impl", "transformers"),
+    (["--limit-mm-per-prompt", '{"image": 2, "video": {"count": 0}}'], "model.limit_mm_per_prompt", {"image": 2, "video": 0}),
+    (["--allowed-local-media-path", "/"], "model.allowed_local_media_path", "/"),
     (["--collect-detailed-traces", "model,worker", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces"], "observability.collect_detailed_traces", ["model", "worker"]),
     (["--logging-config", '{"log_level": "DEBUG", "formatter": "json"}'], "logging.logging_config", {"log_level": "DEBUG", "formatter": "json"}),
     (["--logging-config", '{"configure_logging": false}'], "logging.logging_config", {"configure_logging": False}),

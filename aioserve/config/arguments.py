@@ -11,7 +11,7 @@ argparse options and `--help`; `engine.py` and `frontend.py` into the configurat
 
 from __future__ import annotations
 
-from aioserve.config import values
+from aioserve.config import multimodal, values
 from aioserve.config.compilation import CompilationSettings, compilation_config
 from aioserve.config.declaration import (
     CACHE,
@@ -120,8 +120,9 @@ ARGUMENTS: tuple[Argument, ...] = (
              "Read the model's HF config (config.json) from this folder or id instead of the "
              "model's own; a GGUF file's metadata then gives only its weights.",
              convert=values.string),
-    vllm_only("allowed-local-media-path", MODEL, "",
-          "Folder from which requests may read local images and videos."),
+    Argument("allowed-local-media-path", MODEL, "",
+             "Folder from which chat requests may read local images (file:// URLs); a "
+             "security risk: only in trusted environments.", convert=multimodal.media_folder),
     *HUB_ARGUMENTS,
     Argument("rope-scaling", MODEL, {},
              "Replace the model's RoPE scaling (JSON object), e.g. "
@@ -355,7 +356,9 @@ ARGUMENTS: tuple[Argument, ...] = (
     vllm_only("mamba-ssm-cache-dtype", CACHE, "auto", "dtype of the Mamba SSM state.",
           choices=("auto", "float32")),
     # --- MultiModalConfig ------------------------------------------------------------------
-    vllm_only("limit-mm-per-prompt", MULTIMODAL, {}, "Most images, videos or audio clips per prompt.", "json"),
+    Argument("limit-mm-per-prompt", MULTIMODAL, {},
+             "Most items of each modality a prompt may carry, e.g. {\"image\": 2} (999 for a "
+             "modality not named).", "json", convert=multimodal.mm_limits),
     vllm_only("media-io-kwargs", MULTIMODAL, {}, "Options for loading media, per modality.", "json"),
     vllm_only("mm-processor-kwargs", MULTIMODAL, None, "Overrides for the HF multimodal processor.", "json"),
     vllm_only("mm-processor-cache-gb", MULTIMODAL, 4, "Size of the multimodal processor cache, in GiB."),

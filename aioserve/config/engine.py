@@ -84,6 +84,8 @@ class ModelConfig:
     revision: str | None = None  # of a hub model (models/resolve.py: HubOptions)
     tokenizer_revision: str | None = None  # None: --revision's, for a tokenizer from the hub
     hf_token: str | bool | None = dataclasses.field(default=None, repr=False)  # never shown
+    limit_mm_per_prompt: dict[str, int] = dataclasses.field(default_factory=dict)
+    allowed_local_media_path: str = ""  # "": no file:// media (config/multimodal.py)
 
 
 @dataclass(frozen=True)

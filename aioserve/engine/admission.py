@@ -188,10 +188,11 @@ def new_sequences(
     arrival_index: int,
     cache_salt: str | None = None,
     prompt_embeds: torch.Tensor | None = None,
+    images: tuple = (),
 ) -> list[Request]:
     """One Request per sequence id, with its seed (the request's seed + index, else one
     drawn from `seed_rng`), its output-token limit, the request's place in the queue, its
-    prefix-cache salt and its prompt's embeddings (the siblings share them)."""
+    prefix-cache salt, its prompt's embeddings and images (the siblings share them)."""
     max_tokens = max_new_tokens(settings, len(prompt_ids), params)
     return [
         Request(
@@ -207,6 +208,7 @@ def new_sequences(
             arrival_index=arrival_index,
             cache_salt=cache_salt,
             prompt_embeds=prompt_embeds,
+            images=images,
         )
         for i, sequence_id in enumerate(ids)
     ]

@@ -22,6 +22,7 @@ from pathlib import Path
 from aioserve.config.engine import EngineConfig
 from aioserve.config.profiler import ProfilerSettings
 from aioserve.engine.admission import (
+    InvalidRequest,
     PromptType,
     cache_salt_of,
     new_sequences,
@@ -35,6 +36,15 @@ from aioserve.engine.engine_loop import SHUTDOWN_WAIT_S, EngineLoop
 from aioserve.engine.health import EngineDeadError, death_message
 from aioserve.engine.lora_requests import LoRARequest
 from aioserve.engine.model_thread import ModelThread
+from aioserve.engine.multimodal import (
+    ImageJob,
+    ImagePrompt,
+    ImageRows,
+    has_multimodal_data,
+    images_of,
+    run_image_job,
+    widened_prompt,
+)
 from aioserve.engine.output_processor import RequestState
 from aioserve.engine.output_stream import OutputStream
 from aioserve.engine.outputs import PoolingRequestOutput, RequestMetrics, RequestOutput
@@ -108,6 +118,31 @@ class AsyncEngine(EngineLoop):
         if params.structured_outputs is not None:
             await self.structured_outputs.compile_async(params.structured_outputs)
 
+    async def prepare_prompt(self, prompt: PromptType) -> PromptType | ImagePrompt:
+        """The prompt as add_request takes it: one with images (multi_modal_data) is
+        widened and its images encoded on the model thread (engine/multimodal.py);
+        any other is returned as it is."""
+        if not has_multimodal_data(prompt):
+            return prompt
+        if self.image_processor is None:
+            raise InvalidRequest(
+                "this model takes no images (multi_modal_data): it has no vision tower",
+                "multi_modal_data",
+                "image",
+            )
+        images = images_of(prompt, self.settings.limit_mm_per_prompt)
+        text_prompt = {k: v for k, v in prompt.items() if k != "multi_modal_data"}
+        text, prompt_ids = self.tokenize_prompt(text_prompt)
+        prompt_ids, offsets = widened_prompt(self.image_processor, prompt_ids, len(images))
+        job = ImageJob(images, self.image_processor)
+        future = self._model_thread.submit(run_image_job, job, self.runner.image_features)
+        encoded = await asyncio.wrap_future(future)
+        rows = tuple(
+            ImageRows(offset, values, digest)
+            for offset, (values, digest) in zip(offsets, encoded, strict=True)
+        )
+        return ImagePrompt(text, prompt_ids, rows, cache_salt_of(prompt))
+
     def add_request(
         self,
         request_id: str,
@@ -140,13 +175,25 @@ class AsyncEngine(EngineLoop):
                     "enabled: start the engine with --enable-lora (enable_lora=True)"
                 )
             lora_adapter = self.lora_adapters.read_now(lora_request)
-        embeds = prompt_embeds_of(prompt, self.settings)
-        if embeds is None:
-            text, prompt_ids = self.tokenize_prompt(prompt)
+        images: tuple[ImageRows, ...] = ()
+        if isinstance(prompt, ImagePrompt):
+            text, prompt_ids, images, embeds = (
+                prompt.prompt,
+                prompt.prompt_token_ids,
+                prompt.images,
+                None,
+            )
+            cache_salt = prompt.cache_salt
         else:
-            check_embeds_request(params)
-            text, prompt_ids = None, placeholder_prompt(embeds)
-        cache_salt = cache_salt_of(prompt)
+            if has_multimodal_data(prompt):
+                raise ValueError("a prompt with multi_modal_data goes through prepare_prompt first")
+            embeds = prompt_embeds_of(prompt, self.settings)
+            if embeds is None:
+                text, prompt_ids = self.tokenize_prompt(prompt)
+            else:
+                check_embeds_request(params)
+                text, prompt_ids = None, placeholder_prompt(embeds)
+            cache_salt = cache_salt_of(prompt)
         token_types = None
         if pooling is None:
             self.check_request(prompt_ids, params)
@@ -174,7 +221,7 @@ class AsyncEngine(EngineLoop):
         requests = new_sequences(
             self.settings, ids, prompt_ids, params, self._seed_rng,
             priority=priority, arrival_time=now, arrival_index=next(self._arrivals),
-            cache_salt=cache_salt, prompt_embeds=embeds,
+            cache_salt=cache_salt, prompt_embeds=embeds, images=images,
         )  # fmt: skip
         bad_words = bad_words_of(self.tokenizer, params, self.hf_config.vocab_size)
         try:
@@ -215,6 +262,7 @@ class AsyncEngine(EngineLoop):
         self.load_shedder.check(params.n)
         if lora_request is not None and self.lora_adapters is not None:
             await self.lora_adapters.read(lora_request)  # off the loop, before it is added
+        prompt = await self.prepare_prompt(prompt)
         queue = self.add_request(
             request_id, prompt, params, priority=priority, lora_request=lora_request
         )

@@ -17,7 +17,9 @@ from a seed. The algorithms are vLLM's:
 The extra keys are vLLM's too: a LoRA request's ("lora", name, path) in every block, its
 cache salt's ("cache_salt", salt) in the first, which the chain carries into every later
 key, and, for a prompt given as embeddings, ("prompt_embeds", SHA-256 of the block's rows)
-in every block; so requests with another adapter, salt or embeddings share no block.
+in every block, and, for each image of the prompt that reaches into a block, ("image",
+SHA-256 of its pixels, its offset) (vLLM keys such a block by the image's hash); so
+requests with another adapter, salt, embeddings or image share no block.
 """
 
 from __future__ import annotations
@@ -137,4 +139,8 @@ def block_extra_keys(request: Request, start: int, end: int) -> tuple[Any, ...] 
         # Its rows' bytes as uint8: bfloat16 has no numpy type.
         rows = request.prompt_embeds[start:end].contiguous().view(torch.uint8).numpy()
         keys.append(("prompt_embeds", hashlib.sha256(rows).digest()))
+    for image in request.images:
+        # An image reaching into the block: its placeholders' tokens are alike for any image.
+        if image.offset < end and start < image.offset + len(image.values):
+            keys.append(("image", image.digest, image.offset))
     return tuple(keys) if keys else None

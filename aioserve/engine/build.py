@@ -50,6 +50,7 @@ from aioserve.engine.block_hashing import check_hash_algorithm
 from aioserve.engine.kv_events import check_publisher_packages
 from aioserve.engine.load_report import build_load_report, kv_cache_sized_by
 from aioserve.engine.lora_requests import LoRAAdapterCache
+from aioserve.engine.multimodal import image_processor_for
 from aioserve.engine.partial_prefills import partial_prefill_limits
 from aioserve.engine.pooling_build import build_pooling_engine, serves_pooling
 from aioserve.engine.resolution import (
@@ -254,7 +255,9 @@ def build_engine(config: EngineConfig) -> EngineParts:
     performance_mode = config.compilation.performance_mode
     if performance_mode != "balanced":
         logger.info("Performance mode set to '%s'.", performance_mode)
-    hf_config = checkpoint.hf_config
+    # An image model's language model's config (the object inside its config, so that
+    # what is fitted to the context below is what its decoder is built from).
+    hf_config = checkpoint.hf_config.get_text_config()
     tokenizer = None
     if not model_cfg.skip_tokenizer_init:
         tokenizer = checkpoint.load_tokenizer(model_cfg.tokenizer, model_cfg.tokenizer_mode)
@@ -424,6 +427,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         prefix_caching_hash_algo=cache_cfg.prefix_caching_hash_algo,
         kv_events=cache_cfg.kv_events_config,
         enable_prompt_embeds=model_cfg.enable_prompt_embeds,
+        limit_mm_per_prompt=model_cfg.limit_mm_per_prompt,
         enable_sleep_mode=model_cfg.enable_sleep_mode,
         hidden_size=hf_config.hidden_size,
         scheduling_policy=sched_cfg.scheduling_policy,
@@ -480,6 +484,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         hf_config=hf_config,
         lora_adapters=lora_adapters,
         load_weights=load_weights,
+        image_processor=image_processor_for(checkpoint, model),
     )
 
 

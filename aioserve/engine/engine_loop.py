@@ -79,6 +79,7 @@ class EngineLoop:
         self.tokenizer = parts.tokenizer
         self.hf_config = parts.hf_config
         self.runner = parts.runner
+        self.image_processor = parts.image_processor  # None: the model takes no images
         s = self.settings
         self.kv_events = kv_event_stream(s.kv_events)  # None without --kv-events-config
         self.kv_cache = KVCacheManager(

@@ -361,6 +361,7 @@ class LLM:
             for request_id, prompt, p, prio, lora in zip(
                 ids, prompts, params, priorities, loras, strict=True
             ):
+                prompt = await engine.prepare_prompt(prompt)  # images encoded (multimodal.py)
                 queues.append(
                     engine.add_request(request_id, prompt, p, priority=prio, lora_request=lora)
                 )

@@ -7,7 +7,11 @@ the tokens it already produced, its sampling settings) and every scheduled chunk
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+
 from aioserve.engine.kv_cache_manager import KVCacheManager
+from aioserve.engine.multimodal import ImageRows
 from aioserve.engine.request import Request
 from aioserve.runner.step_plan import NewSequence, SamplingSettings, SequenceChunk
 
@@ -87,5 +91,28 @@ def sequence_chunk(
             request.request_id, start, num_tokens, token_ids, new_block_ids, samples,
             embeds=request.prompt_embeds[start:end],
         )  # fmt: skip
+    if request.images and start < len(request.prompt_token_ids):
+        rows = image_rows_in(request.images, start, end)
+        if rows is not None:
+            return SequenceChunk(
+                request.request_id, start, num_tokens, token_ids, new_block_ids, samples,
+                embeds=rows[1], embed_rows=rows[0],
+            )  # fmt: skip
     # Positional: keyword arguments cost a third of a microsecond more, for every chunk.
     return SequenceChunk(request.request_id, start, num_tokens, token_ids, new_block_ids, samples)
+
+
+def image_rows_in(
+    images: tuple[ImageRows, ...], start: int, end: int
+) -> tuple[np.ndarray, torch.Tensor] | None:
+    """The rows of prompt positions start..end that images fill: their offsets from
+    `start` and their values; None when no image reaches into the chunk."""
+    offsets, values = [], []
+    for image in images:
+        first, last = max(start, image.offset), min(end, image.offset + len(image.values))
+        if first < last:
+            offsets.append(np.arange(first - start, last - start, dtype=np.int64))
+            values.append(image.values[first - image.offset : last - image.offset])
+    if not offsets:
+        return None
+    return np.concatenate(offsets), torch.cat(values)

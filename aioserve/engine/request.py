@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from aioserve.engine.block_hashing import BlockHash
     from aioserve.engine.lora_requests import LoRARequest
+    from aioserve.engine.multimodal import ImageRows
     from aioserve.engine.structured_outputs.matchers import Matcher
     from aioserve.engine.structured_outputs.step_masks import ReasoningGate
     from aioserve.models.lora_adapter import LoRAAdapter
@@ -74,6 +75,9 @@ class Request:
     prompt_embeds: torch.Tensor | None = None
     """Its prompt as embeddings, one row a prompt token, whose tokens are then placeholders
     (prompt_embeds.py); None: a prompt of tokens."""
+    images: tuple[ImageRows, ...] = ()
+    """Its prompt's images: each one's features, which take the rows of its placeholder
+    tokens (multimodal.py)."""
     lora: LoRARequest | None = None
     """The LoRA adapter it runs with (lora_requests.py); None: the base model."""
     lora_adapter: LoRAAdapter | None = None

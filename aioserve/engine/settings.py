@@ -4,7 +4,7 @@ the parts the AsyncEngine is made of."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from aioserve.engine.lora_requests import LoRAAdapterCache
+    from aioserve.models.image_inputs import ImageProcessor
     from aioserve.models.pooler import PoolerConfig
     from aioserve.runner.pooling_runner import PoolingRunner
 
@@ -62,6 +63,7 @@ class EngineSettings:
     """--max-num-partial-prefills and --max-long-partial-prefills, with the long-prompt
     threshold resolved (partial_prefills.py); None: one partial prefill at a time."""
     enable_prompt_embeds: bool = False
+    limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)  # --limit-mm-per-prompt
     """--enable-prompt-embeds: prompts may come as embeddings (prompt_embeds.py)."""
     enable_sleep_mode: bool = False
     """--enable-sleep-mode: sleeping frees the KV cache and the weights (engine/sleep.py)."""
@@ -126,3 +128,5 @@ class EngineParts:
     """The adapters read so far, with --enable-lora (lora_requests.py)."""
     load_weights: Callable[[], nn.Module] | None = None
     """Loads the served model again from its checkpoint (a level-2 wake: engine/sleep.py)."""
+    image_processor: ImageProcessor | None = None
+    """An image model's processor (models/image_inputs.py); None: the model takes no images."""

@@ -27,6 +27,7 @@ from aioserve.models.llama import (
     Qwen3MoeForCausalLM,
     SmolLM3ForCausalLM,
 )
+from aioserve.models.llava import LlavaForConditionalGeneration
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -43,6 +44,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "BertModel": BertModel,
     "RobertaModel": RobertaModel,
     "XLMRobertaModel": XLMRobertaModel,

@@ -187,6 +187,13 @@ class ModelRunner:
                 device=device,
             )
 
+    def image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The rows an image's `pixels` [3, H, W] give an image model's prompt, on the host
+        (its vision tower and projector: LlavaForConditionalGeneration.image_features)."""
+        with torch.inference_mode():
+            features = self.model.image_features(pixels.to(self.device))
+        return features.to("cpu")
+
     def warm_up(self) -> None:
         """Compile what the model step needs before the first request (see compiled_step.py)
         and capture the decode graphs; return once the KV pool is zeroed too."""

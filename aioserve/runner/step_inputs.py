@@ -189,12 +189,15 @@ def chunks_inputs(
 
 
 def _prompt_embeds(chunks: list[SequenceChunk], query_start_loc: np.ndarray) -> PromptEmbeds | None:
-    """The step's rows given as embeddings, each chunk's first rows where it has them."""
+    """The step's rows given as embeddings: each chunk's `embed_rows`, or its first rows."""
     rows, values = [], []
     for row, chunk in enumerate(chunks):
         if chunk.embeds is not None:
             begin = int(query_start_loc[row])
-            rows.append(torch.arange(begin, begin + chunk.embeds.shape[0]))
+            if chunk.embed_rows is None:
+                rows.append(torch.arange(begin, begin + chunk.embeds.shape[0]))
+            else:
+                rows.append(torch.from_numpy(chunk.embed_rows + begin))
             values.append(chunk.embeds)
     if not rows:
         return None

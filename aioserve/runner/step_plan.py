@@ -90,9 +90,11 @@ class SequenceChunk:
     # Its last num_drafts tokens are drafts (speculative decoding): it samples at each of its
     # last 1 + num_drafts positions, and keeps the drafts its samples confirm.
     num_drafts: int = 0
-    # A prompt given as embeddings: the rows its first len(embeds) tokens take in place of
-    # their tokens' embeddings (those tokens are placeholders); None: tokens throughout.
+    # Rows given as embeddings, taken in place of their tokens' embeddings: a prompt given
+    # as embeddings (its first len(embeds) tokens, placeholders), or an image's features
+    # (the rows `embed_rows` of the chunk); None: tokens throughout.
     embeds: torch.Tensor | None = None
+    embed_rows: np.ndarray | None = None  # [len(embeds)] int64; None: the first rows
 
 
 class TokenBitmask:
