@@ -428,6 +428,7 @@ def build_engine(config: EngineConfig) -> EngineParts:
         kv_events=cache_cfg.kv_events_config,
         enable_prompt_embeds=model_cfg.enable_prompt_embeds,
         limit_mm_per_prompt=model_cfg.limit_mm_per_prompt,
+        allowed_local_media_path=model_cfg.allowed_local_media_path,
         enable_sleep_mode=model_cfg.enable_sleep_mode,
         hidden_size=hf_config.hidden_size,
         scheduling_policy=sched_cfg.scheduling_policy,

@@ -64,6 +64,7 @@ class EngineSettings:
     threshold resolved (partial_prefills.py); None: one partial prefill at a time."""
     enable_prompt_embeds: bool = False
     limit_mm_per_prompt: dict[str, int] = field(default_factory=dict)  # --limit-mm-per-prompt
+    allowed_local_media_path: str = ""  # where chat requests may read file:// images
     """--enable-prompt-embeds: prompts may come as embeddings (prompt_embeds.py)."""
     enable_sleep_mode: bool = False
     """--enable-sleep-mode: sleeping frees the KV cache and the weights (engine/sleep.py)."""

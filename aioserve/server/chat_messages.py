@@ -10,11 +10,15 @@ Content is a string, a list of parts, or missing (no parts; null too, in an assi
 message: vLLM's request models refuse a null content in any other). Text-like parts are
 read as text: `text`, `input_text` and `output_text` (their `text`), `refusal` (its
 `refusal`), `thinking` (its `thinking`); a part whose text is null or missing is skipped.
-`tool_reference` parts carry a tool's name. Media parts (images, audio, video, files) are
-refused: aioserve serves text models. In the "string" content format the parts' texts are
-joined with newlines; in "openai" they stay parts, `{"type": "text", "text": ...}` plus any
-field of the part vLLM does not know (`cache_control`, ...), except that a tool message's
-text parts are still joined into one string, as vLLM does for templates that expect one.
+`tool_reference` parts carry a tool's name. `image_url` parts are taken when the model
+takes images (an `image_placeholder` is given; chat_images.py reads their URLs): in the
+"openai" format each becomes `{"type": "image"}`; in "string" the message's placeholders
+its text lacks are put first, a line each (vLLM's _get_full_multimodal_text_prompt). Other
+media parts (audio, video, files, embeddings), and images for a text model, are refused. In
+the "string" content format the parts' texts are joined with newlines; in "openai" they
+stay parts, `{"type": "text", "text": ...}` plus any field of the part vLLM does not know
+(`cache_control`, ...), except that a tool message's text parts are still joined into one
+string, as vLLM does for templates that expect one.
 
 Then, as vLLM's `_postprocess_messages`: an assistant's past `tool_calls` get their
 `function.arguments` parsed from JSON into an object (invalid JSON, or JSON that is not an
@@ -80,13 +84,19 @@ _KNOWN_PART_FIELDS = frozenset(
         "video_url",
     }
 )
+_IMAGE: Any = object()  # an image part's place among the parts' texts
 _NOT_A_FUNCTION_CALL = "chat completions only support assistant tool_calls of type 'function'."
 
 
-def conversation(messages: list, as_parts: bool, template: str) -> list[dict[str, Any]]:
-    """The messages the template renders; `as_parts` for the "openai" content format.
+def conversation(
+    messages: list, as_parts: bool, template: str, image_placeholder: str | None = None
+) -> list[dict[str, Any]]:
+    """The messages the template renders; `as_parts` for the "openai" content format;
+    `image_placeholder`, an image model's placeholder text (None: images are refused).
     The request's own dicts are left as they are."""
-    converted = [_message(i, message, as_parts) for i, message in enumerate(messages)]
+    converted = [
+        _message(i, message, as_parts, image_placeholder) for i, message in enumerate(messages)
+    ]
     if any(m["role"] == "developer" for m in converted) and not _names_developer(template):
         converted = _merge_system_messages(
             [_as_system(m) if m["role"] == "developer" else m for m in converted]
@@ -97,10 +107,13 @@ def conversation(messages: list, as_parts: bool, template: str) -> list[dict[str
 def content_text(message: dict[str, Any]) -> str:
     """A (checked) request message's content as one string, its parts' texts joined with
     newlines: what vLLM echoes with `echo`."""
-    return "\n".join(text for _, text in _parts("message", message.get("content")))
+    parts = _parts("message", message.get("content"), images=True)
+    return "\n".join(text for _, text in parts if text is not _IMAGE)
 
 
-def _message(index: int, message: Any, as_parts: bool) -> dict[str, Any]:
+def _message(
+    index: int, message: Any, as_parts: bool, image_placeholder: str | None
+) -> dict[str, Any]:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise bad_parameter(where, shown_value(message), "each message must be an object")
@@ -112,12 +125,12 @@ def _message(index: int, message: Any, as_parts: bool) -> dict[str, Any]:
         raise bad_parameter(
             f"{where}.content", "None", "content may be null only in an assistant message"
         )
-    parts = _parts(where, message.get("content"))
+    parts = _parts(where, message.get("content"), images=image_placeholder is not None)
     result: dict[str, Any] = {"role": role}
     if as_parts:
         result["content"] = [part for part, _ in parts]
     else:
-        result["content"] = "\n".join(text for _, text in parts)
+        result["content"] = _joined_text(parts, image_placeholder)
     if role == "assistant":
         if message.get("tool_calls") is not None:
             calls = _tool_calls(where, message["tool_calls"])
@@ -132,7 +145,7 @@ def _message(index: int, message: Any, as_parts: bool) -> dict[str, Any]:
         if "tool_call_id" in message:
             result["tool_call_id"] = message["tool_call_id"]
         if as_parts and all(part["type"] == "text" for part, _ in parts):
-            result["content"] = "\n".join(text for _, text in parts)
+            result["content"] = _joined_text(parts, image_placeholder)
     for key in ("name", "task"):
         if isinstance(message.get(key), str):
             result[key] = message[key]
@@ -141,8 +154,26 @@ def _message(index: int, message: Any, as_parts: bool) -> dict[str, Any]:
     return result
 
 
-def _parts(where: str, content: Any) -> list[tuple[dict[str, Any], str]]:
-    """Each kept part of `content`, as an "openai" part and as its text."""
+def _joined_text(parts: list[tuple[dict[str, Any], str]], image_placeholder: str | None) -> str:
+    """A message's content in the "string" format: its texts joined with newlines, after
+    a line for each image whose placeholder the texts do not hold already."""
+    text = "\n".join(text for _, text in parts if text is not _IMAGE)
+    images = sum(text is _IMAGE for _, text in parts)
+    if not images:
+        return text
+    missing = images - text.count(image_placeholder)
+    if missing < 0:
+        raise APIError(
+            f"Found more '{image_placeholder}' placeholders in input prompt than actual "
+            "multimodal data items. (parameter=messages)",
+            param="messages",
+        )
+    return "\n".join([image_placeholder] * missing + ([text] if text else []))
+
+
+def _parts(where: str, content: Any, images: bool = False) -> list[tuple[dict[str, Any], str]]:
+    """Each kept part of `content`, as an "openai" part and as its text (_IMAGE for an
+    image, taken when `images`)."""
     if content is None:
         return []
     if isinstance(content, str):
@@ -181,6 +212,8 @@ def _parts(where: str, content: Any) -> list[tuple[dict[str, Any], str]]:
                     "a tool_reference part needs the tool's name (a string)",
                 )
             parts.append(({"type": "tool_reference", "name": name}, name))
+        elif kind == "image_url" and images:
+            parts.append(({"type": "image"}, _IMAGE))
         elif kind in _MEDIA_TYPES:
             raise bad_parameter(
                 f"{part_where}.type",

@@ -74,8 +74,10 @@ def render_chat(
     tools: list[dict] | None = None,
     add_special_tokens: bool = False,
     chat_template: str | None = None,
+    image_placeholder: str | None = None,
 ) -> tuple[str, list[int]]:
     """The prompt text and its token ids for `messages`; 400 for anything malformed.
+    `image_placeholder`: an image model's, where images are taken (chat_messages.py).
 
     `chat_template_kwargs` are the request's (or already merged by `template_kwargs`: the
     server's defaults are merged under them here, which changes nothing the second time).
@@ -103,7 +105,7 @@ def render_chat(
     kwargs["continue_final_message"] = continue_final_message
     template = _template(state, chat_template, kwargs_template)
     as_parts = _content_format(state, template) == "openai"
-    chat = conversation(messages, as_parts, template)
+    chat = conversation(messages, as_parts, template, image_placeholder)
     if add_generation_prompt and continue_final_message:
         raise APIError(_GENERATION_FLAGS_CONFLICT)
     try:

@@ -187,6 +187,16 @@ class ChatRequest(GenerationRequest):
     """Start the reply with the last message's content when the reply continues its role."""
     return_prompt_text: bool = False
     """Send the prompt as the engine got it (the rendered template) as `prompt_text`."""
+    images: list[Any] = field(default_factory=list)
+    """The messages' images (chat_images.py), read by chat_prompt."""
+
+    def engine_prompt(
+        self, text: str | None, token_ids: list[int], embeds: torch.Tensor | None = None
+    ) -> dict[str, Any]:
+        prompt = super().engine_prompt(text, token_ids, embeds)
+        if self.images:
+            prompt["multi_modal_data"] = {"image": self.images}
+        return prompt
 
 
 def check_serving(state: ServerState, body: dict[str, Any]) -> LoRARequest | None:
