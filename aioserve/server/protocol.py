@@ -90,10 +90,10 @@ _UNSUPPORTED: dict[str, str] = {
     "watermarking": "watermarking is not supported by aioserve",
     "kv_transfer_params": "KV transfer is not supported by aioserve",
     "ec_transfer_params": "encoder cache transfer is not supported by aioserve",
-    "mm_payload": "multimodal input is not supported by aioserve",
-    "mm_processor_kwargs": "multimodal input is not supported by aioserve",
-    "media_io_kwargs": "multimodal input is not supported by aioserve",
-    "return_mm_kwargs": "multimodal input is not supported by aioserve",
+    "mm_payload": "mm_payload is not supported by aioserve yet (images go as image_url parts)",
+    "mm_processor_kwargs": "mm_processor_kwargs are not supported by aioserve yet",
+    "media_io_kwargs": "media_io_kwargs are not supported by aioserve yet",
+    "return_mm_kwargs": "return_mm_kwargs is not supported by aioserve yet",
 }
 # Fields aioserve does not honour yet whose value is refused unless it is vLLM's default
 # for the route: (field, completions default, chat default; None: any value is honoured).
