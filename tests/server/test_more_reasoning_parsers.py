@@ -410,3 +410,23 @@ def test_through_the_server(parsed_by, openai_server):  # noqa: F811
     message = answer(url)
     assert (message["reasoning"], message["content"]) == (None, plain)
     assert streamed_fields(url) == (plain, "")
+
+
+@pytest.mark.parametrize(
+    ("parser", "marker"),
+    [("granite", "Here is my response:"), ("hunyuan_a13b", "\n</think>\n<answer>\n"),
+     ("mistral", "[/THINK]"), ("olmo3", "</think>")],
+)  # fmt: skip
+def test_the_generate_routes_constraint_waits_for_the_parsers_own_end(parser, marker):
+    """/inference/v1/generate with `reasoning_ended: false`: the structured output starts
+    after the parser's end marker (vLLM's reasoning parser decides the end)."""
+    from types import SimpleNamespace
+
+    from aioserve.server.generate_request import _reasoning_end
+
+    settings = SimpleNamespace(
+        reasoning_parser=parser, structured_outputs=SimpleNamespace(enable_in_reasoning=False)
+    )
+    state = SimpleNamespace(engine=SimpleNamespace(settings=settings, tokenizer=None))
+    params = SimpleNamespace(structured_outputs=object())
+    assert _reasoning_end(state, {"reasoning_ended": False}, params, []) == marker
