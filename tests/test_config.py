@@ -347,10 +347,12 @@ def test_max_model_len_bad_forms_name_flag_and_value(text):
             "--long-prefill-token-threshold must be at least 0, got -1",
         ),
         (
-            ["--reasoning-parser", "granite"],
-            "reasoning parser 'granite' is not supported by aioserve yet (--reasoning-parser "
-            'accepts "" (none), deepseek_r1, deepseek_v3, glm45, kimi_k2, minimax_m2, '
-            "minimax_m2_append_think, mistral, qwen3, seed_oss, step3)",
+            ["--reasoning-parser", "openai_gptoss"],
+            "reasoning parser 'openai_gptoss' is not supported by aioserve yet "
+            '(--reasoning-parser accepts "" (none), deepseek_r1, deepseek_v3, ernie45, glm45, '
+            "glm47, granite, holo2, hunyuan_a13b, kimi_k2, ling3, mimo, minimax_m2, "
+            "minimax_m2_append_think, mistral, nemotron_v3, olmo3, qwen3, seed_oss, step3, "
+            "step3p5)",
         ),
         (["--max-num-queued-tokens", "1.5K"], "--max-num-queued-tokens takes whole numbers"),
         (

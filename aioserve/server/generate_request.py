@@ -22,7 +22,7 @@ from aioserve.engine.sampling_params import FieldError, RequestOutputKind, Sampl
 from aioserve.server.body_fields import log_ignored_fields
 from aioserve.server.errors import APIError
 from aioserve.server.protocol import CACHE_SALT_FORBIDDEN
-from aioserve.server.reasoning import THINK_END, reasoning_closed, thinks
+from aioserve.server.reasoning import reasoning_closed, reasoning_end_marker, thinks
 from aioserve.server.state import ServerState
 from aioserve.server.vllm_sampling_wire import WireError, from_wire
 
@@ -193,7 +193,7 @@ def _reasoning_end(
 ) -> str | None:
     """Where the structured output starts, as vLLM's engine decides it from
     `reasoning_ended` and `reasoning_parser_kwargs`: at once (None) when the reasoning has
-    ended or there is no --reasoning-parser; after the reasoning (THINK_END) when it has
+    ended or there is no --reasoning-parser; after the reasoning (its end marker) when it has
     not; when `reasoning_ended` is null, as the prompt leaves it."""
     settings = state.engine.settings
     parser = settings.reasoning_parser
@@ -214,4 +214,4 @@ def _reasoning_end(
             )
         if reasoning_closed(parser, tokenizer.decode(token_ids)):
             return None
-    return THINK_END if thinks(parser, template_kwargs) else None
+    return reasoning_end_marker(parser) if thinks(parser, template_kwargs) else None
