@@ -23,6 +23,8 @@ Two shapes of the answer, as vLLM has them:
 The EOS token is the tokenizer's (vLLM's); without a tokenizer (skip_tokenizer_init),
 the model's own EOS ids (its generation config's and config's), where vLLM has none.
 The internal requests are not load-shed: the caller admitted the search as a whole.
+A prompt with images (multimodal.py) has them encoded once; every step's requests reuse
+their rows.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 from tqdm import tqdm
 
 from aioserve.engine.lora_requests import LoRARequest
+from aioserve.engine.multimodal import ImagePrompt, has_multimodal_data
 from aioserve.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from aioserve.engine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -269,7 +272,7 @@ async def _run(
             params = _step_params(search.params, seed)
             for i, beam in enumerate(search.beams):
                 beam_id = f"{batch}-{k}-beam-{i}"
-                prompt = {**search.prompt, "prompt_token_ids": beam.tokens}
+                prompt = _step_prompt(search.prompt, beam.tokens)
                 stream = _request_outputs(
                     engine, beam_id, prompt, params, beam.lora_request, priority
                 )
@@ -315,6 +318,7 @@ async def beam_search_output(
     """A served request's beam search: one finished RequestOutput, vLLM's online shape.
     `prompt` holds `prompt_token_ids` (and `prompt`, `cache_salt` if any); the outputs carry
     each token's logprob entries only `with_logprobs`."""
+    prompt = await _with_images_encoded(engine, prompt)
     search = _new_search(engine, prompt, params, lora_request, served=True)
     prompt_ids = search.beams[0].tokens
     await _run(engine, [search], request_id, priority=priority, seed=seed, hook=hook)
@@ -370,7 +374,7 @@ async def offline_beam_search(
         raise ValueError(f"concurrency_limit must be a positive int, got {concurrency_limit!r}")
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
-    prompts = [_offline_prompt(engine, p) for p in prompts]
+    prompts = [await _with_images_encoded(engine, _offline_prompt(engine, p)) for p in prompts]
     if lora_request is None or isinstance(lora_request, LoRARequest):
         loras = [lora_request] * len(prompts)
     else:
@@ -405,11 +409,40 @@ async def offline_beam_search(
     return outputs
 
 
+IMAGES = "images"  # a search prompt's key for its encoded images (_with_images_encoded)
+
+
 def _offline_prompt(engine: Any, prompt: Any) -> dict[str, Any]:
     if isinstance(prompt, dict) and "prompt_embeds" in prompt:
         raise NotImplementedError("Embedding prompt not supported for beam search")
+    if has_multimodal_data(prompt):
+        return prompt  # tokenized with its images (_with_images_encoded)
     text, token_ids = engine.tokenize_prompt(prompt)
     out: dict[str, Any] = {"prompt": text, "prompt_token_ids": token_ids}
     if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
         out["cache_salt"] = prompt["cache_salt"]
     return out
+
+
+async def _with_images_encoded(engine: Any, prompt: dict[str, Any]) -> dict[str, Any]:
+    """A prompt with images as the search keeps it: its widened token ids, and its images
+    encoded once (multimodal.py) for every step's beams; any other prompt as it is."""
+    if not has_multimodal_data(prompt):
+        return prompt
+    prepared = await engine.prepare_prompt(prompt)
+    out = {
+        "prompt": prepared.prompt,
+        "prompt_token_ids": prepared.prompt_token_ids,
+        IMAGES: prepared.images,
+    }
+    if prepared.cache_salt is not None:
+        out["cache_salt"] = prepared.cache_salt
+    return out
+
+
+def _step_prompt(prompt: dict[str, Any], tokens: list[int]) -> Any:
+    """The prompt of a beam's next step: the search's prompt with the beam's tokens."""
+    images = prompt.get(IMAGES)
+    if images:
+        return ImagePrompt(prompt.get("prompt"), tokens, images, prompt.get("cache_salt"))
+    return {**prompt, "prompt_token_ids": tokens}

@@ -200,3 +200,23 @@ def test_refusals(llava_folders):
         assert llm.engine.kv_cache.num_free_blocks == llm.engine.kv_cache.num_blocks
     finally:
         llm.close()
+
+
+def test_a_beam_search_of_width_one_sees_the_image_each_step(llava_folders, hf_models):
+    """Each step of a search is a request of its own: every one must carry the image
+    (encoded once), or the search would drift from the greedy answer."""
+    from aioserve.engine.beam_search import BeamSearchParams
+
+    folder, image_id = llava_folders["clip"]
+    prompt, images = _prompts(image_id)[0]
+    llm = LLM(model=folder, dtype="float32", block_size=8, max_model_len=128)
+    try:
+        [output] = llm.beam_search(
+            [{"prompt_token_ids": prompt, "multi_modal_data": {"image": images}}],
+            BeamSearchParams(beam_width=1, max_tokens=NEW_TOKENS, ignore_eos=True),
+        )
+    finally:
+        llm.close()
+    want, _ = _hf_greedy(hf_models["clip"], prompt, images, image_id)
+    widened = len(prompt) + ROWS_PER_IMAGE - 1
+    assert output.sequences[0].tokens[widened:] == want
