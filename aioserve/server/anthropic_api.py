@@ -54,6 +54,7 @@ from aioserve.server.anthropic_stream import (
 )
 from aioserve.server.body_fields import log_ignored_fields, read_json_body
 from aioserve.server.chat import chat_chunks, full_chat_body, settle_reasoning
+from aioserve.server.chat_images import read_request_images, widened_prompt_ids
 from aioserve.server.chat_template import render_chat, template_kwargs
 from aioserve.server.errors import APIError
 from aioserve.server.generation import engine_outputs, reserve_places
@@ -132,6 +133,7 @@ async def _parsed_request(
         merge_inline_system=await _probed(state, probes, "system_first", _needs_system_first),
         disabled_thinking_effort=effort,
         count_only=count_only,
+        takes_images=state.engine.image_processor is not None,
     )
     log_ignored_fields(body, COUNT_TOKENS_FIELDS if count_only else MESSAGES_FIELDS)
     parsed = parse_chat_request(state, chat_body, request.headers)
@@ -141,7 +143,10 @@ async def _parsed_request(
 
 
 async def _render(state: ServerState, parsed: ChatRequest) -> tuple[str, list[int]]:
-    return await state.off_loop(
+    """The prompt's text and token ids, its images read (chat_images.py) and their
+    placeholders widened."""
+    placeholder = await read_request_images(state.engine, parsed)
+    text, token_ids = await state.off_loop(
         render_chat,
         state,
         parsed.messages,
@@ -150,7 +155,11 @@ async def _render(state: ServerState, parsed: ChatRequest) -> tuple[str, list[in
         chat_template_kwargs=parsed.chat_template_kwargs,
         tools=parsed.tool_use.tools,
         add_special_tokens=parsed.add_special_tokens,
+        image_placeholder=placeholder,
     )
+    if parsed.images:
+        token_ids = widened_prompt_ids(state.engine, token_ids, len(parsed.images))
+    return text, token_ids
 
 
 async def _create_message(request: web.Request) -> web.StreamResponse:
@@ -316,8 +325,8 @@ ANTHROPIC_SCHEMAS: dict[str, Any] = {
             "role": {"enum": ["user", "assistant", "system"]},
             "content": {
                 "type": ["string", "array"],
-                "description": "A string, or blocks: text, tool_use, tool_result, thinking "
-                "(images are refused: aioserve serves text models)",
+                "description": "A string, or blocks: text, image (for a model that takes "
+                "images), tool_use, tool_result, thinking",
             },
         },
     },

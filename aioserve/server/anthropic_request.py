@@ -27,9 +27,10 @@ builds it (entrypoints/anthropic/serving.py, to_chat_completion_request).
   `kv_transfer_params`, `ec_transfer_params`, `mm_payload`, `return_mm_kwargs`) go along
   to chat, which refuses those aioserve does not serve.
 
-Refused, by name: image blocks (aioserve serves text models) and tool_result content other
-than text and tool_reference blocks. Every wrong type or value is a 400
-naming the field.
+Image blocks become chat's image_url parts (a base64 source as a data URL, a url source's
+URL, as vLLM converts them) when the model takes images, and are refused by name when it
+does not. Refused, by name: tool_result content other than text and tool_reference blocks
+(images in tool results among them). Every wrong type or value is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def messages_chat_body(
     merge_inline_system: bool,
     disabled_thinking_effort: str = "none",
     count_only: bool = False,
+    takes_images: bool = False,
 ) -> dict[str, Any]:
     """The chat completions body for a /v1/messages body (`count_only`: a
     /v1/messages/count_tokens body, whose prompt alone matters); a 400 for anything vLLM's
@@ -100,7 +102,9 @@ def messages_chat_body(
     checked = [_message(i, message) for i, message in enumerate(messages)]
     chat: dict[str, Any] = {
         "model": model,
-        "messages": _chat_messages(body.get("system"), checked, model_name, merge_inline_system),
+        "messages": _chat_messages(
+            body.get("system"), checked, model_name, merge_inline_system, takes_images
+        ),
     }
     if not count_only:
         _sampling_fields(body, chat)
@@ -217,7 +221,11 @@ def _check_block(where: str, block: Any, role: str | None) -> None:
 
 
 def _chat_messages(
-    system: Any, messages: list[dict[str, Any]], model_name: str, merge_inline_system: bool
+    system: Any,
+    messages: list[dict[str, Any]],
+    model_name: str,
+    merge_inline_system: bool,
+    takes_images: bool = False,
 ) -> list[dict[str, Any]]:
     """The chat messages: the system prompt, then each message's."""
     chat: list[dict[str, Any]] = []
@@ -240,7 +248,7 @@ def _chat_messages(
         if isinstance(content, str):
             converted["content"] = content
         else:
-            _convert_blocks(message, converted, chat, model_name)
+            _convert_blocks(message, converted, chat, model_name, takes_images)
         if message["role"] != "user" or "content" in converted:
             chat.append(converted)
     return chat
@@ -288,7 +296,11 @@ def _system_text(message: dict[str, Any]) -> str | None:
 
 
 def _convert_blocks(
-    message: dict[str, Any], converted: dict[str, Any], chat: list[dict], model_name: str
+    message: dict[str, Any],
+    converted: dict[str, Any],
+    chat: list[dict],
+    model_name: str,
+    takes_images: bool = False,
 ) -> None:
     """A user or assistant message's blocks into `converted` (tool results of a user
     message are appended to `chat` before it)."""
@@ -300,6 +312,8 @@ def _convert_blocks(
         kind = block["type"]
         if kind == "text" and block.get("text"):
             parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and takes_images:
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(where, block)}})
         elif kind == "image":
             raise _image_refused(where, model_name)
         elif kind == "thinking" and block.get("thinking") is not None:
@@ -370,6 +384,23 @@ def _tool_messages(where: str, block: dict[str, Any], model_name: str) -> list[d
     if references:
         tool_messages.append({"role": "tool", "tool_call_id": call_id, "content": references})
     return tool_messages
+
+
+def _image_url(where: str, block: dict[str, Any]) -> str:
+    """An image block's source as a URL, as vLLM converts it: a url source's URL, else a
+    base64 data URL of its media type (image/jpeg when it names none)."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise bad_parameter(f"{where}.source", shown_value(source), "an image block needs a source")
+    if source.get("type") == "url":
+        url = source.get("url")
+        if not isinstance(url, str):
+            raise bad_parameter(f"{where}.source.url", shown_value(url), "url must be a string")
+        return url
+    data = source.get("data")
+    if not isinstance(data, str):
+        raise bad_parameter(f"{where}.source.data", shown_value(data), "data must be a string")
+    return f"data:{source.get('media_type', 'image/jpeg')};base64,{data}"
 
 
 def _image_refused(where: str, model_name: str) -> APIError:

@@ -19,13 +19,7 @@ from aioserve.engine.outputs import CompletionOutput, RequestOutput
 from aioserve.server import responses
 from aioserve.server.beam_search_route import outputs_for
 from aioserve.server.body_fields import read_json_body
-from aioserve.server.chat_images import (
-    check_image_count,
-    image_placeholder,
-    image_urls,
-    load_images,
-    widened_prompt_ids,
-)
+from aioserve.server.chat_images import read_request_images, widened_prompt_ids
 from aioserve.server.chat_messages import content_text
 from aioserve.server.chat_template import render_chat
 from aioserve.server.generation import reserve_places
@@ -100,11 +94,7 @@ async def chat_prompt(state: ServerState, parsed: ChatRequest) -> tuple[str, str
     ended the reasoning (settle_reasoning). `parsed.params` get max_tokens cut to the room
     the prompt leaves (check_prompt, 400 for a prompt the engine refuses)."""
     engine = state.engine
-    placeholder = image_placeholder(engine)
-    if placeholder is not None:
-        urls = image_urls(parsed.messages)
-        check_image_count(engine, len(urls))
-        parsed.images = await load_images(urls, engine.settings.allowed_local_media_path)
+    placeholder = await read_request_images(engine, parsed)
     text, token_ids = await state.off_loop(
         render_chat,
         state,

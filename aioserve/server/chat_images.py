@@ -29,6 +29,7 @@ from aioserve.engine.admission import InvalidRequest
 from aioserve.engine.async_engine import AsyncEngine
 from aioserve.engine.multimodal import widened_prompt
 from aioserve.server.errors import APIError
+from aioserve.server.protocol import ChatRequest
 
 IMAGE_FETCH_TIMEOUT_ENV = "VLLM_IMAGE_FETCH_TIMEOUT"
 _DEFAULT_FETCH_TIMEOUT_S = 5
@@ -41,6 +42,18 @@ def image_placeholder(engine: AsyncEngine) -> str | None:
     if processor is None or engine.tokenizer is None:
         return None
     return engine.tokenizer.convert_ids_to_tokens(processor.image_token_id)
+
+
+async def read_request_images(engine: AsyncEngine, parsed: ChatRequest) -> str | None:
+    """Read the images of a chat request's messages into `parsed.images`, where the model
+    takes images; returns the placeholder its template gets for each (None: the model
+    takes none, and image parts are refused as it renders)."""
+    placeholder = image_placeholder(engine)
+    if placeholder is not None:
+        urls = image_urls(parsed.messages)
+        check_image_count(engine, len(urls))
+        parsed.images = await load_images(urls, engine.settings.allowed_local_media_path)
+    return placeholder
 
 
 def check_image_count(engine: AsyncEngine, num_images: int) -> None:

@@ -39,6 +39,7 @@ from aioserve.config.frontend import FrontendConfig
 from aioserve.engine.admission import max_new_tokens
 from aioserve.server.body_fields import read_json_body, shown_value
 from aioserve.server.chat import settle_reasoning
+from aioserve.server.chat_images import read_request_images, widened_prompt_ids
 from aioserve.server.chat_template import render_chat
 from aioserve.server.errors import APIError, bad_parameter, refusal
 from aioserve.server.generation import engine_outputs, reserve_places
@@ -78,7 +79,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request)
     lora = check_serving(state, body)
     parses_calls = auto_tools(state.frontend)
-    chat_body = _as_chat_body(body, state.model_name, parses_calls)
+    takes_images = state.engine.image_processor is not None
+    chat_body = _as_chat_body(body, state.model_name, parses_calls, takes_images)
     parsed = parse_chat_request(state, chat_body, request.headers)
     parsed.max_tokens_field = "max_output_tokens"
     if "response_format" in chat_body:
@@ -86,6 +88,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     engine = state.engine
     await compile_structured_output(engine, parsed.params, parsed.structured_output_field)
     with reserve_places(engine, 1) as reservation:
+        placeholder = await read_request_images(engine, parsed)
         text, token_ids = await state.off_loop(
             render_chat,
             state,
@@ -94,7 +97,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             continue_final_message=parsed.continue_final_message,
             chat_template_kwargs=parsed.chat_template_kwargs,
             tools=parsed.tool_use.tools,
+            image_placeholder=placeholder,
         )
+        if parsed.images:
+            token_ids = widened_prompt_ids(engine, token_ids, len(parsed.images))
         prompt_closed = settle_reasoning(state, parsed, text)
         parser = engine.settings.reasoning_parser
         splitter = None
@@ -177,7 +183,9 @@ def auto_tools(frontend: FrontendConfig) -> bool:
     return bool(frontend.enable_auto_tool_choice and frontend.tool_call_parser)
 
 
-def _as_chat_body(body: dict[str, Any], model_name: str, parses_calls: bool) -> dict[str, Any]:
+def _as_chat_body(
+    body: dict[str, Any], model_name: str, parses_calls: bool, takes_images: bool = False
+) -> dict[str, Any]:
     """The chat completions body that runs this Responses request; 400 or 404 for what a
     Responses request cannot ask of aioserve. Without `parses_calls`, tool_choice "auto"
     (the default with tools) renders the tools and reads the answer as text, as vLLM's
@@ -219,7 +227,7 @@ def _as_chat_body(body: dict[str, Any], model_name: str, parses_calls: bool) -> 
             "truncation 'auto' in /v1/responses is not supported yet",
         )
     chat = {name: body[name] for name in _CHAT_FIELDS if name in body}
-    chat["messages"] = input_messages(body, model_name)
+    chat["messages"] = input_messages(body, model_name, takes_images)
     if tools:  # the Responses API's default is [], no tools
         chat["tools"] = _chat_tools(tools)
         choice = body.get("tool_choice", "auto")

@@ -21,8 +21,11 @@ _PART_TYPES = ("input_text", "output_text", "text")
 _ROLES = ("user", "system", "developer", "assistant")
 
 
-def input_messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]]:
-    """`instructions` as a system message, then the `input` items as chat messages."""
+def input_messages(
+    body: dict[str, Any], model_name: str, takes_images: bool = False
+) -> list[dict[str, Any]]:
+    """`instructions` as a system message, then the `input` items as chat messages; an
+    `input_image` part becomes chat's `image_url` part where the model `takes_images`."""
     messages = []
     instructions = body.get("instructions")
     if instructions:  # vLLM skips an empty one (the template's default system prompt stays)
@@ -39,7 +42,7 @@ def input_messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]
     if not isinstance(items, list):
         raise bad_parameter("input", shown_value(items), "input must be a string or an array")
     for i, item in enumerate(items):
-        _add_item(messages, item, f"input[{i}]", model_name)
+        _add_item(messages, item, f"input[{i}]", model_name, takes_images)
     if not messages:
         raise APIError(
             "Cannot apply chat template to an empty conversation. Provide at least one message.",
@@ -48,7 +51,9 @@ def input_messages(body: dict[str, Any], model_name: str) -> list[dict[str, Any]
     return messages
 
 
-def _add_item(messages: list[dict[str, Any]], item: Any, where: str, model_name: str) -> None:
+def _add_item(
+    messages: list[dict[str, Any]], item: Any, where: str, model_name: str, takes_images: bool
+) -> None:
     """Append an input item to the chat messages as vLLM does: a function call joins the
     assistant message before it (its tool_calls), an assistant message without content
     takes the next assistant text, a function call's output is a tool message."""
@@ -91,7 +96,7 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str, model_name:
             shown_value(kind),
             f"input items of type {kind!r} are not supported yet",
         )
-    message = _message(item, where, model_name)
+    message = _message(item, where, model_name, takes_images)
     if message["role"] == "assistant" and previous is not None and previous.get("content") is None:
         previous["content"] = message["content"]
         return
@@ -120,7 +125,9 @@ def _add_reasoning(
         messages.append({"role": "assistant", "content": None, "reasoning": reasoning})
 
 
-def _message(item: dict[str, Any], where: str, model_name: str) -> dict[str, Any]:
+def _message(
+    item: dict[str, Any], where: str, model_name: str, takes_images: bool = False
+) -> dict[str, Any]:
     role = item.get("role")
     if role not in _ROLES:
         raise bad_parameter(
@@ -135,14 +142,21 @@ def _message(item: dict[str, Any], where: str, model_name: str) -> dict[str, Any
         )
     if role == "assistant" and content:
         content = content[:1]  # vLLM keeps an assistant message's first part only
-    return {"role": role, "content": _text_parts(content, f"{where}.content", model_name)}
+    parts = _text_parts(content, f"{where}.content", model_name, takes_images)
+    return {"role": role, "content": parts}
 
 
-def _text_parts(content: list, where: str, model_name: str) -> list[dict[str, str]]:
-    """Text parts in chat's form; 400 for media (as vLLM's for a text model) and others."""
-    parts = []
+def _text_parts(
+    content: list, where: str, model_name: str, takes_images: bool = False
+) -> list[dict[str, Any]]:
+    """Text parts in chat's form, and images where the model `takes_images`; 400 for
+    other media (as vLLM's for a text model) and others."""
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and takes_images:
+            parts.append(_image_part(part, f"{where}[{j}]"))
+            continue
         if kind in ("input_image", "input_file", "input_audio"):
             raise APIError(f"{model_name} is not a multimodal model")  # vLLM's words
         if kind not in _PART_TYPES or not isinstance(part.get("text"), str):
@@ -153,3 +167,15 @@ def _text_parts(content: list, where: str, model_name: str) -> list[dict[str, st
             )
         parts.append({"type": "text", "text": part["text"]})
     return parts
+
+
+def _image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An input_image part as chat's image_url part (its URL: a data, http(s) or file URL)."""
+    url = part.get("image_url")
+    if not isinstance(url, str):
+        raise bad_parameter(
+            f"{where}.image_url",
+            shown_value(url),
+            "an input_image needs its image_url (a file_id is not supported by aioserve)",
+        )
+    return {"type": "image_url", "image_url": {"url": url}}

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from aioserve.config.engine import engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine
+from aioserve.server.anthropic_api import add_anthropic_routes
 from aioserve.server.chat_messages import conversation
 from aioserve.server.errors import APIError
 from aioserve.server.state import ServerState
@@ -65,7 +66,9 @@ def url(llava, server_loop):
         limit_mm_per_prompt={"image": 2},
     )
     engine = AsyncEngine.from_config(config)
-    with serve_app(server_loop, openai_app(ServerState(engine, [MODEL]))) as base:
+    app = openai_app(ServerState(engine, [MODEL]))
+    add_anthropic_routes(app)
+    with serve_app(server_loop, app) as base:
         yield base
     server_loop.run(engine.shutdown())
 
@@ -239,3 +242,62 @@ def test_a_transparent_image_is_seen_over_white(url):
     by_rgba = _ask(url, data_url(rgba)).choices[0].token_ids
     assert by_rgba == _ask(url, data_url(Image.fromarray(over_white))).choices[0].token_ids
     assert by_rgba != _ask(url, data_url(Image.fromarray(rgb))).choices[0].token_ids
+
+
+def test_responses_and_anthropic_messages_take_images_as_chat_does(url):
+    """/v1/responses' input_image part and /v1/messages' image block (base64 source) give
+    the chat answer of the same image and question."""
+    import anthropic
+
+    image = random_image(7)
+    chat = client(url).chat.completions.create(
+        model=MODEL,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": QUESTION},
+                    {"type": "image_url", "image_url": {"url": data_url(image)}},
+                ],
+            }
+        ],
+        max_tokens=NEW_TOKENS,
+        temperature=0,
+    )
+    response = client(url).responses.create(
+        model=MODEL,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": QUESTION},
+                    {"type": "input_image", "image_url": data_url(image), "detail": "auto"},
+                ],
+            }
+        ],
+        max_output_tokens=NEW_TOKENS,
+        temperature=0,
+    )
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    source = {
+        "type": "base64",
+        "media_type": "image/png",
+        "data": base64.b64encode(png_bytes(image)).decode(),
+    }
+    message = anthropic.Anthropic(base_url=url, api_key="unused").messages.create(
+        model=MODEL,
+        max_tokens=NEW_TOKENS,
+        extra_body={"temperature": 0},
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": QUESTION},
+                    {"type": "image", "source": source},
+                ],
+            }
+        ],
+    )
+    assert message.content[0].text == chat.choices[0].message.content
+    assert message.usage.input_tokens == chat.usage.prompt_tokens
