@@ -35,6 +35,12 @@ from aioserve.server.body_fields import (
     read_json_body,
     shown_value,
 )
+from aioserve.server.chat_images import (
+    check_image_count,
+    image_placeholder,
+    image_urls,
+    widened_prompt_ids,
+)
 from aioserve.server.chat_template import (
     BOTH_GENERATION_FLAGS,
     refuse_request_mm_kwargs,
@@ -160,6 +166,9 @@ async def tokenize(request: web.Request) -> web.Response:
             trusted=state.frontend.trust_request_chat_template,
         )
         refuse_request_mm_kwargs(body)
+        # An image model's placeholders are widened to the rows each image takes, which
+        # depend on the model, not on the image: the images themselves are not read.
+        placeholder = image_placeholder(state.engine)
         _, tokens = await state.off_loop(
             render_chat,
             state,
@@ -170,7 +179,12 @@ async def tokenize(request: web.Request) -> web.Response:
             tools=checked_tools(body.get("tools")),
             add_special_tokens=optional_bool(body, "add_special_tokens", False),
             chat_template=chat_template,
+            image_placeholder=placeholder,
         )
+        num_images = len(image_urls(messages)) if placeholder is not None else 0
+        if num_images:
+            check_image_count(state.engine, num_images)
+            tokens = widened_prompt_ids(state.engine, tokens, num_images)
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

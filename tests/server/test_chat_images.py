@@ -16,12 +16,12 @@ from aiohttp import web
 
 from aioserve.config.engine import engine_config_from_kwargs
 from aioserve.engine.async_engine import AsyncEngine
-from aioserve.server.anthropic_api import add_anthropic_routes
+from aioserve.server.app import build_app
 from aioserve.server.chat_messages import conversation
 from aioserve.server.errors import APIError
 from aioserve.server.state import ServerState
 from tests.models.llava_folders import random_image, write_tiny_llava
-from tests.server.conftest import MODEL, openai_app, serve_app
+from tests.server.conftest import MODEL, serve_app
 from tests.server.openai_helpers import client
 
 NEW_TOKENS = 6
@@ -66,9 +66,7 @@ def url(llava, server_loop):
         limit_mm_per_prompt={"image": 2},
     )
     engine = AsyncEngine.from_config(config)
-    app = openai_app(ServerState(engine, [MODEL]))
-    add_anthropic_routes(app)
-    with serve_app(server_loop, app) as base:
+    with serve_app(server_loop, build_app(ServerState(engine, [MODEL]))) as base:
         yield base
     server_loop.run(engine.shutdown())
 
@@ -301,3 +299,18 @@ def test_responses_and_anthropic_messages_take_images_as_chat_does(url):
     )
     assert message.content[0].text == chat.choices[0].message.content
     assert message.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_tokenize_counts_an_images_rows_as_chat_does(url):
+    from tests.server.openai_helpers import post
+
+    content = [
+        {"type": "text", "text": QUESTION},
+        {"type": "image_url", "image_url": {"url": data_url(random_image(7))}},
+    ]
+    tokenized = post(
+        url, "/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+    )
+    assert tokenized.status == 200
+    chat = _ask(url, data_url(random_image(7)))
+    assert tokenized.json()["tokens"] == chat.prompt_token_ids
