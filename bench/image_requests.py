@@ -155,6 +155,7 @@ def main() -> None:
         tokenizer=tokenizer,
         patch_size=14,
         vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's class row (llava-hf's processor config)
     )
     run_aioserve(llm, pictures[:1], 2)  # warm: the compiled step's shapes
     results: dict[str, list[float]] = {"aioserve": [], "hf_one_by_one": [], "hf_batched": []}
