@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.transformers_backend import smollm2_shaped_config  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,7 +41,6 @@ def llava_shaped_folder(folder: Path) -> str:
     import torch
     from transformers import (
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
     )
@@ -57,18 +60,7 @@ def llava_shaped_folder(folder: Path) -> str:
         patch_size=14,
         projection_dim=768,
     )
-    text = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    )
+    text = smollm2_shaped_config(len(tokenizer))
     config = LlavaConfig(
         vision_config=vision,
         text_config=text,

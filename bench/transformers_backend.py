@@ -33,19 +33,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def smollm2_shaped_folder(folder: Path) -> str:
-    """A random Llama with SmolLM2-135M's config and tokenizer, saved once."""
-    if (folder / "config.json").is_file():
-        return str(folder)
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def smollm2_shaped_config(vocab_size: int):
+    """SmolLM2-135M's Llama config (bench/image_requests.py builds its decoder from it)."""
+    from transformers import LlamaConfig
 
-    from aioserve.models.checkpoint import open_checkpoint
-    from aioserve.models.resolve import DEFAULT_MODEL, resolve_model
-
-    tokenizer = open_checkpoint(str(resolve_model(DEFAULT_MODEL).path)).load_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=576,
         intermediate_size=1536,
         num_hidden_layers=30,
@@ -57,6 +50,20 @@ def smollm2_shaped_folder(folder: Path) -> str:
         tie_word_embeddings=True,
         architectures=["LlamaForCausalLM"],
     )
+
+
+def smollm2_shaped_folder(folder: Path) -> str:
+    """A random Llama with SmolLM2-135M's config and tokenizer, saved once."""
+    if (folder / "config.json").is_file():
+        return str(folder)
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from aioserve.models.checkpoint import open_checkpoint
+    from aioserve.models.resolve import DEFAULT_MODEL, resolve_model
+
+    tokenizer = open_checkpoint(str(resolve_model(DEFAULT_MODEL).path)).load_tokenizer()
+    config = smollm2_shaped_config(len(tokenizer))
     torch.manual_seed(0)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
