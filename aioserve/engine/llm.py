@@ -203,6 +203,7 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts: list[PromptType] = []
         for conversation in conversations:
+            _refuse_media_parts(conversation)
             text = tokenizer.apply_chat_template(
                 conversation,
                 chat_template=chat_template,
@@ -416,3 +417,19 @@ def _with_task(params: PoolingParams | None, task: str) -> PoolingParams:
     if params.task not in (None, task):
         raise ValueError(f"You cannot overwrite params.task={params.task!r} with {task!r}!")
     return replace(params, task=task)
+
+
+def _refuse_media_parts(conversation: ChatMessages) -> None:
+    """LLM.chat renders text: a content part of another kind (an image, audio) would reach
+    the template unread. Images go through `generate` with vLLM's multi_modal_data."""
+    for message in conversation:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(
+                    f"LLM.chat takes text content parts only, got {kind!r}: send images "
+                    'with generate({"prompt": ..., "multi_modal_data": {"image": ...}})'
+                )

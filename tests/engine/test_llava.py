@@ -220,3 +220,17 @@ def test_a_beam_search_of_width_one_sees_the_image_each_step(llava_folders, hf_m
     want, _ = _hf_greedy(hf_models["clip"], prompt, images, image_id)
     widened = len(prompt) + ROWS_PER_IMAGE - 1
     assert output.sequences[0].tokens[widened:] == want
+
+
+def test_llm_chat_refuses_image_parts_it_would_not_read(llava_folders):
+    folder, _ = llava_folders["clip"]
+    llm = LLM(model=folder, dtype="float32", block_size=8, max_model_len=64)
+    try:
+        message = {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "data:,"}}],
+        }
+        with pytest.raises(ValueError, match="LLM.chat takes text content parts only"):
+            llm.chat([message], GREEDY, use_tqdm=False)
+    finally:
+        llm.close()
