@@ -38,6 +38,7 @@ than VLLM_MAX_N_SEQUENCES (16,384), token ids, logprobs or prompt ids past
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -57,7 +58,13 @@ from aioserve.server.derender_text import (
     seed_state,
 )
 from aioserve.server.errors import APIError
-from aioserve.server.protocol import ChatRequest, check_serving, parse_chat_request
+from aioserve.server.protocol import (
+    ChatRequest,
+    GenerationRequest,
+    check_serving,
+    parse_chat_request,
+    parse_completion_request,
+)
 from aioserve.server.reasoning import ReasoningSplitter, split_whole
 from aioserve.server.responses import ResponseHead
 from aioserve.server.state import STATE, ServerState
@@ -75,7 +82,7 @@ async def derender_chat_completion(request: web.Request) -> web.Response:
     read = read_derender(body, chat=True)
     check_serving(state, body)
     tokenizer = _tokenizer(state)
-    chat = _chat_request(state, read.request)
+    chat: ChatRequest | None = _original(state, read.request, parse_chat_request, "chat_request")
     parses = _parses(state)
     if parses and chat is None:
         raise APIError(_NEEDS_CHAT_REQUEST)
@@ -88,10 +95,12 @@ async def derender_chat_completion(request: web.Request) -> web.Response:
                 "reasoning content as plain content."
             )
         _check_stream_bounds(state, read)
-        chunk, stream_state = chat_stream(state, tokenizer, read, chat, parses)
+        chunk, stream_state = await state.off_loop(
+            chat_stream, state, tokenizer, read, chat, parses
+        )
         return _json({"chunk": chunk, "stream_state": stream_state.json()})
     _check_bounds(state, read)
-    return _json(_chat_response(state, tokenizer, read, chat, parses))
+    return _json(await state.off_loop(_chat_response, state, tokenizer, read, chat, parses))
 
 
 async def derender_completion(request: web.Request) -> web.Response:
@@ -104,17 +113,19 @@ async def derender_completion(request: web.Request) -> web.Response:
         raise APIError("generate_responses must not be empty")
     tokenizer = _tokenizer(state)
     model = read.model or state.model_name
-    options = read.request or {}
+    options = _original(state, read.request, parse_completion_request, "completion_request")
     skip, spaces = decode_params(
         tokenizer,
-        options.get("skip_special_tokens"),
-        options.get("spaces_between_special_tokens"),
+        options.params.skip_special_tokens if options else None,
+        options.params.spaces_between_special_tokens if options else None,
     )
     if read.stream:
         _check_prompt_ids(state, read.prompt_token_ids)
-        return _json(completion_stream(tokenizer, read, skip, spaces, model))
-    _check_bounds(state, read)
-    return _json(_completion_response(tokenizer, read, skip, spaces, model))
+        derender = completion_stream
+    else:
+        _check_bounds(state, read)
+        derender = _completion_response
+    return _json(await state.off_loop(derender, tokenizer, read, skip, spaces, model))
 
 
 def _json(body: dict[str, Any]) -> web.Response:
@@ -138,15 +149,21 @@ def _parses(state: ServerState) -> bool:
     return bool(state.engine.settings.reasoning_parser) or tools
 
 
-def _chat_request(state: ServerState, body: dict[str, Any] | None) -> ChatRequest | None:
-    """The original chat request, read as /v1/chat/completions reads it."""
+def _original(
+    state: ServerState,
+    body: dict[str, Any] | None,
+    parse: Callable[[ServerState, dict[str, Any]], GenerationRequest],
+    field: str,
+) -> Any:
+    """The original request (`chat_request`, `completion_request`), read as its route reads
+    it; a 400 names the field under `field`."""
     if body is None:
         return None
     try:
-        return parse_chat_request(state, body, {})
+        return parse(state, body)
     except APIError as error:
         if error.param:
-            error.param = f"chat_request.{error.param}"
+            error.param = f"{field}.{error.param}"
         raise
 
 

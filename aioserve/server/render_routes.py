@@ -1,19 +1,31 @@
-"""POST /v1/completions/render and /v1/chat/completions/render: a request as vLLM 0.32's
-scale-out `GenerateRequest` (its render/serving.py), nothing generated.
+"""POST /v1/completions/render, /v1/chat/completions/render, /v1/messages/render and
+/v1/responses/render: a request as vLLM 0.32's scale-out `GenerateRequest` (its
+render/serving.py), nothing generated.
 
-The body is read as /v1/completions and /v1/chat/completions read theirs (protocol.py):
-the same checks, the same chat template rendering and tokenization, the same sampling
-parameters with max_tokens cut to the room the prompt leaves. What comes back is what
-POST /inference/v1/generate takes: the prompt's token ids, the sampling params as vLLM
-writes them (vllm_sampling_wire.py), `model` as the request gave it, `stream` and
-`stream_options`, `cache_salt` and `priority`. Completions answer a list, one
-GenerateRequest per prompt (request ids "cmpl-<id>", or "cmpl-<id>-<i>" for several
-prompts); chat one ("chatcmpl-<id>"), with `reasoning_ended` (true when the reasoning is
-not wanted; with --reasoning-parser whether the prompt closed it; else null) and, with a
-reasoning parser, the chat template's kwargs for it.
+The body is read as /v1/completions, /v1/chat/completions, /v1/messages and /v1/responses
+read theirs (protocol.py; a Messages request translated to chat's by anthropic_request.py,
+a Responses request by responses_api.py): the same checks, the same chat template
+rendering and tokenization, the same sampling parameters with max_tokens cut to the room
+the prompt leaves. What comes back is what POST /inference/v1/generate takes: the prompt's
+token ids, the sampling params as vLLM writes them (vllm_sampling_wire.py), `model` as the
+request gave it, `stream` and `stream_options`, `cache_salt` and `priority`. Completions
+answer a list, one GenerateRequest per prompt (request ids "cmpl-<id>", or "cmpl-<id>-<i>"
+for several prompts); chat one ("chatcmpl-<id>"), with `reasoning_ended` (true when the
+reasoning is not wanted; with --reasoning-parser whether the prompt closed it; else null)
+and, with a reasoning parser, the chat template's kwargs for it.
+
+A Messages request renders as the chat request it becomes ("chatcmpl-<id>"; a stream with
+usage in every chunk), with `thinking: {"type": "disabled"}` as reasoning_effort "none"
+whatever --anthropic-disabled-thinking-effort says (vLLM's render converts with that
+default). A Responses request's GenerateRequest has the response's id (`request_id`, else
+"resp_<id>"; an X-Request-Id header does not name it, as in vLLM), no stream_options and no
+reasoning_ended, and its sampling params always write `extra_args` (vLLM's Responses
+request does); `previous_response_id` is refused first (400, vLLM's words: the render is
+stateless), and the rest as /v1/responses refuses it.
 
 Refused as vLLM refuses them: beam search ("Beam search is not supported by the render
-endpoint"); and prompts sent as embeddings, which have no token ids to render.
+endpoint"); and prompts sent as embeddings, which have no token ids to render. Errors are
+OpenAI's shape on every render route, /v1/messages/render included (as vLLM's).
 """
 
 from __future__ import annotations

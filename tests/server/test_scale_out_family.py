@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import serve_built
+from tests.server.conftest import MODEL, serve_built
 from tests.server.openai_helpers import post
 
 RECORDED = json.loads((Path(__file__).parent / "scale_out_family_vllm.json").read_text())
@@ -37,16 +37,19 @@ def url(server_loop, engine) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def parsers_url(server_loop, engine) -> Iterator[str]:
-    """A server with vLLM's recording flags: --reasoning-parser qwen3, hermes tool calls."""
-    settings = engine.settings
-    engine.settings = dataclasses.replace(settings, reasoning_parser="qwen3")
+def tools_url(server_loop, engine) -> Iterator[str]:
     flags = ("--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    try:
-        with serve_built(server_loop, engine, *flags) as url:
-            yield url
-    finally:
-        engine.settings = settings
+    with serve_built(server_loop, engine, *flags) as url:
+        yield url
+
+
+@pytest.fixture
+def parsers_url(tools_url, engine, monkeypatch) -> str:
+    """A server with vLLM's recording flags: --reasoning-parser qwen3 (for this test),
+    hermes tool calls."""
+    settings = dataclasses.replace(engine.settings, reasoning_parser="qwen3")
+    monkeypatch.setattr(engine, "settings", settings)
+    return tools_url
 
 
 _CALL_ID = re.compile(r"^(chatcmpl-tool-)?[0-9a-f]{16,32}$")
@@ -168,3 +171,145 @@ def _merged(deltas: list[dict[str, Any]]) -> dict[str, Any]:
         merged["name"] = merged["name"] or delta["function"]["name"]
         merged["arguments"] += delta["function"]["arguments"] or ""
     return merged
+
+
+# --- render -> generate -> derender: the coupled routes' answers -----------------------------
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def _generated(url: str, rendered: dict[str, Any]) -> dict[str, Any]:
+    reply = post(url, "/inference/v1/generate", {**rendered, "return_token_ids": True})
+    assert reply.status == 200, reply.body
+    return reply.json()
+
+
+def _sse(reply) -> list[dict[str, Any]]:
+    events = [line.removeprefix("data: ") for line in reply.body.decode().split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+def test_a_chat_derendered_is_the_chat_completion(url):
+    body = {"messages": QUESTION, **GREEDY, "logprobs": True, "top_logprobs": 2}
+    coupled = post(url, "/v1/chat/completions", body).json()
+    rendered = post(url, "/v1/chat/completions/render", body).json()
+    derender = {
+        "generate_response": _generated(url, rendered),
+        "prompt_tokens": len(rendered["token_ids"]),
+        "prompt_token_ids": rendered["token_ids"],
+        "chat_request": body,
+    }
+    reply = post(url, "/v1/chat/completions/derender", derender)
+    assert reply.status == 200, reply.body
+    answer = reply.json()
+    assert answer["id"] == "generate-tokens-" + rendered["request_id"]  # generate's id
+    (choice,), (wanted,) = answer["choices"], coupled["choices"]
+    assert choice["message"]["content"] == wanted["message"]["content"]
+    assert choice["finish_reason"] == wanted["finish_reason"] == "length"
+    ours, theirs = choice["logprobs"]["content"], wanted["logprobs"]["content"]
+    assert [e["token"] for e in ours] == [e["token"] for e in theirs]
+    assert [[t["token"] for t in e["top_logprobs"]] for e in ours] == [
+        [t["token"] for t in e["top_logprobs"]] for e in theirs
+    ]
+    assert [e["logprob"] for e in ours] == pytest.approx([e["logprob"] for e in theirs])
+    assert answer["usage"] == coupled["usage"]
+
+
+def test_a_streamed_derender_adds_up_to_the_whole(url):
+    body = {
+        "messages": QUESTION,
+        **GREEDY,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    rendered = post(url, "/v1/chat/completions/render", body).json()
+    events = _sse(post(url, "/inference/v1/generate", rendered))
+    whole = post(url, "/v1/chat/completions", {**body, "stream": False, "stream_options": None})
+    content, roles, state = "", [], None
+    for event in events:
+        step = {
+            "stream": True,
+            "generate_chunk": event,
+            "prompt_token_ids": rendered["token_ids"],
+            "prompt_tokens": len(rendered["token_ids"]),
+        }
+        if state is not None:
+            step["stream_state"] = state
+        reply = post(url, "/v1/chat/completions/derender", step)
+        assert reply.status == 200, reply.body
+        chunk, state = reply.json()["chunk"], reply.json()["stream_state"]
+        for choice in chunk["choices"]:
+            content += choice["delta"]["content"] or ""
+            roles.append(choice["delta"]["role"])
+        assert len(state["prev_tokens"]) <= 5  # the window, not the history
+    assert content == whole.json()["choices"][0]["message"]["content"]
+    assert roles[0] == "assistant" and set(roles[1:]) == {None}
+    assert chunk["usage"]["completion_tokens"] == 12  # the last chunk: generate's usage
+
+
+def test_completions_derendered_are_the_completion(url):
+    body = {"prompt": ["The capital of France is", "1, 2, 3,"], **GREEDY, "logprobs": 1}
+    coupled = post(url, "/v1/completions", body).json()
+    rendered = post(url, "/v1/completions/render", body).json()
+    derender = {
+        "generate_responses": [_generated(url, r) for r in rendered],
+        "prompt_tokens": [len(r["token_ids"]) for r in rendered],
+    }
+    answer = post(url, "/v1/completions/derender", derender).json()
+    assert answer["id"] == "generate-tokens-" + rendered[0]["request_id"]
+    for choice, wanted in zip(answer["choices"], coupled["choices"], strict=True):
+        assert (choice["index"], choice["text"]) == (wanted["index"], wanted["text"])
+        assert choice["logprobs"]["tokens"] == wanted["logprobs"]["tokens"]
+        assert choice["logprobs"]["text_offset"] == wanted["logprobs"]["text_offset"]
+    assert answer["usage"] == coupled["usage"]
+
+
+def test_a_streamed_completion_derender_adds_up_to_the_text(url):
+    body = {"prompt": "Once upon a time", **GREEDY, "stream": True, "logprobs": 0}
+    (rendered,) = post(url, "/v1/completions/render", body).json()
+    whole = post(url, "/v1/completions", {**body, "stream": False}).json()["choices"][0]
+    text, offsets, state = "", [], None
+    for event in _sse(post(url, "/inference/v1/generate", rendered)):
+        step = {"stream": True, "generate_chunk": event, "prompt_token_ids": rendered["token_ids"]}
+        if state is not None:
+            step["stream_state"] = state
+        answer = post(url, "/v1/completions/derender", step).json()
+        state = answer["stream_state"]
+        for choice in answer["chunk"]["choices"]:
+            text += choice["text"]
+            offsets += choice["logprobs"]["text_offset"]
+    assert text == whole["text"] and offsets == whole["logprobs"]["text_offset"]
+
+
+def test_a_messages_render_runs_as_the_message(url):
+    body = {"model": MODEL, "max_tokens": 12, "messages": QUESTION, "temperature": 0}
+    message = post(url, "/v1/messages", body).json()
+    rendered = post(url, "/v1/messages/render", body).json()
+    generated = _generated(url, rendered)
+    derender = {"generate_response": generated, "prompt_token_ids": rendered["token_ids"]}
+    chat = post(url, "/v1/chat/completions/derender", derender).json()
+    assert chat["choices"][0]["message"]["content"] == message["content"][0]["text"]
+    assert len(rendered["token_ids"]) == message["usage"]["input_tokens"]
+
+
+def test_a_responses_render_runs_as_the_response(url):
+    body = {"model": MODEL, "input": "Name a colour.", "max_output_tokens": 10, "temperature": 0}
+    response = post(url, "/v1/responses", body).json()
+    rendered = post(url, "/v1/responses/render", body).json()
+    assert rendered["request_id"].startswith("resp_")
+    assert len(rendered["token_ids"]) == response["usage"]["input_tokens"]
+    derender = {
+        "generate_response": _generated(url, rendered),
+        "prompt_token_ids": rendered["token_ids"],
+    }
+    chat = post(url, "/v1/chat/completions/derender", derender).json()
+    assert chat["choices"][0]["message"]["content"] == response["output"][0]["content"][0]["text"]
+
+
+def test_tokens_only_cannot_derender(server_loop, engine):
+    body = {"generate_response": {"choices": [{"index": 0, "token_ids": [5]}]}}
+    with serve_built(server_loop, engine, "--tokens-only") as tokens_url:
+        reply = post(tokens_url, "/v1/chat/completions/derender", body)
+    assert reply.status == 400 and "requires a tokenizer" in reply.json()["error"]["message"]
