@@ -3,19 +3,23 @@ tests/server/test_scale_out_family.py to hold aioserve's to.
 
 Run it with the Python of a vLLM 0.32 install, against vLLM's own GPU-less render server
 (`vllm launch render`, which serves every render and derender route) on SmolLM2-135M-Instruct
-(a folder with its config.json, tokenizer.json, tokenizer_config.json and
-chat_template.jinja), context 2,048, started once without parsers and once with the tool
-parser (`--enable-auto-tool-choice --tool-call-parser hermes`):
+(a folder with its config.json, generation_config.json, tokenizer.json,
+tokenizer_config.json and chat_template.jinja), context 2,048, started once without parsers
+and once with the parsers the parsed cases need (qwen3's reasoning parser and hermes tool
+calls, both of which vLLM builds on SmolLM2's tokenizer):
 
     vllm launch render --model SMOLLM2_DIR --served-model-name SmolLM2-135M-Instruct \
         --max-model-len 2048 --port 8711
-    vllm launch render ... --port 8713 --enable-auto-tool-choice --tool-call-parser hermes
+    vllm launch render ... --port 8713 --reasoning-parser qwen3 \
+        --enable-auto-tool-choice --tool-call-parser hermes
     python tools/record_scale_out_vllm.py SMOLLM2_DIR http://localhost:8711 \
         http://localhost:8713 > tests/server/scale_out_family_vllm.json
 
-Each case is a route, a body (and headers), vLLM's status and its answer. A streamed
-derender is recorded step by step: each step's body carries the `stream_state` vLLM
-answered the step before.
+(On a CPU-only machine with vLLM's wheel unpacked rather than installed,
+`VLLM_TARGET_DEVICE=cpu python -m vllm.entrypoints.launchers.render.entry --model ...`
+starts the same server.) Each case is a route, a body (and headers), vLLM's status and its
+answer; the parsed ones are marked `parsers`. A streamed derender is recorded step by step:
+each step's body carries the `stream_state` vLLM answered the step before.
 """
 
 from __future__ import annotations
@@ -412,6 +416,11 @@ def stream_sequences(tokenizer) -> list[tuple[str, str, dict[str, Any], list[dic
         chunk(None, usage={"prompt_tokens": 3, "completion_tokens": 15, "total_tokens": 18})
     )
     plain_chunks = [chunk(p) for p in pieces[:-1]] + [chunk(pieces[-1] + [2], "stop")]
+    # A prompt of more than seven tokens ending in special ones, and an output whose first
+    # chunk is only the start of a character: the state shows the prompt's seed.
+    long_prompt = ids("Please say hello to everyone here:") + [2, 198, 1]
+    split_start = [chunk(words[3:4]), chunk(words[4:6]), chunk(words[6:9], "length")]
+    special_kept = {"model": MODEL, "prompt": "x", "skip_special_tokens": False}
     chat = "/v1/chat/completions/derender"
     completion = "/v1/completions/derender"
     return [
@@ -427,6 +436,18 @@ def stream_sequences(tokenizer) -> list[tuple[str, str, dict[str, Any], list[dic
                 }
             },
             [chunk(None, usage={"prompt_tokens": 3, "completion_tokens": 0}), *plain_chunks],
+        ),
+        (
+            "chat_stream_seeded_first",
+            chat,
+            {"prompt_token_ids": long_prompt},
+            [chunk(None, usage={"prompt_tokens": 9, "completion_tokens": 0}), *split_start],
+        ),
+        (
+            "completion_stream_split_start",
+            completion,
+            {"prompt_token_ids": long_prompt, "completion_request": special_kept},
+            split_start,
         ),
         ("completion_stream", completion, {"prompt_token_ids": prompt}, chunks),
         (
