@@ -108,6 +108,37 @@ class IncrementalDetokenizer:
         self._at_clean_piece_end = not self._prefix_text.endswith(_REPLACEMENT_CHAR)
         self._pieces: list[str] = []
 
+    @classmethod
+    def resumed(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        window: Sequence[int],
+        read: int,
+        *,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> IncrementalDetokenizer:
+        """A detokenizer that goes on where another left off: its `window` (token ids)
+        and how many of them were read (`window_state`). Decodes as that one would have."""
+        detokenizer = cls(
+            tokenizer,
+            (),
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )
+        detokenizer._window = list(window)
+        detokenizer._read = min(max(read, 0), len(window))
+        detokenizer._prefix_text = detokenizer._decode(detokenizer._window[: detokenizer._read])
+        detokenizer._at_clean_piece_end = detokenizer._read == len(window) and not (
+            detokenizer._prefix_text.endswith(_REPLACEMENT_CHAR)
+        )
+        return detokenizer
+
+    @property
+    def window_state(self) -> tuple[list[int], int]:
+        """(the window's token ids, how many of them are read): all `resumed` needs."""
+        return list(self._window), self._read
+
     def add_tokens(self, token_ids: Sequence[int]) -> str:
         """The new text these tokens complete ("" while a UTF-8 character is incomplete)."""
         if len(token_ids) == 1:  # the usual decode step

@@ -92,7 +92,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     """The POST /v1/messages/count_tokens handler."""
     try:
-        parsed, _ = await _parsed_request(request, count_only=True)
+        parsed, _ = await messages_chat_request(request, count_only=True)
         _, token_ids = await _render(request.app[STATE], parsed)
     except APIError as error:
         return anthropic_error(error)
@@ -113,17 +113,19 @@ def anthropic_error(error: APIError) -> web.Response:
     )
 
 
-async def _parsed_request(
-    request: web.Request, count_only: bool
+async def messages_chat_request(
+    request: web.Request, *, count_only: bool = False, probe_disabled_effort: bool = True
 ) -> tuple[ChatRequest, LoRARequest | None]:
     """The request's body, translated to chat's and read as chat reads it; the LoRA
-    adapter its model names, if any."""
+    adapter its model names, if any. Without `probe_disabled_effort`, `thinking:
+    {"type": "disabled"}` is reasoning_effort "none" whatever the template does with it
+    (vLLM's /v1/messages/render converts with that default)."""
     state = request.app[STATE]
     body = await read_json_body(request)
     lora = check_serving(state, body)
     probes = request.app[_PROBES]
     effort = "none"
-    if thinking_type(body) == "disabled":
+    if thinking_type(body) == "disabled" and probe_disabled_effort:
         effort = state.frontend.anthropic_disabled_thinking_effort
         if effort == "auto":
             effort = await _probed(state, probes, "disabled_effort", _disabled_thinking_effort)
@@ -164,7 +166,7 @@ async def _render(state: ServerState, parsed: ChatRequest) -> tuple[str, list[in
 
 async def _create_message(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    parsed, lora = await _parsed_request(request, count_only=False)
+    parsed, lora = await messages_chat_request(request)
     engine = state.engine
     await compile_structured_output(engine, parsed.params, parsed.structured_output_field)
     with reserve_places(engine, 1) as reservation:

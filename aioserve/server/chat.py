@@ -88,7 +88,9 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
-async def chat_prompt(state: ServerState, parsed: ChatRequest) -> tuple[str, str, list[int], bool]:
+async def chat_prompt(
+    state: ServerState, parsed: ChatRequest, prompt_field: str = "messages"
+) -> tuple[str, str, list[int], bool]:
     """The request's prompt: the rendered template (for prompt_text: vLLM cuts the ids
     only), the prompt's text and token ids once cut as the request asks, and whether it
     ended the reasoning (settle_reasoning). `parsed.params` get max_tokens cut to the room
@@ -115,7 +117,7 @@ async def chat_prompt(state: ServerState, parsed: ChatRequest) -> tuple[str, str
         if kept is not token_ids:
             text, token_ids = await state.off_loop(engine.tokenizer.decode, kept), kept
     prompt_closed = settle_reasoning(state, parsed, text)
-    parsed.params = check_prompt(engine, token_ids, parsed, "messages")
+    parsed.params = check_prompt(engine, token_ids, parsed, prompt_field)
     return rendered, text, token_ids, prompt_closed
 
 

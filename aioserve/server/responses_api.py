@@ -80,7 +80,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     lora = check_serving(state, body)
     parses_calls = auto_tools(state.frontend)
     takes_images = state.engine.image_processor is not None
-    chat_body = _as_chat_body(body, state.model_name, parses_calls, takes_images)
+    chat_body = as_chat_body(body, state.model_name, parses_calls, takes_images=takes_images)
     parsed = parse_chat_request(state, chat_body, request.headers)
     parsed.max_tokens_field = "max_output_tokens"
     if "response_format" in chat_body:
@@ -183,13 +183,25 @@ def auto_tools(frontend: FrontendConfig) -> bool:
     return bool(frontend.enable_auto_tool_choice and frontend.tool_call_parser)
 
 
-def _as_chat_body(
-    body: dict[str, Any], model_name: str, parses_calls: bool, takes_images: bool = False
+def as_chat_body(
+    body: dict[str, Any],
+    model_name: str,
+    parses_calls: bool,
+    *,
+    render: bool = False,
+    takes_images: bool = False,
 ) -> dict[str, Any]:
     """The chat completions body that runs this Responses request; 400 or 404 for what a
     Responses request cannot ask of aioserve. Without `parses_calls`, tool_choice "auto"
     (the default with tools) renders the tools and reads the answer as text, as vLLM's
-    Responses route does (chat refuses it)."""
+    Responses route does (chat refuses it). `render`: for /v1/responses/render, which
+    refuses a `previous_response_id` first, as vLLM's stateless render does."""
+    if render and body.get("previous_response_id") is not None:
+        raise APIError(
+            "previous_response_id is not supported by the stateless render endpoint.",
+            param="previous_response_id",
+            error_type="invalid_request_error",
+        )
     for name, what in _NOT_YET.items():
         if body.get(name) not in (None, [], {}):
             raise bad_parameter(

@@ -1,9 +1,11 @@
 """vLLM 0.32's scale-out routes, for disaggregated serving, and when they are served.
 
-    POST /v1/completions/render, /v1/chat/completions/render      request -> GenerateRequest
-                                                                  (render_routes.py)
-    POST /v1/messages/render, /v1/responses/render                (501: not served yet)
-    POST /v1/completions/derender, /v1/chat/completions/derender  (501: not served yet)
+    POST /v1/completions/render, /v1/chat/completions/render,     request -> GenerateRequest
+         /v1/messages/render, /v1/responses/render                (render_routes.py)
+    POST /v1/completions/derender, /v1/chat/completions/derender  generate response -> the
+                                                                  OpenAI answer, whole or
+                                                                  a chunk at a time
+                                                                  (derender_routes.py)
     POST /inference/v1/generate                                   tokens in, tokens out
     POST /inference/v1/abort_requests                             abort requests by id
                                                                   (generate_tokens.py)
@@ -26,10 +28,16 @@ from http import HTTPStatus
 from aiohttp import web
 
 from aioserve.config.frontend import FrontendConfig
+from aioserve.server.derender_routes import derender_chat_completion, derender_completion
 from aioserve.server.dev_routes import dev_mode
 from aioserve.server.errors import APIError
 from aioserve.server.generate_tokens import abort_requests, generate
-from aioserve.server.render_routes import render_chat_completion, render_completion
+from aioserve.server.render_routes import (
+    render_chat_completion,
+    render_completion,
+    render_messages,
+    render_responses,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -63,28 +71,18 @@ def add_scale_out_routes(app: web.Application, frontend: FrontendConfig) -> None
     served: dict[str, Handler] = {
         "/v1/completions/render": render_completion,
         "/v1/chat/completions/render": render_chat_completion,
+        "/v1/messages/render": render_messages,
+        "/v1/responses/render": render_responses,
+        "/v1/chat/completions/derender": derender_chat_completion,
+        "/v1/completions/derender": derender_completion,
         "/inference/v1/generate": generate,
         "/inference/v1/abort_requests": abort_requests,
     }
     for path in (*RENDER_PATHS, *DERENDER_PATHS, *GENERATE_PATHS):
-        app.router.add_post(path, served.get(path) or _not_served(path))
+        app.router.add_post(path, served[path])
     if frontend.tokens_only and not dev_mode():  # vLLM's legacy path; dev mode has its own
         app.router.add_post("/abort_requests", abort_requests)
 
 
 async def _disabled(request: web.Request) -> web.Response:
     raise APIError(DISABLED_MESSAGE, HTTPStatus.FORBIDDEN, error_type="PermissionDeniedError")
-
-
-def _not_served(path: str) -> Handler:
-    """501 for a scale-out route aioserve does not serve yet (vLLM's NotImplementedError
-    answer), naming it."""
-
-    async def not_served(request: web.Request) -> web.Response:
-        raise APIError(
-            f"POST {path} is not served by aioserve yet",
-            HTTPStatus.NOT_IMPLEMENTED,
-            error_type="NotImplementedError",
-        )
-
-    return not_served

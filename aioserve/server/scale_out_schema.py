@@ -1,5 +1,5 @@
 """/openapi.json's operations and schemas of the scale-out routes (scale_out.py), in the
-shapes of vLLM 0.32's GenerateRequest and GenerateTokensResponse
+shapes of vLLM 0.32's GenerateRequest, GenerateTokensResponse and the derender requests
 (vllm/entrypoints/scale_out/token_in_token_out/protocol.py)."""
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ def _operation(summary: str, body: str, answer: dict[str, Any]) -> dict[str, Any
     }
 
 
-_NOT_SERVED = {
-    "501": _json(_ref("ErrorResponse"), "Not served by aioserve yet"),
-}
-
 SCALE_OUT_SCHEMAS: dict[str, dict[str, Any]] = {
     "GenerateRequest": {
         "type": "object",
@@ -75,10 +71,55 @@ SCALE_OUT_SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["request_ids"],
         "properties": {"request_ids": {"type": "array", "items": _STRING}},
     },
-    "ScaleOutRequest": {
+    "DerenderChatRequest": {
         "type": "object",
-        "description": "The body of the route this path renders or derenders.",
-        "properties": {"model": _STRING},
+        "description": "A generate response (stream=false) or one of its SSE chunks with "
+        "the state the call before answered (stream=true), to turn back into chat's answer.",
+        "properties": {
+            "stream": {"type": "boolean"},
+            "model": {"type": ["string", "null"]},
+            "generate_response": _ref("GenerateResponse"),
+            "generate_chunk": _ref("GenerateResponse"),
+            "stream_state": _ref("DerenderStreamState"),
+            "prompt_tokens": {"type": ["integer", "null"]},
+            "prompt_token_ids": {"type": ["array", "null"], "items": _INTEGER},
+            "chat_request": _NULLABLE_OBJECT,
+        },
+    },
+    "DerenderCompletionRequest": {
+        "type": "object",
+        "description": "Generate responses, one per prompt (stream=false), or one SSE chunk "
+        "with the state the call before answered (stream=true).",
+        "properties": {
+            "stream": {"type": "boolean"},
+            "model": {"type": ["string", "null"]},
+            "generate_responses": {"type": "array", "items": _ref("GenerateResponse")},
+            "generate_chunk": _ref("GenerateResponse"),
+            "stream_state": _ref("DerenderStreamState"),
+            "prompt_tokens": {"type": ["array", "integer", "null"]},
+            "prompt_token_ids": {"type": ["array", "null"]},
+            "completion_request": _NULLABLE_OBJECT,
+        },
+    },
+    "DerenderStreamState": {
+        "type": ["object", "null"],
+        "description": "What a streamed derender carries to its next call, as answered.",
+        "properties": {
+            "prev_tokens": {"type": "array", "items": _STRING},
+            "prefix_offset": _INTEGER,
+            "read_offset": _INTEGER,
+            "role_sent": {"type": "boolean"},
+            "logprob_context_token_ids": _TOKEN_IDS,
+            "logprob_text_offset": _INTEGER,
+            "output_token_ids": _TOKEN_IDS,
+            "output_chunk_lens": _TOKEN_IDS,
+            "tools_streamed": {"type": "boolean"},
+            "last_tool_call_ids": {"type": "array", "items": _STRING},
+        },
+    },
+    "DerenderStreamResponse": {
+        "type": "object",
+        "properties": {"chunk": _OBJECT, "stream_state": _ref("DerenderStreamState")},
     },
 }
 
@@ -93,6 +134,26 @@ SCALE_OUT_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "ChatCompletionRequest",
         _ref("GenerateRequest"),
     ),
+    ("post", "/v1/messages/render"): _operation(
+        "An Anthropic Messages request as token ids and sampling params",
+        "AnthropicMessagesRequest",
+        _ref("GenerateRequest"),
+    ),
+    ("post", "/v1/responses/render"): _operation(
+        "A Responses request as token ids and sampling params",
+        "ResponsesRequest",
+        _ref("GenerateRequest"),
+    ),
+    ("post", "/v1/chat/completions/derender"): _operation(
+        "A generate response as a chat completion, or one SSE chunk as a chat chunk",
+        "DerenderChatRequest",
+        {"oneOf": [_ref("ChatCompletionResponse"), _ref("DerenderStreamResponse")]},
+    ),
+    ("post", "/v1/completions/derender"): _operation(
+        "Generate responses as a completion, or one SSE chunk as a completion chunk",
+        "DerenderCompletionRequest",
+        {"oneOf": [_ref("CompletionResponse"), _ref("DerenderStreamResponse")]},
+    ),
     ("post", "/inference/v1/generate"): {
         **_operation(
             "Tokens in, tokens out (SSE with stream=true)",
@@ -105,19 +166,4 @@ SCALE_OUT_OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "responses": {"200": {"description": "Aborting (empty body)"}, **_ERRORS},
     },
 }
-"""/openapi.json's operations of the scale-out routes aioserve serves."""
-
-for _path in (
-    "/v1/messages/render",
-    "/v1/responses/render",
-    "/v1/chat/completions/derender",
-    "/v1/completions/derender",
-):
-    SCALE_OUT_OPERATIONS["post", _path] = {
-        "summary": "vLLM's scale-out route, not served by aioserve yet (501)",
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": _ref("ScaleOutRequest")}},
-        },
-        "responses": {"200": {"description": "Never: 501"}, **_ERRORS, **_NOT_SERVED},
-    }
+"""/openapi.json's operations of the scale-out routes."""

@@ -409,3 +409,22 @@ def test_whole_character_tokens_of_a_byte_level_tokenizer_need_no_decode(smollm2
         detokenizer.add_tokens([token])
     assert calls["streams"] == after_init["streams"] + 1
     assert detokenizer.output_text == smollm2.decode(prose + emoji + prose)
+
+
+@pytest.mark.parametrize("chunking", ["one_by_one", "uneven"])
+@pytest.mark.parametrize("text", ["emoji", "cjk", "mixed", "code"])
+def test_a_resumed_detokenizer_goes_on_as_the_one_it_resumes(any_tokenizer, text, chunking):
+    """A new detokenizer per chunk, each resumed from the window the one before left
+    (what the streamed derender does across calls), gives the same pieces."""
+    prompt = encode(any_tokenizer, PROMPT)
+    output = encode(any_tokenizer, TEXTS[text])
+    expected = stream(any_tokenizer, prompt, output, CHUNKINGS[chunking])
+    window, read = IncrementalDetokenizer(any_tokenizer, prompt).window_state
+    pieces, start, step = [], 0, 0
+    while start < len(output):
+        size = CHUNKINGS[chunking][min(step, len(CHUNKINGS[chunking]) - 1)]
+        resumed = IncrementalDetokenizer.resumed(any_tokenizer, window, read)
+        pieces.append(resumed.add_tokens(output[start : start + size]))
+        window, read = resumed.window_state
+        start, step = start + size, step + 1
+    assert pieces == expected

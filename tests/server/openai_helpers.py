@@ -31,14 +31,21 @@ class Reply:
         return json.loads(self.body)
 
 
-def post(base_url: str, path: str, body: Any = None, *, raw: bytes | None = None) -> Reply:
-    """POST a JSON body (or raw bytes) and read the whole answer."""
+def post(
+    base_url: str,
+    path: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    """POST a JSON body (or raw bytes), with `headers` too, and read the whole answer."""
 
     async def call() -> Reply:
         data = raw if raw is not None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
+        headers_sent = {"Content-Type": "application/json", **(headers or {})}
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            async with session.post(base_url + path, data=data, headers=headers) as response:
+            async with session.post(base_url + path, data=data, headers=headers_sent) as response:
                 return Reply(response.status, dict(response.headers), await response.read())
 
     return asyncio.run(call())

@@ -314,3 +314,32 @@ def test_tokenize_counts_an_images_rows_as_chat_does(url):
     assert tokenized.status == 200
     chat = _ask(url, data_url(random_image(7)))
     assert tokenized.json()["tokens"] == chat.prompt_token_ids
+
+
+def test_rendering_a_prompt_with_images_is_refused_by_name(llava, server_loop):
+    """vLLM's scale-out render writes an image's processed features into its
+    GenerateRequest; aioserve does not yet, and says so."""
+    from tests.server.openai_helpers import post
+
+    folder, _, _ = llava
+    engine = AsyncEngine.from_config(
+        engine_config_from_kwargs(
+            model=folder, dtype="float32", max_model_len=128, enforce_eager=True
+        )
+    )
+    try:
+        from tests.server.conftest import serve_built
+
+        with serve_built(server_loop, engine, "--enable-scale-out") as base:
+            content = [
+                {"type": "text", "text": QUESTION},
+                {"type": "image_url", "image_url": {"url": data_url(random_image(0))}},
+            ]
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+            reply = post(base, "/v1/chat/completions/render", body)
+            assert reply.status == 501
+            assert "rendering prompts with images" in reply.json()["error"]["message"]
+            del body["messages"][0]["content"][1]
+            assert post(base, "/v1/chat/completions/render", body).status == 200
+    finally:
+        server_loop.run(engine.shutdown())

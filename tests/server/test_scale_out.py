@@ -107,7 +107,9 @@ def test_rendered_tokens_are_the_tokenize_routes(url):
             "nope",
         ),
         ("/v1/chat/completions/render", {"messages": []}, 400, "messages"),
-        ("/v1/messages/render", {"messages": []}, 501, "/v1/messages/render"),
+        ("/v1/messages/render", {"model": "nope", "messages": []}, 404, "nope"),
+        ("/v1/responses/render", {"input": "hi", "background": True}, 400, "background"),
+        ("/v1/chat/completions/derender", {"generate_response": {}}, 400, "choices"),
     ],
 )
 def test_render_refusals_are_openai_errors(url, path, body, status, words):
