@@ -110,7 +110,8 @@ FRONTEND_ARGUMENTS: tuple[Argument, ...] = (
     Argument("tool-strict-level", FRONTEND, "auto",
              "With tool_choice 'auto', hold calls to the request's tools by a structural tag: "
              "auto (only when a tool says strict), function (always; arguments checked for "
-             "strict tools) or parameter (every tool's arguments checked). Needs a "
+             "strict tools) or parameter (every tool's arguments checked; also for "
+             "'required' and named calls, which such a parser's tag always holds). Needs a "
              "--tool-call-parser with a structural form (hermes, llama3_json, qwen3_coder, "
              "deepseek_v3) unless auto.", convert=values.string, choices=TOOL_STRICT_LEVELS,
              choice_noun="tool strict level"),

@@ -261,9 +261,11 @@ def calls_in_answer(
     auto = tool_use.constraint is None
     if tool_use.calls_finish_as_tool_calls and (auto or finish_reason == "stop"):
         finish_reason = "tool_calls"
-    text = answer.content or (None if auto else "")
-    if auto and text is not None and not text.strip():
-        text = None  # only whitespace around the calls (vLLM's rule)
+    text: str | None = answer.content
+    if not text.strip():
+        # Only whitespace around the calls: none under "auto", "" for forced calls
+        # (vLLM's parser/abstract_parser.py and chat_completion/serving.py).
+        text = None if auto else ""
     calls = tool_call_objects(answer, tool_use.parser, tool_use.single_call)
     return text, calls, finish_reason
 

@@ -347,7 +347,9 @@ def parse_chat_request(
                 f"tool_choice {fields.get('tool_choice', 'required')} constrains the output, "
                 f"and so does {structured_output_field}: give one",
             )
-        structured_outputs, structured_output_field = tool_use.constraint, "tool_choice"
+        # A structural tag that fails to compile fails on a tool's schema.
+        forced_by = "tools" if tool_use.constraint.structural_tag is not None else "tool_choice"
+        structured_outputs, structured_output_field = tool_use.constraint, forced_by
     elif tool_use.call_tag is not None and structured_outputs is None:
         structured_outputs, structured_output_field = tool_use.call_tag, "tools"
     params = sampling_params_of(

@@ -7,12 +7,21 @@ output becomes tool calls.
   --tool-call-parser, the output is read by that parser (tool_calls/parsers.py) and a
   call made gives finish_reason "tool_calls"; without them, vLLM's 400. Where
   --tool-strict-level asks, the calls are held to the tools (tool_calls/strict_tags.py).
-- "required" and a named function: enforced by structured outputs (tool_calls/forced.py),
-  so the output is always a valid call; "required" finishes with "tool_calls", a named
-  function with "stop", as in vLLM.
+- "required" and a named function: the output is forced into calls, in one of two ways,
+  as vLLM 0.32 chooses (parser/abstract_parser.py):
+  - with --enable-auto-tool-choice and a --tool-call-parser whose calls have a structural
+    form (hermes, llama3_json, qwen3_coder, deepseek_v3), unless
+    VLLM_ENFORCE_STRICT_TOOL_CALLING turns it off: a structural tag holds the output to
+    the model's own call format, with only the allowed tool(s) and at least one call
+    (tool_calls/strict_tags.py), and that parser reads the calls, whole or streamed, as
+    under "auto";
+  - otherwise: a JSON schema forces the output into bare JSON (tool_calls/forced.py),
+    read by the parsers there.
+  Either way "required" finishes with "tool_calls" (after a "stop"), a named function with
+  "stop", as in vLLM; a request with its own structured output as well is a 400.
 
 With `parallel_tool_calls: false`, only the first call of an answer is kept, whatever the
-tool_choice (vLLM's maybe_filter_parallel_tool_calls).
+tool_choice (vLLM's maybe_filter_parallel_tool_calls), and a structural tag allows one.
 
 The template gets each tool as vLLM's `tool.model_dump()` gives it: `type`, then
 `function` with `name`, `description` and `parameters` (null when absent) and `strict`
@@ -36,7 +45,7 @@ from aioserve.server.tool_calls.forced import (
     required_calls_schema,
 )
 from aioserve.server.tool_calls.parsers import ToolParser, new_tool_parser
-from aioserve.server.tool_calls.strict_tags import strict_call_tag
+from aioserve.server.tool_calls.strict_tags import enforces_strict_tool_calling, strict_call_tag
 
 _NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
@@ -73,37 +82,45 @@ def read_tool_use(fields: BodyFields, frontend: FrontendConfig) -> ToolUse:
         return ToolUse(None if tools is None or exclude else tools, single_call=single)
     if tools is None:
         raise refusal("When using `tool_choice`, `tools` must be set.", "tool_choice")
-    if isinstance(choice, dict):
-        tool = _named_tool(choice, tools)
-        constraint = StructuredOutputsParams(json=parameters_schema(tool))
-        parser = NamedCallParser(tool["function"]["name"])
-        return ToolUse(tools, parser, constraint, False, single)
-    if choice == "required":
-        try:
-            schema = required_calls_schema(tools, parallel)
-        except ValueError as error:
-            raise APIError(str(error), param="tools") from None
-        constraint = StructuredOutputsParams(json=schema)
-        return ToolUse(tools, RequiredCallsParser(), constraint, single_call=single)
-    if choice == "auto":
-        if not (frontend.enable_auto_tool_choice and frontend.tool_call_parser):
-            # vLLM's create_error_response, with no parameter (online_renderer.py)
-            raise APIError(
-                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
-                "to be set"
-            )
-        parser = new_tool_parser(frontend.tool_call_parser, tools)
-        tag = strict_call_tag(parser.structural_form, tools, frontend.tool_strict_level, single)
-        # The tag is xgrammar's form, which only xgrammar reads.
-        call_tag = (
-            None if tag is None else StructuredOutputsParams(structural_tag=tag, backend="xgrammar")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise refusal(
+            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+            '"required" are supported.',
+            "tool_choice",
         )
-        return ToolUse(tools, parser, single_call=single, call_tag=call_tag)
-    raise refusal(
-        f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
-        '"required" are supported.',
-        "tool_choice",
-    )
+    named = _named_tool(choice, tools) if isinstance(choice, dict) else None
+    auto_tools = frontend.enable_auto_tool_choice and frontend.tool_call_parser
+    if choice == "auto" and not auto_tools:
+        # vLLM's create_error_response, with no parameter (online_renderer.py)
+        raise APIError(
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+        )
+    parser = new_tool_parser(frontend.tool_call_parser, tools) if auto_tools else None
+    form = parser.structural_form if parser and enforces_strict_tool_calling() else None
+    level = frontend.tool_strict_level
+    if choice == "auto":
+        tag = strict_call_tag(form, tools, level, single)
+        return ToolUse(tools, parser, single_call=single, call_tag=_xgrammar_constraint(tag))
+    if form is not None:
+        # vLLM 0.32: the parser's own format, held by a structural tag.
+        tag = strict_call_tag(form, tools, level, single, choice)
+        return ToolUse(tools, parser, _xgrammar_constraint(tag), named is None, single)
+    if named is not None:
+        constraint = StructuredOutputsParams(json=parameters_schema(named))
+        parser = NamedCallParser(named["function"]["name"])
+        return ToolUse(tools, parser, constraint, False, single)
+    try:
+        schema = required_calls_schema(tools, parallel)
+    except ValueError as error:
+        raise APIError(str(error), param="tools") from None
+    constraint = StructuredOutputsParams(json=schema)
+    return ToolUse(tools, RequiredCallsParser(), constraint, single_call=single)
+
+
+def _xgrammar_constraint(tag: dict[str, Any] | None) -> StructuredOutputsParams | None:
+    """A structural tag as a request's constraint: xgrammar's form, which only xgrammar
+    reads."""
+    return None if tag is None else StructuredOutputsParams(structural_tag=tag, backend="xgrammar")
 
 
 def checked_tools(tools: Any) -> list[dict[str, Any]] | None:

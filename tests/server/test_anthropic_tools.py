@@ -2,7 +2,9 @@
 on a server with --enable-auto-tool-choice --tool-call-parser hermes and a chat template
 that renders the tools: tool_choice "tool" (a named function) and "any" give tool_use
 blocks whose input validates against the tool's schema and is what chat completions calls
-for the same request (greedy), stop_reason tool_use, streamed as input_json_delta events;
+for the same request (greedy), stop_reason tool_use, streamed as input_json_delta events
+(the tools there are strict: as in vLLM 0.32, forced calls are held to hermes's format by
+a structural tag, which holds only a strict tool's arguments to its schema);
 "auto" reads the model's own hermes output (a conversation that shows the model the
 call to copy drives it there); "none" answers in text; tool_use and tool_result history
 renders as chat's tool_calls and tool messages; tool_addition / tool_removal blocks change
@@ -34,6 +36,10 @@ def _anthropic_tool(tool: dict) -> dict:
 
 TOOLS = [_anthropic_tool(tool) for tool in (WEATHER, TIME)]
 SCHEMAS = {tool["name"]: tool["input_schema"] for tool in TOOLS}
+STRICT_TOOLS = [{**tool, "strict": True} for tool in TOOLS]
+STRICT_CHAT_TOOLS = [
+    {**tool, "function": {**tool["function"], "strict": True}} for tool in (WEATHER, TIME)
+]
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 ASK = {"role": "user", "content": "What is the weather in Paris?"}
 # SmolLM2 copies the answer it was shown: it writes the hermes call itself.
@@ -51,9 +57,11 @@ def url(engine, server_loop):
         yield base
 
 
-def _chat_calls(url: str, messages: list, tool_choice, **fields) -> list[tuple[str, dict]]:
+def _chat_calls(
+    url: str, messages: list, tool_choice, tools=(WEATHER, TIME), **fields
+) -> list[tuple[str, dict]]:
     reply = chat(
-        url, messages, tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=200, **fields
+        url, messages, tools=list(tools), tool_choice=tool_choice, max_tokens=200, **fields
     )
     calls = reply["choices"][0]["message"].get("tool_calls") or []
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
@@ -72,17 +80,19 @@ def _uses(content: list[dict]) -> list[tuple[str, dict]]:
     ids=["tool", "any"],
 )  # fmt: skip
 def test_forced_tools_give_tool_use_blocks(url, choice, chat_choice):
-    got = message(url, max_tokens=200, messages=QUESTION, tools=TOOLS, tool_choice=choice)
+    got = message(url, max_tokens=200, messages=QUESTION, tools=STRICT_TOOLS, tool_choice=choice)
     uses = _uses(got["content"])
     assert uses and got["stop_reason"] == "tool_use"
     for name, arguments in uses:
         jsonschema.validate(arguments, SCHEMAS[name])
     parallel = {"parallel_tool_calls": False} if choice["type"] == "any" else {}
-    assert uses == _chat_calls(url, QUESTION, chat_choice, **parallel)
+    assert uses == _chat_calls(url, QUESTION, chat_choice, STRICT_CHAT_TOOLS, **parallel)
     block = next(block for block in got["content"] if block["type"] == "tool_use")
     assert list(block) == ["type", "id", "name", "input"] and block["id"]
 
-    events = streamed(url, max_tokens=200, messages=QUESTION, tools=TOOLS, tool_choice=choice)
+    events = streamed(
+        url, max_tokens=200, messages=QUESTION, tools=STRICT_TOOLS, tool_choice=choice
+    )
     starts = [d for n, d in events if n == "content_block_start"]
     tool_starts = [d for d in starts if d["content_block"]["type"] == "tool_use"]
     assert [(d["content_block"]["name"], d["content_block"]["input"]) for d in tool_starts] == [
@@ -104,7 +114,7 @@ def test_the_client_reads_a_streamed_tool_use(url):
         model=MODEL,
         max_tokens=200,
         messages=QUESTION,
-        tools=TOOLS,
+        tools=STRICT_TOOLS,
         tool_choice={"type": "tool", "name": "get_weather"},
         extra_body=GREEDY,
     ) as stream:

@@ -193,8 +193,11 @@ def test_a_streamed_call_whose_end_fails_still_counts_as_made():
     assert streamed("hermes", text)[3]
 
 
-def test_required_finishes_as_tool_calls_only_after_stop():
-    # chat_completion/serving.py (non-streamed): "required" and finish_reason "stop"
+def test_required_finishes_as_tool_calls_only_after_stop(monkeypatch):
+    # chat_completion/serving.py (non-streamed): "required" and finish_reason "stop",
+    # whether the calls were forced as bare JSON (VLLM_ENFORCE_STRICT_TOOL_CALLING=0) or
+    # in the parser's own format (its default)
+    monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
     tool_use = use({"tools": [WEATHER], "tool_choice": "required"})
     output = '[{"name": "get_weather", "parameters": {}}]'
     assert calls_in_answer(tool_use, output, "stop")[2] == "tool_calls"
@@ -203,6 +206,21 @@ def test_required_finishes_as_tool_calls_only_after_stop():
     compact = '[{"name":"get_weather","parameters":{"city":"Z\\u00fcrich"}}]'
     (call,) = calls_in_answer(tool_use, compact, "stop")[1]
     assert call["function"]["arguments"] == '{"city": "Zürich"}'
+    monkeypatch.delenv("VLLM_ENFORCE_STRICT_TOOL_CALLING")
+    tool_use = use({"tools": [WEATHER], "tool_choice": "required"})
+    output = '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+    assert calls_in_answer(tool_use, output, "stop")[:3:2] == ("", "tool_calls")
+    assert calls_in_answer(tool_use, output, "length")[2] == "length"
+    # the parser's own reading (hermes_tool_parser.py: json.dumps of the arguments)
+    compact = '<tool_call>{"name":"get_weather","arguments":{"city":"Z\\u00fcrich"}}</tool_call>'
+    (call,) = calls_in_answer(tool_use, compact, "stop")[1]
+    assert call["function"]["arguments"] == '{"city": "Zürich"}'
+    named = use({"tools": [WEATHER], "tool_choice": {"function": {"name": "get_weather"}}})
+    assert calls_in_answer(named, output, "stop")[2] == "stop"
+    # only whitespace around forced calls: content "" (vLLM's `content or ""` after its
+    # parser's whitespace-only content became None); under "auto", none
+    assert calls_in_answer(tool_use, " \n" + output, "stop")[0] == ""
+    assert calls_in_answer(use({"tools": [WEATHER]}), " \n" + output, "stop")[0] is None
 
 
 # -- the tools the template gets, and refusals -----------------------------------------------

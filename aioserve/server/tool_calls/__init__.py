@@ -3,10 +3,11 @@
 `parsers` holds vLLM's first formats (hermes, llama3_json, mistral, pythonic) and the
 registry a --tool-parser-plugin adds to; `json_list_formats` (granite, phi4_mini_json,
 xlam), `special_token_formats` (internlm, deepseek_v3) and `xml_formats` (qwen3_coder)
-register more, imported here for that. `forced` reads the outputs of tool_choice
-"required" and of a named function (enforced by structured outputs), `strict_tags` holds
-"auto" calls to the tools (--tool-strict-level), `streaming` makes the
-deltas of one choice, and `partial_json` reads JSON still being generated.
+register more, imported here for that. `strict_tags` holds calls to the tools in the
+parser's own format with a structural tag: "auto" calls where --tool-strict-level asks,
+and tool_choice "required" and a named function where the parser has a structural form
+(vLLM 0.32); `forced` forces and reads those two as bare JSON otherwise. `streaming` makes
+the deltas of one choice, and `partial_json` reads JSON still being generated.
 """
 
 from __future__ import annotations

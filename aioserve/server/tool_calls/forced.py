@@ -1,8 +1,13 @@
-"""tool_choice "required" and a named function: the output forced into calls.
+"""tool_choice "required" and a named function forced as bare JSON, and read back.
 
-Both are enforced by structured outputs, as vLLM enforces them, so the output is a valid
-call of the given schema every time: a named function's output is its arguments (a JSON
-object of its `parameters` schema); "required" makes a JSON array of one or more
+vLLM 0.32 forces these two in the tool parser's own format when the parser has a
+structural form (strict_tags.py; tools.py says when). The older forcing here stays for
+the rest, as in vLLM: without --enable-auto-tool-choice and a --tool-call-parser, with a
+parser that has no structural form, or with VLLM_ENFORCE_STRICT_TOOL_CALLING=0.
+
+It is a JSON schema enforced by structured outputs, so the output is a valid call of the
+given schema every time: a named function's output is its arguments (a JSON object of its
+`parameters` schema); "required" makes a JSON array of one or more
 `{"name": ..., "parameters": {...}}` objects, each of one of the tools (one at most with
 `parallel_tool_calls: false`). The parsers here read those outputs into calls.
 """
